@@ -1,0 +1,433 @@
+"""Alternating least squares with user-level DP on the item side: ALS, DPALS (uniform and
+tail-biased sampling) and AdaDPALS (adaptive weights).
+
+The algorithm is split into pure functions by who runs them:
+
+- client functions take one :class:`~fedpriv.algorithms.shards.UserShard` (one user or many)
+  and public values (the broadcast item embeddings, the released mean, counts and weights),
+  and return per-shard contributions that are already clipped per user;
+- aggregator functions sum contributions and add the calibrated noise through the ledger (the
+  only code that sees un-noised sums);
+- server functions post-process noised releases (PSD projection, item solve).
+
+Both engines (in-process, Flower) call these same functions.
+
+Sensitivities (add/remove one user, all of their ratings), with user vectors clipped to norm
+``user_clip`` (G_u), centred ratings clipped to ``rating_clip`` (G_y) and per-user weights
+with sum_i w_ij^2 <= beta:
+
+- item statistics A (upper triangles of sum_j w_ij u_j u_j^T): sqrt(beta) G_u^2
+- item statistics b (sum_j w_ij y_ij u_j): sqrt(beta) G_u G_y
+- gravity sum_j u_j u_j^T (implicit data): G_u^2
+- counts (each user adds min(1, sqrt(K / n_j)) to each of its n_j items): sqrt(K)
+- mean (each user adds a_j (sum_i y_ij, n_j) with a_j = min(1, C / n_j)): C sqrt(y_max^2 + 1)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..privacy.accounting import PlannedRelease, calibrate
+from ..privacy.clipping import clip_rows, clip_values
+from ..privacy.ledger import PrivacyLedger, public_gaussian
+from ..privacy.weights import adaptive_omega, clip_user_weights, sampled_user_weights
+from .kernels import project_psd, segment_stats, solve_spd
+from .shards import UserShard
+
+ALGORITHMS = ("als", "dpals-uniform", "dpals-tail", "adadpals")
+
+
+@dataclass
+class ALSConfig:
+    """Hyperparameters of the ALS family (every field can be set with ``--set key=value``)."""
+
+    rank: int = 8
+    steps: int = 3
+    reg_user: float = 0.1
+    reg_item: float = 0.1  # non-private item solves (weighted-lambda: reg_item * count)
+    reg_item_private: float = 2.0  # private item solves: constant ridge after PSD projection
+    weighted_reg: bool = True  # weighted-lambda (lambda * count) for user solves and non-private item solves
+    user_bias: bool = True  # items carry a fixed column of ones: each user solves its own bias locally
+    item_bias: bool = True  # released user vectors carry a fixed coordinate: items learn a bias
+    bias_share: float = 0.25  # item_bias: share kappa^2 of the squared norm bound G_u^2 given to it
+    user_clip: float = 1.0
+    rating_clip: float = 1.0
+    beta: float = 1.0
+    mu: float = 0.5
+    beta_bar_ratio: float = 1.0
+    weight_mode: str = "clip"  # adadpals: 'clip' (eq. 12) or 'normalize' (reference code)
+    k: int = 50  # dpals: items kept per user
+    count_cap: float = 50.0  # K: counts contribution has L2 norm <= sqrt(K)
+    mean_cap: float = 50.0  # C: mean contribution uses at most C ratings' worth per user
+    share_mean: float = 0.02  # fractions of the privacy budget (RDP shares)
+    share_counts: float = 0.08
+    share_b: float = 0.5  # within one step: share of b versus A (and gravity)
+    share_gravity: float = 0.1
+    gravity: float = 0.0  # implicit data: weight of the unobserved-entries term
+    psd_floor: float = 0.0
+    init_scale: float = 0.1
+    eval_k: int = 20
+    seed: int = 1234
+
+    @classmethod
+    def from_overrides(cls, overrides: dict[str, str | float | int | bool]) -> "ALSConfig":
+        known = {f.name: f for f in fields(cls)}
+        cfg = cls()
+        for key, raw in overrides.items():
+            if key not in known:
+                raise ConfigError(f"unknown key (known: {', '.join(sorted(known))})", field=key)
+            default = getattr(cfg, key)
+            setattr(cfg, key, _coerce(key, raw, type(default)))
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        positive = ("rank", "steps", "user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap")
+        for name in positive:
+            v = getattr(self, name)
+            if not (v > 0) or (isinstance(v, float) and math.isnan(v)):
+                raise ConfigError(f"must be > 0, got {v}", field=name)
+        for name in ("reg_user", "reg_item", "reg_item_private", "gravity", "psd_floor", "mu", "init_scale"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
+        for name in ("share_mean", "share_counts", "share_b", "share_gravity", "bias_share"):
+            v = getattr(self, name)
+            if not (0 < v < 1):
+                raise ConfigError(f"must be in (0, 1), got {v}", field=name)
+        if self.share_mean + self.share_counts >= 1:
+            raise ConfigError("share_mean + share_counts must be < 1", field="share_counts")
+        if self.weight_mode not in ("clip", "normalize"):
+            raise ConfigError(f"must be 'clip' or 'normalize', got {self.weight_mode!r}", field="weight_mode")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _coerce(key: str, raw, typ):
+    if isinstance(raw, typ) and not (typ is int and isinstance(raw, bool)):
+        return raw
+    s = str(raw).strip()
+    try:
+        if typ is bool:
+            if s.lower() in ("1", "true", "yes", "on"):
+                return True
+            if s.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(s)
+        if typ is int:
+            f = float(s)
+            if not f.is_integer():
+                raise ValueError(s)
+            return int(f)
+        if typ is float:
+            v = float(s)
+            if math.isnan(v):
+                raise ValueError(s)
+            return v
+        return s
+    except ValueError:
+        raise ConfigError(f"expected {typ.__name__}, got {raw!r}", field=key) from None
+
+
+# ---------------------------------------------------------------------------- public state
+@dataclass
+class PublicState:
+    """Everything the server broadcasts: released (noised) values and public choices only."""
+
+    algorithm: str
+    config: ALSConfig
+    n_items: int
+    n_users: int  # public: size of the federation
+    rating_range: tuple[float, float]
+    implicit: bool = False
+    mean: float = 0.0
+    counts_hat: np.ndarray | None = None
+    omega: np.ndarray | None = None
+    item_factors: np.ndarray | None = None
+    item_bias: np.ndarray | None = None
+    multipliers: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def private(self) -> bool:
+        return self.algorithm != "als"
+
+
+def validate_algorithm(name: str) -> None:
+    if name not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {name!r} (known: {', '.join(ALGORITHMS)})", field="algorithm")
+
+
+def needs_counts(algorithm: str) -> bool:
+    return algorithm in ("dpals-tail", "adadpals", "als")
+
+
+def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[PlannedRelease]:
+    """The releases a private run will make, with their budget shares (see ``calibrate``)."""
+    if algorithm == "als":
+        return []
+    plan: list[PlannedRelease] = []
+    rest = 1.0
+    if not implicit:
+        plan.append(PlannedRelease("mean", 1, cfg.share_mean))
+        rest -= cfg.share_mean
+    if needs_counts(algorithm):
+        plan.append(PlannedRelease("counts", 1, cfg.share_counts))
+        rest -= cfg.share_counts
+    per_step = rest / cfg.steps
+    grav = cfg.share_gravity if cfg.gravity > 0 else 0.0
+    plan.append(PlannedRelease("item_stats_b", cfg.steps, per_step * cfg.share_b))
+    plan.append(PlannedRelease("item_stats_A", cfg.steps, per_step * (1 - cfg.share_b) * (1 - grav)))
+    if grav:
+        plan.append(PlannedRelease("gravity", cfg.steps, per_step * (1 - cfg.share_b) * grav))
+    return plan
+
+
+def calibrate_plan(algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: float, delta: float) -> dict[str, float]:
+    plan = plan_releases(algorithm, cfg, implicit)
+    if not plan:
+        return {}
+    return calibrate(plan, epsilon, delta).multipliers
+
+
+# ---------------------------------------------------------------------------- sensitivities
+def mean_bound(rating_range: tuple[float, float]) -> float:
+    lo, hi = rating_range
+    return max(abs(lo), abs(hi))
+
+
+def sensitivity(name: str, cfg: ALSConfig, rating_range: tuple[float, float]) -> float:
+    if name == "mean":
+        return cfg.mean_cap * math.sqrt(mean_bound(rating_range) ** 2 + 1.0)
+    if name == "counts":
+        return math.sqrt(cfg.count_cap)
+    if name == "item_stats_A":
+        return math.sqrt(cfg.beta) * cfg.user_clip**2
+    if name == "item_stats_b":
+        return math.sqrt(cfg.beta) * cfg.user_clip * cfg.rating_clip
+    if name == "gravity":
+        return cfg.user_clip**2
+    raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------- client side
+def client_mean(shard: UserShard, cfg: ALSConfig, rating_range: tuple[float, float], private: bool) -> np.ndarray:
+    """Per-shard contribution (sum of ratings, number of ratings), each user capped at C ratings."""
+    lo, hi = rating_range
+    y = np.clip(np.nan_to_num(shard.ratings.astype(np.float64), nan=lo), lo, hi)
+    n = np.diff(shard.indptr).astype(np.float64)
+    per_user = np.add.reduceat(y, shard.indptr[:-1]) if len(y) else np.zeros(shard.n_users)
+    per_user = np.where(n > 0, per_user, 0.0)
+    a = np.minimum(1.0, cfg.mean_cap / np.maximum(n, 1.0)) if private else np.ones_like(n)
+    return np.array([np.sum(a * per_user), np.sum(a * n)])
+
+
+def client_counts(shard: UserShard, cfg: ALSConfig, n_items: int, private: bool) -> np.ndarray:
+    """Per-shard item-count contribution; each user's vector has L2 norm <= sqrt(count_cap)."""
+    n = np.diff(shard.indptr).astype(np.float64)
+    a = np.minimum(1.0, np.sqrt(cfg.count_cap / np.maximum(n, 1.0))) if private else np.ones_like(n)
+    return np.bincount(shard.items, weights=np.repeat(a, np.diff(shard.indptr)), minlength=n_items)
+
+
+def client_targets(shard: UserShard, state: PublicState, *, minus_item_bias: bool = True) -> np.ndarray:
+    """Ratings minus the released mean (implicit data: mean 0) and, for the user solve, minus
+    the item biases (the item solve re-estimates them)."""
+    y = shard.ratings.astype(np.float64) - state.mean
+    if minus_item_bias and state.item_bias is not None:
+        y = y - state.item_bias[shard.items]
+    return y
+
+
+def bias_coordinate(state: PublicState) -> float:
+    """The fixed last coordinate of released user vectors (0 without ``item_bias``)."""
+    cfg = state.config
+    if not cfg.item_bias:
+        return 0.0
+    return math.sqrt(cfg.bias_share) * cfg.user_clip if state.private else 1.0
+
+
+def released_user_vectors(U: np.ndarray, state: PublicState) -> np.ndarray:
+    """User factors as they enter the item statistics: clipped (private runs) so that the
+    vector, with its fixed bias coordinate, has norm <= user_clip."""
+    cfg = state.config
+    kappa = bias_coordinate(state)
+    if state.private:
+        U = clip_rows(U, math.sqrt(cfg.user_clip**2 - kappa**2))
+    if cfg.item_bias:
+        U = np.hstack([U, np.full((len(U), 1), kappa)])
+    return U
+
+
+def user_design(state: PublicState) -> np.ndarray:
+    """Item embeddings as seen by the user solve: with ``user_bias``, a fixed column of ones."""
+    V = state.item_factors
+    if state.config.user_bias:
+        V = np.hstack([V, np.ones((V.shape[0], 1), dtype=V.dtype)])
+    return V
+
+
+def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int = 1 << 26) -> np.ndarray:
+    """Exact local least squares for every user of the shard (never released).
+
+    Returns (n_users, d) factors, or (n_users, d + 1) with the user's bias last when
+    ``user_bias`` is on.
+    """
+    cfg = state.config
+    V = user_design(state)
+    d = V.shape[1]
+    y = client_targets(shard, state)
+    U = np.zeros((shard.n_users, d), dtype=np.float64)
+    gravity = cfg.gravity * (V.T.astype(np.float64) @ V) if cfg.gravity > 0 else None
+    step = max(1, chunk_floats // ((d + 1) ** 2))
+    counts = np.diff(shard.indptr)
+    for u0 in range(0, shard.n_users, step):
+        u1 = min(u0 + step, shard.n_users)
+        s, e = shard.indptr[u0], shard.indptr[u1]
+        stats = segment_stats(V, shard.items[s:e], shard.indptr[u0 : u1 + 1] - s, targets=y[s:e])
+        A = stats.A.astype(np.float64)
+        if gravity is not None:
+            A = A + gravity
+        n = counts[u0:u1].astype(np.float64)
+        reg = cfg.reg_user * (np.maximum(n, 1.0) if cfg.weighted_reg else 1.0)
+        U[u0:u1] = solve_spd(A, stats.b, reg)
+    return U
+
+
+def split_user_vectors(U: np.ndarray, state: PublicState) -> tuple[np.ndarray, np.ndarray]:
+    """(factors, biases) of solved user vectors; biases are zero without ``user_bias``."""
+    if state.config.user_bias:
+        return U[:, :-1], U[:, -1]
+    return U, np.zeros(len(U))
+
+
+def client_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
+    """Per-rating weights with sum_i w_ij^2 <= beta for every user (ALS: all ones)."""
+    cfg = state.config
+    if state.algorithm == "als":
+        return np.ones(shard.n_ratings)
+    if state.algorithm == "adadpals":
+        return clip_user_weights(state.omega, shard.items, shard.indptr, cfg.beta, cfg.weight_mode)
+    mode = "uniform" if state.algorithm == "dpals-uniform" else "tail"
+    return sampled_user_weights(
+        shard.global_user_of_rating,
+        shard.items,
+        shard.indptr,
+        cfg.k,
+        cfg.beta,
+        mode=mode,
+        seed=cfg.seed,
+        counts_hat=state.counts_hat,
+    )
+
+
+@dataclass
+class ItemStats:
+    """A shard's contribution to the per-item statistics (only the items it rated)."""
+
+    item_ids: np.ndarray  # (k,) int64
+    A: np.ndarray  # (k, d, d)
+    b: np.ndarray  # (k, d)
+    gravity: np.ndarray | None = None  # (d, d): sum of the shard's u u^T
+
+
+def client_item_stats(shard: UserShard, state: PublicState) -> ItemStats:
+    """Local user update followed by the shard's clipped, weighted per-item statistics."""
+    cfg = state.config
+    U, bias = split_user_vectors(client_user_vectors(shard, state), state)
+    y = client_targets(shard, state, minus_item_bias=False) - bias[shard.local_user_of_rating]
+    U = released_user_vectors(U, state)
+    if state.private:
+        y = clip_values(y, cfg.rating_clip)
+    w = client_rating_weights(shard, state)
+    order = shard.by_item_order
+    item_ids, indptr = shard.item_groups()
+    stats = segment_stats(U, shard.local_user_of_rating[order], indptr, weights=w[order], targets=y[order])
+    gravity = U.T @ U if cfg.gravity > 0 else None  # includes the bias coordinate
+    return ItemStats(item_ids=item_ids.astype(np.int64), A=stats.A, b=stats.b, gravity=gravity)
+
+
+# ---------------------------------------------------------------------------- aggregator
+def sum_item_stats(parts: list[ItemStats], n_items: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    A = np.zeros((n_items, d, d), dtype=np.float64)
+    b = np.zeros((n_items, d), dtype=np.float64)
+    g = None
+    for p in parts:
+        A[p.item_ids] += p.A
+        b[p.item_ids] += p.b
+        if p.gravity is not None:
+            g = p.gravity.astype(np.float64) if g is None else g + p.gravity
+    return A, b, g
+
+
+def release_mean(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> float:
+    if state.private:
+        total = ledger.gaussian(
+            "mean",
+            total,
+            sensitivity=sensitivity("mean", state.config, state.rating_range),
+            noise_multiplier=state.multipliers["mean"],
+        )
+    lo, hi = state.rating_range
+    return float(np.clip(total[0] / max(total[1], 1.0), lo, hi))
+
+
+def release_counts(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> np.ndarray:
+    if state.private:
+        total = ledger.gaussian(
+            "counts",
+            total,
+            sensitivity=sensitivity("counts", state.config, state.rating_range),
+            noise_multiplier=state.multipliers["counts"],
+        )
+    return np.asarray(total, dtype=np.float64)
+
+
+def release_item_stats(A, b, g, state: PublicState, ledger: PrivacyLedger | None):
+    """Add the calibrated noise once per step (the only place that sees the exact sums)."""
+    if not state.private:
+        return A, b, g
+    cfg, rr, z = state.config, state.rating_range, state.multipliers
+    A = ledger.gaussian("item_stats_A", A, sensitivity=sensitivity("item_stats_A", cfg, rr), noise_multiplier=z["item_stats_A"], symmetric=True)
+    b = ledger.gaussian("item_stats_b", b, sensitivity=sensitivity("item_stats_b", cfg, rr), noise_multiplier=z["item_stats_b"])
+    if g is not None:
+        g = ledger.gaussian("gravity", g, sensitivity=sensitivity("gravity", cfg, rr), noise_multiplier=z["gravity"], symmetric=True)
+    return A, b, g
+
+
+# ---------------------------------------------------------------------------- server side
+def server_weights(state: PublicState) -> None:
+    """Adaptive weights omega from the released counts (post-processing)."""
+    if state.algorithm == "adadpals":
+        cfg = state.config
+        state.omega = adaptive_omega(state.counts_hat, cfg.mu, state.n_users, cfg.beta, cfg.beta_bar_ratio)
+
+
+def server_init(state: PublicState) -> None:
+    """Random, data-independent initial item embeddings."""
+    rng = np.random.default_rng([state.config.seed, 7])
+    d = state.config.rank
+    state.item_factors = (public_gaussian(rng, (state.n_items, d), why="item init") * state.config.init_scale).astype(np.float32)
+    state.item_bias = np.zeros(state.n_items) if state.config.item_bias else None
+
+
+def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state: PublicState) -> None:
+    """Item solve from (noised) statistics: PSD projection, regularisation, batched solve;
+    sets the state's item factors (and item biases)."""
+    cfg = state.config
+    if state.private:
+        A = project_psd(A, cfg.psd_floor)
+        reg = cfg.reg_item_private
+    else:
+        reg = cfg.reg_item * (np.maximum(state.counts_hat, 1.0) if cfg.weighted_reg else 1.0)
+    if g is not None:
+        g = project_psd(g[None], 0.0)[0] if state.private else g
+        A = A + cfg.gravity * g
+    theta = solve_spd(A, b, reg)
+    if cfg.item_bias:
+        state.item_bias = theta[:, -1] * bias_coordinate(state)
+        theta = theta[:, :-1]
+    state.item_factors = theta.astype(np.float32)

@@ -1,0 +1,72 @@
+"""User shards: the unit of data a client (a Flower node, or one slice of the in-process engine)
+holds. A shard owns all ratings of its users (the privacy unit is one user)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from ..data.interactions import Interactions
+
+
+@dataclass
+class UserShard:
+    """Ratings of a set of users, grouped by user. ``items`` are global item ids; ``user_ids``
+    are the global ids of the shard's users (row r of the CSR is user ``user_ids[r]``)."""
+
+    user_ids: np.ndarray  # (n_local,) int64
+    indptr: np.ndarray  # (n_local + 1,) int64
+    items: np.ndarray  # (N,) int32
+    ratings: np.ndarray  # (N,) float32
+
+    @property
+    def n_users(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def n_ratings(self) -> int:
+        return len(self.items)
+
+    @cached_property
+    def local_user_of_rating(self) -> np.ndarray:
+        return np.repeat(np.arange(self.n_users, dtype=np.int64), np.diff(self.indptr))
+
+    @cached_property
+    def global_user_of_rating(self) -> np.ndarray:
+        return self.user_ids[self.local_user_of_rating]
+
+    @cached_property
+    def by_item_order(self) -> np.ndarray:
+        """Permutation of the shard's ratings that groups them by item (stable)."""
+        return np.argsort(self.items, kind="stable")
+
+    def item_groups(self) -> tuple[np.ndarray, np.ndarray]:
+        """(item ids present, indptr over ``by_item_order``)."""
+        sorted_items = self.items[self.by_item_order]
+        present, counts = np.unique(sorted_items, return_counts=True)
+        indptr = np.zeros(len(present) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        return present, indptr
+
+
+def shard_users(inter: Interactions, users: np.ndarray | None = None) -> UserShard:
+    """One shard holding ``users`` (default: every user id of the interactions)."""
+    csr = inter.by_user
+    if users is None:
+        users = np.arange(inter.n_users)
+    users = np.asarray(users, dtype=np.int64)
+    starts, ends = csr.indptr[users], csr.indptr[users + 1]
+    counts = ends - starts
+    indptr = np.zeros(len(users) + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    # positions of the selected users' ratings in the user-grouped CSR, vectorized
+    pos = np.repeat(starts - indptr[:-1], counts) + np.arange(indptr[-1])
+    items, ratings = csr.indices[pos], csr.data[pos]
+    return UserShard(user_ids=users, indptr=indptr, items=np.asarray(items, np.int32), ratings=np.asarray(ratings, np.float32))
+
+
+def split_users(n_users: int, users_per_shard: int) -> list[np.ndarray]:
+    """Contiguous blocks of user ids, ``users_per_shard`` each (the last may be smaller)."""
+    return [np.arange(s, min(s + users_per_shard, n_users)) for s in range(0, n_users, users_per_shard)]

@@ -1,0 +1,163 @@
+"""The one interactions type used across fedpriv.
+
+Ratings are stored as three parallel arrays (user index, item index, rating) with dense,
+0-based integer ids; the original ids are kept in ``user_ids`` / ``item_ids``. Both CSR
+views (ratings grouped by user and by item) are built once, with numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CSR:
+    """Compressed rows: row ``r`` owns ``indices[indptr[r]:indptr[r+1]]`` and the same slice of
+    ``data``. ``order`` maps CSR positions back to positions in the source rating arrays."""
+
+    indptr: np.ndarray  # int64, (n_rows + 1,)
+    indices: np.ndarray  # int32, column index per entry
+    data: np.ndarray  # float32 ratings
+    order: np.ndarray  # int64, permutation of the rating arrays
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.indptr) - 1
+
+    def row(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        s, e = self.indptr[r], self.indptr[r + 1]
+        return self.indices[s:e], self.data[s:e]
+
+    def counts(self) -> np.ndarray:
+        return np.diff(self.indptr)
+
+
+def build_csr(rows: np.ndarray, cols: np.ndarray, data: np.ndarray, n_rows: int) -> CSR:
+    """Group entries by ``rows`` (stable: keeps the input order inside a row)."""
+    rows = np.asarray(rows)
+    order = np.argsort(rows, kind="stable").astype(np.int64, copy=False)
+    counts = np.bincount(rows, minlength=n_rows).astype(np.int64)
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return CSR(
+        indptr=indptr,
+        indices=np.ascontiguousarray(cols[order], dtype=np.int32),
+        data=np.ascontiguousarray(data[order], dtype=np.float32),
+        order=order,
+    )
+
+
+@dataclass
+class Interactions:
+    """A set of (user, item, rating) triples with dense integer ids.
+
+    ``user_ids[u]`` / ``item_ids[i]`` give the original identifiers of dense ids ``u`` / ``i``.
+    ``n_users`` / ``n_items`` may exceed the largest id present (e.g. after a split, all parts
+    keep the id space of the full data set).
+    """
+
+    users: np.ndarray
+    items: np.ndarray
+    ratings: np.ndarray
+    n_users: int
+    n_items: int
+    user_ids: np.ndarray | None = None
+    item_ids: np.ndarray | None = None
+    name: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.users = np.ascontiguousarray(self.users, dtype=np.int32)
+        self.items = np.ascontiguousarray(self.items, dtype=np.int32)
+        self.ratings = np.ascontiguousarray(self.ratings, dtype=np.float32)
+        n = len(self.users)
+        if len(self.items) != n or len(self.ratings) != n:
+            raise ValueError("users, items and ratings must have the same length")
+        if n:
+            if self.users.min() < 0 or self.users.max() >= self.n_users:
+                raise ValueError("user index out of range")
+            if self.items.min() < 0 or self.items.max() >= self.n_items:
+                raise ValueError("item index out of range")
+        if self.user_ids is None:
+            self.user_ids = np.arange(self.n_users)
+        if self.item_ids is None:
+            self.item_ids = np.arange(self.n_items)
+
+    def __len__(self) -> int:
+        return len(self.ratings)
+
+    @cached_property
+    def by_user(self) -> CSR:
+        """Ratings grouped by user: ``indices`` are item ids."""
+        return build_csr(self.users, self.items, self.ratings, self.n_users)
+
+    @cached_property
+    def by_item(self) -> CSR:
+        """Ratings grouped by item: ``indices`` are user ids."""
+        return build_csr(self.items, self.users, self.ratings, self.n_items)
+
+    def subset(self, mask_or_index: np.ndarray, name: str | None = None) -> "Interactions":
+        """Keep a subset of the ratings, in the same id space."""
+        return Interactions(
+            users=self.users[mask_or_index],
+            items=self.items[mask_or_index],
+            ratings=self.ratings[mask_or_index],
+            n_users=self.n_users,
+            n_items=self.n_items,
+            user_ids=self.user_ids,
+            item_ids=self.item_ids,
+            name=self.name if name is None else name,
+            meta=dict(self.meta),
+        )
+
+    def item_counts(self) -> np.ndarray:
+        return np.bincount(self.items, minlength=self.n_items)
+
+    def user_counts(self) -> np.ndarray:
+        return np.bincount(self.users, minlength=self.n_users)
+
+
+def from_raw_ids(
+    raw_users: np.ndarray,
+    raw_items: np.ndarray,
+    ratings: np.ndarray,
+    *,
+    name: str = "",
+    item_universe: np.ndarray | None = None,
+) -> tuple[Interactions, int]:
+    """Remap raw ids to dense ids and drop duplicate (user, item) pairs, keeping the last one.
+
+    ``item_universe``: optional array of all raw item ids (e.g. from a metadata file), so items
+    without ratings still get a dense id. Returns the interactions and the number of duplicate
+    pairs that were dropped.
+    """
+    raw_users = np.asarray(raw_users)
+    raw_items = np.asarray(raw_items)
+    user_ids, users = np.unique(raw_users, return_inverse=True)
+    if item_universe is not None:
+        item_ids = np.unique(np.concatenate([np.asarray(item_universe), raw_items]))
+        items = np.searchsorted(item_ids, raw_items)
+    else:
+        item_ids, items = np.unique(raw_items, return_inverse=True)
+    users = users.astype(np.int64)
+    items = items.astype(np.int64)
+    key = users * len(item_ids) + items
+    # keep the last occurrence of each key: unique over the reversed array
+    _, first_in_rev = np.unique(key[::-1], return_index=True)
+    keep = np.sort(len(key) - 1 - first_in_rev)
+    n_dup = len(key) - len(keep)
+    inter = Interactions(
+        users=users[keep],
+        items=items[keep],
+        ratings=np.asarray(ratings)[keep],
+        n_users=len(user_ids),
+        n_items=len(item_ids),
+        user_ids=user_ids,
+        item_ids=item_ids,
+        name=name,
+        meta={"duplicates_dropped": int(n_dup)},
+    )
+    return inter, int(n_dup)

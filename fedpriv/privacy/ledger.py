@@ -1,0 +1,187 @@
+"""The privacy ledger: the one place in fedpriv where noise is drawn.
+
+Every noisy release goes through :meth:`PrivacyLedger.gaussian`, which draws the noise from the
+ledger's own generator and records the release (mechanism, L2 sensitivity, noise standard
+deviation, sampling rate, dimension, how many times) before returning the noised value. The
+accountant (:mod:`fedpriv.privacy.accounting`) computes (epsilon, delta) from these records
+alone. Algorithms never call a random normal generator for noise themselves; data-independent
+Gaussian draws (e.g. a random initialisation) go through :func:`public_gaussian` so that a test
+can tell the two apart.
+
+A ledger may carry a budget: a release that would take the accounted epsilon past it raises
+:class:`~fedpriv.errors.PrivacyError` *before* any noise is drawn or value returned.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import math
+import secrets
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import PrivacyError
+
+# True while the ledger (or public_gaussian) is drawing: lets tests detect draws made elsewhere.
+_DRAWING: contextvars.ContextVar[str | None] = contextvars.ContextVar("fedpriv_drawing", default=None)
+
+
+def drawing_context() -> str | None:
+    """Name of the sanctioned draw in progress ('ledger:<release>' or 'public:<why>'), else None."""
+    return _DRAWING.get()
+
+
+@contextmanager
+def _sanctioned(tag: str) -> Iterator[None]:
+    token = _DRAWING.set(tag)
+    try:
+        yield
+    finally:
+        _DRAWING.reset(token)
+
+
+def public_gaussian(rng: np.random.Generator, shape, *, why: str, scale: float = 1.0) -> np.ndarray:
+    """A Gaussian draw that depends on no private data (initialisations, synthetic data).
+
+    ``why`` documents the use; it is visible to the ledger-completeness test.
+    """
+    with _sanctioned(f"public:{why}"):
+        return rng.normal(0.0, scale, size=shape)
+
+
+@dataclass
+class Release:
+    """One kind of noisy release, released ``count`` times with identical parameters."""
+
+    name: str
+    mechanism: str
+    sensitivity: float
+    noise_std: float
+    count: int = 1
+    sampling_rate: float | None = None
+    dim: int = 0
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.noise_std / self.sensitivity
+
+    def key(self) -> tuple:
+        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["noise_multiplier"] = self.noise_multiplier
+        return d
+
+
+@dataclass
+class PrivacyLedger:
+    """Draws the noise of every release and records it.
+
+    ``seed``: seeds the noise generator (reproducible runs). ``secure=True`` draws from a
+    generator seeded by the operating system's CSPRNG instead and ignores ``seed``.
+    ``budget``: optional (epsilon, delta); a release that would exceed it is refused.
+    """
+
+    seed: int | None = None
+    secure: bool = False
+    budget: tuple[float, float] | None = None
+    releases: list[Release] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        entropy = secrets.randbits(128) if self.secure else self.seed
+        self._rng = np.random.Generator(np.random.PCG64(entropy))
+
+    # ------------------------------------------------------------------ recording
+    def _record(self, rel: Release) -> None:
+        for r in self.releases:
+            if r.key() == rel.key():
+                r.count += rel.count
+                return
+        self.releases.append(rel)
+
+    def _check_budget(self, rel: Release) -> None:
+        if self.budget is None:
+            return
+        from .accounting import epsilon_rdp  # local import: accounting depends on Release only
+
+        eps_budget, delta = self.budget
+        eps = epsilon_rdp([*self.releases, rel], delta)
+        if eps > eps_budget * (1 + 1e-3):
+            raise PrivacyError(
+                f"release {rel.name!r} would bring epsilon to {eps:.4f} > budget {eps_budget:.4f} "
+                f"(delta={delta:g}); nothing was released"
+            )
+
+    # ------------------------------------------------------------------ mechanisms
+    def gaussian(
+        self,
+        name: str,
+        value: np.ndarray,
+        *,
+        sensitivity: float,
+        noise_multiplier: float,
+        symmetric: bool = False,
+        sampling_rate: float | None = None,
+    ) -> np.ndarray:
+        """Release ``value + N(0, (noise_multiplier * sensitivity)^2)`` and record it.
+
+        ``sensitivity`` is the L2 sensitivity of ``value`` to one user (add/remove). With
+        ``symmetric=True`` the last two axes are square symmetric matrices: noise is drawn for
+        the upper triangle (diagonal included) and mirrored, so the sensitivity must be the one
+        of the upper-triangle vector (at most the Frobenius norm of one user's contribution).
+        ``sampling_rate`` marks a release over a Poisson sample of users with that rate.
+        """
+        value = np.asarray(value)
+        if not (math.isfinite(sensitivity) and sensitivity > 0):
+            raise PrivacyError(f"release {name!r}: sensitivity must be finite and > 0, got {sensitivity}")
+        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+            raise PrivacyError(f"release {name!r}: noise multiplier must be finite and > 0, got {noise_multiplier}")
+        if sampling_rate is not None and not (0 < sampling_rate <= 1):
+            raise PrivacyError(f"release {name!r}: sampling rate must be in (0, 1], got {sampling_rate}")
+        if not np.all(np.isfinite(value)):
+            raise PrivacyError(f"release {name!r}: the value to release has non-finite entries")
+        std = float(noise_multiplier * sensitivity)
+        if symmetric:
+            if value.ndim < 2 or value.shape[-1] != value.shape[-2]:
+                raise PrivacyError(f"release {name!r}: symmetric release needs square last axes, got {value.shape}")
+            d = value.shape[-1]
+            dim = int(np.prod(value.shape[:-2], dtype=np.int64)) * d * (d + 1) // 2
+        else:
+            dim = int(value.size)
+        rel = Release(name, "gaussian", float(sensitivity), std, 1, sampling_rate, dim)
+        self._check_budget(rel)
+        with _sanctioned(f"ledger:{name}"):
+            if symmetric:
+                noise = self._symmetric_noise(value.shape, std)
+            else:
+                noise = self._rng.normal(0.0, std, size=value.shape)
+        self._record(rel)
+        return (value + noise).astype(value.dtype if value.dtype.kind == "f" else np.float64, copy=False)
+
+    def _symmetric_noise(self, shape: tuple, std: float) -> np.ndarray:
+        d = shape[-1]
+        iu = np.triu_indices(d)
+        lead = shape[:-2]
+        tri = self._rng.normal(0.0, std, size=(*lead, len(iu[0])))
+        out = np.zeros(shape, dtype=np.float64)
+        out[..., iu[0], iu[1]] = tri
+        out[..., iu[1], iu[0]] = tri
+        return out
+
+    # ------------------------------------------------------------------ output
+    def to_list(self) -> list[dict]:
+        return [r.to_dict() for r in self.releases]
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_list(), indent=2) + "\n")
+
+    @staticmethod
+    def releases_from_list(items: list[dict]) -> list[Release]:
+        keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim")
+        return [Release(**{k: it[k] for k in keys if k in it}) for it in items]

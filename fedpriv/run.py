@@ -1,0 +1,204 @@
+"""One training run, end to end: load or generate data, split it, train with an engine,
+evaluate, and write ``metrics.json`` and ``ledger.json`` (both or neither)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import evaluation
+from .algorithms import als
+from .data.spec import HELDOUT_KINDS, DataSpec, load_spec, parse_data_spec
+from .data.splits import heldout_users_split, random_split
+from .engine import train_inprocess
+from .errors import ConfigError
+from .privacy.accounting import epsilon_pld, epsilon_rdp
+
+ENGINES = ("inprocess",)
+
+
+@dataclass
+class RunOptions:
+    """Run-level settings (not hyperparameters of the algorithm)."""
+
+    split: str = "auto"  # 'random' (RMSE), 'heldout' (Recall@k) or 'auto' (by data set)
+    split_seed: int = 1234
+    heldout_users: int = 0  # per held-out group; 0 = 10,000 for ML-20M/25M, else 10% of users
+    users_per_shard: int = 0  # in-process engine: 0 = one shard with every user
+
+    @classmethod
+    def pop_from(cls, overrides: dict) -> "RunOptions":
+        opts = cls()
+        for key in list(overrides):
+            if key in cls.__dataclass_fields__:
+                raw = overrides.pop(key)
+                typ = type(getattr(opts, key))
+                try:
+                    setattr(opts, key, typ(float(raw)) if typ is int else typ(raw))
+                except ValueError:
+                    raise ConfigError(f"expected {typ.__name__}, got {raw!r}", field=key) from None
+        if opts.split not in ("auto", "random", "heldout"):
+            raise ConfigError(f"must be auto, random or heldout, got {opts.split!r}", field="split")
+        return opts
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in pairs:
+        key, eq, value = p.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"expected key=value, got {p!r}", field="--set")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _finite_or_none(x: float | None):
+    return None if x is None or not math.isfinite(x) else x
+
+
+def run(
+    algorithm: str,
+    data: str | DataSpec,
+    *,
+    epsilon: float | None = None,
+    delta: float = 1e-5,
+    overrides: dict | None = None,
+    engine: str = "inprocess",
+    progress: bool = True,
+    dataset=None,
+) -> tuple[dict, list[dict]]:
+    """Train and evaluate; returns (metrics, ledger records). ``dataset`` skips loading."""
+    t0 = time.perf_counter()
+    als.validate_algorithm(algorithm)
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", field="--engine")
+    private = algorithm != "als"
+    if private and epsilon is None:
+        raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
+    overrides = dict(overrides or {})
+    opts = RunOptions.pop_from(overrides)
+    cfg = als.ALSConfig.from_overrides(overrides)
+
+    spec = parse_data_spec(data) if isinstance(data, str) else data
+    ds = dataset if dataset is not None else load_spec(spec)
+    inter = ds.interactions
+    protocol = opts.split
+    if protocol == "auto":
+        protocol = "heldout" if (ds.implicit or spec.kind in HELDOUT_KINDS) else "random"
+
+    metrics: dict = {
+        "algorithm": algorithm,
+        "dataset": str(spec),
+        "engine": engine,
+        "seed": cfg.seed,
+        "epsilon": epsilon if private else None,
+        "delta": delta if private else None,
+        "private": private,
+        "protocol": protocol,
+        "n_users": int(inter.n_users),
+        "n_items": int(inter.n_items),
+        "n_ratings": int(len(inter)),
+        "duplicates_dropped": int(ds.duplicates_dropped),
+    }
+
+    if protocol == "random":
+        split = random_split(inter, seed=opts.split_seed)
+        train = split.train
+        implicit = ds.implicit
+    else:
+        n_h = opts.heldout_users or (10_000 if spec.kind in ("ml-20m", "ml-25m") else max(1, inter.n_users // 10))
+        threshold = None if ds.implicit else 3.5
+        split = heldout_users_split(inter, n_valid_users=n_h, n_test_users=n_h, positive_threshold=threshold, seed=opts.split_seed)
+        train = split.train
+        implicit = True
+        if cfg.gravity == 0 and "gravity" not in overrides:
+            cfg.gravity = 0.1
+
+    rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
+    result = train_inprocess(
+        algorithm,
+        train,
+        cfg,
+        rating_range=rating_range,
+        implicit=implicit,
+        epsilon=epsilon,
+        delta=delta,
+        users_per_shard=opts.users_per_shard or None,
+        progress=progress,
+    )
+    state, ledger = result.state, result.ledger
+    item_counts = train.item_counts()
+    if protocol == "random":
+        metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
+        metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
+    else:
+        k = cfg.eval_k
+        metrics[f"valid_recall_at_{k}"], metrics["valid_sliced"] = evaluation.evaluate_recall(
+            state, split.valid_history, split.valid_targets, split.valid_users, item_counts, k
+        )
+        metrics[f"test_recall_at_{k}"], metrics["sliced"] = evaluation.evaluate_recall(
+            state, split.test_history, split.test_targets, split.test_users, item_counts, k
+        )
+
+    records = ledger.to_list()
+    if private:
+        metrics["epsilon_spent"] = epsilon_rdp(ledger, delta)
+        metrics["epsilon_spent_pld"] = epsilon_pld(ledger, delta)
+    else:
+        metrics["epsilon_spent"] = None
+        metrics["epsilon_spent_pld"] = None
+    metrics["noise_multipliers"] = dict(state.multipliers)
+    metrics["released_mean"] = state.mean
+    metrics["timings"] = result.timings
+    metrics["wall_seconds"] = time.perf_counter() - t0
+    metrics["config"] = {
+        "algorithm": algorithm,
+        "data": str(spec),
+        "engine": engine,
+        "epsilon": epsilon,
+        "delta": delta,
+        **asdict(opts),
+        "protocol": protocol,
+        **cfg.to_dict(),
+    }
+    return _clean(metrics), records
+
+
+def _clean(obj):
+    """JSON-safe: numpy scalars to Python, non-finite floats to None."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        return _finite_or_none(float(obj))
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def write_outputs(out_dir: str | os.PathLike, metrics: dict, ledger: list[dict]) -> None:
+    """Write both files into a temporary folder next to ``out_dir``, then move them in place:
+    a failure leaves nothing half-written."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n")
+        (tmp / "ledger.json").write_text(json.dumps(_clean(ledger), indent=2, allow_nan=False) + "\n")
+        if not out.exists():
+            os.replace(tmp, out)
+            return
+        for name in ("ledger.json", "metrics.json"):
+            os.replace(tmp / name, out / name)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

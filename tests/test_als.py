@@ -1,0 +1,63 @@
+import numpy as np
+import pytest
+
+from fedpriv.algorithms.als import ALSConfig
+from fedpriv.data.interactions import Interactions
+from fedpriv.engine import train_inprocess
+from fedpriv.errors import ConfigError
+from fedpriv.evaluation import evaluate_rmse
+
+
+def _planted(n_users=400, n_items=150, rank=3, density=0.5, seed=0):
+    rng = np.random.default_rng(seed)
+    U = rng.normal(size=(n_users, rank)) / np.sqrt(rank)
+    V = rng.normal(size=(n_items, rank))
+    mask = rng.random((n_users, n_items)) < density
+    u, i = np.nonzero(mask)
+    r = 3.0 + np.einsum("nd,nd->n", U[u], V[i])
+    return Interactions(u, i, r, n_users, n_items), (U, V)
+
+
+def test_als_recovers_a_planted_low_rank_matrix():
+    inter, _ = _planted()
+    rng = np.random.default_rng(1)
+    test = rng.random(len(inter)) < 0.1
+    train, held = inter.subset(~test), inter.subset(test)
+    cfg = ALSConfig(rank=3, steps=25, reg_user=1e-4, reg_item=1e-4, user_bias=False, item_bias=False)
+    res = train_inprocess("als", train, cfg, rating_range=(-100, 100), progress=False)
+    rmse, _ = evaluate_rmse(res.state, train, held, train.item_counts())
+    assert rmse < 0.02  # signal std is about 1
+
+
+def test_private_run_spends_the_target_and_beats_noise_on_easy_data():
+    inter, _ = _planted(n_users=3000, n_items=60, rank=1, density=0.6, seed=2)
+    cfg = ALSConfig(rank=1, steps=2, reg_item_private=5.0)
+    res = train_inprocess("adadpals", inter, cfg, rating_range=(-100, 100), epsilon=5.0, progress=False)
+    from fedpriv.privacy.accounting import epsilon_rdp
+
+    assert epsilon_rdp(res.ledger, 1e-5) == pytest.approx(5.0, rel=1e-3)
+    rmse, _ = evaluate_rmse(res.state, inter, inter, inter.item_counts())
+    baseline = np.sqrt(np.mean((inter.ratings - inter.ratings.mean()) ** 2))
+    assert rmse < 0.8 * baseline
+
+
+@pytest.mark.parametrize("algorithm", ["als", "adadpals", "dpals-uniform", "dpals-tail"])
+def test_shards_give_the_same_model(small_mf, algorithm):
+    """Sharding users over clients changes nothing but floating-point summation order."""
+    cfg = ALSConfig(rank=3, steps=2)
+    eps = None if algorithm == "als" else 3.0
+    kw = dict(rating_range=(1, 5), epsilon=eps, progress=False)
+    one = train_inprocess(algorithm, small_mf.interactions, cfg, **kw)
+    many = train_inprocess(algorithm, small_mf.interactions, cfg, users_per_shard=7, **kw)
+    assert np.allclose(one.state.item_factors, many.state.item_factors, rtol=1e-4, atol=1e-5)
+    assert one.ledger.to_list() == many.ledger.to_list()
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ConfigError, match="rank"):
+        ALSConfig.from_overrides({"rank": "0"})
+    with pytest.raises(ConfigError, match="nope"):
+        ALSConfig.from_overrides({"nope": "1"})
+    with pytest.raises(ConfigError, match="reg_item_private"):
+        ALSConfig.from_overrides({"reg_item_private": "abc"})
+    assert ALSConfig.from_overrides({"rank": "4", "user_bias": "false"}).rank == 4

@@ -1,0 +1,129 @@
+import json
+
+import numpy as np
+import pytest
+
+from fedpriv.errors import PrivacyError
+from fedpriv.privacy import ledger as ledger_mod
+from fedpriv.privacy.accounting import epsilon_rdp
+from fedpriv.privacy.ledger import PrivacyLedger, Release
+
+
+def test_gaussian_release_is_recorded_with_its_parameters():
+    led = PrivacyLedger(seed=1)
+    x = np.zeros(10_000)
+    y = led.gaussian("stat", x, sensitivity=2.0, noise_multiplier=3.0)
+    assert np.std(y) == pytest.approx(6.0, rel=0.05)
+    led.gaussian("stat", x, sensitivity=2.0, noise_multiplier=3.0)
+    (rec,) = led.to_list()
+    assert rec["name"] == "stat" and rec["mechanism"] == "gaussian"
+    assert rec["sensitivity"] == 2.0 and rec["noise_std"] == 6.0 and rec["count"] == 2
+    assert rec["noise_multiplier"] == 3.0 and rec["sampling_rate"] is None and rec["dim"] == 10_000
+
+
+def test_symmetric_noise_is_symmetric_with_the_right_scale():
+    led = PrivacyLedger(seed=2)
+    out = led.gaussian("A", np.zeros((500, 4, 4)), sensitivity=1.0, noise_multiplier=2.0, symmetric=True)
+    assert np.allclose(out, np.swapaxes(out, -1, -2))
+    assert np.std(out[:, np.triu_indices(4)[0], np.triu_indices(4)[1]]) == pytest.approx(2.0, rel=0.05)
+    assert led.releases[0].dim == 500 * 10
+
+
+def test_seeded_ledgers_reproduce_and_secure_ones_do_not():
+    a = PrivacyLedger(seed=5).gaussian("x", np.zeros(5), sensitivity=1, noise_multiplier=1)
+    b = PrivacyLedger(seed=5).gaussian("x", np.zeros(5), sensitivity=1, noise_multiplier=1)
+    c = PrivacyLedger(seed=5, secure=True).gaussian("x", np.zeros(5), sensitivity=1, noise_multiplier=1)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_budget_refuses_a_release_before_drawing():
+    led = PrivacyLedger(seed=0, budget=(1.0, 1e-5))
+    led.gaussian("x", np.zeros(3), sensitivity=1.0, noise_multiplier=10.0)
+    with pytest.raises(PrivacyError, match="budget"):
+        led.gaussian("y", np.zeros(3), sensitivity=1.0, noise_multiplier=0.5)
+    assert [r.name for r in led.releases] == ["x"]
+    assert epsilon_rdp(led, 1e-5) < 1.0
+
+
+@pytest.mark.parametrize("kw", [{"sensitivity": 0.0, "noise_multiplier": 1.0}, {"sensitivity": 1.0, "noise_multiplier": float("inf")}, {"sensitivity": float("nan"), "noise_multiplier": 1.0}])
+def test_invalid_release_parameters_are_refused(kw):
+    with pytest.raises(PrivacyError):
+        PrivacyLedger(seed=0).gaussian("x", np.zeros(2), **kw)
+
+
+def test_non_finite_value_is_refused():
+    with pytest.raises(PrivacyError, match="non-finite"):
+        PrivacyLedger(seed=0).gaussian("x", np.array([1.0, np.nan]), sensitivity=1, noise_multiplier=1)
+
+
+def test_ledger_json_round_trip(tmp_path):
+    led = PrivacyLedger(seed=0)
+    led.gaussian("x", np.zeros(2), sensitivity=1.5, noise_multiplier=2.0, sampling_rate=0.1)
+    led.write(tmp_path / "ledger.json")
+    back = PrivacyLedger.releases_from_list(json.loads((tmp_path / "ledger.json").read_text()))
+    assert back == [Release("x", "gaussian", 1.5, 3.0, 1, 0.1, 2)]
+
+
+# ---------------------------------------------------------------- completeness guard
+@pytest.fixture
+def guarded_rng(monkeypatch):
+    """Any Gaussian draw outside the ledger (or a declared public draw) fails the test.
+
+    numpy's Generator type is immutable, so every way fedpriv creates a generator
+    (np.random.Generator, np.random.default_rng) is swapped for a guarded subclass, and the
+    legacy global functions are made to fail outright.
+    """
+    offenders: list[str] = []
+    real_generator = np.random.Generator
+
+    def _guard(name):
+        def method(self, *a, **k):
+            if ledger_mod.drawing_context() is None:
+                offenders.append(name)
+                raise AssertionError(f"Gaussian draw Generator.{name} outside the privacy ledger")
+            return getattr(real_generator, name)(self, *a, **k)
+
+        return method
+
+    guarded = type(
+        "GuardedGenerator",
+        (real_generator,),
+        {n: _guard(n) for n in ("normal", "standard_normal", "multivariate_normal", "multivariate_hypergeometric")},
+    )
+    real_default_rng = np.random.default_rng
+    monkeypatch.setattr(np.random, "Generator", guarded)
+    monkeypatch.setattr(np.random, "default_rng", lambda seed=None: guarded(real_default_rng(seed).bit_generator))
+
+    def _legacy(*a, **k):
+        raise AssertionError("legacy global np.random draw")
+
+    for name in ("normal", "standard_normal", "randn"):
+        monkeypatch.setattr(np.random, name, _legacy)
+    return offenders
+
+
+def test_guard_catches_a_bypassing_draw(guarded_rng):
+    with pytest.raises(AssertionError, match="outside the privacy ledger"):
+        np.random.default_rng(0).normal(size=3)
+    with pytest.raises(AssertionError, match="outside the privacy ledger"):
+        np.random.Generator(np.random.PCG64(0)).standard_normal(3)
+    assert guarded_rng == ["normal", "standard_normal"]
+    # a sanctioned draw passes
+    led = PrivacyLedger(seed=0)
+    led.gaussian("x", np.zeros(3), sensitivity=1.0, noise_multiplier=1.0)
+
+
+@pytest.mark.parametrize("algorithm", ["als", "dpals-uniform", "dpals-tail", "adadpals"])
+def test_every_algorithm_draws_noise_only_through_the_ledger(small_mf, guarded_rng, algorithm):
+    from fedpriv.algorithms.als import ALSConfig, plan_releases
+    from fedpriv.engine import train_inprocess
+
+    cfg = ALSConfig(rank=3, steps=2)
+    eps = None if algorithm == "als" else 2.0
+    res = train_inprocess(algorithm, small_mf.interactions, cfg, rating_range=(1, 5), epsilon=eps, progress=False)
+    assert guarded_rng == []
+    # the ledger holds exactly the planned releases, each with its planned count
+    planned = {p.name: p.count for p in plan_releases(algorithm, cfg, implicit=False)}
+    assert {r.name: r.count for r in res.ledger.releases} == planned
+    if eps:
+        assert epsilon_rdp(res.ledger, 1e-5) == pytest.approx(eps, rel=1e-3)

@@ -32,8 +32,8 @@ def test_segment_stats_matches_naive_sums(monkeypatch, piece):
     assert np.allclose(got.c, c, rtol=1e-4, atol=1e-3)
 
 
-def test_segment_stats_chunking(monkeypatch):
-    monkeypatch.setattr(kernels, "_CHUNK_FLOATS", 64)  # forces many chunks, one segment larger than a chunk
+def test_segment_stats_small_blocks(monkeypatch):
+    monkeypatch.setattr(kernels, "_BLOCK_FLOATS", 64)  # forces tiny blocks
     rng = np.random.default_rng(1)
     counts = np.array([5, 0, 40, 3, 1])
     indptr = np.concatenate([[0], np.cumsum(counts)])
@@ -49,7 +49,7 @@ def test_project_psd_and_solve():
     M = rng.normal(size=(20, 4, 4))
     S = M + np.swapaxes(M, 1, 2)
     P = project_psd(S, floor=0.5)
-    assert np.all(np.linalg.eigvalsh(P) >= 0.5 - 1e-9)
+    assert np.all(np.linalg.eigvalsh(P) >= 0.5 - 1e-5)  # float32 projection
     x = rng.normal(size=(20, 4))
     A = M @ np.swapaxes(M, 1, 2)
     b = np.einsum("nij,nj->ni", A + 0.3 * np.eye(4), x)

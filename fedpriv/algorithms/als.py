@@ -288,9 +288,9 @@ def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int 
         u1 = min(u0 + step, shard.n_users)
         s, e = shard.indptr[u0], shard.indptr[u1]
         stats = segment_stats(V, shard.items[s:e], shard.indptr[u0 : u1 + 1] - s, targets=y[s:e])
-        A = stats.A.astype(np.float64)
+        A = stats.A
         if gravity is not None:
-            A = A + gravity
+            A = A + gravity.astype(np.float32)
         n = counts[u0:u1].astype(np.float64)
         reg = cfg.reg_user * (np.maximum(n, 1.0) if cfg.weighted_reg else 1.0)
         U[u0:u1] = solve_spd(A, stats.b, reg)
@@ -344,8 +344,8 @@ def client_item_stats(shard: UserShard, state: PublicState) -> ItemStats:
         y = clip_values(y, cfg.rating_clip)
     w = client_rating_weights(shard, state)
     order = shard.by_item_order
-    item_ids, indptr = shard.item_groups()
-    stats = segment_stats(U, shard.local_user_of_rating[order], indptr, weights=w[order], targets=y[order])
+    item_ids, indptr = shard.item_groups_cached
+    stats = segment_stats(U, shard.by_item_local_users, indptr, weights=w[order], targets=y[order])
     gravity = U.T @ U if cfg.gravity > 0 else None  # includes the bias coordinate
     return ItemStats(item_ids=item_ids.astype(np.int64), A=stats.A, b=stats.b, gravity=gravity)
 

@@ -42,10 +42,21 @@ class UserShard:
         """Permutation of the shard's ratings that groups them by item (stable)."""
         return np.argsort(self.items, kind="stable")
 
+    @cached_property
+    def by_item_local_users(self) -> np.ndarray:
+        """Local user index of each rating, in ``by_item_order``."""
+        return self.local_user_of_rating[self.by_item_order]
+
+    @cached_property
+    def item_groups_cached(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.item_groups()
+
     def item_groups(self) -> tuple[np.ndarray, np.ndarray]:
         """(item ids present, indptr over ``by_item_order``)."""
         sorted_items = self.items[self.by_item_order]
-        present, counts = np.unique(sorted_items, return_counts=True)
+        starts = np.flatnonzero(np.r_[True, sorted_items[1:] != sorted_items[:-1]]) if len(sorted_items) else np.zeros(0, np.int64)
+        present = sorted_items[starts]
+        counts = np.diff(np.r_[starts, len(sorted_items)])
         indptr = np.zeros(len(present) + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
         return present, indptr

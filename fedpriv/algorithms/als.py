@@ -363,38 +363,35 @@ def sum_item_stats(parts: list[ItemStats], n_items: int, d: int) -> tuple[np.nda
     return A, b, g
 
 
+def _release(name: str, total, state: PublicState, ledger: PrivacyLedger | None, **kw):
+    """Noise ``total`` through the ledger with the calibrated multiplier (non-private: as is)."""
+    if not state.private:
+        return total
+    return ledger.gaussian(
+        name,
+        total,
+        sensitivity=sensitivity(name, state.config, state.rating_range),
+        noise_multiplier=state.multipliers[name],
+        **kw,
+    )
+
+
 def release_mean(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> float:
-    if state.private:
-        total = ledger.gaussian(
-            "mean",
-            total,
-            sensitivity=sensitivity("mean", state.config, state.rating_range),
-            noise_multiplier=state.multipliers["mean"],
-        )
+    total = _release("mean", total, state, ledger)
     lo, hi = state.rating_range
     return float(np.clip(total[0] / max(total[1], 1.0), lo, hi))
 
 
 def release_counts(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> np.ndarray:
-    if state.private:
-        total = ledger.gaussian(
-            "counts",
-            total,
-            sensitivity=sensitivity("counts", state.config, state.rating_range),
-            noise_multiplier=state.multipliers["counts"],
-        )
-    return np.asarray(total, dtype=np.float64)
+    return np.asarray(_release("counts", total, state, ledger), dtype=np.float64)
 
 
 def release_item_stats(A, b, g, state: PublicState, ledger: PrivacyLedger | None):
     """Add the calibrated noise once per step (the only place that sees the exact sums)."""
-    if not state.private:
-        return A, b, g
-    cfg, rr, z = state.config, state.rating_range, state.multipliers
-    A = ledger.gaussian("item_stats_A", A, sensitivity=sensitivity("item_stats_A", cfg, rr), noise_multiplier=z["item_stats_A"], symmetric=True)
-    b = ledger.gaussian("item_stats_b", b, sensitivity=sensitivity("item_stats_b", cfg, rr), noise_multiplier=z["item_stats_b"])
+    A = _release("item_stats_A", A, state, ledger, symmetric=True)
+    b = _release("item_stats_b", b, state, ledger)
     if g is not None:
-        g = ledger.gaussian("gravity", g, sensitivity=sensitivity("gravity", cfg, rr), noise_multiplier=z["gravity"], symmetric=True)
+        g = _release("gravity", g, state, ledger, symmetric=True)
     return A, b, g
 
 

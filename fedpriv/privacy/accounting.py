@@ -45,24 +45,22 @@ def _as_releases(releases) -> list[Release]:
     return list(releases)
 
 
-def epsilon_rdp(releases, delta: float) -> float:
-    """Epsilon of the composed releases (a ledger or a list of Release) at ``delta``, via RDP."""
+def _epsilon(accountant, releases, delta: float) -> float:
     rels = _as_releases(releases)
     if not rels:
         return 0.0
-    acc = rdp_privacy_accountant.RdpAccountant(orders=RDP_ORDERS)
-    acc.compose(ledger_event(rels))
-    return float(acc.get_epsilon(delta))
+    accountant.compose(ledger_event(rels))
+    return float(accountant.get_epsilon(delta))
+
+
+def epsilon_rdp(releases, delta: float) -> float:
+    """Epsilon of the composed releases (a ledger or a list of Release) at ``delta``, via RDP."""
+    return _epsilon(rdp_privacy_accountant.RdpAccountant(orders=RDP_ORDERS), releases, delta)
 
 
 def epsilon_pld(releases, delta: float, discretization: float = 1e-4) -> float:
     """Epsilon via privacy loss distributions (tighter; a second opinion)."""
-    rels = _as_releases(releases)
-    if not rels:
-        return 0.0
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
-    acc.compose(ledger_event(rels))
-    return float(acc.get_epsilon(delta))
+    return _epsilon(pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization), releases, delta)
 
 
 def rdp_curve(releases) -> tuple[np.ndarray, np.ndarray]:

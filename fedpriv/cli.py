@@ -18,7 +18,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--epsilon", type=float, default=None, help="target epsilon (private algorithms)")
     r.add_argument("--delta", type=float, default=1e-5)
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter or run option (repeatable)")
-    r.add_argument("--engine", default="inprocess", help="inprocess")
+    r.add_argument("--engine", default="inprocess", help="inprocess or flower (Flower simulation runtime)")
+    r.add_argument("--nodes", type=int, default=None, help="flower engine: number of nodes (default: users / users-per-node)")
+    r.add_argument("--users-per-node", type=int, default=None, help="flower engine: users held by each node (default 1)")
     r.add_argument("--out", required=True, help="output folder for metrics.json and ledger.json")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -39,6 +41,10 @@ def _run(args) -> int:
     from .run import parse_overrides, run, write_outputs
 
     overrides = parse_overrides(args.overrides)
+    if args.nodes is not None:
+        overrides["nodes"] = str(args.nodes)
+    if args.users_per_node is not None:
+        overrides["users_per_node"] = str(args.users_per_node)
     metrics, ledger = run(
         args.algorithm,
         args.data,

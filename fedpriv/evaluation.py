@@ -53,3 +53,36 @@ def evaluate_recall(
         item_counts,
         k=k,
     )
+
+
+def shard_squared_errors(
+    state: als.PublicState, history, target, item_bucket: np.ndarray, n_buckets: int = 5
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-bucket (sum of squared errors, count) of one node's target ratings, its users solved
+    from their history (both :class:`~fedpriv.algorithms.shards.UserShard` of the same users)."""
+    sse = np.zeros(n_buckets)
+    cnt = np.zeros(n_buckets)
+    if target.n_ratings == 0:
+        return sse, cnt
+    U = als.client_user_vectors(history, state)
+    V = als.user_design(state).astype(np.float64)
+    rows = target.local_user_of_rating
+    pred = state.mean + np.einsum("nd,nd->n", U[rows], V[target.items])
+    if state.item_bias is not None:
+        pred = pred + state.item_bias[target.items]
+    pred = np.clip(pred, *state.rating_range)
+    err2 = (pred - target.ratings.astype(np.float64)) ** 2
+    bucket = item_bucket[target.items]
+    return np.bincount(bucket, weights=err2, minlength=n_buckets), np.bincount(bucket, minlength=n_buckets).astype(float)
+
+
+def rmse_from_sums(sse: np.ndarray, cnt: np.ndarray, item_counts: np.ndarray) -> tuple[float, list[dict]]:
+    """Overall and sliced RMSE from per-bucket sums (same bucket rows as :func:`metrics.sliced_rmse`)."""
+    bucket = metrics.frequency_buckets(item_counts, len(sse))
+    sliced = []
+    for b in range(len(sse)):
+        row = metrics._bucket_info(item_counts, bucket, b)  # noqa: SLF001 - shared row layout
+        row.update({"n_eval": int(cnt[b]), "rmse": float(np.sqrt(sse[b] / cnt[b])) if cnt[b] else float("nan")})
+        sliced.append(row)
+    total = float(np.sqrt(sse.sum() / cnt.sum())) if cnt.sum() else float("nan")
+    return total, sliced

@@ -22,7 +22,7 @@ from .engine import train_inprocess
 from .errors import ConfigError
 from .privacy.accounting import epsilon_pld, epsilon_rdp
 
-ENGINES = ("inprocess",)
+ENGINES = ("inprocess", "flower")
 
 
 @dataclass
@@ -33,6 +33,8 @@ class RunOptions:
     split_seed: int = 1234
     heldout_users: int = 0  # per held-out group; 0 = 10,000 for ML-20M/25M, else 10% of users
     users_per_shard: int = 0  # in-process engine: 0 = one shard with every user
+    users_per_node: int = 1  # flower engine: users held by each node
+    nodes: int = 0  # flower engine: number of nodes (0 = as many as the users need)
 
     @classmethod
     def pop_from(cls, overrides: dict) -> "RunOptions":
@@ -74,6 +76,7 @@ def run(
     engine: str = "inprocess",
     progress: bool = True,
     dataset=None,
+    work_dir: str | os.PathLike | None = None,
 ) -> tuple[dict, list[dict]]:
     """Train and evaluate; returns (metrics, ledger records). ``dataset`` skips loading."""
     t0 = time.perf_counter()
@@ -123,30 +126,35 @@ def run(
             cfg.gravity = 0.1
 
     rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
-    result = train_inprocess(
-        algorithm,
-        train,
-        cfg,
-        rating_range=rating_range,
-        implicit=implicit,
-        epsilon=epsilon,
-        delta=delta,
-        users_per_shard=opts.users_per_shard or None,
-        progress=progress,
-    )
-    state, ledger = result.state, result.ledger
-    item_counts = train.item_counts()
-    if protocol == "random":
-        metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
-        metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
+    if engine == "flower":
+        if protocol != "random":
+            raise ConfigError("the flower engine evaluates the random-split (RMSE) protocol only so far", field="split")
+        state, ledger, timings = _train_flower(algorithm, split, cfg, opts, rating_range, epsilon, delta, work_dir, metrics)
     else:
-        k = cfg.eval_k
-        metrics[f"valid_recall_at_{k}"], metrics["valid_sliced"] = evaluation.evaluate_recall(
-            state, split.valid_history, split.valid_targets, split.valid_users, item_counts, k
+        result = train_inprocess(
+            algorithm,
+            train,
+            cfg,
+            rating_range=rating_range,
+            implicit=implicit,
+            epsilon=epsilon,
+            delta=delta,
+            users_per_shard=opts.users_per_shard or None,
+            progress=progress,
         )
-        metrics[f"test_recall_at_{k}"], metrics["sliced"] = evaluation.evaluate_recall(
-            state, split.test_history, split.test_targets, split.test_users, item_counts, k
-        )
+        state, ledger, timings = result.state, result.ledger, result.timings
+        item_counts = train.item_counts()
+        if protocol == "random":
+            metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
+            metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
+        else:
+            k = cfg.eval_k
+            metrics[f"valid_recall_at_{k}"], metrics["valid_sliced"] = evaluation.evaluate_recall(
+                state, split.valid_history, split.valid_targets, split.valid_users, item_counts, k
+            )
+            metrics[f"test_recall_at_{k}"], metrics["sliced"] = evaluation.evaluate_recall(
+                state, split.test_history, split.test_targets, split.test_users, item_counts, k
+            )
 
     records = ledger.to_list()
     if private:
@@ -157,7 +165,7 @@ def run(
         metrics["epsilon_spent_pld"] = None
     metrics["noise_multipliers"] = dict(state.multipliers)
     metrics["released_mean"] = state.mean
-    metrics["timings"] = result.timings
+    metrics["timings"] = timings
     metrics["wall_seconds"] = time.perf_counter() - t0
     metrics["config"] = {
         "algorithm": algorithm,
@@ -170,6 +178,38 @@ def run(
         **cfg.to_dict(),
     }
     return _clean(metrics), records
+
+
+def _train_flower(algorithm, split, cfg, opts, rating_range, epsilon, delta, work_dir, metrics):
+    """Train and evaluate over Flower's simulation runtime; adds rounds and bytes to ``metrics``."""
+    from .flower.server_app import FlowerJob
+    from .flower.simulation import simulate
+
+    upn = max(1, opts.users_per_node)
+    n_nodes = opts.nodes or -(-split.train.n_users // upn)
+    tmp = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-flower-"))
+    job = FlowerJob(algorithm, epsilon, delta, cfg, split.train, split.valid, split.test, rating_range, tmp, users_per_node=upn)
+    try:
+        res = simulate(job, n_nodes)
+    finally:
+        if not work_dir:
+            shutil.rmtree(tmp, ignore_errors=True)
+    metrics.update(
+        {
+            "valid_rmse": res.valid_rmse,
+            "valid_sliced": res.valid_sliced,
+            "test_rmse": res.test_rmse,
+            "sliced": res.test_sliced,
+            "nodes": n_nodes,
+            "users_per_node": upn,
+            "rounds": res.rounds,
+            "bytes_up": res.bytes_up,
+            "bytes_down": res.bytes_down,
+            "round_log": res.round_log,
+            "rejected_replies": res.rejected,
+        }
+    )
+    return res.state, res.ledger, {"rounds": res.round_log}
 
 
 def _clean(obj):

@@ -1,0 +1,1 @@
+"""Flower runtime: thin ClientApp / ServerApp over the algorithm functions of fedpriv."""

@@ -1,0 +1,180 @@
+"""Message contents: public state down, per-node contributions up, and the validation of every
+reply before it may be summed.
+
+Contributions are sparse: item ids, upper triangles of the d x d blocks, d-vectors. A reply is
+rejected (and logged by the caller) when it is malformed (missing keys, wrong shapes or dtypes,
+item ids out of range or repeated), non-finite, or larger than its declared bound: a node that
+declares ``n_users`` users may move each release by at most ``n_users`` times the per-user L2
+sensitivity (triangle inequality).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from ..algorithms import als
+
+
+class RejectedReply(ValueError):
+    """A reply that must not be summed; the message says why."""
+
+
+def _arr(x) -> Array:
+    return Array(np.ascontiguousarray(x))
+
+
+def upper(A: np.ndarray) -> np.ndarray:
+    iu = np.triu_indices(A.shape[-1])
+    return A[..., iu[0], iu[1]]
+
+
+def from_upper(T: np.ndarray, d: int) -> np.ndarray:
+    iu = np.triu_indices(d)
+    A = np.zeros((*T.shape[:-1], d, d), dtype=T.dtype)
+    A[..., iu[0], iu[1]] = T
+    A[..., iu[1], iu[0]] = T
+    return A
+
+
+# ------------------------------------------------------------------ server -> clients
+def encode_state(state: als.PublicState, data_dir: str, users_per_node: int) -> RecordDict:
+    arrays = {}
+    for key in ("item_factors", "item_bias", "counts_hat", "omega"):
+        value = getattr(state, key)
+        if value is not None:
+            arrays[key] = _arr(value)
+    cfg = ConfigRecord(
+        {
+            "algorithm": state.algorithm,
+            "config": json.dumps(asdict(state.config)),
+            "n_items": state.n_items,
+            "n_users": state.n_users,
+            "rating_lo": float(state.rating_range[0]),
+            "rating_hi": float(state.rating_range[1]),
+            "implicit": bool(state.implicit),
+            "mean": float(state.mean),
+            "data_dir": data_dir,
+            "users_per_node": int(users_per_node),
+        }
+    )
+    rd = RecordDict({"state": ArrayRecord(arrays), "cfg": cfg})
+    return rd
+
+
+def decode_state(content: RecordDict) -> tuple[als.PublicState, str, int]:
+    cfg = content.config_records["cfg"]
+    arrays = content.array_records["state"]
+    state = als.PublicState(
+        algorithm=str(cfg["algorithm"]),
+        config=als.ALSConfig(**json.loads(str(cfg["config"]))),
+        n_items=int(cfg["n_items"]),
+        n_users=int(cfg["n_users"]),
+        rating_range=(float(cfg["rating_lo"]), float(cfg["rating_hi"])),
+        implicit=bool(cfg["implicit"]),
+        mean=float(cfg["mean"]),
+    )
+    for key in ("item_factors", "item_bias", "counts_hat", "omega"):
+        if key in arrays:
+            setattr(state, key, arrays[key].numpy())
+    return state, str(cfg["data_dir"]), int(cfg["users_per_node"])
+
+
+# ------------------------------------------------------------------ clients -> server
+def encode_vector(values: np.ndarray, n_users: int) -> RecordDict:
+    return RecordDict({"contrib": ArrayRecord({"values": _arr(np.asarray(values, np.float64))}), "meta": ConfigRecord({"n_users": int(n_users)})})
+
+
+def encode_item_stats(stats: als.ItemStats, n_users: int) -> RecordDict:
+    arrays = {"item_ids": _arr(stats.item_ids.astype(np.int64)), "A_upper": _arr(upper(stats.A)), "b": _arr(stats.b)}
+    if stats.gravity is not None:
+        arrays["gravity_upper"] = _arr(upper(np.asarray(stats.gravity, np.float32)))
+    return RecordDict({"contrib": ArrayRecord(arrays), "meta": ConfigRecord({"n_users": int(n_users)})})
+
+
+def _declared_users(content: RecordDict, max_users: int) -> int:
+    try:
+        n = int(content.config_records["meta"]["n_users"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RejectedReply(f"malformed: no declared user count ({exc})") from None
+    if not 0 <= n <= max_users:
+        raise RejectedReply(f"malformed: declared user count {n} outside [0, {max_users}]")
+    return n
+
+
+def _get(arrays: ArrayRecord, key: str, ndim: int, dtype_kind: str) -> np.ndarray:
+    if key not in arrays:
+        raise RejectedReply(f"malformed: missing array {key!r}")
+    try:
+        x = arrays[key].numpy()
+    except Exception as exc:  # noqa: BLE001 - any decoding failure is a malformed reply
+        raise RejectedReply(f"malformed: array {key!r} cannot be decoded ({exc})") from None
+    if x.ndim != ndim or x.dtype.kind != dtype_kind:
+        raise RejectedReply(f"malformed: array {key!r} has shape {x.shape} and dtype {x.dtype}")
+    if dtype_kind == "f" and not np.all(np.isfinite(x)):
+        raise RejectedReply(f"non-finite values in {key!r}")
+    return x
+
+
+def _check_norm(name: str, x: np.ndarray, bound: float) -> None:
+    norm = float(np.linalg.norm(x))
+    if norm > bound * (1 + 1e-5) + 1e-9:
+        raise RejectedReply(f"over bound: ||{name}|| = {norm:.6g} > {bound:.6g}")
+
+
+def decode_vector(content: RecordDict, release: str, length: int, state: als.PublicState, max_users: int) -> np.ndarray:
+    """A validated vector contribution (mean: length 2; counts: length n_items)."""
+    n = _declared_users(content, max_users)
+    if "contrib" not in content.array_records:
+        raise RejectedReply("malformed: no contribution record")
+    v = _get(content.array_records["contrib"], "values", 1, "f")
+    if len(v) != length:
+        raise RejectedReply(f"malformed: {release} vector has length {len(v)}, expected {length}")
+    if state.private:
+        _check_norm(release, v, n * als.sensitivity(release, state.config, state.rating_range))
+    return v
+
+
+def decode_item_stats(content: RecordDict, state: als.PublicState, dim: int, max_users: int) -> als.ItemStats:
+    """A validated item-statistics contribution."""
+    n = _declared_users(content, max_users)
+    if "contrib" not in content.array_records:
+        raise RejectedReply("malformed: no contribution record")
+    arrays = content.array_records["contrib"]
+    ids = _get(arrays, "item_ids", 1, "i")
+    tri = _get(arrays, "A_upper", 2, "f")
+    b = _get(arrays, "b", 2, "f")
+    k = len(ids)
+    if tri.shape != (k, dim * (dim + 1) // 2) or b.shape != (k, dim):
+        raise RejectedReply(f"malformed: shapes {tri.shape}, {b.shape} for {k} items of dimension {dim}")
+    if k and (ids.min() < 0 or ids.max() >= state.n_items or len(np.unique(ids)) != k):
+        raise RejectedReply("malformed: item ids out of range or repeated")
+    gravity = None
+    if state.config.gravity > 0:
+        g = _get(arrays, "gravity_upper", 1, "f")
+        if g.shape != (dim * (dim + 1) // 2,):
+            raise RejectedReply(f"malformed: gravity has shape {g.shape}")
+        gravity = from_upper(g, dim)
+    if state.private:
+        cfg, rr = state.config, state.rating_range
+        _check_norm("A", tri, n * als.sensitivity("item_stats_A", cfg, rr))
+        _check_norm("b", b, n * als.sensitivity("item_stats_b", cfg, rr))
+        if gravity is not None:
+            _check_norm("gravity", g, n * als.sensitivity("gravity", cfg, rr))
+    return als.ItemStats(item_ids=ids.astype(np.int64), A=from_upper(tri, dim), b=b, gravity=gravity)
+
+
+def payload_bytes(content: RecordDict) -> int:
+    """Bytes of a message's payload: array buffers plus the serialized config values."""
+    total = 0
+    for rec in content.array_records.values():
+        total += sum(len(a.data) for a in rec.values())
+    for rec in content.config_records.values():
+        total += sum(len(str(k)) + len(str(v)) for k, v in rec.items())
+    return total
+
+

@@ -1,0 +1,65 @@
+"""Node data: the training / validation / test ratings of every user, written once as
+memory-mapped per-user CSR files; each node maps its own block of users (``users-per-node``)
+once per worker process. Ratings never travel in messages."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ..algorithms.shards import UserShard, shard_users
+from ..data.interactions import Interactions
+
+PARTS = ("train", "valid", "test")
+
+
+def write_partitions(folder: str | Path, parts: dict[str, Interactions], meta: dict) -> Path:
+    """Write each part as a by-user CSR (indptr, items, ratings) of .npy files plus meta.json."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, inter in parts.items():
+        shard = shard_users(inter)
+        np.save(folder / f"{name}_indptr.npy", shard.indptr)
+        np.save(folder / f"{name}_items.npy", shard.items)
+        np.save(folder / f"{name}_ratings.npy", shard.ratings)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+@lru_cache(maxsize=8)
+def _mapped(folder: str, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    f = Path(folder)
+    return (
+        np.load(f / f"{name}_indptr.npy", mmap_mode="r"),
+        np.load(f / f"{name}_items.npy", mmap_mode="r"),
+        np.load(f / f"{name}_ratings.npy", mmap_mode="r"),
+    )
+
+
+@lru_cache(maxsize=8)
+def read_meta(folder: str) -> dict:
+    return json.loads((Path(folder) / "meta.json").read_text())
+
+
+def node_users(partition_id: int, users_per_node: int, n_users: int) -> np.ndarray:
+    start = partition_id * users_per_node
+    return np.arange(start, min(start + users_per_node, n_users), dtype=np.int64)
+
+
+@lru_cache(maxsize=64)
+def load_shard(folder: str, name: str, partition_id: int, users_per_node: int) -> UserShard:
+    """The shard of one node: its users' ratings of one part (cached per worker process)."""
+    indptr, items, ratings = _mapped(folder, name)
+    users = node_users(partition_id, users_per_node, len(indptr) - 1)
+    if len(users) == 0:
+        return UserShard(users, np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32))
+    s, e = int(indptr[users[0]]), int(indptr[users[-1] + 1])
+    return UserShard(
+        user_ids=users,
+        indptr=np.asarray(indptr[users[0] : users[-1] + 2]) - s,
+        items=np.asarray(items[s:e], dtype=np.int32),
+        ratings=np.asarray(ratings[s:e], dtype=np.float32),
+    )

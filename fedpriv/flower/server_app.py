@@ -1,0 +1,227 @@
+"""The fedpriv ServerApp: the alternating loop over Flower messages.
+
+Rounds: node info, private mean, private counts, then one round per alternating step, then
+evaluation. Every reply is validated (:mod:`fedpriv.flower.codec`) before it may be summed;
+rejected replies are logged with their reason and left out. The secure-aggregator step (sum,
+then noise through the ledger) is :func:`fedpriv.algorithms.als.release_item_stats` and friends,
+the same functions as the in-process engine; the server step then only sees noised releases.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message
+from flwr.serverapp import Grid, ServerApp
+
+from .. import evaluation, metrics
+from ..algorithms import als
+from ..engine import new_state
+from ..errors import ConfigError, FedprivError
+from ..privacy.ledger import PrivacyLedger
+from . import codec
+from .partition import write_partitions
+
+log = logging.getLogger("fedpriv.flower")
+
+
+@dataclass
+class FlowerJob:
+    """What the ServerApp runs; built from the run config (``flwr run``) or by our CLI."""
+
+    algorithm: str
+    epsilon: float | None
+    delta: float
+    cfg: als.ALSConfig
+    train: object  # Interactions
+    valid: object
+    test: object
+    rating_range: tuple[float, float]
+    work_dir: Path
+    users_per_node: int = 1
+    round_timeout: float | None = None
+    node_wait_seconds: float = 120.0
+
+
+@dataclass
+class FlowerResult:
+    state: als.PublicState
+    ledger: PrivacyLedger
+    valid_rmse: float = math.nan
+    valid_sliced: list = field(default_factory=list)
+    test_rmse: float = math.nan
+    test_sliced: list = field(default_factory=list)
+    rounds: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    round_log: list = field(default_factory=list)
+    rejected: list = field(default_factory=list)
+
+
+class _Rounds:
+    """Sends one message per node and collects replies, with byte counting and rejection log."""
+
+    def __init__(self, grid: Grid, nodes: list[int], result: FlowerResult, timeout: float | None):
+        self.grid, self.nodes, self.result, self.timeout = grid, nodes, result, timeout
+
+    def ask(self, message_type: str, content_for, name: str) -> list[tuple[int, Message]]:
+        t0 = time.perf_counter()
+        msgs = []
+        down = 0
+        for nid in self.nodes:
+            content = content_for(nid)
+            down += codec.payload_bytes(content)
+            msgs.append(Message(content=content, dst_node_id=nid, message_type=message_type))
+        replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout))
+        up = 0
+        ok = []
+        for rep in replies:
+            src = rep.metadata.src_node_id
+            if rep.has_error():
+                self.reject(name, src, f"node error: {rep.error.reason}")
+                continue
+            up += codec.payload_bytes(rep.content)
+            ok.append((src, rep))
+        missing = set(self.nodes) - {r.metadata.src_node_id for r in replies}
+        for nid in sorted(missing):
+            self.reject(name, nid, "no reply before the round timeout")
+        self.result.rounds += 1
+        self.result.bytes_down += down
+        self.result.bytes_up += up
+        self.result.round_log.append({"round": name, "seconds": time.perf_counter() - t0, "bytes_down": down, "bytes_up": up, "replies": len(ok), "nodes": len(self.nodes)})
+        return ok
+
+    def reject(self, name: str, node: int, reason: str) -> None:
+        log.warning("round %s: reply of node %s rejected: %s", name, node, reason)
+        self.result.rejected.append({"round": name, "node": int(node), "reason": reason})
+
+
+def _wait_for_nodes(grid: Grid, n: int, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= n or time.monotonic() > deadline:
+            return nodes
+        time.sleep(0.5)
+
+
+def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
+    """The alternating loop of one job over the nodes of ``grid``."""
+    cfg = job.cfg
+    n_users = job.train.n_users
+    n_parts = -(-n_users // job.users_per_node)
+    data_dir = str(write_partitions(job.work_dir / "node-data", {"train": job.train, "valid": job.valid, "test": job.test}, {"n_users": n_users}))
+    state, ledger = new_state(job.algorithm, cfg, job.train, job.rating_range, False, job.epsilon, job.delta)
+    result = FlowerResult(state=state, ledger=ledger)
+
+    nodes = _wait_for_nodes(grid, n_parts, job.node_wait_seconds)
+    if len(nodes) < n_parts:
+        raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(nodes)} registered", field="users-per-node")
+    rounds = _Rounds(grid, nodes, result, job.round_timeout)
+    down = lambda nid: codec.encode_state(state, data_dir, job.users_per_node)  # noqa: E731
+
+    # node -> partition (each node maps its own data; the server learns only ids and sizes)
+    partition_of: dict[int, int] = {}
+    users_of: dict[int, int] = {}
+    for nid, rep in rounds.ask("query.info", down, "info"):
+        meta = rep.content.config_records["meta"]
+        partition_of[nid] = int(meta["partition_id"])
+        users_of[nid] = int(meta["n_users"])
+    order = sorted(partition_of, key=partition_of.get)  # sum in partition order: deterministic
+    rounds.nodes = [n for n in order if partition_of[n] < n_parts]
+    max_users = job.users_per_node
+
+    def collect_vectors(message_type: str, release: str, length: int) -> np.ndarray:
+        total = np.zeros(length)
+        replies = dict(rounds.ask(message_type, down, release))
+        for nid in rounds.nodes:
+            if nid not in replies:
+                continue
+            try:
+                total += codec.decode_vector(replies[nid].content, release, length, state, max_users)
+            except codec.RejectedReply as exc:
+                rounds.reject(release, nid, str(exc))
+        return total
+
+    if not state.implicit:
+        state.mean = als.release_mean(collect_vectors("query.mean", "mean", 2), state, ledger)
+    if als.needs_counts(job.algorithm):
+        state.counts_hat = als.release_counts(collect_vectors("query.counts", "counts", state.n_items), state, ledger)
+    als.server_weights(state)
+    als.server_init(state)
+
+    dim = cfg.rank + (1 if cfg.item_bias else 0)
+    for step in range(cfg.steps):
+        name = f"step{step + 1}"
+        replies = dict(rounds.ask("train", down, name))
+        parts = []
+        for nid in rounds.nodes:
+            if nid not in replies:
+                continue
+            try:
+                parts.append(codec.decode_item_stats(replies[nid].content, state, dim, max_users))
+            except codec.RejectedReply as exc:
+                rounds.reject(name, nid, str(exc))
+        A, b, g = als.sum_item_stats(parts, state.n_items, dim)
+        A, b, g = als.release_item_stats(A, b, g, state, ledger)
+        als.server_item_update(A, b, g, state)
+
+    # evaluation on the nodes: per-bucket sums only
+    item_counts = job.train.item_counts()
+    bucket = metrics.frequency_buckets(item_counts)
+
+    def eval_content(nid):
+        rd = codec.encode_state(state, data_dir, job.users_per_node)
+        rd["eval"] = ArrayRecord({"item_bucket": codec._arr(bucket)})  # noqa: SLF001
+        return rd
+
+    sums = {k: np.zeros(5) for k in ("valid_sse", "valid_n", "test_sse", "test_n")}
+    for nid, rep in rounds.ask("evaluate", eval_content, "evaluate"):
+        rec = rep.content.array_records.get("eval")
+        try:
+            vals = {k: rec[k].numpy() for k in sums}
+            if any(v.shape != (5,) or not np.all(np.isfinite(v)) or np.any(v < 0) for v in vals.values()):
+                raise codec.RejectedReply("malformed evaluation sums")
+        except (KeyError, AttributeError, codec.RejectedReply) as exc:
+            rounds.reject("evaluate", nid, f"malformed evaluation reply ({exc})")
+            continue
+        for k in sums:
+            sums[k] += vals[k]
+    result.valid_rmse, result.valid_sliced = evaluation.rmse_from_sums(sums["valid_sse"], sums["valid_n"], item_counts)
+    result.test_rmse, result.test_sliced = evaluation.rmse_from_sums(sums["test_sse"], sums["test_n"], item_counts)
+    return result
+
+
+def make_server_app(job: FlowerJob, sink: dict) -> ServerApp:
+    """A ServerApp that runs ``job`` and leaves its :class:`FlowerResult` in ``sink['result']``
+    (or the error in ``sink['error']``)."""
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            sink["result"] = run_job(grid, job)
+        except FedprivError as exc:
+            sink["error"] = exc
+            log.error("fedpriv job failed: %s", exc)
+
+    return server
+
+
+# ``flwr run .``: the job comes from the run config
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    from .runconfig import job_from_run_config, write_flower_outputs
+
+    job, out_dir, meta = job_from_run_config(context.run_config)
+    t0 = time.perf_counter()
+    result = run_job(grid, job)
+    write_flower_outputs(out_dir, job, result, meta, time.perf_counter() - t0)

@@ -77,8 +77,10 @@ def run(
     progress: bool = True,
     dataset=None,
     work_dir: str | os.PathLike | None = None,
+    flower_runner=None,
 ) -> tuple[dict, list[dict]]:
-    """Train and evaluate; returns (metrics, ledger records). ``dataset`` skips loading."""
+    """Train and evaluate; returns (metrics, ledger records). ``dataset`` skips loading;
+    ``flower_runner(job, n_nodes)`` runs a Flower job (default: a new simulation)."""
     t0 = time.perf_counter()
     als.validate_algorithm(algorithm)
     if engine not in ENGINES:
@@ -129,7 +131,7 @@ def run(
     if engine == "flower":
         if protocol != "random":
             raise ConfigError("the flower engine evaluates the random-split (RMSE) protocol only so far", field="split")
-        state, ledger, timings = _train_flower(algorithm, split, cfg, opts, rating_range, epsilon, delta, work_dir, metrics)
+        state, ledger, timings = _train_flower(algorithm, split, cfg, opts, rating_range, epsilon, delta, work_dir, metrics, flower_runner)
     else:
         result = train_inprocess(
             algorithm,
@@ -180,17 +182,20 @@ def run(
     return _clean(metrics), records
 
 
-def _train_flower(algorithm, split, cfg, opts, rating_range, epsilon, delta, work_dir, metrics):
-    """Train and evaluate over Flower's simulation runtime; adds rounds and bytes to ``metrics``."""
+def _train_flower(algorithm, split, cfg, opts, rating_range, epsilon, delta, work_dir, metrics, runner=None):
+    """Train and evaluate over Flower (by default a new simulation); adds rounds and bytes to
+    ``metrics``."""
     from .flower.server_app import FlowerJob
-    from .flower.simulation import simulate
+
+    if runner is None:
+        from .flower.simulation import simulate as runner
 
     upn = max(1, opts.users_per_node)
     n_nodes = opts.nodes or -(-split.train.n_users // upn)
     tmp = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-flower-"))
     job = FlowerJob(algorithm, epsilon, delta, cfg, split.train, split.valid, split.test, rating_range, tmp, users_per_node=upn)
     try:
-        res = simulate(job, n_nodes)
+        res = runner(job, n_nodes)
     finally:
         if not work_dir:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -213,15 +213,36 @@ def make_server_app(job: FlowerJob, sink: dict) -> ServerApp:
     return server
 
 
-# ``flwr run .``: the job comes from the run config
+# ``flwr run .``: the job comes from the run config ([tool.flwr.app.config] in pyproject.toml,
+# overridable with ``flwr run . --run-config "key=value ..."``)
 app = ServerApp()
+
+
+def _overrides(spec: str) -> dict[str, str]:
+    from ..run import parse_overrides
+
+    return parse_overrides([p for p in str(spec).replace(";", ",").split(",") if p.strip()])
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    from .runconfig import job_from_run_config, write_flower_outputs
+    from ..run import run, write_outputs
 
-    job, out_dir, meta = job_from_run_config(context.run_config)
-    t0 = time.perf_counter()
-    result = run_job(grid, job)
-    write_flower_outputs(out_dir, job, result, meta, time.perf_counter() - t0)
+    rc = context.run_config
+    algorithm = str(rc.get("algorithm", "adadpals"))
+    epsilon = float(rc["epsilon"]) if algorithm != "als" else None
+    overrides = _overrides(rc.get("set", ""))
+    overrides["users_per_node"] = str(rc.get("users-per-node", 1))
+    out = Path(str(rc.get("out", "runs/flwr"))).expanduser()
+    metrics_, ledger = run(
+        algorithm,
+        str(rc["data"]),
+        epsilon=epsilon,
+        delta=float(rc.get("delta", 1e-5)),
+        overrides=overrides,
+        engine="flower",
+        progress=False,
+        flower_runner=lambda job, n_nodes: run_job(grid, job),
+    )
+    write_outputs(out, metrics_, ledger)
+    log.info("fedpriv: wrote %s and %s", out / "metrics.json", out / "ledger.json")

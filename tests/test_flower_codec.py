@@ -105,3 +105,16 @@ def test_payload_bytes_counts_array_buffers():
     rd = codec.encode_item_stats(_stats(), n_users=2)
     arrays = rd.array_records["contrib"]
     assert codec.payload_bytes(rd) >= sum(a.numpy().nbytes for a in arrays.values())
+
+
+def test_evaluation_sums_validation():
+    good = RecordDict({"eval": ArrayRecord({"sse": Array(np.ones(5)), "n": Array(np.ones(5))})})
+    assert codec.decode_eval_sums(good, ("sse", "n"))["n"].tolist() == [1.0] * 5
+    for bad, reason in [
+        (RecordDict({}), "no evaluation record"),
+        (RecordDict({"eval": ArrayRecord({"sse": Array(np.ones(5))})}), "missing array 'n'"),
+        (RecordDict({"eval": ArrayRecord({"sse": Array(np.ones(5)), "n": Array(-np.ones(5))})}), "non-negative"),
+        (RecordDict({"eval": ArrayRecord({"sse": Array(np.full(5, np.nan)), "n": Array(np.ones(5))})}), "non-finite"),
+    ]:
+        with pytest.raises(codec.RejectedReply, match=reason):
+            codec.decode_eval_sums(bad, ("sse", "n"))

@@ -28,3 +28,25 @@ def test_flower_and_inprocess_engines_agree(tmp_path, n_users, users_per_node):
     assert res.valid_rmse == pytest.approx(valid, rel=1e-6) and res.test_rmse == pytest.approx(test, rel=1e-6)
     # info + mean + counts + 2 steps + evaluation
     assert res.rounds == 6 and res.bytes_up > 0 and res.bytes_down > 0 and res.rejected == []
+
+
+def test_run_completes_with_faulty_nodes_and_a_complete_ledger(tmp_path):
+    """20% of messages fail (raise, stall past the round timeout, or garbage): the run completes,
+    each rejected reply is logged with its reason, and the ledger holds every planned release."""
+    from fedpriv.algorithms.als import plan_releases
+    from fedpriv.flower.chaos import make_chaos_app
+    from fedpriv.privacy.accounting import epsilon_rdp
+
+    syn = make_mf(200, 60, 5000, seed=5)
+    split = random_split(syn.interactions, seed=1234)
+    cfg = ALSConfig(rank=3, steps=2)
+    job = FlowerJob("adadpals", 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), tmp_path, users_per_node=10, round_timeout=5.0)
+    res = simulate(job, num_nodes=20, cpus_per_node=0.25, client_app=make_chaos_app(0.2, stall_seconds=7.0))
+    reasons = [r["reason"] for r in res.rejected]
+    assert len(reasons) >= 5
+    assert any("node error" in r for r in reasons)
+    assert any(("non-finite" in r) or ("over bound" in r) or ("malformed" in r) for r in reasons)
+    planned = {p.name: p.count for p in plan_releases("adadpals", cfg, implicit=False)}
+    assert {r.name: r.count for r in res.ledger.releases} == planned
+    assert epsilon_rdp(res.ledger, 1e-5) == pytest.approx(4.0, rel=1e-3)
+    assert np.isfinite(res.valid_rmse) and np.all(np.isfinite(res.state.item_factors))

@@ -168,6 +168,17 @@ def decode_item_stats(content: RecordDict, state: als.PublicState, dim: int, max
     return als.ItemStats(item_ids=ids.astype(np.int64), A=from_upper(tri, dim), b=b, gravity=gravity)
 
 
+def decode_eval_sums(content: RecordDict, keys: tuple[str, ...], n_buckets: int = 5) -> dict[str, np.ndarray]:
+    """Validated per-bucket evaluation sums (finite, non-negative, one value per bucket)."""
+    if "eval" not in content.array_records:
+        raise RejectedReply("malformed: no evaluation record")
+    rec = content.array_records["eval"]
+    vals = {k: _get(rec, k, 1, "f") for k in keys}
+    if any(v.shape != (n_buckets,) or np.any(v < 0) for v in vals.values()):
+        raise RejectedReply("malformed: evaluation sums must be non-negative, one per bucket")
+    return vals
+
+
 def payload_bytes(content: RecordDict) -> int:
     """Bytes of a message's payload: array buffers plus the serialized config values."""
     total = 0

@@ -46,6 +46,7 @@ class FlowerJob:
     users_per_node: int = 1
     round_timeout: float | None = None
     node_wait_seconds: float = 120.0
+    info_attempts: int = 5
 
 
 @dataclass
@@ -69,7 +70,8 @@ class _Rounds:
     def __init__(self, grid: Grid, nodes: list[int], result: FlowerResult, timeout: float | None):
         self.grid, self.nodes, self.result, self.timeout = grid, nodes, result, timeout
 
-    def ask(self, message_type: str, content_for, name: str) -> list[tuple[int, Message]]:
+    def ask(self, message_type: str, content_for, name: str, timeout: float | None = ...) -> list[tuple[int, Message]]:
+        """One message per node; ``timeout`` defaults to the job's round timeout."""
         t0 = time.perf_counter()
         msgs = []
         down = 0
@@ -77,7 +79,7 @@ class _Rounds:
             content = content_for(nid)
             down += codec.payload_bytes(content)
             msgs.append(Message(content=content, dst_node_id=nid, message_type=message_type))
-        replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout))
+        replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout if timeout is ... else timeout))
         up = 0
         ok = []
         for rep in replies:
@@ -127,11 +129,18 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
     # node -> partition (each node maps its own data; the server learns only ids and sizes)
     partition_of: dict[int, int] = {}
-    users_of: dict[int, int] = {}
-    for nid, rep in rounds.ask("query.info", down, "info"):
-        meta = rep.content.config_records["meta"]
-        partition_of[nid] = int(meta["partition_id"])
-        users_of[nid] = int(meta["n_users"])
+    for _ in range(job.info_attempts):  # nodes that fail the info round are asked again
+        # the first round also starts the workers (imports, data mapping): no round timeout
+        for nid, rep in rounds.ask("query.info", down, "info", timeout=None):
+            try:
+                partition_of[nid] = int(rep.content.config_records["meta"]["partition_id"])
+            except (KeyError, TypeError, ValueError) as exc:
+                rounds.reject("info", nid, f"malformed info reply ({exc})")
+        rounds.nodes = [n for n in nodes if n not in partition_of]
+        if not rounds.nodes:
+            break
+    if rounds.nodes:
+        log.warning("nodes without a known partition are left out of the run: %s", rounds.nodes)
     order = sorted(partition_of, key=partition_of.get)  # sum in partition order: deterministic
     rounds.nodes = [n for n in order if partition_of[n] < n_parts]
     max_users = job.users_per_node
@@ -182,13 +191,10 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
     sums = {k: np.zeros(5) for k in ("valid_sse", "valid_n", "test_sse", "test_n")}
     for nid, rep in rounds.ask("evaluate", eval_content, "evaluate"):
-        rec = rep.content.array_records.get("eval")
         try:
-            vals = {k: rec[k].numpy() for k in sums}
-            if any(v.shape != (5,) or not np.all(np.isfinite(v)) or np.any(v < 0) for v in vals.values()):
-                raise codec.RejectedReply("malformed evaluation sums")
-        except (KeyError, AttributeError, codec.RejectedReply) as exc:
-            rounds.reject("evaluate", nid, f"malformed evaluation reply ({exc})")
+            vals = codec.decode_eval_sums(rep.content, tuple(sums))
+        except codec.RejectedReply as exc:
+            rounds.reject("evaluate", nid, str(exc))
             continue
         for k in sums:
             sums[k] += vals[k]

@@ -24,11 +24,13 @@ def set_offline_env() -> None:
         os.environ.setdefault(key, value)
 
 
-def simulate(job: FlowerJob, num_nodes: int, *, cpus_per_node: float = 1.0, verbose: bool = False) -> FlowerResult:
+def simulate(job: FlowerJob, num_nodes: int, *, cpus_per_node: float = 1.0, verbose: bool = False, client_app=None) -> FlowerResult:
+    """Run ``job`` on ``num_nodes`` simulated nodes (default ClientApp: fedpriv's)."""
     set_offline_env()
     from flwr.simulation import run_simulation
 
-    from .client_app import app as client_app
+    if client_app is None:
+        from .client_app import app as client_app
 
     sink: dict = {}
     backend_config = {

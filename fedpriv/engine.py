@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
-from .algorithms import als
+from .algorithms import als, dpsgd
 from .algorithms.shards import UserShard, shard_users, split_users
 from .data.interactions import Interactions
 from .privacy.ledger import PrivacyLedger
@@ -73,8 +73,17 @@ def train_inprocess(
     als.server_init(state)
     timings["setup_seconds"] = time.perf_counter() - t0
 
-    for _ in tqdm(range(cfg.steps), desc=algorithm, disable=not progress, leave=False):
+    for step in tqdm(range(cfg.steps), desc=algorithm, disable=not progress, leave=False):
         ts = time.perf_counter()
+        if algorithm == "dpsgd":
+            parts = [dpsgd.client_gradient(s, state, step) for s in shards]
+            tc = time.perf_counter()
+            G = dpsgd.release_gradient(dpsgd.sum_gradients(parts, state.n_items, cfg.rank + 1), state, ledger)
+            ta = time.perf_counter()
+            dpsgd.server_update(G, state)
+            te = time.perf_counter()
+            timings["steps"].append({"client_seconds": tc - ts, "aggregate_seconds": ta - tc, "server_seconds": te - ta})
+            continue
         parts = [als.client_item_stats(s, state) for s in shards]
         tc = time.perf_counter()
         A, b, g = als.sum_item_stats(parts, state.n_items, parts[0].A.shape[-1])

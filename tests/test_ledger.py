@@ -113,7 +113,7 @@ def test_guard_catches_a_bypassing_draw(guarded_rng):
     led.gaussian("x", np.zeros(3), sensitivity=1.0, noise_multiplier=1.0)
 
 
-@pytest.mark.parametrize("algorithm", ["als", "dpals-uniform", "dpals-tail", "adadpals"])
+@pytest.mark.parametrize("algorithm", ["als", "dpals-uniform", "dpals-tail", "adadpals", "dpsgd"])
 def test_every_algorithm_draws_noise_only_through_the_ledger(small_mf, guarded_rng, algorithm):
     from fedpriv.algorithms.als import ALSConfig, plan_releases
     from fedpriv.engine import train_inprocess

@@ -130,3 +130,18 @@ def test_one_user_moves_each_release_by_at_most_its_sensitivity(algorithm, n_rat
     one = shard_users(inter, np.array([n_users - 1]))
     assert np.linalg.norm(als.client_mean(one, cfg, (1.0, 5.0), True)) <= als.sensitivity("mean", cfg, (1.0, 5.0)) * (1 + 1e-9)
     assert np.linalg.norm(als.client_counts(one, cfg, n_items, True)) <= als.sensitivity("counts", cfg, (1.0, 5.0)) * (1 + 1e-9)
+
+
+@settings(max_examples=10, deadline=None)
+@given(n_ratings=st.sampled_from([1, 3, 300]), rating=st.sampled_from([1.0, 5.0, 1e6]), seed=st.integers(0, 1000))
+def test_dpsgd_user_gradient_is_clipped(n_ratings, rating, seed):
+    from fedpriv.algorithms import dpsgd
+
+    rng = np.random.default_rng(seed)
+    items = rng.choice(400, size=n_ratings, replace=False)
+    inter = Interactions(np.zeros(n_ratings, int), items, np.full(n_ratings, rating), 1, 400)
+    cfg = als.ALSConfig(rank=3, sgd_clip=0.7, sgd_sampling_rate=1.0)
+    state = _state("dpsgd", inter, cfg)
+    g = dpsgd.client_gradient(shard_users(inter), state, round_index=0)
+    assert np.linalg.norm(g.b) <= 0.7 * (1 + 1e-9)
+    assert len(g.item_ids) <= n_ratings

@@ -38,7 +38,7 @@ from ..privacy.weights import adaptive_omega, clip_user_weights, sampled_user_we
 from .kernels import project_psd, segment_stats, solve_spd
 from .shards import UserShard
 
-ALGORITHMS = ("als", "dpals-uniform", "dpals-tail", "adadpals")
+ALGORITHMS = ("als", "dpals-uniform", "dpals-tail", "adadpals", "dpsgd")
 
 
 @dataclass
@@ -72,6 +72,11 @@ class ALSConfig:
     init_scale: float = 0.1
     eval_k: int = 20
     seed: int = 1234
+    # federated DP-SGD baseline (algorithm 'dpsgd'): one round per step
+    sgd_lr: float = 0.5
+    sgd_sampling_rate: float = 0.1
+    sgd_clip: float = 1.0
+    sgd_weight_decay: float = 1e-3
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, str | float | int | bool]) -> "ALSConfig":
@@ -91,7 +96,7 @@ class ALSConfig:
             v = getattr(self, name)
             if not (v > 0) or (isinstance(v, float) and math.isnan(v)):
                 raise ConfigError(f"must be > 0, got {v}", field=name)
-        for name in ("reg_user", "reg_item", "reg_item_private", "gravity", "psd_floor", "mu", "init_scale"):
+        for name in ("reg_user", "reg_item", "reg_item_private", "gravity", "psd_floor", "mu", "init_scale", "sgd_lr", "sgd_weight_decay"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
@@ -101,6 +106,10 @@ class ALSConfig:
                 raise ConfigError(f"must be in (0, 1), got {v}", field=name)
         if self.share_mean + self.share_counts >= 1:
             raise ConfigError("share_mean + share_counts must be < 1", field="share_counts")
+        if not (0 < self.sgd_sampling_rate <= 1):
+            raise ConfigError(f"must be in (0, 1], got {self.sgd_sampling_rate}", field="sgd_sampling_rate")
+        if not (self.sgd_clip > 0 and math.isfinite(self.sgd_clip)):
+            raise ConfigError(f"must be a finite number > 0, got {self.sgd_clip}", field="sgd_clip")
         if self.weight_mode not in ("clip", "normalize"):
             raise ConfigError(f"must be 'clip' or 'normalize', got {self.weight_mode!r}", field="weight_mode")
 
@@ -179,6 +188,9 @@ def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[Planne
         plan.append(PlannedRelease("counts", 1, cfg.share_counts))
         rest -= cfg.share_counts
     per_step = rest / cfg.steps
+    if algorithm == "dpsgd":
+        plan.append(PlannedRelease("dpsgd_grad", cfg.steps, per_step, cfg.sgd_sampling_rate))
+        return plan
     grav = cfg.share_gravity if cfg.gravity > 0 else 0.0
     plan.append(PlannedRelease("item_stats_b", cfg.steps, per_step * cfg.share_b))
     plan.append(PlannedRelease("item_stats_A", cfg.steps, per_step * (1 - cfg.share_b) * (1 - grav)))
@@ -211,6 +223,8 @@ def sensitivity(name: str, cfg: ALSConfig, rating_range: tuple[float, float]) ->
         return math.sqrt(cfg.beta) * cfg.user_clip * cfg.rating_clip
     if name == "gravity":
         return cfg.user_clip**2
+    if name == "dpsgd_grad":
+        return cfg.sgd_clip
     raise KeyError(name)
 
 

@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from .. import evaluation
-from ..algorithms import als
+from ..algorithms import als, dpsgd
 from . import codec
 from .partition import load_shard
 
@@ -49,8 +49,12 @@ def counts(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Local user update, then the shard's clipped, weighted per-item statistics."""
+    """Local user update, then the shard's clipped, weighted per-item statistics (DP-SGD: the
+    sampled users' clipped gradients)."""
     state, shard = _shard(msg, context)
+    if state.algorithm == "dpsgd":
+        grad = dpsgd.client_gradient(shard, state, codec.round_of(msg.content))
+        return Message(codec.encode_gradient(grad, shard.n_users), reply_to=msg)
     stats = als.client_item_stats(shard, state)
     return Message(codec.encode_item_stats(stats, shard.n_users), reply_to=msg)
 

@@ -42,7 +42,7 @@ def from_upper(T: np.ndarray, d: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ server -> clients
-def encode_state(state: als.PublicState, data_dir: str, users_per_node: int) -> RecordDict:
+def encode_state(state: als.PublicState, data_dir: str, users_per_node: int, round_index: int = 0) -> RecordDict:
     arrays = {}
     for key in ("item_factors", "item_bias", "counts_hat", "omega"):
         value = getattr(state, key)
@@ -60,6 +60,7 @@ def encode_state(state: als.PublicState, data_dir: str, users_per_node: int) -> 
             "mean": float(state.mean),
             "data_dir": data_dir,
             "users_per_node": int(users_per_node),
+            "round": int(round_index),
         }
     )
     rd = RecordDict({"state": ArrayRecord(arrays), "cfg": cfg})
@@ -67,6 +68,7 @@ def encode_state(state: als.PublicState, data_dir: str, users_per_node: int) -> 
 
 
 def decode_state(content: RecordDict) -> tuple[als.PublicState, str, int]:
+    """(state, data folder, users per node); the round index is :func:`round_of`."""
     cfg = content.config_records["cfg"]
     arrays = content.array_records["state"]
     state = als.PublicState(
@@ -84,6 +86,10 @@ def decode_state(content: RecordDict) -> tuple[als.PublicState, str, int]:
     return state, str(cfg["data_dir"]), int(cfg["users_per_node"])
 
 
+def round_of(content: RecordDict) -> int:
+    return int(content.config_records["cfg"].get("round", 0))
+
+
 # ------------------------------------------------------------------ clients -> server
 def encode_vector(values: np.ndarray, n_users: int) -> RecordDict:
     return RecordDict({"contrib": ArrayRecord({"values": _arr(np.asarray(values, np.float64))}), "meta": ConfigRecord({"n_users": int(n_users)})})
@@ -94,6 +100,27 @@ def encode_item_stats(stats: als.ItemStats, n_users: int) -> RecordDict:
     if stats.gravity is not None:
         arrays["gravity_upper"] = _arr(upper(np.asarray(stats.gravity, np.float32)))
     return RecordDict({"contrib": ArrayRecord(arrays), "meta": ConfigRecord({"n_users": int(n_users)})})
+
+
+def encode_gradient(stats: als.ItemStats, n_users: int) -> RecordDict:
+    arrays = {"item_ids": _arr(stats.item_ids.astype(np.int64)), "grad": _arr(np.asarray(stats.b, np.float64))}
+    return RecordDict({"contrib": ArrayRecord(arrays), "meta": ConfigRecord({"n_users": int(n_users)})})
+
+
+def decode_gradient(content: RecordDict, state: als.PublicState, dim: int, max_users: int) -> als.ItemStats:
+    """A validated DP-SGD contribution: sparse rows of the clipped per-user gradient sum."""
+    n = _declared_users(content, max_users)
+    if "contrib" not in content.array_records:
+        raise RejectedReply("malformed: no contribution record")
+    arrays = content.array_records["contrib"]
+    ids = _get(arrays, "item_ids", 1, "i")
+    g = _get(arrays, "grad", 2, "f")
+    if g.shape != (len(ids), dim):
+        raise RejectedReply(f"malformed: gradient shape {g.shape} for {len(ids)} items of dimension {dim}")
+    if len(ids) and (ids.min() < 0 or ids.max() >= state.n_items or len(np.unique(ids)) != len(ids)):
+        raise RejectedReply("malformed: item ids out of range or repeated")
+    _check_norm("gradient", g, n * state.config.sgd_clip)
+    return als.ItemStats(item_ids=ids.astype(np.int64), A=np.zeros((0, 0, 0), np.float32), b=g)
 
 
 def _declared_users(content: RecordDict, max_users: int) -> int:

@@ -20,7 +20,7 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from .. import evaluation, metrics
-from ..algorithms import als
+from ..algorithms import als, dpsgd
 from ..engine import new_state
 from ..errors import ConfigError, FedprivError
 from ..privacy.ledger import PrivacyLedger
@@ -164,18 +164,22 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     als.server_weights(state)
     als.server_init(state)
 
-    dim = cfg.rank + (1 if cfg.item_bias else 0)
+    dim = cfg.rank + (1 if (cfg.item_bias or job.algorithm == "dpsgd") else 0)
     for step in range(cfg.steps):
         name = f"step{step + 1}"
-        replies = dict(rounds.ask("train", down, name))
+        replies = dict(rounds.ask("train", lambda nid, _s=step: codec.encode_state(state, data_dir, job.users_per_node, _s), name))
+        decode = codec.decode_gradient if job.algorithm == "dpsgd" else codec.decode_item_stats
         parts = []
         for nid in rounds.nodes:
             if nid not in replies:
                 continue
             try:
-                parts.append(codec.decode_item_stats(replies[nid].content, state, dim, max_users))
+                parts.append(decode(replies[nid].content, state, dim, max_users))
             except codec.RejectedReply as exc:
                 rounds.reject(name, nid, str(exc))
+        if job.algorithm == "dpsgd":
+            dpsgd.server_update(dpsgd.release_gradient(dpsgd.sum_gradients(parts, state.n_items, dim), state, ledger), state)
+            continue
         A, b, g = als.sum_item_stats(parts, state.n_items, dim)
         A, b, g = als.release_item_stats(A, b, g, state, ledger)
         als.server_item_update(A, b, g, state)

@@ -91,36 +91,50 @@ def round_of(content: RecordDict) -> int:
 
 
 # ------------------------------------------------------------------ clients -> server
+def _contrib(arrays: dict, n_users: int) -> RecordDict:
+    """A node's reply: its contribution arrays and the number of users it sums over."""
+    return RecordDict({"contrib": ArrayRecord(arrays), "meta": ConfigRecord({"n_users": int(n_users)})})
+
+
 def encode_vector(values: np.ndarray, n_users: int) -> RecordDict:
-    return RecordDict({"contrib": ArrayRecord({"values": _arr(np.asarray(values, np.float64))}), "meta": ConfigRecord({"n_users": int(n_users)})})
+    return _contrib({"values": _arr(np.asarray(values, np.float64))}, n_users)
 
 
 def encode_item_stats(stats: als.ItemStats, n_users: int) -> RecordDict:
     arrays = {"item_ids": _arr(stats.item_ids.astype(np.int64)), "A_upper": _arr(upper(stats.A)), "b": _arr(stats.b)}
     if stats.gravity is not None:
         arrays["gravity_upper"] = _arr(upper(np.asarray(stats.gravity, np.float32)))
-    return RecordDict({"contrib": ArrayRecord(arrays), "meta": ConfigRecord({"n_users": int(n_users)})})
+    return _contrib(arrays, n_users)
 
 
 def encode_gradient(stats: als.ItemStats, n_users: int) -> RecordDict:
-    arrays = {"item_ids": _arr(stats.item_ids.astype(np.int64)), "grad": _arr(np.asarray(stats.b, np.float64))}
-    return RecordDict({"contrib": ArrayRecord(arrays), "meta": ConfigRecord({"n_users": int(n_users)})})
+    return _contrib({"item_ids": _arr(stats.item_ids.astype(np.int64)), "grad": _arr(np.asarray(stats.b, np.float64))}, n_users)
 
 
 def decode_gradient(content: RecordDict, state: als.PublicState, dim: int, max_users: int) -> als.ItemStats:
     """A validated DP-SGD contribution: sparse rows of the clipped per-user gradient sum."""
-    n = _declared_users(content, max_users)
-    if "contrib" not in content.array_records:
-        raise RejectedReply("malformed: no contribution record")
-    arrays = content.array_records["contrib"]
-    ids = _get(arrays, "item_ids", 1, "i")
+    n, arrays = _contribution(content, max_users)
+    ids = _item_ids(arrays, state.n_items)
     g = _get(arrays, "grad", 2, "f")
     if g.shape != (len(ids), dim):
         raise RejectedReply(f"malformed: gradient shape {g.shape} for {len(ids)} items of dimension {dim}")
-    if len(ids) and (ids.min() < 0 or ids.max() >= state.n_items or len(np.unique(ids)) != len(ids)):
-        raise RejectedReply("malformed: item ids out of range or repeated")
     _check_norm("gradient", g, n * state.config.sgd_clip)
     return als.ItemStats(item_ids=ids.astype(np.int64), A=np.zeros((0, 0, 0), np.float32), b=g)
+
+
+def _contribution(content: RecordDict, max_users: int) -> tuple[int, ArrayRecord]:
+    """(declared user count, contribution arrays) of a reply, or RejectedReply."""
+    n = _declared_users(content, max_users)
+    if "contrib" not in content.array_records:
+        raise RejectedReply("malformed: no contribution record")
+    return n, content.array_records["contrib"]
+
+
+def _item_ids(arrays: ArrayRecord, n_items: int) -> np.ndarray:
+    ids = _get(arrays, "item_ids", 1, "i")
+    if len(ids) and (ids.min() < 0 or ids.max() >= n_items or len(np.unique(ids)) != len(ids)):
+        raise RejectedReply("malformed: item ids out of range or repeated")
+    return ids
 
 
 def _declared_users(content: RecordDict, max_users: int) -> int:
@@ -155,10 +169,8 @@ def _check_norm(name: str, x: np.ndarray, bound: float) -> None:
 
 def decode_vector(content: RecordDict, release: str, length: int, state: als.PublicState, max_users: int) -> np.ndarray:
     """A validated vector contribution (mean: length 2; counts: length n_items)."""
-    n = _declared_users(content, max_users)
-    if "contrib" not in content.array_records:
-        raise RejectedReply("malformed: no contribution record")
-    v = _get(content.array_records["contrib"], "values", 1, "f")
+    n, arrays = _contribution(content, max_users)
+    v = _get(arrays, "values", 1, "f")
     if len(v) != length:
         raise RejectedReply(f"malformed: {release} vector has length {len(v)}, expected {length}")
     if state.private:
@@ -168,18 +180,13 @@ def decode_vector(content: RecordDict, release: str, length: int, state: als.Pub
 
 def decode_item_stats(content: RecordDict, state: als.PublicState, dim: int, max_users: int) -> als.ItemStats:
     """A validated item-statistics contribution."""
-    n = _declared_users(content, max_users)
-    if "contrib" not in content.array_records:
-        raise RejectedReply("malformed: no contribution record")
-    arrays = content.array_records["contrib"]
-    ids = _get(arrays, "item_ids", 1, "i")
+    n, arrays = _contribution(content, max_users)
+    ids = _item_ids(arrays, state.n_items)
     tri = _get(arrays, "A_upper", 2, "f")
     b = _get(arrays, "b", 2, "f")
     k = len(ids)
     if tri.shape != (k, dim * (dim + 1) // 2) or b.shape != (k, dim):
         raise RejectedReply(f"malformed: shapes {tri.shape}, {b.shape} for {k} items of dimension {dim}")
-    if k and (ids.min() < 0 or ids.max() >= state.n_items or len(np.unique(ids)) != k):
-        raise RejectedReply("malformed: item ids out of range or repeated")
     gravity = None
     if state.config.gravity > 0:
         g = _get(arrays, "gravity_upper", 1, "f")

@@ -47,6 +47,7 @@ class FlowerJob:
     round_timeout: float | None = None
     node_wait_seconds: float = 120.0
     info_attempts: int = 5
+    eval_every: int = 0  # > 0: also evaluate after every eval_every steps (a measurement curve)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class FlowerResult:
     bytes_down: int = 0
     round_log: list = field(default_factory=list)
     rejected: list = field(default_factory=list)
+    curve: list = field(default_factory=list)  # per evaluated step: protocol rounds, bytes, seconds, valid RMSE
 
 
 class _Rounds:
@@ -114,6 +116,7 @@ def _wait_for_nodes(grid: Grid, n: int, seconds: float) -> list[int]:
 
 def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     """The alternating loop of one job over the nodes of ``grid``."""
+    t_start = time.perf_counter()  # protocol time (evaluation rounds are subtracted)
     cfg = job.cfg
     n_users = job.train.n_users
     n_parts = -(-n_users // job.users_per_node)
@@ -164,6 +167,33 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     als.server_weights(state)
     als.server_init(state)
 
+    item_counts = job.train.item_counts()
+    bucket = metrics.frequency_buckets(item_counts)
+
+    def evaluate():
+        """Evaluation on the nodes: per-bucket sums only. Its rounds and bytes are measurement,
+        kept out of the protocol's counters."""
+        before = (result.rounds, result.bytes_up, result.bytes_down)
+
+        def eval_content(nid):
+            rd = codec.encode_state(state, data_dir, job.users_per_node)
+            rd["eval"] = ArrayRecord({"item_bucket": codec._arr(bucket)})  # noqa: SLF001
+            return rd
+
+        sums = {k: np.zeros(5) for k in ("valid_sse", "valid_n", "test_sse", "test_n")}
+        for nid, rep in rounds.ask("evaluate", eval_content, "evaluate"):
+            try:
+                vals = codec.decode_eval_sums(rep.content, tuple(sums))
+            except codec.RejectedReply as exc:
+                rounds.reject("evaluate", nid, str(exc))
+                continue
+            for k in sums:
+                sums[k] += vals[k]
+        result.rounds, result.bytes_up, result.bytes_down = before
+        valid = evaluation.rmse_from_sums(sums["valid_sse"], sums["valid_n"], item_counts)
+        test = evaluation.rmse_from_sums(sums["test_sse"], sums["test_n"], item_counts)
+        return (*valid, *test)
+
     dim = cfg.rank + (1 if (cfg.item_bias or job.algorithm == "dpsgd") else 0)
     for step in range(cfg.steps):
         name = f"step{step + 1}"
@@ -179,31 +209,17 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
                 rounds.reject(name, nid, str(exc))
         if job.algorithm == "dpsgd":
             dpsgd.server_update(dpsgd.release_gradient(dpsgd.sum_gradients(parts, state.n_items, dim), state, ledger), state)
-            continue
-        A, b, g = als.sum_item_stats(parts, state.n_items, dim)
-        A, b, g = als.release_item_stats(A, b, g, state, ledger)
-        als.server_item_update(A, b, g, state)
+        else:
+            A, b, g = als.sum_item_stats(parts, state.n_items, dim)
+            A, b, g = als.release_item_stats(A, b, g, state, ledger)
+            als.server_item_update(A, b, g, state)
+        if job.eval_every and ((step + 1) % job.eval_every == 0 or step + 1 == cfg.steps):
+            seconds = time.perf_counter() - t_start  # protocol time, before the measurement
+            valid = evaluate()[0]
+            result.curve.append({"step": step + 1, "rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down, "seconds": seconds, "valid_rmse": valid})
+            t_start += time.perf_counter() - t_start - seconds  # exclude evaluation time
 
-    # evaluation on the nodes: per-bucket sums only
-    item_counts = job.train.item_counts()
-    bucket = metrics.frequency_buckets(item_counts)
-
-    def eval_content(nid):
-        rd = codec.encode_state(state, data_dir, job.users_per_node)
-        rd["eval"] = ArrayRecord({"item_bucket": codec._arr(bucket)})  # noqa: SLF001
-        return rd
-
-    sums = {k: np.zeros(5) for k in ("valid_sse", "valid_n", "test_sse", "test_n")}
-    for nid, rep in rounds.ask("evaluate", eval_content, "evaluate"):
-        try:
-            vals = codec.decode_eval_sums(rep.content, tuple(sums))
-        except codec.RejectedReply as exc:
-            rounds.reject("evaluate", nid, str(exc))
-            continue
-        for k in sums:
-            sums[k] += vals[k]
-    result.valid_rmse, result.valid_sliced = evaluation.rmse_from_sums(sums["valid_sse"], sums["valid_n"], item_counts)
-    result.test_rmse, result.test_sliced = evaluation.rmse_from_sums(sums["test_sse"], sums["test_n"], item_counts)
+    result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = evaluate()
     return result
 
 

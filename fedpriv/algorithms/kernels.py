@@ -114,7 +114,7 @@ def solve_spd(A: np.ndarray, b: np.ndarray, reg: np.ndarray | float) -> np.ndarr
     singular Gram matrix) are solved again in float64 by least squares.
     """
     At = torch.from_numpy(np.ascontiguousarray(A, dtype=np.float32)).clone()
-    n, d = At.shape[0], At.shape[-1]
+    n = At.shape[0]
     reg_t = torch.from_numpy(np.broadcast_to(np.asarray(reg, dtype=np.float32), (n,)).copy())
     At.diagonal(dim1=-2, dim2=-1).add_(reg_t[:, None])
     bt = torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32))[..., None]

@@ -5,7 +5,6 @@ sums leaves the node."""
 
 from __future__ import annotations
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 

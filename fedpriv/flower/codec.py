@@ -11,7 +11,6 @@ sensitivity (triangle inequality).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict
 
 import numpy as np

@@ -72,15 +72,13 @@ class _Rounds:
     def __init__(self, grid: Grid, nodes: list[int], result: FlowerResult, timeout: float | None):
         self.grid, self.nodes, self.result, self.timeout = grid, nodes, result, timeout
 
-    def ask(self, message_type: str, content_for, name: str, timeout: float | None = ...) -> list[tuple[int, Message]]:
-        """One message per node; ``timeout`` defaults to the job's round timeout."""
+    def ask(self, message_type: str, content, name: str, timeout: float | None = ...) -> list[tuple[int, Message]]:
+        """One message per node, all with the same (broadcast) ``content``; ``timeout`` defaults
+        to the job's round timeout."""
         t0 = time.perf_counter()
-        msgs = []
-        down = 0
-        for nid in self.nodes:
-            content = content_for(nid)
-            down += codec.payload_bytes(content)
-            msgs.append(Message(content=content, dst_node_id=nid, message_type=message_type))
+        per_node = codec.payload_bytes(content)
+        msgs = [Message(content=content, dst_node_id=nid, message_type=message_type) for nid in self.nodes]
+        down = per_node * len(msgs)
         replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout if timeout is ... else timeout))
         up = 0
         ok = []
@@ -128,13 +126,15 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     if len(nodes) < n_parts:
         raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(nodes)} registered", field="users-per-node")
     rounds = _Rounds(grid, nodes, result, job.round_timeout)
-    down = lambda nid: codec.encode_state(state, data_dir, job.users_per_node)  # noqa: E731
+    def down(round_index: int = 0):
+        """The broadcast public state of this round, encoded once for every node."""
+        return codec.encode_state(state, data_dir, job.users_per_node, round_index)
 
     # node -> partition (each node maps its own data; the server learns only ids and sizes)
     partition_of: dict[int, int] = {}
     for _ in range(job.info_attempts):  # nodes that fail the info round are asked again
         # the first round also starts the workers (imports, data mapping): no round timeout
-        for nid, rep in rounds.ask("query.info", down, "info", timeout=None):
+        for nid, rep in rounds.ask("query.info", down(), "info", timeout=None):
             try:
                 partition_of[nid] = int(rep.content.config_records["meta"]["partition_id"])
             except (KeyError, TypeError, ValueError) as exc:
@@ -150,7 +150,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
     def collect_vectors(message_type: str, release: str, length: int) -> np.ndarray:
         total = np.zeros(length)
-        replies = dict(rounds.ask(message_type, down, release))
+        replies = dict(rounds.ask(message_type, down(), release))
         for nid in rounds.nodes:
             if nid not in replies:
                 continue
@@ -175,13 +175,10 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
         kept out of the protocol's counters."""
         before = (result.rounds, result.bytes_up, result.bytes_down)
 
-        def eval_content(nid):
-            rd = codec.encode_state(state, data_dir, job.users_per_node)
-            rd["eval"] = ArrayRecord({"item_bucket": codec._arr(bucket)})  # noqa: SLF001
-            return rd
-
+        content = down()
+        content["eval"] = ArrayRecord({"item_bucket": codec._arr(bucket)})  # noqa: SLF001
         sums = {k: np.zeros(5) for k in ("valid_sse", "valid_n", "test_sse", "test_n")}
-        for nid, rep in rounds.ask("evaluate", eval_content, "evaluate"):
+        for nid, rep in rounds.ask("evaluate", content, "evaluate"):
             try:
                 vals = codec.decode_eval_sums(rep.content, tuple(sums))
             except codec.RejectedReply as exc:
@@ -197,7 +194,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     dim = cfg.rank + (1 if (cfg.item_bias or job.algorithm == "dpsgd") else 0)
     for step in range(cfg.steps):
         name = f"step{step + 1}"
-        replies = dict(rounds.ask("train", lambda nid, _s=step: codec.encode_state(state, data_dir, job.users_per_node, _s), name))
+        replies = dict(rounds.ask("train", down(step), name))
         decode = codec.decode_gradient if job.algorithm == "dpsgd" else codec.decode_item_stats
         parts = []
         for nid in rounds.nodes:

@@ -12,17 +12,20 @@ from .algorithms.shards import shard_users
 from .data.interactions import Interactions
 
 
+def _predict(state: als.PublicState, U: np.ndarray, rows: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Ratings predicted for solved user vectors ``U[rows]`` and ``items``, clipped to the range."""
+    V = als.user_design(state).astype(np.float64)
+    pred = state.mean + np.einsum("nd,nd->n", U[rows], V[items])
+    if state.item_bias is not None:
+        pred = pred + state.item_bias[items]
+    return np.clip(pred, *state.rating_range)
+
+
 def predict_ratings(state: als.PublicState, history: Interactions, pairs: Interactions) -> np.ndarray:
     """Predicted ratings for the (user, item) pairs of ``pairs``, users solved from ``history``."""
     users = np.unique(pairs.users)
     U = als.client_user_vectors(shard_users(history, users), state)
-    row = np.searchsorted(users, pairs.users)
-    V = als.user_design(state).astype(np.float64)
-    pred = state.mean + np.einsum("nd,nd->n", U[row], V[pairs.items])
-    if state.item_bias is not None:
-        pred = pred + state.item_bias[pairs.items]
-    lo, hi = state.rating_range
-    return np.clip(pred, lo, hi)
+    return _predict(state, U, np.searchsorted(users, pairs.users), pairs.items)
 
 
 def evaluate_rmse(state: als.PublicState, history: Interactions, target: Interactions, item_counts: np.ndarray) -> tuple[float, list[dict]]:
@@ -65,12 +68,7 @@ def shard_squared_errors(
     if target.n_ratings == 0:
         return sse, cnt
     U = als.client_user_vectors(history, state)
-    V = als.user_design(state).astype(np.float64)
-    rows = target.local_user_of_rating
-    pred = state.mean + np.einsum("nd,nd->n", U[rows], V[target.items])
-    if state.item_bias is not None:
-        pred = pred + state.item_bias[target.items]
-    pred = np.clip(pred, *state.rating_range)
+    pred = _predict(state, U, target.local_user_of_rating, target.items)
     err2 = (pred - target.ratings.astype(np.float64)) ** 2
     bucket = item_bucket[target.items]
     return np.bincount(bucket, weights=err2, minlength=n_buckets), np.bincount(bucket, minlength=n_buckets).astype(float)

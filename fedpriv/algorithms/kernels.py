@@ -8,8 +8,7 @@ where x_r = factors[index[r]]. Segments are cut into pieces of at most 512 entri
 packed by size class (ratio sqrt(2)) into padded 3-D blocks gathered straight from the factor
 table (padding entries have weight 0), each block is reduced with one batched GEMM of the
 augmented rows [sqrt(w) x, sqrt(w) y] (so one Gram matrix holds A, b and c), and the pieces
-are accumulated into their segments. No per-rating Python
-loop and no outer-product scatter.
+are accumulated into their segments. No per-rating Python loop and no outer-product scatter.
 """
 
 from __future__ import annotations
@@ -36,15 +35,15 @@ def _to_torch(x: np.ndarray, dtype=torch.float32) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
 
 
-def _pieces(indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Cut segments into pieces of at most _PIECE entries: (segment, start, length, per-segment count)."""
+def _pieces(indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut segments into pieces of at most _PIECE entries: (segment, start, length) per piece."""
     counts = np.diff(indptr)
     n_pieces = -(-counts // _PIECE)
     seg = np.repeat(np.arange(len(counts)), n_pieces)
     first = np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)
     start = indptr[seg] + (np.arange(len(seg)) - first) * _PIECE
     length = np.minimum(_PIECE, indptr[seg + 1] - start)
-    return seg, start, length, n_pieces
+    return seg, start, length
 
 
 def segment_stats(
@@ -76,7 +75,7 @@ def segment_stats(
     if targets is not None:
         ty[:n] = _to_torch(targets)
 
-    piece_seg, piece_start, piece_len, _ = _pieces(indptr)
+    piece_seg, piece_start, piece_len = _pieces(indptr)
     G = torch.zeros((n_seg, width * width), dtype=torch.float32)
     # size classes of ratio sqrt(2): padding waste < 1.42x
     size_class = np.floor(2.0 * np.log2(np.maximum(piece_len, 1))).astype(np.int64)

@@ -48,9 +48,6 @@ class UserShard:
         return self.local_user_of_rating[self.by_item_order]
 
     @cached_property
-    def item_groups_cached(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.item_groups()
-
     def item_groups(self) -> tuple[np.ndarray, np.ndarray]:
         """(item ids present, indptr over ``by_item_order``)."""
         sorted_items = self.items[self.by_item_order]

@@ -17,7 +17,7 @@ import numpy as np
 from . import evaluation
 from .algorithms import als
 from .data.spec import HELDOUT_KINDS, DataSpec, load_spec, parse_data_spec
-from .data.splits import heldout_users_split, random_split
+from .data.splits import HeldoutSplit, heldout_users_split, random_split
 from .engine import train_inprocess
 from .errors import ConfigError
 from .privacy.accounting import epsilon_pld, epsilon_rdp
@@ -129,9 +129,9 @@ def run(
 
     rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
     if engine == "flower":
-        if protocol != "random":
-            raise ConfigError("the flower engine evaluates the random-split (RMSE) protocol only so far", field="split")
-        state, ledger, timings = _train_flower(algorithm, split, cfg, opts, rating_range, epsilon, delta, work_dir, metrics, flower_runner)
+        state, ledger, timings = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, flower_runner)
+        if protocol == "heldout":
+            _recall_metrics(metrics, state, train, split, cfg.eval_k)
     else:
         result = train_inprocess(
             algorithm,
@@ -150,13 +150,7 @@ def run(
             metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
             metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
         else:
-            k = cfg.eval_k
-            metrics[f"valid_recall_at_{k}"], metrics["valid_sliced"] = evaluation.evaluate_recall(
-                state, split.valid_history, split.valid_targets, split.valid_users, item_counts, k
-            )
-            metrics[f"test_recall_at_{k}"], metrics["sliced"] = evaluation.evaluate_recall(
-                state, split.test_history, split.test_targets, split.test_users, item_counts, k
-            )
+            _recall_metrics(metrics, state, train, split, cfg.eval_k)
 
     records = ledger.to_list()
     if private:
@@ -182,9 +176,22 @@ def run(
     return _clean(metrics), records
 
 
-def _train_flower(algorithm, split, cfg, opts, rating_range, epsilon, delta, work_dir, metrics, runner=None):
-    """Train and evaluate over Flower (by default a new simulation); adds rounds and bytes to
-    ``metrics``."""
+def _recall_metrics(metrics: dict, state, train, split, k: int) -> None:
+    """Held-out-users protocol: the held-out users are not members of the federation; their
+    fold-in (a user solve on the history part) and Recall@k use only the released item
+    embeddings, on either engine."""
+    item_counts = train.item_counts()
+    metrics[f"valid_recall_at_{k}"], metrics["valid_sliced"] = evaluation.evaluate_recall(
+        state, split.valid_history, split.valid_targets, split.valid_users, item_counts, k
+    )
+    metrics[f"test_recall_at_{k}"], metrics["sliced"] = evaluation.evaluate_recall(
+        state, split.test_history, split.test_targets, split.test_users, item_counts, k
+    )
+
+
+def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None):
+    """Train over Flower (by default a new simulation); adds rounds, bytes and (random split)
+    the node-side RMSE evaluation to ``metrics``."""
     from .flower.server_app import FlowerJob
 
     if runner is None:
@@ -193,18 +200,17 @@ def _train_flower(algorithm, split, cfg, opts, rating_range, epsilon, delta, wor
     upn = max(1, opts.users_per_node)
     n_nodes = opts.nodes or -(-split.train.n_users // upn)
     tmp = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-flower-"))
-    job = FlowerJob(algorithm, epsilon, delta, cfg, split.train, split.valid, split.test, rating_range, tmp, users_per_node=upn)
+    valid, test = (None, None) if isinstance(split, HeldoutSplit) else (split.valid, split.test)
+    job = FlowerJob(algorithm, epsilon, delta, cfg, split.train, valid, test, rating_range, tmp, users_per_node=upn, implicit=implicit)
     try:
         res = runner(job, n_nodes)
     finally:
         if not work_dir:
             shutil.rmtree(tmp, ignore_errors=True)
+    if valid is not None:
+        metrics.update({"valid_rmse": res.valid_rmse, "valid_sliced": res.valid_sliced, "test_rmse": res.test_rmse, "sliced": res.test_sliced})
     metrics.update(
         {
-            "valid_rmse": res.valid_rmse,
-            "valid_sliced": res.valid_sliced,
-            "test_rmse": res.test_rmse,
-            "sliced": res.test_sliced,
             "nodes": n_nodes,
             "users_per_node": upn,
             "rounds": res.rounds,

@@ -51,3 +51,18 @@ def test_run_completes_with_faulty_nodes_and_a_complete_ledger(tmp_path):
     assert {r.name: r.count for r in res.ledger.releases} == planned
     assert epsilon_rdp(res.ledger, 1e-5) == pytest.approx(4.0, rel=1e-3)
     assert np.isfinite(res.valid_rmse) and np.all(np.isfinite(res.state.item_factors))
+
+
+def test_heldout_users_protocol_on_both_engines(tmp_path):
+    """Implicit data, held-out users (Recall@k): Flower trains with gravity statistics and the
+    held-out users fold in with the released item embeddings, exactly as in-process."""
+    from fedpriv.run import run
+
+    data = "synthetic-mf:users=200,items=60,ratings=5000,seed=6"
+    common = {"split": "heldout", "rank": "3", "steps": "2", "heldout_users": "20"}
+    fl, fl_ledger = run("adadpals", data, epsilon=4.0, overrides={**common, "users_per_node": "10"}, engine="flower", progress=False, work_dir=tmp_path)
+    ip, ip_ledger = run("adadpals", data, epsilon=4.0, overrides={**common, "users_per_shard": "10"}, progress=False)
+    assert fl["protocol"] == ip["protocol"] == "heldout" and fl["nodes"] >= 16
+    assert fl_ledger == ip_ledger and "gravity" in {r["name"] for r in fl_ledger} and "mean" not in {r["name"] for r in fl_ledger}
+    assert fl["test_recall_at_20"] == pytest.approx(ip["test_recall_at_20"], rel=1e-6) and fl["test_recall_at_20"] > 0
+    assert fl["valid_recall_at_20"] == pytest.approx(ip["valid_recall_at_20"], rel=1e-6)

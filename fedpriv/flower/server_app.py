@@ -39,8 +39,8 @@ class FlowerJob:
     delta: float
     cfg: als.ALSConfig
     train: object  # Interactions
-    valid: object
-    test: object
+    valid: object | None  # None: no node-side RMSE evaluation (held-out-users protocol)
+    test: object | None
     rating_range: tuple[float, float]
     work_dir: Path
     users_per_node: int = 1
@@ -48,6 +48,7 @@ class FlowerJob:
     node_wait_seconds: float = 120.0
     info_attempts: int = 5
     eval_every: int = 0  # > 0: also evaluate after every eval_every steps (a measurement curve)
+    implicit: bool = False  # implicit feedback (held-out-users protocol): no mean release
 
 
 @dataclass
@@ -118,8 +119,9 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     cfg = job.cfg
     n_users = job.train.n_users
     n_parts = -(-n_users // job.users_per_node)
-    data_dir = str(write_partitions(job.work_dir / "node-data", {"train": job.train, "valid": job.valid, "test": job.test}, {"n_users": n_users}))
-    state, ledger = new_state(job.algorithm, cfg, job.train, job.rating_range, False, job.epsilon, job.delta)
+    parts = {"train": job.train, "valid": job.valid, "test": job.test}
+    data_dir = str(write_partitions(job.work_dir / "node-data", {k: v for k, v in parts.items() if v is not None}, {"n_users": n_users}))
+    state, ledger = new_state(job.algorithm, cfg, job.train, job.rating_range, job.implicit, job.epsilon, job.delta)
     result = FlowerResult(state=state, ledger=ledger)
 
     nodes = _wait_for_nodes(grid, n_parts, job.node_wait_seconds)
@@ -210,13 +212,14 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
             A, b, g = als.sum_item_stats(parts, state.n_items, dim)
             A, b, g = als.release_item_stats(A, b, g, state, ledger)
             als.server_item_update(A, b, g, state)
-        if job.eval_every and ((step + 1) % job.eval_every == 0 or step + 1 == cfg.steps):
+        if job.valid is not None and job.eval_every and ((step + 1) % job.eval_every == 0 or step + 1 == cfg.steps):
             seconds = time.perf_counter() - t_start  # protocol time, before the measurement
             valid = evaluate()[0]
             result.curve.append({"step": step + 1, "rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down, "seconds": seconds, "valid_rmse": valid})
             t_start += time.perf_counter() - t_start - seconds  # exclude evaluation time
 
-    result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = evaluate()
+    if job.valid is not None:
+        result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = evaluate()
     return result
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
-from .algorithms import als, dpsgd
+from .algorithms import als, protocol
 from .algorithms.shards import UserShard, shard_users, split_users
 from .data.interactions import Interactions
 from .privacy.ledger import PrivacyLedger
@@ -56,41 +56,37 @@ def train_inprocess(
     epsilon: float | None = None,
     delta: float = 1e-5,
     users_per_shard: int | None = None,
+    item_features=None,
     progress: bool = True,
+    on_step=None,
 ) -> TrainResult:
+    """``item_features``: public features of the encoder algorithms; ``on_step(step, state,
+    seconds)`` is called after every alternating step (measurement hooks)."""
     t0 = time.perf_counter()
     state, ledger = new_state(algorithm, cfg, train, rating_range, implicit, epsilon, delta)
     shards = make_shards(train, users_per_shard)
     timings: dict = {"steps": []}
 
-    if not implicit:
+    if als.needs_mean(algorithm, implicit):
         total = np.sum([als.client_mean(s, cfg, state.rating_range, state.private) for s in shards], axis=0)
         state.mean = als.release_mean(total, state, ledger)
     if als.needs_counts(algorithm):
         total = np.sum([als.client_counts(s, cfg, state.n_items, state.private) for s in shards], axis=0)
         state.counts_hat = als.release_counts(total, state, ledger)
-    als.server_weights(state)
-    als.server_init(state)
+    server = protocol.server_setup(state, item_features)
+    table = server.encoder.table if server is not None else None
     timings["setup_seconds"] = time.perf_counter() - t0
 
     for step in tqdm(range(cfg.steps), desc=algorithm, disable=not progress, leave=False):
         ts = time.perf_counter()
-        if algorithm == "dpsgd":
-            parts = [dpsgd.client_gradient(s, state, step) for s in shards]
-            tc = time.perf_counter()
-            G = dpsgd.release_gradient(dpsgd.sum_gradients(parts, state.n_items, cfg.rank + 1), state, ledger)
-            ta = time.perf_counter()
-            dpsgd.server_update(G, state)
-            te = time.perf_counter()
-            timings["steps"].append({"client_seconds": tc - ts, "aggregate_seconds": ta - tc, "server_seconds": te - ta})
-            continue
-        parts = [als.client_item_stats(s, state) for s in shards]
+        parts = [protocol.client_step(s, state, step, table) for s in shards]
         tc = time.perf_counter()
-        A, b, g = als.sum_item_stats(parts, state.n_items, parts[0].A.shape[-1])
-        A, b, g = als.release_item_stats(A, b, g, state, ledger)
+        release = protocol.aggregate(parts, state, ledger)
         ta = time.perf_counter()
-        als.server_item_update(A, b, g, state)
+        protocol.server_step(release, state, server)
         te = time.perf_counter()
         timings["steps"].append({"client_seconds": tc - ts, "aggregate_seconds": ta - tc, "server_seconds": te - ta})
+        if on_step is not None:
+            on_step(step, state, te - t0)
     timings["train_seconds"] = time.perf_counter() - t0
     return TrainResult(state=state, ledger=ledger, timings=timings)

@@ -84,3 +84,48 @@ def rmse_from_sums(sse: np.ndarray, cnt: np.ndarray, item_counts: np.ndarray) ->
         sliced.append(row)
     total = float(np.sqrt(sse.sum() / cnt.sum())) if cnt.sum() else float("nan")
     return total, sliced
+
+
+# ---------------------------------------------------------------- logistic (am-ssp-convex)
+def shard_logistic_sums(state: als.PublicState, history, target, item_bucket: np.ndarray, n_buckets: int = 5) -> dict[str, np.ndarray]:
+    """Per-bucket (log-loss sum, correct predictions, count) of one shard's binarised target
+    ratings, its users solved from their history by the local logistic solve."""
+    from .algorithms import ssp
+
+    out = {k: np.zeros(n_buckets) for k in ("logloss", "correct", "n")}
+    if target.n_ratings == 0:
+        return out
+    U, ubias = als.split_user_vectors(ssp.logistic_user_vectors(history, state), state)
+    rows, items = target.local_user_of_rating, target.items
+    z = ubias[rows] + np.einsum("nd,nd->n", U[rows], state.item_factors[items].astype(np.float64))
+    if state.item_bias is not None:
+        z = z + state.item_bias[items]
+    y = ssp.labels(target, state)
+    loss = np.logaddexp(0.0, z) - y * z  # -log sigmoid(z) for y=1, -log(1 - sigmoid(z)) for y=0
+    bucket = item_bucket[items]
+    out["logloss"] = np.bincount(bucket, weights=loss, minlength=n_buckets)
+    out["correct"] = np.bincount(bucket, weights=((z > 0) == (y > 0.5)).astype(float), minlength=n_buckets)
+    out["n"] = np.bincount(bucket, minlength=n_buckets).astype(float)
+    return out
+
+
+def logistic_from_sums(sums: dict[str, np.ndarray], item_counts: np.ndarray) -> tuple[float, float, list[dict]]:
+    """(mean log-loss, accuracy, sliced rows) from per-bucket sums."""
+    n_buckets = len(sums["n"])
+    bucket = metrics.frequency_buckets(item_counts, n_buckets)
+    sliced = []
+    for b in range(n_buckets):
+        row = metrics._bucket_info(item_counts, bucket, b)  # noqa: SLF001 - shared row layout
+        n = sums["n"][b]
+        row.update({"n_eval": int(n), "logloss": float(sums["logloss"][b] / n) if n else float("nan"), "accuracy": float(sums["correct"][b] / n) if n else float("nan")})
+        sliced.append(row)
+    n = sums["n"].sum()
+    if not n:
+        return float("nan"), float("nan"), sliced
+    return float(sums["logloss"].sum() / n), float(sums["correct"].sum() / n), sliced
+
+
+def evaluate_logistic(state: als.PublicState, history: Interactions, target: Interactions, item_counts: np.ndarray) -> tuple[float, float, list[dict]]:
+    users = np.unique(target.users)
+    sums = shard_logistic_sums(state, shard_users(history, users), shard_users(target, users), metrics.frequency_buckets(item_counts))
+    return logistic_from_sums(sums, item_counts)

@@ -129,7 +129,7 @@ def run(
 
     rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
     if engine == "flower":
-        state, ledger, timings = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, flower_runner)
+        state, ledger, timings = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, flower_runner, ds.item_features)
         if protocol == "heldout":
             _recall_metrics(metrics, state, train, split, cfg.eval_k)
     else:
@@ -142,11 +142,17 @@ def run(
             epsilon=epsilon,
             delta=delta,
             users_per_shard=opts.users_per_shard or None,
+            item_features=ds.item_features,
             progress=progress,
         )
         state, ledger, timings = result.state, result.ledger, result.timings
         item_counts = train.item_counts()
-        if protocol == "random":
+        if protocol == "random" and algorithm == "am-ssp-convex":
+            for part in ("valid", "test"):
+                loss, acc, sliced = evaluation.evaluate_logistic(state, train, getattr(split, part), item_counts)
+                metrics[f"{part}_logloss"], metrics[f"{part}_accuracy"] = loss, acc
+                metrics["valid_sliced" if part == "valid" else "sliced"] = sliced
+        elif protocol == "random":
             metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
             metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
         else:
@@ -189,7 +195,7 @@ def _recall_metrics(metrics: dict, state, train, split, k: int) -> None:
     )
 
 
-def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None):
+def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None, item_features=None):
     """Train over Flower (by default a new simulation); adds rounds, bytes and (random split)
     the node-side RMSE evaluation to ``metrics``."""
     from .flower.server_app import FlowerJob
@@ -201,13 +207,17 @@ def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, 
     n_nodes = opts.nodes or -(-split.train.n_users // upn)
     tmp = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-flower-"))
     valid, test = (None, None) if isinstance(split, HeldoutSplit) else (split.valid, split.test)
-    job = FlowerJob(algorithm, epsilon, delta, cfg, split.train, valid, test, rating_range, tmp, users_per_node=upn, implicit=implicit)
+    job = FlowerJob(algorithm, epsilon, delta, cfg, split.train, valid, test, rating_range, tmp, users_per_node=upn, implicit=implicit, item_features=item_features)
     try:
         res = runner(job, n_nodes)
     finally:
         if not work_dir:
             shutil.rmtree(tmp, ignore_errors=True)
-    if valid is not None:
+    if res.logistic:
+        for part in ("valid", "test"):
+            metrics[f"{part}_logloss"], metrics[f"{part}_accuracy"] = res.logistic[part]["logloss"], res.logistic[part]["accuracy"]
+        metrics["valid_sliced"], metrics["sliced"] = res.logistic["valid"]["sliced"], res.logistic["test"]["sliced"]
+    elif valid is not None:
         metrics.update({"valid_rmse": res.valid_rmse, "valid_sliced": res.valid_sliced, "test_rmse": res.test_rmse, "sliced": res.test_sliced})
     metrics.update(
         {

@@ -38,7 +38,9 @@ from ..privacy.weights import adaptive_omega, clip_user_weights, sampled_user_we
 from .kernels import project_psd, segment_stats, solve_spd
 from .shards import UserShard
 
-ALGORITHMS = ("als", "dpals-uniform", "dpals-tail", "adadpals", "dpsgd")
+ALGORITHMS = ("als", "dpals-uniform", "dpals-tail", "adadpals", "dpsgd", "am-ssp", "am-ssp1", "am-ssp-convex", "am-dpsgd")
+# item encoder over public features (fedpriv.algorithms.ssp); adaptive weights like adadpals
+ENCODER_ALGORITHMS = ("am-ssp", "am-ssp1", "am-ssp-convex", "am-dpsgd")
 
 
 @dataclass
@@ -77,6 +79,17 @@ class ALSConfig:
     sgd_sampling_rate: float = 0.1
     sgd_clip: float = 1.0
     sgd_weight_decay: float = 1e-3
+    # public-feature encoder algorithms (am-ssp, am-ssp1, am-ssp-convex, am-dpsgd)
+    features: str = "genre,year"  # public feature fields of the encoder; "id" adds the item id
+    enc_hidden: int = 0  # embedding width per field (0: the output dimension)
+    ssp_steps: int = 200  # server gradient steps per alternating step (T)
+    ssp_lr: float = 0.05  # Adam learning rate of the server steps
+    ssp_batch_items: int = 0  # items per server step (Alg. 5 mini-batch; 0: all items)
+    ssp_resamples: int = 0  # independent noise draws per step (0: am-ssp 1, am-ssp1 ssp_steps)
+    enc_weight_decay: float = 0.0  # L2 on the encoder parameters (public regulariser)
+    convex_threshold: float = 3.5  # am-ssp-convex: label 1 when rating >= threshold
+    newton_steps: int = 5  # am-ssp-convex: Newton steps of the local logistic user solve
+    encoder_sgd_lr: float = 0.01  # am-dpsgd: Adam learning rate on the noised gradient
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, str | float | int | bool]) -> "ALSConfig":
@@ -91,12 +104,12 @@ class ALSConfig:
         return cfg
 
     def validate(self) -> None:
-        positive = ("rank", "steps", "user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap")
+        positive = ("rank", "steps", "user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap", "ssp_steps", "ssp_lr", "newton_steps", "encoder_sgd_lr")
         for name in positive:
             v = getattr(self, name)
             if not (v > 0) or (isinstance(v, float) and math.isnan(v)):
                 raise ConfigError(f"must be > 0, got {v}", field=name)
-        for name in ("reg_user", "reg_item", "reg_item_private", "gravity", "psd_floor", "mu", "init_scale", "sgd_lr", "sgd_weight_decay"):
+        for name in ("reg_user", "reg_item", "reg_item_private", "gravity", "psd_floor", "mu", "init_scale", "sgd_lr", "sgd_weight_decay", "enc_weight_decay", "enc_hidden", "ssp_batch_items", "ssp_resamples"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
@@ -110,6 +123,10 @@ class ALSConfig:
             raise ConfigError(f"must be in (0, 1], got {self.sgd_sampling_rate}", field="sgd_sampling_rate")
         if not (self.sgd_clip > 0 and math.isfinite(self.sgd_clip)):
             raise ConfigError(f"must be a finite number > 0, got {self.sgd_clip}", field="sgd_clip")
+        if not math.isfinite(self.convex_threshold):
+            raise ConfigError(f"must be finite, got {self.convex_threshold}", field="convex_threshold")
+        if not [f for f in self.features.replace(";", ",").split(",") if f.strip()]:
+            raise ConfigError("name at least one field (e.g. genre,year or id)", field="features")
         if self.weight_mode not in ("clip", "normalize"):
             raise ConfigError(f"must be 'clip' or 'normalize', got {self.weight_mode!r}", field="weight_mode")
 
@@ -159,6 +176,7 @@ class PublicState:
     omega: np.ndarray | None = None
     item_factors: np.ndarray | None = None
     item_bias: np.ndarray | None = None
+    encoder_params: np.ndarray | None = None  # am-dpsgd: the public encoder, broadcast to clients
     multipliers: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -172,7 +190,21 @@ def validate_algorithm(name: str) -> None:
 
 
 def needs_counts(algorithm: str) -> bool:
-    return algorithm in ("dpals-tail", "adadpals", "als")
+    return algorithm in ("dpals-tail", "adadpals", "als", *ENCODER_ALGORITHMS)
+
+
+def needs_mean(algorithm: str, implicit: bool) -> bool:
+    """Explicit ratings are centred by a released mean (the logistic model needs none)."""
+    return not implicit and algorithm != "am-ssp-convex"
+
+
+def resamples(algorithm: str, cfg: ALSConfig) -> int:
+    """Independent noise draws of the item statistics per alternating step (SSP1 vs SSP2)."""
+    if algorithm == "am-ssp1":
+        return cfg.ssp_resamples or cfg.ssp_steps
+    if algorithm == "am-ssp":
+        return cfg.ssp_resamples or 1
+    return 1
 
 
 def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[PlannedRelease]:
@@ -181,21 +213,27 @@ def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[Planne
         return []
     plan: list[PlannedRelease] = []
     rest = 1.0
-    if not implicit:
+    if needs_mean(algorithm, implicit):
         plan.append(PlannedRelease("mean", 1, cfg.share_mean))
         rest -= cfg.share_mean
     if needs_counts(algorithm):
         plan.append(PlannedRelease("counts", 1, cfg.share_counts))
         rest -= cfg.share_counts
     per_step = rest / cfg.steps
-    if algorithm == "dpsgd":
-        plan.append(PlannedRelease("dpsgd_grad", cfg.steps, per_step, cfg.sgd_sampling_rate))
+    if algorithm in ("dpsgd", "am-dpsgd"):
+        name = "dpsgd_grad" if algorithm == "dpsgd" else "encoder_grad"
+        plan.append(PlannedRelease(name, cfg.steps, per_step, cfg.sgd_sampling_rate))
         return plan
+    if algorithm == "am-ssp-convex":
+        plan.append(PlannedRelease("item_stats_g", cfg.steps, per_step * cfg.share_b))
+        plan.append(PlannedRelease("item_stats_H", cfg.steps, per_step * (1 - cfg.share_b)))
+        return plan
+    count = cfg.steps * resamples(algorithm, cfg)
     grav = cfg.share_gravity if cfg.gravity > 0 else 0.0
-    plan.append(PlannedRelease("item_stats_b", cfg.steps, per_step * cfg.share_b))
-    plan.append(PlannedRelease("item_stats_A", cfg.steps, per_step * (1 - cfg.share_b) * (1 - grav)))
+    plan.append(PlannedRelease("item_stats_b", count, per_step * cfg.share_b))
+    plan.append(PlannedRelease("item_stats_A", count, per_step * (1 - cfg.share_b) * (1 - grav)))
     if grav:
-        plan.append(PlannedRelease("gravity", cfg.steps, per_step * (1 - cfg.share_b) * grav))
+        plan.append(PlannedRelease("gravity", count, per_step * (1 - cfg.share_b) * grav))
     return plan
 
 
@@ -223,7 +261,11 @@ def sensitivity(name: str, cfg: ALSConfig, rating_range: tuple[float, float]) ->
         return math.sqrt(cfg.beta) * cfg.user_clip * cfg.rating_clip
     if name == "gravity":
         return cfg.user_clip**2
-    if name == "dpsgd_grad":
+    if name == "item_stats_H":  # logistic: d2l <= 1/4
+        return math.sqrt(cfg.beta) * cfg.user_clip**2 / 4.0
+    if name == "item_stats_g":  # logistic: |dl| <= 1
+        return math.sqrt(cfg.beta) * cfg.user_clip
+    if name in ("dpsgd_grad", "encoder_grad"):
         return cfg.sgd_clip
     raise KeyError(name)
 
@@ -323,7 +365,7 @@ def client_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
     cfg = state.config
     if state.algorithm == "als":
         return np.ones(shard.n_ratings)
-    if state.algorithm == "adadpals":
+    if state.algorithm == "adadpals" or state.algorithm in ENCODER_ALGORITHMS:
         return clip_user_weights(state.omega, shard.items, shard.indptr, cfg.beta, cfg.weight_mode)
     mode = "uniform" if state.algorithm == "dpals-uniform" else "tail"
     return sampled_user_weights(
@@ -412,7 +454,7 @@ def release_item_stats(A, b, g, state: PublicState, ledger: PrivacyLedger | None
 # ---------------------------------------------------------------------------- server side
 def server_weights(state: PublicState) -> None:
     """Adaptive weights omega from the released counts (post-processing)."""
-    if state.algorithm == "adadpals":
+    if state.algorithm == "adadpals" or state.algorithm in ENCODER_ALGORITHMS:
         cfg = state.config
         state.omega = adaptive_omega(state.counts_hat, cfg.mu, state.n_users, cfg.beta, cfg.beta_bar_ratio)
 

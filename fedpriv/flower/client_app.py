@@ -9,9 +9,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from .. import evaluation
-from ..algorithms import als, dpsgd
+from ..algorithms import als, protocol
 from . import codec
-from .partition import load_shard
+from .partition import load_feature_table, load_shard
 
 app = ClientApp()
 
@@ -48,14 +48,14 @@ def counts(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Local user update, then the shard's clipped, weighted per-item statistics (DP-SGD: the
-    sampled users' clipped gradients)."""
-    state, shard = _shard(msg, context)
-    if state.algorithm == "dpsgd":
-        grad = dpsgd.client_gradient(shard, state, codec.round_of(msg.content))
-        return Message(codec.encode_gradient(grad, shard.n_users), reply_to=msg)
-    stats = als.client_item_stats(shard, state)
-    return Message(codec.encode_item_stats(stats, shard.n_users), reply_to=msg)
+    """Local user update, then the shard's clipped contribution: weighted per-item statistics
+    (ALS family, AM-SSP), logistic statistics (AM-SSP-convex) or the sampled users' clipped
+    gradients (DP-SGD, AM-DPSGD)."""
+    state, data_dir, upn = codec.decode_state(msg.content)
+    shard = load_shard(data_dir, "train", _partition_id(context), upn)
+    table = load_feature_table(data_dir) if state.algorithm == "am-dpsgd" else None
+    contribution = protocol.client_step(shard, state, codec.round_of(msg.content), table)
+    return Message(codec.encode_contribution(contribution, state, shard.n_users), reply_to=msg)
 
 
 @app.evaluate()
@@ -66,6 +66,11 @@ def evaluate(msg: Message, context: Context) -> Message:
     item_bucket = msg.content.array_records["eval"]["item_bucket"].numpy()
     history = load_shard(data_dir, "train", pid, upn)
     out = {}
+    if state.algorithm == "am-ssp-convex":
+        for part in ("valid", "test"):
+            sums = evaluation.shard_logistic_sums(state, history, load_shard(data_dir, part, pid, upn), item_bucket)
+            out.update({f"{part}_{k}": codec._arr(v) for k, v in sums.items()})  # noqa: SLF001
+        return Message(RecordDict({"eval": ArrayRecord(out)}), reply_to=msg)
     for part in ("valid", "test"):
         sse, cnt = evaluation.shard_squared_errors(state, history, load_shard(data_dir, part, pid, upn), item_bucket)
         out[f"{part}_sse"] = codec._arr(sse)  # noqa: SLF001

@@ -41,9 +41,12 @@ def from_upper(T: np.ndarray, d: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ server -> clients
+STATE_ARRAYS = ("item_factors", "item_bias", "counts_hat", "omega", "encoder_params")
+
+
 def encode_state(state: als.PublicState, data_dir: str, users_per_node: int, round_index: int = 0) -> RecordDict:
     arrays = {}
-    for key in ("item_factors", "item_bias", "counts_hat", "omega"):
+    for key in STATE_ARRAYS:
         value = getattr(state, key)
         if value is not None:
             arrays[key] = _arr(value)
@@ -79,7 +82,7 @@ def decode_state(content: RecordDict) -> tuple[als.PublicState, str, int]:
         implicit=bool(cfg["implicit"]),
         mean=float(cfg["mean"]),
     )
-    for key in ("item_factors", "item_bias", "counts_hat", "omega"):
+    for key in STATE_ARRAYS:
         if key in arrays:
             setattr(state, key, arrays[key].numpy())
     return state, str(cfg["data_dir"]), int(cfg["users_per_node"])
@@ -177,8 +180,37 @@ def decode_vector(content: RecordDict, release: str, length: int, state: als.Pub
     return v
 
 
-def decode_item_stats(content: RecordDict, state: als.PublicState, dim: int, max_users: int) -> als.ItemStats:
-    """A validated item-statistics contribution."""
+def decode_contribution(content: RecordDict, state: als.PublicState, dim: int, max_users: int, n_params: int = 0):
+    """A validated contribution of one alternating step, by the algorithm's contribution kind
+    (see :func:`fedpriv.algorithms.protocol.contribution_kind`)."""
+    from ..algorithms.protocol import contribution_kind
+
+    kind = contribution_kind(state.algorithm)
+    if kind == "gradient":
+        return decode_gradient(content, state, dim, max_users)
+    if kind == "flat":
+        return decode_vector(content, "encoder_grad", n_params, state, max_users)
+    if kind == "convex":
+        return decode_item_stats(content, state, dim, max_users, ("item_stats_H", "item_stats_g"))
+    return decode_item_stats(content, state, dim, max_users)
+
+
+def encode_contribution(contribution, state: als.PublicState, n_users: int) -> RecordDict:
+    from ..algorithms.protocol import contribution_kind
+
+    kind = contribution_kind(state.algorithm)
+    if kind == "gradient":
+        return encode_gradient(contribution, n_users)
+    if kind == "flat":
+        return encode_vector(contribution, n_users)
+    return encode_item_stats(contribution, n_users)
+
+
+def decode_item_stats(
+    content: RecordDict, state: als.PublicState, dim: int, max_users: int, names: tuple[str, str] = ("item_stats_A", "item_stats_b")
+) -> als.ItemStats:
+    """A validated item-statistics contribution; ``names``: the releases of its matrix and vector
+    parts (their per-user L2 bounds), e.g. ("item_stats_H", "item_stats_g") for am-ssp-convex."""
     n, arrays = _contribution(content, max_users)
     ids = _item_ids(arrays, state.n_items)
     tri = _get(arrays, "A_upper", 2, "f")
@@ -194,8 +226,8 @@ def decode_item_stats(content: RecordDict, state: als.PublicState, dim: int, max
         gravity = from_upper(g, dim)
     if state.private:
         cfg, rr = state.config, state.rating_range
-        _check_norm("A", tri, n * als.sensitivity("item_stats_A", cfg, rr))
-        _check_norm("b", b, n * als.sensitivity("item_stats_b", cfg, rr))
+        _check_norm(names[0], tri, n * als.sensitivity(names[0], cfg, rr))
+        _check_norm(names[1], b, n * als.sensitivity(names[1], cfg, rr))
         if gravity is not None:
             _check_norm("gravity", g, n * als.sensitivity("gravity", cfg, rr))
     return als.ItemStats(item_ids=ids.astype(np.int64), A=from_upper(tri, dim), b=b, gravity=gravity)

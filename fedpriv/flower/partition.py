@@ -63,3 +63,23 @@ def load_shard(folder: str, name: str, partition_id: int, users_per_node: int) -
         items=np.asarray(items[s:e], dtype=np.int32),
         ratings=np.asarray(ratings[s:e], dtype=np.float32),
     )
+
+
+def write_feature_table(folder: str | Path, table) -> None:
+    """The encoder's public feature tables (padded index per field), for clients that need the
+    encoder (am-dpsgd). Public data: no privacy cost."""
+    folder = Path(folder)
+    for i, idx in enumerate(table.index):
+        np.save(folder / f"features_{i}.npy", idx.numpy())
+    (folder / "features.json").write_text(json.dumps({"names": table.names, "vocab": table.vocab, "n_items": table.n_items}))
+
+
+@lru_cache(maxsize=4)
+def load_feature_table(folder: str):
+    import torch
+
+    from ..algorithms.encoder import FeatureTable
+
+    meta = json.loads((Path(folder) / "features.json").read_text())
+    index = [torch.from_numpy(np.load(Path(folder) / f"features_{i}.npy")) for i in range(len(meta["names"]))]
+    return FeatureTable(names=meta["names"], index=index, vocab=meta["vocab"], n_items=meta["n_items"])

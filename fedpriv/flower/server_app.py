@@ -20,12 +20,12 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from .. import evaluation, metrics
-from ..algorithms import als, dpsgd
+from ..algorithms import als, protocol
 from ..engine import new_state
 from ..errors import ConfigError, FedprivError
 from ..privacy.ledger import PrivacyLedger
 from . import codec
-from .partition import write_partitions
+from .partition import write_feature_table, write_partitions
 
 log = logging.getLogger("fedpriv.flower")
 
@@ -49,6 +49,7 @@ class FlowerJob:
     info_attempts: int = 5
     eval_every: int = 0  # > 0: also evaluate after every eval_every steps (a measurement curve)
     implicit: bool = False  # implicit feedback (held-out-users protocol): no mean release
+    item_features: object = None  # public item features (encoder algorithms)
 
 
 @dataclass
@@ -65,6 +66,7 @@ class FlowerResult:
     round_log: list = field(default_factory=list)
     rejected: list = field(default_factory=list)
     curve: list = field(default_factory=list)  # per evaluated step: protocol rounds, bytes, seconds, valid RMSE
+    logistic: dict = field(default_factory=dict)  # am-ssp-convex: per part, log-loss, accuracy, sliced
 
 
 class _Rounds:
@@ -162,12 +164,15 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
                 rounds.reject(release, nid, str(exc))
         return total
 
-    if not state.implicit:
+    if als.needs_mean(job.algorithm, state.implicit):
         state.mean = als.release_mean(collect_vectors("query.mean", "mean", 2), state, ledger)
     if als.needs_counts(job.algorithm):
         state.counts_hat = als.release_counts(collect_vectors("query.counts", "counts", state.n_items), state, ledger)
-    als.server_weights(state)
-    als.server_init(state)
+    server = protocol.server_setup(state, job.item_features)
+    n_params = 0
+    if server is not None and job.algorithm == "am-dpsgd":
+        write_feature_table(data_dir, server.encoder.table)  # public: clients rebuild the encoder
+        n_params = server.encoder.n_params()
 
     item_counts = job.train.item_counts()
     bucket = metrics.frequency_buckets(item_counts)
@@ -179,7 +184,9 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
         content = down()
         content["eval"] = ArrayRecord({"item_bucket": codec._arr(bucket)})  # noqa: SLF001
-        sums = {k: np.zeros(5) for k in ("valid_sse", "valid_n", "test_sse", "test_n")}
+        convex = job.algorithm == "am-ssp-convex"
+        keys = [f"{p}_{k}" for p in ("valid", "test") for k in (("logloss", "correct", "n") if convex else ("sse", "n"))]
+        sums = {k: np.zeros(5) for k in keys}
         for nid, rep in rounds.ask("evaluate", content, "evaluate"):
             try:
                 vals = codec.decode_eval_sums(rep.content, tuple(sums))
@@ -189,29 +196,28 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
             for k in sums:
                 sums[k] += vals[k]
         result.rounds, result.bytes_up, result.bytes_down = before
+        if convex:
+            for part in ("valid", "test"):
+                loss, acc, sliced = evaluation.logistic_from_sums({k: sums[f"{part}_{k}"] for k in ("logloss", "correct", "n")}, item_counts)
+                result.logistic[part] = {"logloss": loss, "accuracy": acc, "sliced": sliced}
+            return (result.logistic["valid"]["logloss"], result.logistic["valid"]["sliced"], result.logistic["test"]["logloss"], result.logistic["test"]["sliced"])
         valid = evaluation.rmse_from_sums(sums["valid_sse"], sums["valid_n"], item_counts)
         test = evaluation.rmse_from_sums(sums["test_sse"], sums["test_n"], item_counts)
         return (*valid, *test)
 
-    dim = cfg.rank + (1 if (cfg.item_bias or job.algorithm == "dpsgd") else 0)
+    dim = protocol.stats_dim(state)
     for step in range(cfg.steps):
         name = f"step{step + 1}"
         replies = dict(rounds.ask("train", down(step), name))
-        decode = codec.decode_gradient if job.algorithm == "dpsgd" else codec.decode_item_stats
         parts = []
         for nid in rounds.nodes:
             if nid not in replies:
                 continue
             try:
-                parts.append(decode(replies[nid].content, state, dim, max_users))
+                parts.append(codec.decode_contribution(replies[nid].content, state, dim, max_users, n_params))
             except codec.RejectedReply as exc:
                 rounds.reject(name, nid, str(exc))
-        if job.algorithm == "dpsgd":
-            dpsgd.server_update(dpsgd.release_gradient(dpsgd.sum_gradients(parts, state.n_items, dim), state, ledger), state)
-        else:
-            A, b, g = als.sum_item_stats(parts, state.n_items, dim)
-            A, b, g = als.release_item_stats(A, b, g, state, ledger)
-            als.server_item_update(A, b, g, state)
+        protocol.server_step(protocol.aggregate(parts, state, ledger), state, server)
         if job.valid is not None and job.eval_every and ((step + 1) % job.eval_every == 0 or step + 1 == cfg.steps):
             seconds = time.perf_counter() - t_start  # protocol time, before the measurement
             valid = evaluate()[0]

@@ -1,0 +1,274 @@
+"""Private learning with public features (Krichene et al. 2023): alternating minimisation with
+user vectors solved on the clients and a torch item encoder over public item features trained
+on the server.
+
+Item updates:
+
+- ``am-ssp`` (SSP2, Alg. 3/5): the aggregator noises the per-item statistics A_j, b_j once per
+  alternating step; the server then takes ``ssp_steps`` Adam steps of the encoder on
+  sum_j J_j^T (A_j e_j - b_j + lambda e_j), over mini-batches of items (``ssp_batch_items``).
+- ``am-ssp1`` (SSP1, Alg. 2): the same, with an independent noise draw for each server step,
+  or ``ssp_resamples`` draws shared round-robin (the resampling sweep of the paper's Fig. 4).
+- ``am-ssp-convex`` (Alg. 7): logistic loss on binarised ratings; clients solve their user
+  vector by Newton steps and send H_j = sum w l'' x x^T, g_j = sum w l' x at the current item
+  embeddings; the server minimises the quadratic model around them.
+- ``am-dpsgd`` (Alg. 6, user level): Poisson-sampled users send their encoder gradient clipped
+  per user; the aggregator sums and noises; the server takes an Adam step.
+
+The encoder output has the rank coordinates plus (with ``item_bias``) one coordinate whose
+product with the fixed coordinate kappa of the released user vectors is the item bias, exactly
+as in :mod:`fedpriv.algorithms.als`: every client function of ALS applies unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from ..privacy.ledger import PrivacyLedger
+from . import als
+from .encoder import FeatureTable, ItemEncoder, parse_fields, per_user_clipped_gradient
+from .kernels import project_psd, segment_stats, solve_spd
+from .shards import UserShard
+
+
+def out_dim(cfg: als.ALSConfig) -> int:
+    return cfg.rank + (1 if cfg.item_bias else 0)
+
+
+def feature_table(features, n_items: int, cfg: als.ALSConfig) -> FeatureTable:
+    return FeatureTable.build(features, n_items, parse_fields(cfg.features))
+
+
+def build_encoder(table: FeatureTable, cfg: als.ALSConfig) -> ItemEncoder:
+    d = out_dim(cfg)
+    return ItemEncoder(table, d, cfg.enc_hidden or d, seed=cfg.seed, init_scale=cfg.init_scale)
+
+
+def item_outputs(state: als.PublicState) -> np.ndarray:
+    """The broadcast item embeddings as encoder outputs e_j = [v_j, bias_j / kappa]."""
+    E = state.item_factors.astype(np.float64)
+    if state.config.item_bias:
+        kappa = als.bias_coordinate(state)
+        E = np.hstack([E, (state.item_bias / kappa)[:, None]])
+    return E
+
+
+class EncoderServer:
+    """Server side of the encoder algorithms: the encoder, its optimiser, and publication of
+    its outputs (public state only ever holds post-processed values)."""
+
+    def __init__(self, state: als.PublicState, table: FeatureTable):
+        cfg = state.config
+        self.state = state
+        self.encoder = build_encoder(table, cfg)
+        lr = cfg.encoder_sgd_lr if state.algorithm == "am-dpsgd" else cfg.ssp_lr
+        self.opt = torch.optim.Adam(self.encoder.parameters(), lr=lr, weight_decay=cfg.enc_weight_decay)
+        self.steps_done = 0
+
+    def publish(self) -> None:
+        state, cfg = self.state, self.state.config
+        E = self.encoder.outputs()
+        state.item_factors = E[:, : cfg.rank].astype(np.float32)
+        state.item_bias = E[:, cfg.rank] * als.bias_coordinate(state) if cfg.item_bias else None
+        if state.algorithm == "am-dpsgd":
+            state.encoder_params = self.encoder.get_flat()
+
+    def _batches(self, step: int):
+        cfg, n = self.state.config, self.state.n_items
+        gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + step)  # public randomness
+        size = cfg.ssp_batch_items if 0 < cfg.ssp_batch_items < n else n
+        for _ in range(cfg.ssp_steps):
+            yield None if size == n else torch.randperm(n, generator=gen)[:size]
+
+    def _fit(self, loss_of) -> None:
+        """``ssp_steps`` Adam steps; ``loss_of(t, items, E)`` is the quadratic model's value on
+        the encoder outputs E of ``items`` (None: all items), scaled to the full item set."""
+        n = self.state.n_items
+        for t, items in enumerate(self._batches(self.steps_done)):
+            E = self.encoder(items)
+            scale = n / (len(items) if items is not None else n)
+            loss = scale * loss_of(t, items, E)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+        self.steps_done += 1
+
+    def ssp_update(self, copies: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> None:
+        """SSP item update from R noised copies of (A, b, gravity); step t uses copy t R / T."""
+        cfg = self.state.config
+        reg = cfg.reg_item_private
+        T, R = cfg.ssp_steps, len(copies)
+        tens = []
+        for A, b, g in copies:
+            A = torch.from_numpy(project_psd(A, cfg.psd_floor))
+            b = torch.from_numpy(np.asarray(b, dtype=np.float32))
+            G = torch.from_numpy(project_psd(g[None], 0.0)[0]) * cfg.gravity if g is not None else None
+            tens.append((A, b, G))
+
+        def loss_of(t, items, E):
+            A, b, G = tens[min(R - 1, t * R // T)]
+            if items is not None:
+                A, b = A[items], b[items]
+            quad = 0.5 * torch.einsum("ni,nij,nj->", E, A, E) - (b * E).sum() + 0.5 * reg * (E * E).sum()
+            if G is not None:
+                quad = quad + 0.5 * torch.einsum("ni,ij,nj->", E, G, E)
+            return quad
+
+        self._fit(loss_of)
+        self.publish()
+
+    def convex_update(self, H: np.ndarray, g: np.ndarray) -> None:
+        """Minimise the quadratic model of the logistic loss around the current outputs E0."""
+        cfg = self.state.config
+        reg = cfg.reg_item_private
+        E0 = torch.from_numpy(item_outputs(self.state).astype(np.float32))
+        Ht = torch.from_numpy(project_psd(H, cfg.psd_floor))
+        gt = torch.from_numpy(np.asarray(g, dtype=np.float32))
+
+        def loss_of(t, items, E):
+            e0, h, gg = (E0, Ht, gt) if items is None else (E0[items], Ht[items], gt[items])
+            dE = E - e0
+            return (gg * dE).sum() + 0.5 * torch.einsum("ni,nij,nj->", dE, h, dE) + 0.5 * reg * (E * E).sum()
+
+        self._fit(loss_of)
+        self.publish()
+
+    def sgd_update(self, G_noisy: np.ndarray) -> None:
+        """One Adam step on the noised, summed per-user gradient, normalised by the expected
+        number of sampled users."""
+        cfg = self.state.config
+        expected = max(cfg.sgd_sampling_rate * self.state.n_users, 1.0)
+        flat = torch.from_numpy(np.asarray(G_noisy / expected, dtype=np.float32))
+        self.opt.zero_grad(set_to_none=True)
+        offset = 0
+        for p in self.encoder.parameters():
+            k = p.numel()
+            p.grad = flat[offset : offset + k].view_as(p).clone()
+            offset += k
+        self.opt.step()
+        self.steps_done += 1
+        self.publish()
+
+
+def init_server(state: als.PublicState, features, table: FeatureTable | None = None) -> EncoderServer:
+    """Validated encoder server with its first (data-independent) outputs published."""
+    if state.algorithm not in als.ENCODER_ALGORITHMS:
+        raise ConfigError(f"{state.algorithm} has no item encoder", field="algorithm")
+    if state.algorithm == "am-ssp-convex" and state.implicit:
+        raise ConfigError("am-ssp-convex needs explicit ratings (it binarises them)", field="algorithm")
+    server = EncoderServer(state, table if table is not None else feature_table(features, state.n_items, state.config))
+    server.publish()
+    return server
+
+
+# ---------------------------------------------------------------------------- aggregator
+def release_ssp_stats(A, b, g, state: als.PublicState, ledger: PrivacyLedger):
+    """R independent noised copies of the exact sums (R = 1: SSP2; R = T: SSP1)."""
+    return [als.release_item_stats(A, b, g, state, ledger) for _ in range(als.resamples(state.algorithm, state.config))]
+
+
+def release_convex_stats(H, g, state: als.PublicState, ledger: PrivacyLedger):
+    H = als._release("item_stats_H", H, state, ledger, symmetric=True)  # noqa: SLF001
+    g = als._release("item_stats_g", g, state, ledger)  # noqa: SLF001
+    return H, g
+
+
+def release_encoder_gradient(G: np.ndarray, state: als.PublicState, ledger: PrivacyLedger) -> np.ndarray:
+    cfg = state.config
+    return ledger.gaussian(
+        "encoder_grad",
+        G,
+        sensitivity=als.sensitivity("encoder_grad", cfg, state.rating_range),
+        noise_multiplier=state.multipliers["encoder_grad"],
+        sampling_rate=cfg.sgd_sampling_rate,
+    )
+
+
+# ---------------------------------------------------------------------------- clients
+def labels(shard: UserShard, state: als.PublicState) -> np.ndarray:
+    return (shard.ratings >= state.config.convex_threshold).astype(np.float64)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def logistic_user_vectors(shard: UserShard, state: als.PublicState) -> np.ndarray:
+    """Each user's regularised logistic regression on its binarised ratings (Newton steps,
+    local; never released). Columns as :func:`als.client_user_vectors`."""
+    cfg = state.config
+    V = als.user_design(state).astype(np.float64)
+    d = V.shape[1]
+    ib = state.item_bias if state.item_bias is not None else np.zeros(state.n_items)
+    y = labels(shard, state)
+    rows, items = shard.local_user_of_rating, shard.items
+    n = np.diff(shard.indptr).astype(np.float64)
+    reg = cfg.reg_user * (np.maximum(n, 1.0) if cfg.weighted_reg else 1.0)
+    U = np.zeros((shard.n_users, d))
+    Vr = V[items]
+    for _ in range(cfg.newton_steps):
+        p = _sigmoid(np.einsum("nd,nd->n", U[rows], Vr) + ib[items])
+        H = segment_stats(V, items, shard.indptr, weights=p * (1 - p)).A
+        grad = np.zeros((shard.n_users, d))
+        np.add.at(grad, rows, (y - p)[:, None] * Vr)
+        grad -= reg[:, None] * U if np.ndim(reg) else reg * U
+        U = U + solve_spd(H, grad, reg)
+    return U
+
+
+def client_convex_stats(shard: UserShard, state: als.PublicState) -> als.ItemStats:
+    """Local logistic user solve, then H_j = sum w p(1-p) x x^T and g_j = sum w (p - y) x at the
+    broadcast item embeddings (x: the clipped released user vector)."""
+    U, ubias = als.split_user_vectors(logistic_user_vectors(shard, state), state)
+    X = als.released_user_vectors(U, state)
+    E0 = item_outputs(state)
+    rows, items = shard.local_user_of_rating, shard.items
+    p = _sigmoid(ubias[rows] + np.einsum("nd,nd->n", X[rows], E0[items]))
+    w = als.client_rating_weights(shard, state)
+    order = shard.by_item_order
+    item_ids, indptr = shard.item_groups
+    H = segment_stats(X, shard.by_item_local_users, indptr, weights=(w * p * (1 - p))[order]).A
+    g = segment_stats(X, shard.by_item_local_users, indptr, weights=w[order], targets=(p - labels(shard, state))[order]).b
+    return als.ItemStats(item_ids=item_ids.astype(np.int64), A=H, b=g)
+
+
+def _subshard(shard: UserShard, keep: np.ndarray) -> UserShard:
+    lengths = np.diff(shard.indptr)
+    sel = np.repeat(keep, lengths)
+    indptr = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(shard.indptr.dtype)
+    return UserShard(shard.user_ids[keep], indptr, shard.items[sel], shard.ratings[sel])
+
+
+def client_encoder_gradient(shard: UserShard, state: als.PublicState, round_index: int, encoder: ItemEncoder) -> np.ndarray:
+    """AM-DPSGD client: the shard's Poisson-sampled users solve their vectors from the broadcast
+    item embeddings, then each user's gradient of its weighted squared error with respect to the
+    encoder parameters is clipped to ``sgd_clip``; returns the sum (flat)."""
+    from .dpsgd import sampled_users
+
+    cfg = state.config
+    take = sampled_users(shard, state, round_index)
+    if not take.any():
+        return np.zeros(encoder.n_params())
+    sub = _subshard(shard, take)
+    U, ubias = als.split_user_vectors(als.client_user_vectors(sub, state), state)
+    X = U
+    if cfg.item_bias:
+        X = np.hstack([U, np.full((len(U), 1), als.bias_coordinate(state))])
+    E = item_outputs(state)
+    rows, items = sub.local_user_of_rating, sub.items
+    y = als.client_targets(sub, state, minus_item_bias=False) - ubias[rows]
+    r = np.einsum("nd,nd->n", X[rows], E[items]) - y
+    w = als.client_rating_weights(sub, state)
+    grads = (w * r)[:, None] * X[rows]
+    lengths = np.diff(sub.indptr)
+    L = int(lengths.max())
+    pos = np.arange(len(items)) - np.repeat(sub.indptr[:-1], lengths)
+    user_items = np.full((sub.n_users, L), -1, dtype=np.int64)
+    user_items[rows, pos] = items
+    user_grads = np.zeros((sub.n_users, L, X.shape[1]), dtype=np.float32)
+    user_grads[rows, pos] = grads
+    total, _ = per_user_clipped_gradient(encoder, user_items, user_grads, cfg.sgd_clip)
+    return total
+

@@ -1,4 +1,7 @@
-"""Command line: ``fedpriv run ALGORITHM --data SPEC [--epsilon E --delta D] [--set k=v ...] --out DIR``."""
+"""Command line: ``fedpriv run ALGORITHM --data SPEC [--epsilon E --delta D] [--set k=v ...] --out DIR``.
+
+``--engine inprocess`` (default) trains in this process; ``--engine flower`` runs the job with
+``flwr run`` on Flower's local simulation runtime (:mod:`fedpriv.flower.launcher`)."""
 
 from __future__ import annotations
 
@@ -18,11 +21,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--epsilon", type=float, default=None, help="target epsilon (private algorithms)")
     r.add_argument("--delta", type=float, default=1e-5)
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter or run option (repeatable)")
-    r.add_argument("--engine", default="inprocess", help="inprocess or flower (Flower simulation runtime)")
-    r.add_argument("--nodes", type=int, default=None, help="flower engine: number of nodes (default: users / users-per-node)")
+    r.add_argument(
+        "--engine",
+        default="inprocess",
+        help="inprocess (default: this process) or flower (`flwr run` on Flower's local simulation runtime; "
+        "its SuperLink is stopped when the job ends)",
+    )
+    r.add_argument("--nodes", type=int, default=None, help="flower engine: number of simulated nodes (default: ceil(training users / users-per-node))")
     r.add_argument("--users-per-node", type=int, default=None, help="flower engine: users held by each node (default 1)")
     r.add_argument("--out", required=True, help="output folder for metrics.json and ledger.json")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--quiet", action="store_true", help="no progress bar; flower engine: Flower's log is not shown")
     return p
 
 
@@ -41,6 +49,22 @@ def _run(args) -> int:
     from .run import parse_overrides, run, write_outputs
 
     overrides = parse_overrides(args.overrides)
+    if args.engine == "flower":
+        from .flower.launcher import flwr_run
+
+        metrics = flwr_run(
+            args.algorithm,
+            args.data,
+            epsilon=args.epsilon,
+            delta=args.delta,
+            overrides=overrides,
+            out=args.out,
+            nodes=args.nodes,
+            users_per_node=args.users_per_node,
+            quiet=args.quiet,
+        )
+        _print_summary(metrics)
+        return 0
     if args.nodes is not None:
         overrides["nodes"] = str(args.nodes)
     if args.users_per_node is not None:
@@ -55,10 +79,14 @@ def _run(args) -> int:
         progress=not args.quiet,
     )
     write_outputs(args.out, metrics, ledger)
+    _print_summary(metrics)
+    return 0
+
+
+def _print_summary(metrics: dict) -> None:
     keys = [k for k in metrics if k.startswith(("test_", "valid_")) and not k.endswith("sliced")]
     summary = {k: metrics[k] for k in ("algorithm", "dataset", "epsilon", "epsilon_spent", *keys, "wall_seconds")}
     print(json.dumps(summary))
-    return 0
 
 
 if __name__ == "__main__":

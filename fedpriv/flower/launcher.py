@@ -1,0 +1,417 @@
+"""Run a job through Flower's own runtime path: ``flwr run APP --stream``.
+
+``flwr run`` starts a local SuperLink (simulation mode) that runs the fedpriv ServerApp and one
+ClientApp per simulated node. :func:`flwr_run` prepares everything that command needs, so users
+do not have to:
+
+* a minimal Flower app folder (``pyproject.toml`` only) whose components point at the
+  *installed* fedpriv modules, so it works for a pip-installed fedpriv, not only from the repo;
+* a fresh ``FLWR_HOME`` and fresh loopback ports per call, so the SuperLink it starts is ours
+  alone and can be found by its command line;
+* the offline environment (no telemetry, update check or dependency installation).
+
+The SuperLink stays alive after ``flwr run`` returns; it is always stopped here, by PID, with
+the processes it started. Every input is checked before anything starts (the same checks as
+:func:`fedpriv.run.run`, on the same data split, which also gives the number of partitions), so
+bad input fails fast with a :class:`~fedpriv.errors.FedprivError` and writes nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..errors import ConfigError, FedprivError
+
+HOME_PREFIX = "fedpriv-flwr-"  # temporary folders of this module: marks our SuperLinks
+APP_NAME = "fedpriv-job"
+STOP_SECONDS = 15.0  # SIGTERM, then SIGKILL after this long
+TAIL_LINES = 80
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_ERROR_LINE = re.compile(r"\b(?:ConfigError|DataError|PrivacyError|FedprivError): (.+)$")
+
+
+class _Planned(Exception):
+    """Raised by the planning runner: stops :func:`fedpriv.run.run` before any training."""
+
+    def __init__(self, n_parts: int):
+        self.n_parts = n_parts
+
+
+# ------------------------------------------------------------------------------ validation
+def _plan(algorithm: str, data: str, epsilon: float | None, delta: float, overrides: dict[str, str]) -> int:
+    """All the checks of :func:`fedpriv.run.run` (algorithm, epsilon, overrides, data spec and
+    data, split) plus the privacy calibration, without training; returns the number of
+    partitions (nodes the job needs)."""
+    from ..algorithms import als
+    from ..run import run
+
+    def planner(job, n_nodes):
+        if job.epsilon is not None:  # checks epsilon, delta and the release plan
+            als.calibrate_plan(job.algorithm, job.cfg, job.implicit, job.epsilon, job.delta)
+        raise _Planned(-(-job.train.n_users // job.users_per_node))
+
+    try:
+        run(algorithm, data, epsilon=epsilon, delta=delta, overrides=overrides, engine="flower", progress=False, flower_runner=planner)
+    except _Planned as planned:
+        return planned.n_parts
+    raise AssertionError("the planning runner did not run")  # pragma: no cover
+
+
+def _int_option(name: str, given: int | None, overrides: dict[str, str], key: str) -> int | None:
+    """``--nodes``/``--users-per-node`` or the same key given with ``--set``."""
+    raw = overrides.pop(key, None)
+    value = given if given is not None else raw
+    if value is None:
+        return None
+    try:
+        f = float(value)
+        if not (f.is_integer() and f >= 1):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(f"must be an integer >= 1, got {value!r}", field=name) from None
+    return int(f)
+
+
+def _absolute_data(data: str) -> str:
+    """The data spec with an absolute path (the ServerApp does not run in our folder)."""
+    from ..data.spec import parse_data_spec
+
+    spec = parse_data_spec(data)
+    if spec.path is None:
+        return data
+    spec.path = str(Path(spec.path).expanduser().resolve())
+    return str(spec)
+
+
+# ------------------------------------------------------------------------------ app folder
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    return json.dumps(str(v))  # a TOML basic string (ASCII, JSON escapes)
+
+
+def _write_app(app_dir: Path) -> None:
+    """A Flower app folder whose components are the installed fedpriv ServerApp/ClientApp.
+    The run-config defaults are placeholders: the real values come with ``--run-config`` (an
+    empty ``data`` makes the ServerApp fail loudly if they do not arrive)."""
+    try:
+        from importlib.metadata import version
+
+        fedpriv_version = version("fedpriv")
+    except Exception:  # noqa: BLE001 - not installed as a distribution (e.g. on sys.path only)
+        fedpriv_version = "0.1.0"
+    app_dir.mkdir(parents=True)
+    (app_dir / "pyproject.toml").write_text(
+        f"""[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "{APP_NAME}"
+version = "{fedpriv_version}"
+description = "One fedpriv job (components from the installed fedpriv package)"
+license = {{ text = "Apache-2.0" }}
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedpriv"
+
+[tool.flwr.app.components]
+serverapp = "fedpriv.flower.server_app:app"
+clientapp = "fedpriv.flower.client_app:app"
+
+[tool.flwr.app.config]
+algorithm = "als"
+data = ""
+epsilon = 1.0
+delta = 1e-05
+users-per-node = 1
+set = ""
+out = ""
+"""
+    )
+
+
+def _write_run_config(path: Path, values: dict) -> None:
+    path.write_text("".join(f"{json.dumps(k)} = {_toml_value(v)}\n" for k, v in values.items()))
+
+
+# ------------------------------------------------------------------------------ processes
+def _proc_ok() -> bool:
+    return os.path.isdir("/proc/self")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _pids_matching(*needles: str) -> list[int]:
+    if not _proc_ok():  # e.g. macOS: pgrep on the first needle, filter on the others
+        r = subprocess.run(["pgrep", "-fl", needles[0]], check=False, capture_output=True, text=True)
+        return sorted(int(line.split()[0]) for line in r.stdout.splitlines() if line.strip() and all(n in line for n in needles))
+    me = os.getpid()
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            cmd = _cmdline(int(entry))
+            if cmd and all(n in cmd for n in needles):
+                out.append(int(entry))
+    return sorted(out)
+
+
+def superlink_pids(flwr_home: str | os.PathLike | None = None) -> list[int]:
+    """PIDs of the local SuperLinks started with ``flwr_home`` as FLWR_HOME; without it, of
+    every local SuperLink started by this module (FLWR_HOME in one of its temporary folders)."""
+    if flwr_home is not None:
+        return _pids_matching("flower-superlink", f"{Path(flwr_home)}/local-superlink")
+    return [p for p in _pids_matching("flower-superlink", "/local-superlink") if re.search(rf"/{HOME_PREFIX}[^/ ]*/home/local-superlink", _cmdline(p))]
+
+
+def _alive(pid: int) -> bool:
+    if _proc_ok():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")  # zombies are gone
+        except OSError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _descendants(pids: list[int]) -> list[int]:
+    """Every live process below ``pids`` (Linux only: empty elsewhere)."""
+    if not _proc_ok():
+        return []
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children[ppid].append(int(entry))
+    out, todo = [], list(pids)
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.append(c)
+                todo.append(c)
+    return out
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _terminate(pids: list[int], seconds: float) -> None:
+    """SIGTERM, wait until gone, SIGKILL what is left after ``seconds``."""
+    _signal(pids, signal.SIGTERM)
+    deadline = time.monotonic() + seconds
+    while any(_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            _signal([p for p in pids if _alive(p)], signal.SIGKILL)
+            deadline = time.monotonic() + 5.0
+            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return
+        time.sleep(0.2)
+
+
+def stop_superlinks(flwr_home: str | os.PathLike, seconds: float = STOP_SECONDS) -> list[int]:
+    """Stop the SuperLink(s) of ``flwr_home`` by PID, then whatever they started that is still
+    running (ServerApp, simulation and Ray processes); returns the SuperLink PIDs."""
+    pids = superlink_pids(flwr_home)
+    if not pids:
+        return []
+    below = _descendants(pids)  # taken before the SuperLink goes: its children are re-parented
+    _terminate(pids, seconds)
+    left = [p for p in below if _alive(p)]
+    if left:
+        _terminate(left, 5.0)
+    return pids
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _flwr_env(flwr_home: Path) -> dict[str, str]:
+    from .simulation import OFFLINE_ENV
+
+    bin_dir = str(Path(sys.executable).parent)
+    env = dict(os.environ)
+    env.update(OFFLINE_ENV)
+    no_proxy = ",".join(x for x in (env.get("NO_PROXY", ""), "127.0.0.1,localhost") if x)
+    env.update(
+        FLWR_HOME=str(flwr_home),
+        # flwr starts `flower-superlink` from PATH: ours first
+        PATH=os.pathsep.join([bin_dir, env.get("PATH", "")]),
+        # our own loopback ports: no clash with (or reuse of) another local SuperLink
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_free_port()),
+        FLWR_LOCAL_CONTROL_API_PORT=str(_free_port()),
+        NO_PROXY=no_proxy,
+        no_proxy=no_proxy,
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _flwr_command(bin_dir: Path) -> list[str]:
+    exe = bin_dir / "flwr"
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("flwr")
+    if found is None:
+        raise FedprivError(f"the `flwr` command was not found (looked in {bin_dir} and on PATH); install flwr[simulation]")
+    return [found]
+
+
+def _run_streaming(cmd: list[str], *, cwd: Path, env: dict, quiet: bool, timeout: float | None) -> tuple[int, list[str]]:
+    """Run ``cmd`` with stdout+stderr merged; echo it to our stderr unless ``quiet``; returns
+    (exit code, the last lines). The command is killed on timeout or interrupt."""
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+
+    def pump():
+        for line in proc.stdout:
+            tail.append(_ANSI.sub("", line.rstrip("\n")))
+            if not quiet:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise FedprivError(f"`flwr run` did not finish within {timeout:g} s; last output:\n" + "\n".join(tail)) from None
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        reader.join(timeout=5)
+        proc.stdout.close()
+    return code, list(tail)
+
+
+# ------------------------------------------------------------------------------ the launcher
+def flwr_run(
+    algorithm: str,
+    data: str,
+    *,
+    epsilon: float | None = None,
+    delta: float = 1e-5,
+    overrides: dict[str, str] | None = None,
+    out: str | os.PathLike,
+    nodes: int | None = None,
+    users_per_node: int | None = None,
+    quiet: bool = False,
+    flwr_home: str | os.PathLike | None = None,
+    timeout: float | None = None,
+) -> dict:
+    """Run one job with ``flwr run`` on ``nodes`` simulated nodes (default: one per partition
+    of ``users_per_node`` users, default 1) and write ``out/metrics.json`` and
+    ``out/ledger.json`` (both or neither); returns the metrics.
+
+    ``flwr_home`` (an empty or missing folder) replaces the temporary FLWR_HOME, e.g. to find
+    the SuperLink from outside; it is not removed. ``timeout`` bounds the ``flwr run`` call."""
+    from ..run import write_outputs
+
+    t0 = time.perf_counter()
+    overrides = {str(k): str(v) for k, v in (overrides or {}).items()}
+    upn = _int_option("--users-per-node", users_per_node, overrides, "users_per_node") or 1
+    n_nodes = _int_option("--nodes", nodes, overrides, "nodes")
+    for key, value in overrides.items():
+        if "," in value or ";" in value:
+            raise ConfigError(f"a value given to the flower engine cannot contain ',' or ';', got {value!r}", field=key)
+    n_parts = _plan(algorithm, data, epsilon, delta, {**overrides, "users_per_node": str(upn)})
+    if n_nodes is None:
+        n_nodes = n_parts
+    elif n_nodes < n_parts:
+        raise ConfigError(f"{n_parts} partitions of {upn} users need at least {n_parts} nodes, got {n_nodes}", field="--nodes")
+    private = algorithm != "als"
+    run_config = {
+        "algorithm": algorithm,
+        "data": _absolute_data(data),
+        "epsilon": float(epsilon) if private else 1.0,
+        "delta": float(delta),
+        "users-per-node": upn,
+        # the ServerApp reports this many nodes (all of them are registered and polled)
+        "set": ",".join([*(f"{k}={v}" for k, v in overrides.items()), f"nodes={n_nodes}"]),
+    }
+
+    work = Path(tempfile.mkdtemp(prefix=HOME_PREFIX)).resolve()
+    home = Path(flwr_home).expanduser().resolve() if flwr_home is not None else work / "home"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        app_dir, job_out = work / "app", work / "out"
+        _write_app(app_dir)
+        run_config["out"] = str(job_out)
+        _write_run_config(work / "run-config.toml", run_config)
+        env = _flwr_env(home)
+        cmd = [
+            *_flwr_command(Path(sys.executable).parent),
+            "run",
+            str(app_dir),
+            "--stream",
+            "--federation-config",
+            f"num-supernodes={n_nodes}",
+            "--run-config",
+            str(work / "run-config.toml"),
+        ]
+        try:
+            code, tail = _run_streaming(cmd, cwd=work, env=env, quiet=quiet, timeout=timeout)
+        finally:
+            stop_superlinks(home)
+        metrics_path, ledger_path = job_out / "metrics.json", job_out / "ledger.json"
+        if code != 0 or not (metrics_path.is_file() and ledger_path.is_file()):
+            reasons = [m.group(1) for line in tail if (m := _ERROR_LINE.search(line))]
+            what = f"`flwr run` exited with code {code}" if code != 0 else "`flwr run` wrote no metrics.json"
+            raise FedprivError((f"{reasons[-1]} ({what})" if reasons else what) + "; last output:\n" + "\n".join(tail[-40:]))
+        metrics = json.loads(metrics_path.read_text())
+        ledger = json.loads(ledger_path.read_text())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    metrics["launcher_wall_seconds"] = time.perf_counter() - t0  # with Flower start-up and stop
+    write_outputs(out, metrics, ledger)
+    return metrics

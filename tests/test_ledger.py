@@ -3,6 +3,7 @@ import json
 import numpy as np
 import pytest
 
+from fedpriv.algorithms.als import ALGORITHMS
 from fedpriv.errors import PrivacyError
 from fedpriv.privacy import ledger as ledger_mod
 from fedpriv.privacy.accounting import epsilon_rdp
@@ -99,10 +100,33 @@ def guarded_rng(monkeypatch):
 
     for name in ("normal", "standard_normal", "randn"):
         monkeypatch.setattr(np.random, name, _legacy)
+
+    # torch: the Gaussian samplers (functions and in-place tensor methods)
+    import torch
+
+    def _torch_guard(name, real):
+        def fn(*a, **k):
+            if ledger_mod.drawing_context() is None:
+                offenders.append(f"torch.{name}")
+                raise AssertionError(f"Gaussian draw torch.{name} outside the privacy ledger")
+            return real(*a, **k)
+
+        return fn
+
+    for name in ("randn", "randn_like", "normal"):
+        monkeypatch.setattr(torch, name, _torch_guard(name, getattr(torch, name)))
+    monkeypatch.setattr(torch.Tensor, "normal_", _torch_guard("Tensor.normal_", torch.Tensor.normal_))
     return offenders
 
 
 def test_guard_catches_a_bypassing_draw(guarded_rng):
+    import torch
+
+    with pytest.raises(AssertionError, match="outside the privacy ledger"):
+        torch.randn(3)
+    with pytest.raises(AssertionError, match="outside the privacy ledger"):
+        torch.zeros(3).normal_()
+    guarded_rng.clear()
     with pytest.raises(AssertionError, match="outside the privacy ledger"):
         np.random.default_rng(0).normal(size=3)
     with pytest.raises(AssertionError, match="outside the privacy ledger"):
@@ -113,14 +137,14 @@ def test_guard_catches_a_bypassing_draw(guarded_rng):
     led.gaussian("x", np.zeros(3), sensitivity=1.0, noise_multiplier=1.0)
 
 
-@pytest.mark.parametrize("algorithm", ["als", "dpals-uniform", "dpals-tail", "adadpals", "dpsgd"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_algorithm_draws_noise_only_through_the_ledger(small_mf, guarded_rng, algorithm):
     from fedpriv.algorithms.als import ALSConfig, plan_releases
     from fedpriv.engine import train_inprocess
 
-    cfg = ALSConfig(rank=3, steps=2)
+    cfg = ALSConfig(rank=3, steps=2, ssp_steps=5, ssp_resamples=3 if algorithm == "am-ssp1" else 0)
     eps = None if algorithm == "als" else 2.0
-    res = train_inprocess(algorithm, small_mf.interactions, cfg, rating_range=(1, 5), epsilon=eps, progress=False)
+    res = train_inprocess(algorithm, small_mf.interactions, cfg, rating_range=(1, 5), epsilon=eps, item_features=small_mf.item_features, progress=False)
     assert guarded_rng == []
     # the ledger holds exactly the planned releases, each with its planned count
     planned = {p.name: p.count for p in plan_releases(algorithm, cfg, implicit=False)}

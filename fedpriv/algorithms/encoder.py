@@ -19,6 +19,7 @@ from torch import nn
 
 from ..data.features import ItemFeatures
 from ..errors import ConfigError
+from ..privacy.ledger import public_draws
 
 ID_FIELD = "id"
 
@@ -85,14 +86,15 @@ class ItemEncoder(nn.Module):
     def __init__(self, table: FeatureTable, out_dim: int, hidden: int, seed: int, init_scale: float = 0.1):
         super().__init__()
         self.table = table
-        gen = torch.Generator().manual_seed(int(seed))  # public, data-independent initialisation
+        gen = torch.Generator().manual_seed(int(seed))
         self.embeddings = nn.ParameterList()
-        for v in table.vocab:
-            w = torch.randn((v + 1, hidden), generator=gen) * init_scale
-            w[v] = 0.0
-            self.embeddings.append(nn.Parameter(w))
         fan_in = hidden * len(table.vocab)
-        self.dense = nn.Parameter(torch.randn((out_dim, fan_in), generator=gen) / np.sqrt(fan_in))
+        with public_draws("encoder init"):  # data-independent initialisation
+            for v in table.vocab:
+                w = torch.randn((v + 1, hidden), generator=gen) * init_scale
+                w[v] = 0.0
+                self.embeddings.append(nn.Parameter(w))
+            self.dense = nn.Parameter(torch.randn((out_dim, fan_in), generator=gen) / np.sqrt(fan_in))
         self.offset = nn.Parameter(torch.zeros(out_dim))
 
     def hidden(self, items: torch.Tensor | None = None) -> torch.Tensor:

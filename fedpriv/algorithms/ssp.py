@@ -55,6 +55,15 @@ def item_outputs(state: als.PublicState) -> np.ndarray:
     return E
 
 
+def ssp_objective(E: torch.Tensor, A: torch.Tensor, b: torch.Tensor, reg: float, G: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_j (1/2 e_j^T A_j e_j - b_j^T e_j + reg/2 |e_j|^2) (+ 1/2 e_j^T G e_j): its gradient is
+    sum_j J_j^T (A_j e_j - b_j + reg e_j), the SSP gradient of Proposition 1."""
+    quad = 0.5 * torch.einsum("ni,nij,nj->", E, A, E) - (b * E).sum() + 0.5 * reg * (E * E).sum()
+    if G is not None:
+        quad = quad + 0.5 * torch.einsum("ni,ij,nj->", E, G, E)
+    return quad
+
+
 class EncoderServer:
     """Server side of the encoder algorithms: the encoder, its optimiser, and publication of
     its outputs (public state only ever holds post-processed values)."""
@@ -111,10 +120,7 @@ class EncoderServer:
             A, b, G = tens[min(R - 1, t * R // T)]
             if items is not None:
                 A, b = A[items], b[items]
-            quad = 0.5 * torch.einsum("ni,nij,nj->", E, A, E) - (b * E).sum() + 0.5 * reg * (E * E).sum()
-            if G is not None:
-                quad = quad + 0.5 * torch.einsum("ni,ij,nj->", E, G, E)
-            return quad
+            return ssp_objective(E, A, b, reg, G)
 
         self._fit(loss_of)
         self.publish()

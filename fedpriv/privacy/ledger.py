@@ -45,6 +45,14 @@ def _sanctioned(tag: str) -> Iterator[None]:
         _DRAWING.reset(token)
 
 
+@contextmanager
+def public_draws(why: str) -> Iterator[None]:
+    """Sanction draws (numpy or torch) that depend on no private data, e.g. the initialisation
+    of a model; ``why`` is visible to the ledger-completeness test."""
+    with _sanctioned(f"public:{why}"):
+        yield
+
+
 def public_gaussian(rng: np.random.Generator, shape, *, why: str, scale: float = 1.0) -> np.ndarray:
     """A Gaussian draw that depends on no private data (initialisations, synthetic data).
 

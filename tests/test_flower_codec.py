@@ -71,8 +71,8 @@ def _with(rd, **arrays):
         (lambda rd: _with(rd, A_upper=np.full((3, 10), np.inf, np.float32)), "non-finite"),
         (lambda rd: _with(rd, item_ids=np.array([1, 4, 99])), "out of range"),
         (lambda rd: _with(rd, item_ids=np.array([1, 1, 7])), "repeated"),
-        (lambda rd: _with(rd, b=np.full((3, D), 10.0, np.float32)), "over bound: ||b||"),
-        (lambda rd: _with(rd, A_upper=np.full((3, 10), 10.0, np.float32)), "over bound: ||A||"),
+        (lambda rd: _with(rd, b=np.full((3, D), 10.0, np.float32)), "over bound: ||item_stats_b||"),
+        (lambda rd: _with(rd, A_upper=np.full((3, 10), 10.0, np.float32)), "over bound: ||item_stats_A||"),
     ],
 )
 def test_each_rejection_reason(mutate, reason):

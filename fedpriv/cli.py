@@ -16,7 +16,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpriv", description="Federated user-level DP recommendation.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train and evaluate one algorithm on one data set")
-    r.add_argument("algorithm", help="als, dpals-uniform, dpals-tail, adadpals")
+    r.add_argument("algorithm", help="als, dpals-uniform, dpals-tail, adadpals, dpsgd, am-ssp, am-ssp1, am-ssp-convex, am-dpsgd")
     r.add_argument("--data", required=True, help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH or synthetic-mf:users=N,items=M,ratings=R,seed=S")
     r.add_argument("--epsilon", type=float, default=None, help="target epsilon (private algorithms)")
     r.add_argument("--delta", type=float, default=1e-5)
@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--nodes", type=int, default=None, help="flower engine: number of simulated nodes (default: ceil(training users / users-per-node))")
     r.add_argument("--users-per-node", type=int, default=None, help="flower engine: users held by each node (default 1)")
+    r.add_argument("--secure-noise", action="store_true", help="draw all noise from the OS CSPRNG (runs are then not reproducible from --set seed=...)")
     r.add_argument("--out", required=True, help="output folder for metrics.json and ledger.json")
     r.add_argument("--quiet", action="store_true", help="no progress bar; flower engine: Flower's log is not shown")
     return p
@@ -49,6 +50,8 @@ def _run(args) -> int:
     from .run import parse_overrides, run, write_outputs
 
     overrides = parse_overrides(args.overrides)
+    if args.secure_noise:
+        overrides["secure_noise"] = "true"
     if args.engine == "flower":
         from .flower.launcher import flwr_run
 

@@ -43,7 +43,7 @@ def new_state(algorithm: str, cfg: als.ALSConfig, train: Interactions, rating_ra
     if state.private:
         state.multipliers = als.calibrate_plan(algorithm, cfg, implicit, epsilon, delta)
         budget = (epsilon, delta)
-    return state, PrivacyLedger(seed=cfg.seed, budget=budget)
+    return state, PrivacyLedger(seed=cfg.seed, secure=cfg.secure_noise, budget=budget)
 
 
 def train_inprocess(
@@ -67,6 +67,9 @@ def train_inprocess(
     shards = make_shards(train, users_per_shard)
     timings: dict = {"steps": []}
 
+    if state.private and als.needs_user_count(algorithm):
+        total = np.sum([als.client_user_count(s) for s in shards], axis=0)
+        state.n_users = als.release_user_count(total, state, ledger)
     if als.needs_mean(algorithm, implicit):
         total = np.sum([als.client_mean(s, cfg, state.rating_range, state.private) for s in shards], axis=0)
         state.mean = als.release_mean(total, state, ledger)

@@ -167,6 +167,7 @@ def run(
         metrics["epsilon_spent_pld"] = None
     metrics["noise_multipliers"] = dict(state.multipliers)
     metrics["released_mean"] = state.mean
+    metrics["released_n_users"] = int(state.n_users) if private and als.needs_user_count(algorithm) else None
     metrics["timings"] = timings
     metrics["wall_seconds"] = time.perf_counter() - t0
     metrics["config"] = {

@@ -77,3 +77,17 @@ def test_ml100k_als_reaches_the_reference_rmse(shared_data, tmp_path):
     m = json.loads((out / "metrics.json").read_text())
     assert m["n_ratings"] == 100_000 and m["config"]["split_seed"] == 1234
     assert m["test_rmse"] <= 0.935
+
+
+def test_secure_noise_flag_draws_unseeded_noise_with_the_same_accounting(tmp_path):
+    def once(name, *extra):
+        out = tmp_path / name
+        assert main(["run", "adadpals", "--data", SYN, "--epsilon", "2", "--out", str(out), "--quiet", "--set", "rank=3", *extra]) == 0
+        return json.loads((out / "metrics.json").read_text()), json.loads((out / "ledger.json").read_text())
+
+    (m1, l1), (m2, l2) = once("a"), once("b")
+    (s1, k1), (s2, k2) = once("c", "--secure-noise"), once("d", "--secure-noise")
+    assert m1["test_rmse"] == m2["test_rmse"]  # seeded by default: reproducible
+    assert s1["test_rmse"] != s2["test_rmse"] and s1["config"]["secure_noise"] is True
+    assert l1 == k1 == k2 and s1["epsilon_spent"] == m1["epsilon_spent"]
+    assert m1["released_n_users"] > 0 and {r["name"] for r in l1} >= {"users", "mean", "counts"}

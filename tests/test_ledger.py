@@ -37,6 +37,18 @@ def test_seeded_ledgers_reproduce_and_secure_ones_do_not():
     assert np.array_equal(a, b) and not np.array_equal(a, c)
 
 
+def test_secure_noise_is_gaussian_with_the_calibrated_scale():
+    from scipy import stats
+
+    led = PrivacyLedger(seed=5, secure=True)
+    x = led.gaussian("x", np.zeros(200_001), sensitivity=2.0, noise_multiplier=1.5)
+    assert stats.kstest(x / 3.0, "norm").pvalue > 1e-4
+    assert abs(np.std(x) - 3.0) < 0.03
+    sym = led.gaussian("A", np.zeros((300, 4, 4)), sensitivity=1.0, noise_multiplier=1.0, symmetric=True)
+    assert np.array_equal(sym, np.swapaxes(sym, -1, -2)) and abs(np.std(sym) - 1.0) < 0.05
+    assert [r.count for r in led.releases] == [1, 1]
+
+
 def test_budget_refuses_a_release_before_drawing():
     led = PrivacyLedger(seed=0, budget=(1.0, 1e-5))
     led.gaussian("x", np.zeros(3), sensitivity=1.0, noise_multiplier=10.0)

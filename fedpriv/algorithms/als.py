@@ -65,7 +65,8 @@ class ALSConfig:
     k: int = 50  # dpals: items kept per user
     count_cap: float = 50.0  # K: counts contribution has L2 norm <= sqrt(K)
     mean_cap: float = 50.0  # C: mean contribution uses at most C ratings' worth per user
-    share_mean: float = 0.02  # fractions of the privacy budget (RDP shares)
+    share_users: float = 0.01  # fractions of the privacy budget (RDP shares)
+    share_mean: float = 0.02
     share_counts: float = 0.08
     share_b: float = 0.5  # within one step: share of b versus A (and gravity)
     share_gravity: float = 0.1
@@ -74,6 +75,7 @@ class ALSConfig:
     init_scale: float = 0.1
     eval_k: int = 20
     seed: int = 1234
+    secure_noise: bool = False  # draw all noise from the OS CSPRNG (not reproducible from seed)
     # federated DP-SGD baseline (algorithm 'dpsgd'): one round per step
     sgd_lr: float = 0.5
     sgd_sampling_rate: float = 0.1
@@ -113,12 +115,12 @@ class ALSConfig:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
-        for name in ("share_mean", "share_counts", "share_b", "share_gravity", "bias_share"):
+        for name in ("share_users", "share_mean", "share_counts", "share_b", "share_gravity", "bias_share"):
             v = getattr(self, name)
             if not (0 < v < 1):
                 raise ConfigError(f"must be in (0, 1), got {v}", field=name)
-        if self.share_mean + self.share_counts >= 1:
-            raise ConfigError("share_mean + share_counts must be < 1", field="share_counts")
+        if self.share_users + self.share_mean + self.share_counts >= 1:
+            raise ConfigError("share_users + share_mean + share_counts must be < 1", field="share_counts")
         if not (0 < self.sgd_sampling_rate <= 1):
             raise ConfigError(f"must be in (0, 1], got {self.sgd_sampling_rate}", field="sgd_sampling_rate")
         if not (self.sgd_clip > 0 and math.isfinite(self.sgd_clip)):
@@ -168,7 +170,7 @@ class PublicState:
     algorithm: str
     config: ALSConfig
     n_items: int
-    n_users: int  # public: size of the federation
+    n_users: int  # private runs that use it: the released (noised) number of users
     rating_range: tuple[float, float]
     implicit: bool = False
     mean: float = 0.0
@@ -193,6 +195,12 @@ def needs_counts(algorithm: str) -> bool:
     return algorithm in ("dpals-tail", "adadpals", "als", *ENCODER_ALGORITHMS)
 
 
+def needs_user_count(algorithm: str) -> bool:
+    """The server step uses the number of users n (eq. 16's normalisation, DP-SGD's expected
+    batch q*n): private runs release it (sensitivity 1) instead of reading it off the data."""
+    return algorithm in ("adadpals", "dpsgd", *ENCODER_ALGORITHMS)
+
+
 def needs_mean(algorithm: str, implicit: bool) -> bool:
     """Explicit ratings are centred by a released mean (the logistic model needs none)."""
     return not implicit and algorithm != "am-ssp-convex"
@@ -213,6 +221,9 @@ def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[Planne
         return []
     plan: list[PlannedRelease] = []
     rest = 1.0
+    if needs_user_count(algorithm):
+        plan.append(PlannedRelease("users", 1, cfg.share_users))
+        rest -= cfg.share_users
     if needs_mean(algorithm, implicit):
         plan.append(PlannedRelease("mean", 1, cfg.share_mean))
         rest -= cfg.share_mean
@@ -251,6 +262,8 @@ def mean_bound(rating_range: tuple[float, float]) -> float:
 
 
 def sensitivity(name: str, cfg: ALSConfig, rating_range: tuple[float, float]) -> float:
+    if name == "users":
+        return 1.0
     if name == "mean":
         return cfg.mean_cap * math.sqrt(mean_bound(rating_range) ** 2 + 1.0)
     if name == "counts":
@@ -271,6 +284,11 @@ def sensitivity(name: str, cfg: ALSConfig, rating_range: tuple[float, float]) ->
 
 
 # ---------------------------------------------------------------------------- client side
+def client_user_count(shard: UserShard) -> np.ndarray:
+    """Per-shard contribution to the user count: one per user."""
+    return np.array([float(shard.n_users)])
+
+
 def client_mean(shard: UserShard, cfg: ALSConfig, rating_range: tuple[float, float], private: bool) -> np.ndarray:
     """Per-shard contribution (sum of ratings, number of ratings), each user capped at C ratings."""
     lo, hi = rating_range
@@ -430,6 +448,12 @@ def _release(name: str, total, state: PublicState, ledger: PrivacyLedger | None,
         noise_multiplier=state.multipliers[name],
         **kw,
     )
+
+
+def release_user_count(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> int:
+    """The released number of users (at least 1); non-private runs keep the exact count."""
+    total = _release("users", np.asarray(total, dtype=np.float64), state, ledger)
+    return max(1, int(round(float(total[0]))))
 
 
 def release_mean(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> float:

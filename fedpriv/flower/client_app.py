@@ -32,6 +32,12 @@ def info(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"meta": meta}), reply_to=msg)
 
 
+@app.query("users")
+def users(msg: Message, context: Context) -> Message:
+    state, shard = _shard(msg, context)
+    return Message(codec.encode_vector(als.client_user_count(shard), shard.n_users), reply_to=msg)
+
+
 @app.query("mean")
 def mean(msg: Message, context: Context) -> Message:
     state, shard = _shard(msg, context)

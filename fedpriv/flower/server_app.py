@@ -1,6 +1,6 @@
 """The fedpriv ServerApp: the alternating loop over Flower messages.
 
-Rounds: node info, private mean, private counts, then one round per alternating step, then
+Rounds: node info, private user count, private mean, private counts, then one round per alternating step, then
 evaluation. Every reply is validated (:mod:`fedpriv.flower.codec`) before it may be summed;
 rejected replies are logged with their reason and left out. The secure-aggregator step (sum,
 then noise through the ledger) is :func:`fedpriv.algorithms.als.release_item_stats` and friends,
@@ -164,6 +164,8 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
                 rounds.reject(release, nid, str(exc))
         return total
 
+    if state.private and als.needs_user_count(job.algorithm):
+        state.n_users = als.release_user_count(collect_vectors("query.users", "users", 1), state, ledger)
     if als.needs_mean(job.algorithm, state.implicit):
         state.mean = als.release_mean(collect_vectors("query.mean", "mean", 2), state, ledger)
     if als.needs_counts(job.algorithm):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextvars
 import json
 import math
-import secrets
+import os
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,6 +62,21 @@ def public_gaussian(rng: np.random.Generator, shape, *, why: str, scale: float =
         return rng.normal(0.0, scale, size=shape)
 
 
+def _secure_uniform(n: int) -> np.ndarray:
+    """n uniforms in (0, 1] with 53 random bits each, from the operating system's CSPRNG."""
+    bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
+    return (bits.astype(np.float64) + 1.0) * (1.0 / 9007199254740992.0)
+
+
+def secure_standard_normal(shape) -> np.ndarray:
+    """Standard Gaussians from ``os.urandom`` by the Box-Muller transform."""
+    n = int(np.prod(shape, dtype=np.int64))
+    m = (n + 1) // 2
+    r = np.sqrt(-2.0 * np.log(_secure_uniform(m)))
+    t = 2.0 * np.pi * _secure_uniform(m)
+    return np.concatenate([r * np.cos(t), r * np.sin(t)])[:n].reshape(shape)
+
+
 @dataclass
 class Release:
     """One kind of noisy release, released ``count`` times with identical parameters."""
@@ -91,8 +106,11 @@ class Release:
 class PrivacyLedger:
     """Draws the noise of every release and records it.
 
-    ``seed``: seeds the noise generator (reproducible runs). ``secure=True`` draws from a
-    generator seeded by the operating system's CSPRNG instead and ignores ``seed``.
+    ``seed``: seeds the noise generator (reproducible runs, the default). ``secure=True``
+    ignores ``seed`` and draws every noise value from the operating system's cryptographically
+    secure generator (``os.urandom``), turned into Gaussians by the Box-Muller transform: the
+    noise cannot be predicted from a seed or from earlier draws. (Like every floating-point
+    sampler, it does not address the floating-point attacks of Mironov 2012.)
     ``budget``: optional (epsilon, delta); a release that would exceed it is refused.
     """
 
@@ -102,8 +120,7 @@ class PrivacyLedger:
     releases: list[Release] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        entropy = secrets.randbits(128) if self.secure else self.seed
-        self._rng = np.random.Generator(np.random.PCG64(entropy))
+        self._rng = None if self.secure else np.random.Generator(np.random.PCG64(self.seed))
 
     # ------------------------------------------------------------------ recording
     def _record(self, rel: Release) -> None:
@@ -168,15 +185,20 @@ class PrivacyLedger:
             if symmetric:
                 noise = self._symmetric_noise(value.shape, std)
             else:
-                noise = self._rng.normal(0.0, std, size=value.shape)
+                noise = self._normal(std, value.shape)
         self._record(rel)
         return (value + noise).astype(value.dtype if value.dtype.kind == "f" else np.float64, copy=False)
+
+    def _normal(self, std: float, shape) -> np.ndarray:
+        if self._rng is not None:
+            return self._rng.normal(0.0, std, size=shape)
+        return std * secure_standard_normal(shape)
 
     def _symmetric_noise(self, shape: tuple, std: float) -> np.ndarray:
         d = shape[-1]
         iu = np.triu_indices(d)
         lead = shape[:-2]
-        tri = self._rng.normal(0.0, std, size=(*lead, len(iu[0])))
+        tri = self._normal(std, (*lead, len(iu[0])))
         out = np.zeros(shape, dtype=np.float64)
         out[..., iu[0], iu[1]] = tri
         out[..., iu[1], iu[0]] = tri

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sampling-rate", type=float, default=0.01)
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--eval-ratings", type=int, default=200_000)
+    ap.add_argument("--features", default="genre,year", help="public feature fields of the encoder (add ',id' for an item-id embedding)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
     test = split.test.subset(np.isin(np.arange(len(split.test)), keep))
     data_seconds = time.perf_counter() - t
 
-    common = {"rank": args.rank, "features": "genre,year", "mu": 0.25, "bias_share": 0.5}
+    common = {"rank": args.rank, "features": args.features, "mu": 0.25, "bias_share": 0.5}
     ssp_cfg = ALSConfig(**common, steps=args.ssp_steps, ssp_steps=200, ssp_lr=0.05, rating_clip=1.0, reg_item_private=10.0)
     sgd_cfg = ALSConfig(**common, steps=args.dpsgd_rounds, sgd_sampling_rate=args.sampling_rate, sgd_clip=1.0, encoder_sgd_lr=0.01)
     ssp = curve("am-ssp", split, test, syn.item_features, ssp_cfg, args.epsilon, 1, float("inf"))
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     target = max(min(p["test_rmse"] for p in ssp), min(p["test_rmse"] for p in sgd))
     t_ssp, t_sgd = seconds_to(ssp, target), seconds_to(sgd, target)
     result = {
-        "data": {"users": args.users, "items": args.items, "ratings": args.ratings, "features": "genre,year", "build_seconds": data_seconds, "eval_ratings": len(test)},
+        "data": {"users": args.users, "items": args.items, "ratings": args.ratings, "features": args.features, "build_seconds": data_seconds, "eval_ratings": len(test)},
         "epsilon": args.epsilon,
         "am_ssp": {"config": {k: v for k, v in ssp_cfg.to_dict().items() if k in ("rank", "steps", "ssp_steps", "ssp_lr", "rating_clip", "reg_item_private")}, "curve": ssp},
         "am_dpsgd": {"config": {k: v for k, v in sgd_cfg.to_dict().items() if k in ("rank", "steps", "sgd_sampling_rate", "sgd_clip", "encoder_sgd_lr")}, "curve": sgd, "budget_seconds": args.dpsgd_seconds},

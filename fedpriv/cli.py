@@ -30,8 +30,25 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--nodes", type=int, default=None, help="flower engine: number of simulated nodes (default: ceil(training users / users-per-node))")
     r.add_argument("--users-per-node", type=int, default=None, help="flower engine: users held by each node (default 1)")
     r.add_argument("--secure-noise", action="store_true", help="draw all noise from the OS CSPRNG (runs are then not reproducible from --set seed=...)")
+    r.add_argument("--tune", action="append", default=[], metavar="KEY=V1/V2/...", help="private tuning by random stopping over these candidates (repeatable; in-process engine)")
+    r.add_argument("--tune-mean", type=float, default=None, help="expected number of tuning runs (default 5)")
+    r.add_argument("--tune-shape", type=float, default=None, help="truncated negative binomial shape: 1 geometric (default), 0 logarithmic")
     r.add_argument("--out", required=True, help="output folder for metrics.json and ledger.json")
     r.add_argument("--quiet", action="store_true", help="no progress bar; flower engine: Flower's log is not shown")
+
+    pv = sub.add_parser("privacy", help="privacy tools")
+    psub = pv.add_subparsers(dest="privacy_command", required=True)
+    pl = psub.add_parser("plan", help="split a target (epsilon, delta) over an algorithm's releases and print the calibrated plan; no training")
+    pl.add_argument("algorithm")
+    pl.add_argument("--epsilon", type=float, required=True)
+    pl.add_argument("--delta", type=float, default=1e-5)
+    pl.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter (repeatable), e.g. steps=5, share_counts=0.1")
+    pl.add_argument("--rating-range", default="1,5", help="LO,HI of the ratings (sets the sensitivities of mean and score; default 1,5)")
+    pl.add_argument("--implicit", action="store_true", help="implicit feedback (held-out-users protocol: no mean release)")
+    pl.add_argument("--tune-mean", type=float, default=None, help="plan private tuning with this expected number of runs")
+    pl.add_argument("--tune-shape", type=float, default=1.0)
+    pl.add_argument("--tune-share", type=float, default=0.05)
+    pl.add_argument("--json", action="store_true", help="print JSON instead of markdown tables")
     return p
 
 
@@ -40,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "privacy":
+            return _privacy_plan(args)
     except FedprivError as exc:
         print(f"fedpriv: error: {exc}", file=sys.stderr)
         return 2
@@ -52,6 +71,12 @@ def _run(args) -> int:
     overrides = parse_overrides(args.overrides)
     if args.secure_noise:
         overrides["secure_noise"] = "true"
+    if args.tune:
+        overrides["tune"] = ";".join(args.tune)
+    if args.tune_mean is not None:
+        overrides["tune_mean"] = str(args.tune_mean)
+    if args.tune_shape is not None:
+        overrides["tune_shape"] = str(args.tune_shape)
     if args.engine == "flower":
         from .flower.launcher import flwr_run
 
@@ -83,6 +108,23 @@ def _run(args) -> int:
     )
     write_outputs(args.out, metrics, ledger)
     _print_summary(metrics)
+    return 0
+
+
+def _privacy_plan(args) -> int:
+    from .algorithms.als import ALSConfig
+    from .errors import ConfigError
+    from .privacy.plan import TuningPlan, budget_plan
+    from .run import parse_overrides
+
+    try:
+        lo, hi = (float(x) for x in args.rating_range.split(","))
+    except ValueError:
+        raise ConfigError(f"expected LO,HI, got {args.rating_range!r}", field="--rating-range") from None
+    cfg = ALSConfig.from_overrides(parse_overrides(args.overrides))
+    tuning = None if args.tune_mean is None else TuningPlan(args.tune_mean, args.tune_shape, args.tune_share)
+    plan = budget_plan(args.algorithm, cfg, args.epsilon, args.delta, implicit=args.implicit, rating_range=(lo, hi), tuning=tuning)
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.to_markdown(), end="" if not args.json else "\n")
     return 0
 
 

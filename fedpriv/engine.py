@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from .algorithms import als, protocol
 from .algorithms.shards import UserShard, shard_users, split_users
 from .data.interactions import Interactions
+from .errors import ConfigError
 from .privacy.ledger import PrivacyLedger
 
 
@@ -28,8 +29,21 @@ def make_shards(train: Interactions, users_per_shard: int | None) -> list[UserSh
     return [shard_users(train, users) for users in split_users(train.n_users, users_per_shard)]
 
 
-def new_state(algorithm: str, cfg: als.ALSConfig, train: Interactions, rating_range, implicit: bool, epsilon: float | None, delta: float) -> tuple[als.PublicState, PrivacyLedger]:
-    """Validated public state and a ledger (with the budget for private runs)."""
+def new_state(
+    algorithm: str,
+    cfg: als.ALSConfig,
+    train: Interactions,
+    rating_range,
+    implicit: bool,
+    epsilon: float | None,
+    delta: float,
+    multipliers: dict[str, float] | None = None,
+) -> tuple[als.PublicState, PrivacyLedger]:
+    """Validated public state and a ledger (with the budget for private runs).
+
+    ``multipliers``: noise multipliers calibrated by the caller for a plan that contains this
+    run (one run of private tuning, :mod:`fedpriv.tuning`); the run's ledger then carries no
+    budget of its own: the caller accounts the whole."""
     als.validate_algorithm(algorithm)
     state = als.PublicState(
         algorithm=algorithm,
@@ -40,7 +54,12 @@ def new_state(algorithm: str, cfg: als.ALSConfig, train: Interactions, rating_ra
         implicit=implicit,
     )
     budget = None
-    if state.private:
+    if state.private and multipliers is not None:
+        missing = {p.name for p in als.plan_releases(algorithm, cfg, implicit)} - set(multipliers)
+        if missing:
+            raise ConfigError(f"no noise multiplier for {sorted(missing)}", field="multipliers")
+        state.multipliers = dict(multipliers)
+    elif state.private:
         state.multipliers = als.calibrate_plan(algorithm, cfg, implicit, epsilon, delta)
         budget = (epsilon, delta)
     return state, PrivacyLedger(seed=cfg.seed, secure=cfg.secure_noise, budget=budget)
@@ -59,11 +78,12 @@ def train_inprocess(
     item_features=None,
     progress: bool = True,
     on_step=None,
+    multipliers: dict[str, float] | None = None,
 ) -> TrainResult:
     """``item_features``: public features of the encoder algorithms; ``on_step(step, state,
     seconds)`` is called after every alternating step (measurement hooks)."""
     t0 = time.perf_counter()
-    state, ledger = new_state(algorithm, cfg, train, rating_range, implicit, epsilon, delta)
+    state, ledger = new_state(algorithm, cfg, train, rating_range, implicit, epsilon, delta, multipliers)
     shards = make_shards(train, users_per_shard)
     timings: dict = {"steps": []}
 

@@ -20,7 +20,7 @@ from .data.spec import HELDOUT_KINDS, DataSpec, load_spec, parse_data_spec
 from .data.splits import HeldoutSplit, heldout_users_split, random_split
 from .engine import train_inprocess
 from .errors import ConfigError
-from .privacy.accounting import epsilon_pld, epsilon_rdp
+from .privacy.accounting import epsilon_pld, epsilon_rdp, pld_supported
 
 ENGINES = ("inprocess", "flower")
 
@@ -35,6 +35,11 @@ class RunOptions:
     users_per_shard: int = 0  # in-process engine: 0 = one shard with every user
     users_per_node: int = 1  # flower engine: users held by each node
     nodes: int = 0  # flower engine: number of nodes (0 = as many as the users need)
+    tune: str = ""  # private tuning grid "key=v1/v2;key2=..." (fedpriv.tuning); "" = no tuning
+    tune_mean: float = 5.0  # expected number of tuning runs E[K]
+    tune_shape: float = 1.0  # truncated negative binomial shape (1 geometric, 0 logarithmic)
+    tune_share: float = 0.05  # share of one run's budget for its private validation score
+    tune_score_clip: float = 0.0  # per-user validation MSE clip (0: (half the rating range)^2)
 
     @classmethod
     def pop_from(cls, overrides: dict) -> "RunOptions":
@@ -128,7 +133,26 @@ def run(
             cfg.gravity = 0.1
 
     rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
-    if engine == "flower":
+    tuning_report = None
+    if opts.tune:
+        if engine != "inprocess" or protocol != "random" or not private:
+            raise ConfigError("private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)", field="tune")
+        from . import tuning as tuning_mod
+        from .privacy.plan import TuningPlan
+
+        base = {k: v for k, v in overrides.items()}
+        result, ledger, tuning_report, _ = tuning_mod.tune(
+            algorithm, split, base, tuning_mod.parse_grid(opts.tune),
+            TuningPlan(opts.tune_mean, opts.tune_shape, opts.tune_share, opts.tune_score_clip),
+            rating_range=rating_range, epsilon=epsilon, delta=delta, item_features=ds.item_features, progress=progress,
+        )
+        state, timings = result.state, result.timings
+        cfg = state.config
+        item_counts = train.item_counts()
+        metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
+        metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
+        metrics["tuning"] = tuning_report
+    elif engine == "flower":
         state, ledger, timings = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, flower_runner, ds.item_features)
         if protocol == "heldout":
             _recall_metrics(metrics, state, train, split, cfg.eval_k)
@@ -161,7 +185,7 @@ def run(
     records = ledger.to_list()
     if private:
         metrics["epsilon_spent"] = epsilon_rdp(ledger, delta)
-        metrics["epsilon_spent_pld"] = epsilon_pld(ledger, delta)
+        metrics["epsilon_spent_pld"] = epsilon_pld(ledger, delta) if pld_supported(ledger) else None
     else:
         metrics["epsilon_spent"] = None
         metrics["epsilon_spent_pld"] = None

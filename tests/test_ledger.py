@@ -163,3 +163,15 @@ def test_every_algorithm_draws_noise_only_through_the_ledger(small_mf, guarded_r
     assert {r.name: r.count for r in res.ledger.releases} == planned
     if eps:
         assert epsilon_rdp(res.ledger, 1e-5) == pytest.approx(eps, rel=1e-3)
+
+
+def test_private_tuning_draws_only_through_the_ledger(small_mf, guarded_rng):
+    from fedpriv.data.splits import random_split
+    from fedpriv.privacy.plan import TuningPlan
+    from fedpriv.tuning import tune
+
+    split = random_split(small_mf.interactions, seed=1)
+    res, parent, report, _ = tune("adadpals", split, {"rank": "2", "steps": "1"}, {"mu": ["0", "0.5"]}, TuningPlan(mean=2.0), rating_range=(1, 5), epsilon=2.0, delta=1e-5)
+    assert guarded_rng == []
+    assert len(parent.releases) == 1 and parent.releases[0].runs == report["runs_drawn"] == len(report["runs"])
+    assert epsilon_rdp(parent, 1e-5) == pytest.approx(2.0, rel=1e-3)

@@ -294,8 +294,7 @@ def client_mean(shard: UserShard, cfg: ALSConfig, rating_range: tuple[float, flo
     lo, hi = rating_range
     y = np.clip(np.nan_to_num(shard.ratings.astype(np.float64), nan=lo), lo, hi)
     n = np.diff(shard.indptr).astype(np.float64)
-    per_user = np.add.reduceat(y, shard.indptr[:-1]) if len(y) else np.zeros(shard.n_users)
-    per_user = np.where(n > 0, per_user, 0.0)
+    per_user = np.bincount(shard.local_user_of_rating, weights=y, minlength=shard.n_users)  # no ratings: 0
     a = np.minimum(1.0, cfg.mean_cap / np.maximum(n, 1.0)) if private else np.ones_like(n)
     return np.array([np.sum(a * per_user), np.sum(a * n)])
 

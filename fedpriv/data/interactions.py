@@ -12,6 +12,8 @@ from functools import cached_property
 
 import numpy as np
 
+from ..errors import DataError
+
 
 @dataclass(frozen=True)
 class CSR:
@@ -76,6 +78,9 @@ class Interactions:
         n = len(self.users)
         if len(self.items) != n or len(self.ratings) != n:
             raise ValueError("users, items and ratings must have the same length")
+        if n and not np.all(np.isfinite(self.ratings)):
+            row = int(np.flatnonzero(~np.isfinite(self.ratings))[0])
+            raise DataError(f"ratings: entry {row} is not a finite float32 number")
         if n:
             if self.users.min() < 0 or self.users.max() >= self.n_users:
                 raise ValueError("user index out of range")

@@ -369,13 +369,17 @@ def _convert(field: str, kind: str, column: str, where: str, line_no: int) -> in
 def _check_values(parsed: _Parsed, column: int, low: float, high: float) -> None:
     """Every value of a numeric column is finite and within [low, high]."""
     values = parsed.columns[column].astype(np.float64)
-    bad = ~np.isfinite(values) | (values < low) | (values > high)
+    with np.errstate(over="ignore"):
+        stored = values.astype(np.float32)  # ratings are stored as float32: check what is stored
+    bad = ~np.isfinite(values) | ~np.isfinite(stored) | (values < low) | (values > high)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         value = values[row]
         name = parsed.table.columns[column]
         if not math.isfinite(value):
             raise parsed.error_at(row, f"{name} {value} is not a finite number")
+        if not math.isfinite(stored[row]):
+            raise parsed.error_at(row, f"{name} {value:g} overflows a float32 rating")
         raise parsed.error_at(row, f"{name} {value:g} is outside the rating range [{low:g}, {high:g}]")
 
 

@@ -18,7 +18,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from ..errors import ConfigError, PrivacyError
-from .ledger import Release
+from .ledger import Release, RepeatAndSelect
 
 # dp-accounting logs (through absl) every fractional order it excludes for lack of convergence;
 # the excluded orders only make epsilon more conservative
@@ -38,8 +38,10 @@ def _orders(rels) -> np.ndarray:
     return SAMPLED_RDP_ORDERS if any(r.sampling_rate not in (None, 1.0) for r in rels) else RDP_ORDERS
 
 
-def release_event(rel: Release) -> dp_accounting.DpEvent:
+def release_event(rel: Release | RepeatAndSelect) -> dp_accounting.DpEvent:
     """The dp-accounting event of one ledger record."""
+    if isinstance(rel, RepeatAndSelect):
+        return dp_accounting.dp_event.RepeatAndSelectDpEvent(ledger_event(rel.releases), rel.mean, rel.shape)
     if rel.mechanism != "gaussian":
         raise PrivacyError(f"release {rel.name!r}: no accountant event for mechanism {rel.mechanism!r}")
     event: dp_accounting.DpEvent = dp_accounting.GaussianDpEvent(rel.noise_multiplier)
@@ -74,8 +76,15 @@ def epsilon_rdp(releases, delta: float) -> float:
     return _epsilon(rdp_privacy_accountant.RdpAccountant(orders=_orders(rels)), rels, delta)
 
 
+def pld_supported(releases) -> bool:
+    """PLD accounting covers Gaussian (and Poisson-sampled) releases, not private tuning."""
+    return not any(isinstance(r, RepeatAndSelect) for r in _as_releases(releases))
+
+
 def epsilon_pld(releases, delta: float, discretization: float = 1e-4) -> float:
     """Epsilon via privacy loss distributions (tighter; a second opinion)."""
+    if not pld_supported(releases):
+        raise PrivacyError("PLD accounting does not support private tuning (repeat_and_select); use RDP")
     return _epsilon(pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization), releases, delta)
 
 
@@ -90,7 +99,7 @@ def rdp_curve(releases) -> tuple[np.ndarray, np.ndarray]:
 def zcdp_rho(releases) -> float:
     """Zero-concentrated DP rho of composed *unsampled* Gaussian releases: sum count / (2 z^2)."""
     rels = _as_releases(releases)
-    if any(r.sampling_rate not in (None, 1.0) for r in rels):
+    if any(isinstance(r, RepeatAndSelect) or r.sampling_rate not in (None, 1.0) for r in rels):
         raise PrivacyError("zCDP rho is only reported for unsampled Gaussian releases")
     return float(sum(r.count / (2.0 * r.noise_multiplier**2) for r in rels))
 
@@ -126,12 +135,23 @@ def _plan_releases(plan: Sequence[PlannedRelease], scale: float) -> list[Release
     ]
 
 
-def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-4) -> Calibration:
+def planned_releases(plan: Sequence[PlannedRelease], calibration: "Calibration", repeat: tuple[float, float] | None = None) -> list:
+    """The ledger records the calibrated plan will produce (unit sensitivity), wrapped in one
+    repeat-and-select record with ``repeat=(mean, shape)``."""
+    rels = _plan_releases(plan, calibration.scale)
+    if repeat is None:
+        return rels
+    return [RepeatAndSelect("tuning", float(repeat[0]), float(repeat[1]), 0, rels)]
+
+
+def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-4, repeat: tuple[float, float] | None = None) -> Calibration:
     """Find the noise multipliers so that the composed plan spends ``epsilon`` at ``delta``.
 
     Bisection (in log scale) on one common scale s with z_k = s / sqrt(share_k); the composed
     epsilon is decreasing in s. The result satisfies eps(plan) <= epsilon and is within
-    ``rtol`` of it (relative).
+    ``rtol`` of it (relative). With ``repeat=(mean, shape)`` the plan is one run of private
+    tuning by random stopping and the target is the epsilon of the whole tuning
+    (``RepeatAndSelectDpEvent``).
     """
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ConfigError(f"must be a finite positive number, got {epsilon}", field="epsilon")
@@ -145,7 +165,10 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
             raise ConfigError(f"share of {p.name!r} must be > 0", field="plan")
 
     def eps(scale: float) -> float:
-        return epsilon_rdp(_plan_releases(plan, scale), delta)
+        rels = _plan_releases(plan, scale)
+        if repeat is not None:
+            rels = [RepeatAndSelect("tuning", float(repeat[0]), float(repeat[1]), 0, rels)]
+        return epsilon_rdp(rels, delta)
 
     lo, hi = 1e-3, 1.0
     while eps(hi) > epsilon:

@@ -103,6 +103,41 @@ class Release:
 
 
 @dataclass
+class RepeatAndSelect:
+    """Private tuning by random stopping (Papernot and Steinke 2022): a run whose releases are
+    ``releases`` was repeated a random number of times K ~ D_{shape, gamma(mean)} (``runs`` is
+    the K drawn) and only the best run's output was kept. Accounted as dp-accounting's
+    ``RepeatAndSelectDpEvent`` over one run's releases: the guarantee is over the random K."""
+
+    name: str
+    mean: float
+    shape: float
+    runs: int
+    releases: list[Release]
+    mechanism: str = "repeat_and_select"
+    count: int = 1
+
+    @property
+    def sampling_rate(self) -> float | None:
+        rates = [r.sampling_rate for r in self.releases if r.sampling_rate not in (None, 1.0)]
+        return rates[0] if rates else None
+
+    def key(self) -> tuple:
+        return (self.name, self.mechanism, self.mean, self.shape, tuple(r.key() + (r.count,) for r in self.releases))
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "mechanism": self.mechanism,
+            "mean": self.mean,
+            "shape": self.shape,
+            "runs": self.runs,
+            "count": self.count,
+            "releases": [r.to_dict() for r in self.releases],
+        }
+
+
+@dataclass
 class PrivacyLedger:
     """Draws the noise of every release and records it.
 
@@ -117,7 +152,7 @@ class PrivacyLedger:
     seed: int | None = None
     secure: bool = False
     budget: tuple[float, float] | None = None
-    releases: list[Release] = field(default_factory=list)
+    releases: list[Release | RepeatAndSelect] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._rng = None if self.secure else np.random.Generator(np.random.PCG64(self.seed))
@@ -130,7 +165,7 @@ class PrivacyLedger:
                 return
         self.releases.append(rel)
 
-    def _check_budget(self, rel: Release) -> None:
+    def _check_budget(self, rel: Release | RepeatAndSelect) -> None:
         if self.budget is None:
             return
         from .accounting import epsilon_rdp  # local import: accounting depends on Release only
@@ -189,6 +224,39 @@ class PrivacyLedger:
         self._record(rel)
         return (value + noise).astype(value.dtype if value.dtype.kind == "f" else np.float64, copy=False)
 
+    # ------------------------------------------------------------------ private tuning
+    def repetitions(self, name: str, *, shape: float, mean: float) -> int:
+        """Draw the number of runs K of private tuning from the ledger's generator (the secure
+        one with ``secure=True``); :meth:`repeat_and_select` then records the tuning."""
+        from . import tnb
+
+        tnb.check(shape, mean)
+        with _sanctioned(f"ledger:{name}"):
+            if self._rng is not None:
+                return tnb.sample(self._rng, shape, mean)
+            return tnb.sample(np.random.Generator(np.random.PCG64(int.from_bytes(os.urandom(16), "little"))), shape, mean)
+
+    def repeat_and_select(self, name: str, runs: list["PrivacyLedger"], *, shape: float, mean: float) -> RepeatAndSelect:
+        """Record tuning whose runs used the ledgers ``runs`` (one per run, all with the same
+        releases: every candidate shares one calibrated plan). Refused, before anything is
+        recorded, if the runs differ or if the budget would be exceeded."""
+        if not runs:
+            raise PrivacyError(f"release {name!r}: tuning needs at least one run")
+        def accounted(led: "PrivacyLedger") -> list:
+            # what the accountant reads (dims and sensitivities may differ between candidates)
+            return sorted((r.name, r.mechanism, round(r.noise_multiplier, 12), r.sampling_rate, r.count) for r in led.releases)
+
+        first = accounted(runs[0])
+        for i, led in enumerate(runs[1:], start=1):
+            if accounted(led) != first:
+                raise PrivacyError(f"release {name!r}: run {i} made other releases than run 0; tuning needs one plan for every candidate")
+        if any(isinstance(r, RepeatAndSelect) for r in runs[0].releases):
+            raise PrivacyError(f"release {name!r}: nested tuning is not supported")
+        rec = RepeatAndSelect(name, float(mean), float(shape), len(runs), [Release(**{k: v for k, v in asdict(r).items()}) for r in runs[0].releases])
+        self._check_budget(rec)
+        self.releases.append(rec)
+        return rec
+
     def _normal(self, std: float, shape) -> np.ndarray:
         if self._rng is not None:
             return self._rng.normal(0.0, std, size=shape)
@@ -212,6 +280,13 @@ class PrivacyLedger:
         Path(path).write_text(json.dumps(self.to_list(), indent=2) + "\n")
 
     @staticmethod
-    def releases_from_list(items: list[dict]) -> list[Release]:
+    def releases_from_list(items: list[dict]) -> list[Release | RepeatAndSelect]:
         keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim")
-        return [Release(**{k: it[k] for k in keys if k in it}) for it in items]
+        out: list[Release | RepeatAndSelect] = []
+        for it in items:
+            if it.get("mechanism") == "repeat_and_select":
+                inner = PrivacyLedger.releases_from_list(it["releases"])
+                out.append(RepeatAndSelect(it["name"], it["mean"], it["shape"], it["runs"], inner))  # type: ignore[arg-type]
+            else:
+                out.append(Release(**{k: it[k] for k in keys if k in it}))
+        return out

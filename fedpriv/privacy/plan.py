@@ -1,0 +1,177 @@
+"""Budget planning: split a target (epsilon, delta) across an algorithm's releases, calibrate every
+noise multiplier, and report epsilon from RDP and from PLD side by side, plus zCDP rho, before any
+training (``fedpriv privacy plan``).
+
+The plan is the algorithm's own release plan (:func:`fedpriv.algorithms.als.plan_releases`: the
+shares of user count, mean, counts and of each alternating step), optionally wrapped as one run
+of private tuning (:mod:`fedpriv.tuning`: a validation-score release is added to every run and
+the whole is accounted as dp-accounting's ``RepeatAndSelectDpEvent``). The records it reports are
+exactly those a run writes to its ledger (with the real L2 sensitivities).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from .accounting import Calibration, PlannedRelease, calibrate, epsilon_pld, epsilon_rdp, pld_supported, zcdp_rho
+from .ledger import Release, RepeatAndSelect
+
+SCORE_RELEASE = "valid_score"
+
+
+@dataclass(frozen=True)
+class TuningPlan:
+    """Private tuning by random stopping: K ~ D_{shape, gamma(mean)} runs, each a random
+    candidate; ``share`` of one run's budget pays for its private validation score."""
+
+    mean: float = 5.0
+    shape: float = 1.0
+    share: float = 0.05
+    score_clip: float = 0.0  # 0: (half the rating range)^2
+
+    def validate(self) -> None:
+        from . import tnb
+
+        tnb.check(self.shape, self.mean)
+        if not (0 < self.share < 1):
+            raise ConfigError(f"must be in (0, 1), got {self.share}", field="tune_share")
+        if not (self.score_clip >= 0 and math.isfinite(self.score_clip)):
+            raise ConfigError(f"must be a finite number >= 0, got {self.score_clip}", field="tune_score_clip")
+
+    def clip(self, rating_range: tuple[float, float]) -> float:
+        return self.score_clip or ((rating_range[1] - rating_range[0]) / 2.0) ** 2
+
+
+def score_sensitivity(clip: float) -> float:
+    """Each user contributes min(own validation loss, clip) to the score release."""
+    return float(clip)
+
+
+@dataclass
+class BudgetPlan:
+    algorithm: str
+    epsilon: float
+    delta: float
+    planned: list[PlannedRelease]
+    sensitivities: dict[str, float]
+    calibration: Calibration
+    tuning: TuningPlan | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def multipliers(self) -> dict[str, float]:
+        return dict(self.calibration.multipliers)
+
+    def run_records(self) -> list[Release]:
+        """The ledger records of one run (one training, or one run of the tuning)."""
+        out = []
+        for p in self.planned:
+            z = self.calibration.multipliers[p.name]
+            s = self.sensitivities[p.name]
+            out.append(Release(p.name, "gaussian", s, z * s, p.count, p.sampling_rate))
+        return out
+
+    def records(self) -> list:
+        rels = self.run_records()
+        if self.tuning is None:
+            return rels
+        return [RepeatAndSelect("tuning", self.tuning.mean, self.tuning.shape, 0, rels)]
+
+    def rows(self) -> list[dict]:
+        total = sum(p.share * p.count for p in self.planned)
+        rows = []
+        for rel, p in zip(self.run_records(), self.planned):
+            rows.append(
+                {
+                    "release": p.name,
+                    "count": p.count,
+                    "budget_fraction": p.share * p.count / total,  # of one run's RDP budget
+                    "sampling_rate": p.sampling_rate,
+                    "sensitivity": rel.sensitivity,
+                    "noise_multiplier": rel.noise_multiplier,
+                    "noise_std": rel.noise_std,
+                    "epsilon_alone": epsilon_rdp([rel], self.delta),
+                }
+            )
+        return rows
+
+    def summary(self) -> dict:
+        recs = self.records()
+        sampled = any(p.sampling_rate not in (None, 1.0) for p in self.planned)
+        out = {
+            "algorithm": self.algorithm,
+            "epsilon_target": self.epsilon,
+            "delta": self.delta,
+            "epsilon_rdp": epsilon_rdp(recs, self.delta),
+            "epsilon_pld": epsilon_pld(recs, self.delta) if pld_supported(recs) else None,
+            "rho_zcdp": None if (sampled or self.tuning is not None) else zcdp_rho(recs),
+            "rho_zcdp_one_run": None if sampled else zcdp_rho(self.run_records()),
+            "tuning": None if self.tuning is None else {"mean_runs": self.tuning.mean, "shape": self.tuning.shape, "score_share": self.tuning.share},
+            "notes": list(self.notes),
+        }
+        return out
+
+    def to_dict(self) -> dict:
+        return {**self.summary(), "releases": self.rows()}
+
+    def to_markdown(self) -> str:
+        s = self.summary()
+        fmt = lambda x: "-" if x is None else (f"{x:.6g}" if isinstance(x, float) else str(x))  # noqa: E731
+        lines = [
+            f"# privacy plan: {self.algorithm}, target epsilon {fmt(self.epsilon)}, delta {self.delta:g}",
+            "",
+            "| release | count | budget fraction | sampling rate | L2 sensitivity | noise multiplier | noise std | epsilon alone (RDP) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in self.rows():
+            lines.append(
+                f"| {r['release']} | {r['count']} | {r['budget_fraction']:.4f} | {fmt(r['sampling_rate'])} | {fmt(r['sensitivity'])} | "
+                f"{fmt(r['noise_multiplier'])} | {fmt(r['noise_std'])} | {fmt(r['epsilon_alone'])} |"
+            )
+        lines += [
+            "",
+            "| accountant | value |",
+            "|---|---|",
+            f"| epsilon (RDP, dp-accounting) | {fmt(s['epsilon_rdp'])} |",
+            f"| epsilon (PLD, dp-accounting) | {fmt(s['epsilon_pld']) if s['epsilon_pld'] is not None else 'not supported for this plan'} |",
+            f"| zCDP rho | {fmt(s['rho_zcdp']) if s['rho_zcdp'] is not None else 'not defined (sampled releases or tuning)'} |",
+        ]
+        if self.tuning is not None:
+            lines.append(f"| tuning | random stopping, E[K] = {self.tuning.mean:g}, shape {self.tuning.shape:g}; rho of one run {fmt(s['rho_zcdp_one_run'])} |")
+        for n in self.notes:
+            lines.append(f"\n{n}")
+        return "\n".join(lines) + "\n"
+
+
+def budget_plan(
+    algorithm: str,
+    cfg,
+    epsilon: float,
+    delta: float,
+    *,
+    implicit: bool = False,
+    rating_range: tuple[float, float] = (1.0, 5.0),
+    tuning: TuningPlan | None = None,
+) -> BudgetPlan:
+    """Calibrate ``algorithm``'s release plan (config ``cfg``) to (epsilon, delta)."""
+    from ..algorithms import als
+
+    als.validate_algorithm(algorithm)
+    planned = als.plan_releases(algorithm, cfg, implicit)
+    if not planned:
+        raise ConfigError(f"algorithm {algorithm!r} is not private: it has no releases to plan", field="algorithm")
+    sens = {p.name: als.sensitivity(p.name, cfg, rating_range) for p in planned}
+    repeat = None
+    if tuning is not None:
+        tuning.validate()
+        planned = [PlannedRelease(p.name, p.count, p.share * (1 - tuning.share), p.sampling_rate) for p in planned]
+        planned.append(PlannedRelease(SCORE_RELEASE, 1, tuning.share * sum(p.share * p.count for p in planned) / (1 - tuning.share)))
+        sens[SCORE_RELEASE] = score_sensitivity(tuning.clip(rating_range))
+        repeat = (tuning.mean, tuning.shape)
+    cal = calibrate(planned, epsilon, delta, repeat=repeat)
+    notes = []
+    if tuning is not None:
+        notes.append("PLD accounting does not cover repeat-and-select: epsilon is from RDP (Papernot and Steinke 2022, Theorem 2, in dp-accounting).")
+    return BudgetPlan(algorithm, epsilon, delta, planned, sens, cal, tuning, notes)

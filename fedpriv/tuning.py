@@ -1,0 +1,139 @@
+"""Private hyperparameter tuning by random stopping (Papernot and Steinke 2022).
+
+Trying candidates of mu, lambda, d or a clipping norm and keeping the best costs privacy. Here:
+
+1. the number of runs K is drawn by the ledger from the truncated negative binomial
+   D_{shape, gamma(mean)} (:mod:`fedpriv.privacy.tnb`; shape 1 geometric, 0 logarithmic);
+2. each run trains one candidate drawn uniformly from the grid (a public draw) with noise
+   multipliers calibrated once for the whole tuning, then releases a private validation score:
+   every user with validation ratings contributes min(own mean squared error, clip), summed and
+   noised through the run's ledger (L2 sensitivity clip). The validation users are the same in
+   every run, so the sum ranks the runs as their mean would, without a noisy denominator;
+3. the run with the lowest noised score is kept; only its model and metrics are reported.
+
+The whole is one ``repeat_and_select`` ledger record, accounted by dp-accounting's RDP
+accountant (``RepeatAndSelectDpEvent``); calibration targets its epsilon. Every candidate must
+make the same releases (same plan: keys such as ``steps`` or the budget shares cannot be tuned),
+otherwise one calibration would not cover them all; the grid is checked before anything runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .algorithms import als
+from .engine import train_inprocess
+from .errors import ConfigError
+from .evaluation import predict_ratings
+from .privacy.ledger import PrivacyLedger, public_draws
+from .privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, budget_plan, score_sensitivity
+
+PLAN_KEYS = ("steps", "share_users", "share_mean", "share_counts", "share_b", "share_gravity", "gravity", "ssp_resamples", "ssp_steps", "sgd_sampling_rate")
+
+
+def parse_grid(text: str) -> dict[str, list[str]]:
+    """``"mu=0/0.25/0.5;reg_user=0.05/0.1"`` -> {key: [values]} (values split on '/')."""
+    grid: dict[str, list[str]] = {}
+    for part in [p for p in text.split(";") if p.strip()]:
+        key, eq, values = part.partition("=")
+        key = key.strip()
+        vals = [v.strip() for v in values.split("/") if v.strip()]
+        if not eq or not key or not vals:
+            raise ConfigError(f"expected key=v1/v2/..., got {part!r}", field="tune")
+        if key in grid:
+            raise ConfigError(f"key {key!r} given twice", field="tune")
+        grid[key] = vals
+    if not grid:
+        raise ConfigError("give at least one key=v1/v2/...", field="tune")
+    return grid
+
+
+def candidate_configs(base: dict, grid: dict[str, list[str]]) -> list[als.ALSConfig]:
+    """Every grid point as a validated config (errors name the key)."""
+    keys = list(grid)
+    out = []
+    for idx in np.ndindex(*[len(grid[k]) for k in keys]):
+        over = {**base, **{k: grid[k][i] for k, i in zip(keys, idx)}}
+        out.append(als.ALSConfig.from_overrides(over))
+    return out
+
+
+def check_same_plan(algorithm: str, configs: list[als.ALSConfig], implicit: bool, grid: dict) -> None:
+    ref = als.plan_releases(algorithm, configs[0], implicit)
+    for cfg in configs[1:]:
+        if als.plan_releases(algorithm, cfg, implicit) != ref:
+            bad = [k for k in grid if k in PLAN_KEYS] or list(grid)
+            raise ConfigError("candidates change the release plan (number of releases or budget shares); tune other keys", field=f"tune: {bad[0]}")
+
+
+def private_score(state: als.PublicState, train, valid, clip: float) -> np.ndarray:
+    """Sum over users of min(user's validation MSE, clip): the score contributions, each computed
+    client-side in a federation (here: over all users at once)."""
+    pred = predict_ratings(state, train, valid)
+    se = (pred - valid.ratings.astype(np.float64)) ** 2
+    users, inv = np.unique(valid.users, return_inverse=True)
+    per_user = np.bincount(inv, weights=se, minlength=len(users)) / np.bincount(inv, minlength=len(users))
+    return np.array([float(np.sum(np.minimum(per_user, clip)))])
+
+
+def tune(
+    algorithm: str,
+    split,
+    base_overrides: dict,
+    grid: dict[str, list[str]],
+    tuning: TuningPlan,
+    *,
+    rating_range: tuple[float, float],
+    epsilon: float,
+    delta: float,
+    item_features=None,
+    progress: bool = False,
+) -> tuple[object, PrivacyLedger, dict, BudgetPlan]:
+    """Run private tuning; returns (train result of the selected run, the tuning ledger, a
+    report of the runs, the budget plan)."""
+    if algorithm == "als":
+        raise ConfigError("tuning is for private algorithms (als is not private)", field="tune")
+    if algorithm == "am-ssp-convex":
+        raise ConfigError("private tuning scores validation MSE; am-ssp-convex (logistic) is not supported yet", field="tune")
+    configs = candidate_configs(base_overrides, grid)
+    check_same_plan(algorithm, configs, False, grid)
+    plan = budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)
+    clip = tuning.clip(rating_range)
+    base_cfg = als.ALSConfig.from_overrides(base_overrides)
+    parent = PrivacyLedger(seed=base_cfg.seed, secure=base_cfg.secure_noise, budget=(epsilon, delta))
+    k_runs = parent.repetitions("tuning_runs", shape=tuning.shape, mean=tuning.mean)
+    pick_rng = np.random.default_rng([base_cfg.seed, 91])
+    runs, ledgers, best = [], [], None
+    t0 = time.perf_counter()
+    for r in range(k_runs):
+        with public_draws("tuning candidate"):
+            c = int(pick_rng.integers(len(configs)))
+        cfg = als.ALSConfig(**{**configs[c].to_dict(), "seed": base_cfg.seed + 1000 * (r + 1)})
+        res = train_inprocess(
+            algorithm, split.train, cfg, rating_range=rating_range, epsilon=epsilon, delta=delta,
+            item_features=item_features, progress=progress, multipliers=plan.multipliers,
+        )
+        total = private_score(res.state, split.train, split.valid, clip)
+        noisy = res.ledger.gaussian(SCORE_RELEASE, total, sensitivity=score_sensitivity(clip), noise_multiplier=plan.multipliers[SCORE_RELEASE])
+        score = float(noisy[0])
+        ledgers.append(res.ledger)
+        runs.append({"run": r, "candidate": {k: getattr(cfg, k) for k in grid}, "noised_score_sum": score})
+        if best is None or score < best[0]:
+            best = (score, r, res)
+    rec = parent.repeat_and_select("tuning", ledgers, shape=tuning.shape, mean=tuning.mean)
+    report = {
+        "grid": grid,
+        "candidates": len(configs),
+        "mean_runs": tuning.mean,
+        "shape": tuning.shape,
+        "score_share": tuning.share,
+        "score_clip": clip,
+        "runs_drawn": rec.runs,
+        "runs": runs,
+        "selected_run": best[1],
+        "selected": runs[best[1]]["candidate"],
+        "seconds": time.perf_counter() - t0,
+    }
+    return best[2], parent, report, plan

@@ -234,3 +234,81 @@ def test_flower_and_inprocess_agree_for_encoder_algorithms(tmp_path, algorithm):
 
         loss, acc, _ = evaluate_logistic(ref.state, split.train, split.test, split.train.item_counts())
         assert res.logistic["test"]["logloss"] == pytest.approx(loss, rel=1e-6) and res.logistic["test"]["accuracy"] == pytest.approx(acc)
+
+
+def test_ssp_gradient_decomposition_equals_autograd_on_the_full_loss(small_mf):
+    """Proposition 1: the gradient of sum_(u,j) w/2 (u.e_j(theta) - y)^2 + reg/2 sum_j |e_j|^2
+    with respect to the encoder parameters equals sum_j J_j^T (A_j e_j - b_j + reg e_j) with the
+    sufficient statistics A_j = sum w u u^T, b_j = sum w y u."""
+    feats = small_mf.item_features
+    table = FeatureTable.build(feats, feats.n_items, ["genre", "year", "id"])
+    enc = ItemEncoder(table, out_dim=4, hidden=3, seed=5).double()
+    rng = np.random.default_rng(2)
+    n_pairs, n_items, reg = 3000, feats.n_items, 0.7
+    U = torch.from_numpy(rng.uniform(-1, 1, size=(n_pairs, 4)))
+    items = torch.from_numpy(rng.integers(0, n_items, n_pairs))
+    y = torch.from_numpy(rng.uniform(-2, 2, n_pairs))
+    w = torch.from_numpy(rng.uniform(0, 1, n_pairs))
+    params = list(enc.parameters())
+
+    E = enc()
+    full = 0.5 * (w * ((U * E[items]).sum(1) - y) ** 2).sum() + 0.5 * reg * (E * E).sum()
+    g_full = torch.autograd.grad(full, params)
+
+    A = torch.zeros(n_items, 4, 4, dtype=torch.float64).index_add_(0, items, w[:, None, None] * U[:, :, None] * U[:, None, :])
+    b = torch.zeros(n_items, 4, dtype=torch.float64).index_add_(0, items, (w * y)[:, None] * U)
+    E = enc()
+    g_ssp = torch.autograd.grad(ssp.ssp_objective(E, A, b, reg), params)
+    E = enc()
+    resid = torch.einsum("nij,nj->ni", A, E) - b + reg * E  # A_j e_j - b_j + reg e_j
+    g_vjp = torch.autograd.grad(E, params, grad_outputs=resid.detach())
+    for a, s_, v in zip(g_full, g_ssp, g_vjp):
+        assert torch.allclose(a, s_, rtol=1e-9, atol=1e-9) and torch.allclose(a, v, rtol=1e-9, atol=1e-9)
+    assert sum(float(a.abs().sum()) for a in g_full) > 0
+
+
+def test_ssp_convex_on_a_quadratic_loss_equals_ssp2(small_mf):
+    """For the squared loss the convex statistics are H_j = A_j and g_j = A_j e0_j - b_j at the
+    current outputs e0: the convex update's model equals the SSP2 objective up to a constant,
+    so both servers follow the same trajectory."""
+    cfg = als.ALSConfig(rank=3, features="genre,year,id", ssp_steps=60, ssp_lr=0.05, reg_item_private=0.5)
+    inter = small_mf.interactions
+    servers = []
+    for algorithm in ("am-ssp", "am-ssp-convex"):
+        state, server = _state(algorithm, inter, cfg, small_mf.item_features)
+        servers.append((state, server))
+    (s1, ssp2), (s2, convex) = servers
+    assert np.array_equal(ssp2.encoder.outputs(), convex.encoder.outputs())  # same public init
+    A, b, _ = als.sum_item_stats([als.client_item_stats(shard_users(inter), s1)], inter.n_items, 4)
+    A, b, _ = als.release_item_stats(A, b, None, s1, PrivacyLedger(seed=3))  # noised: PSD projection matters
+    ssp2.ssp_update([(A, b, None)])
+    E0 = ssp.item_outputs(s2)
+    P = project_psd(A).astype(np.float64)
+    convex.convex_update(A, np.einsum("nij,nj->ni", P, E0) - b)
+    got, want = convex.encoder.outputs(), ssp2.encoder.outputs()
+    assert np.abs(want - E0).max() > 1e-2  # the update moved the encoder
+    assert np.allclose(got, want, atol=2e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("algorithm", ["am-ssp", "am-ssp1", "am-ssp-convex", "am-dpsgd"])
+def test_each_variant_is_accounted_like_its_closed_form(small_mf, algorithm):
+    """The ledger of each variant holds its planned releases; unsampled variants compose to the
+    closed-form Gaussian epsilon (rho = sum count / 2 z^2), and AM-DPSGD's sampled rounds cost
+    less than the same rounds unsampled."""
+    from fedpriv.engine import train_inprocess
+    from fedpriv.privacy.accounting import gaussian_epsilon_closed_form, zcdp_rho
+    from fedpriv.privacy.ledger import Release
+
+    cfg = als.ALSConfig(rank=2, steps=3, ssp_steps=4, sgd_sampling_rate=0.2)
+    res = train_inprocess(algorithm, small_mf.interactions, cfg, rating_range=(1, 5), epsilon=2.0, item_features=small_mf.item_features, progress=False)
+    planned = {p.name: p.count for p in als.plan_releases(algorithm, cfg, implicit=False)}
+    assert {r.name: r.count for r in res.ledger.releases} == planned
+    eps = epsilon_rdp(res.ledger, 1e-5)
+    assert eps == pytest.approx(2.0, rel=1e-3)
+    if algorithm != "am-dpsgd":
+        rho = sum(r.count / (2 * r.noise_multiplier**2) for r in res.ledger.releases)
+        assert rho == pytest.approx(zcdp_rho(res.ledger))
+        assert gaussian_epsilon_closed_form(rho, 1e-5) == pytest.approx(eps, rel=1e-3)
+    else:
+        unsampled = [Release(r.name, r.mechanism, r.sensitivity, r.noise_std, r.count, None, r.dim) for r in res.ledger.releases]
+        assert epsilon_rdp(unsampled, 1e-5) > 1.5 * eps

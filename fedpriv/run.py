@@ -87,6 +87,19 @@ def run(
     """Train and evaluate; returns (metrics, ledger records). ``dataset`` skips loading;
     ``flower_runner(job, n_nodes)`` runs a Flower job (default: a new simulation)."""
     t0 = time.perf_counter()
+    from .algorithms.pam import PAM_ALGORITHMS
+
+    if algorithm in PAM_ALGORITHMS:
+        from .personalization import run_personal
+
+        if engine not in ENGINES:
+            raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", field="--engine")
+        spec = parse_data_spec(data) if isinstance(data, str) else data
+        if spec.kind != "synthetic-personal":
+            raise ConfigError(f"{algorithm} needs --data synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R", field="--data")
+        ds = dataset if dataset is not None else load_spec(spec)
+        metrics, records = run_personal(algorithm, spec, ds, epsilon=epsilon, delta=delta, overrides=dict(overrides or {}), engine=engine, work_dir=work_dir, flower_runner=flower_runner)
+        return _clean(metrics), records
     als.validate_algorithm(algorithm)
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", field="--engine")
@@ -98,6 +111,8 @@ def run(
     cfg = als.ALSConfig.from_overrides(overrides)
 
     spec = parse_data_spec(data) if isinstance(data, str) else data
+    if spec.kind == "synthetic-personal":
+        raise ConfigError(f"{algorithm!r} trains on ratings; synthetic-personal data is for {', '.join(PAM_ALGORITHMS)}", field="--data")
     ds = dataset if dataset is not None else load_spec(spec)
     inter = ds.interactions
     protocol = opts.split

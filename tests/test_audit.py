@@ -4,6 +4,7 @@ real releases of adadpals and am-ssp (sound when calibrated, powerful when the n
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -156,8 +157,6 @@ def test_script_writes_json_and_fails_on_undetected_break(script, tmp_path):
     out = tmp_path / "audit.json"
     args = ["--data", DATA, "--algorithms", "adadpals", "--epsilon", "1", "--trials", "400", "--set", "rank=2", "--releases", "item_stats_b", "--out", str(out)]
     assert script.main(args) == 0
-    import json
-
     rep = json.loads(out.read_text())
     e = rep["results"]["adadpals"]["1"]["item_stats_b"]
     assert rep["all_ok"] and e["ok"] and e["trials"] == 400

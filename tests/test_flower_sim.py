@@ -26,9 +26,9 @@ def test_flower_and_inprocess_engines_agree(tmp_path, algorithm, n_users, users_
     valid, _ = evaluate_rmse(ref.state, split.train, split.valid, split.train.item_counts())
     test, _ = evaluate_rmse(ref.state, split.train, split.test, split.train.item_counts())
     assert res.valid_rmse == pytest.approx(valid, rel=1e-6) and res.test_rmse == pytest.approx(test, rel=1e-6)
-    # protocol rounds: info + mean + (counts) + 2 steps; evaluation is measurement, logged apart
+    # protocol rounds: info + users + mean + (counts) + 2 steps; evaluation is measurement, logged apart
     assert [r["round"] for r in res.round_log][-1] == "evaluate"
-    assert res.rounds == (5 if algorithm == "adadpals" else 4) and res.bytes_up > 0 and res.bytes_down > 0 and res.rejected == []
+    assert res.rounds == (6 if algorithm == "adadpals" else 5) and res.bytes_up > 0 and res.bytes_down > 0 and res.rejected == []
 
 
 def test_run_completes_with_faulty_nodes_and_a_complete_ledger(tmp_path):

@@ -175,3 +175,74 @@ def test_private_tuning_draws_only_through_the_ledger(small_mf, guarded_rng):
     assert guarded_rng == []
     assert len(parent.releases) == 1 and parent.releases[0].runs == report["runs_drawn"] == len(report["runs"])
     assert epsilon_rdp(parent, 1e-5) == pytest.approx(2.0, rel=1e-3)
+
+
+@pytest.fixture(scope="module")
+def personal_data():
+    from fedpriv.data.personal import make_personal
+
+    return make_personal(400, 6, 6, 2, 0.01, seed=3)  # generated before the guard is set
+
+
+@pytest.fixture(scope="module")
+def multitask_data():
+    from fedpriv.data.synthetic import make_multitask
+
+    return make_multitask(m=20, d=3, n=500, a=2.0, tasks_per_user=5, seed=3)
+
+
+@pytest.mark.parametrize("algorithm", ["pam", "pam-single-model", "pam-own-data", "pam-nonprivate", "pam-exp"])
+@pytest.mark.parametrize("schedule", ["full", "disjoint"])
+def test_personalization_draws_noise_only_through_the_ledger(personal_data, guarded_rng, algorithm, schedule):
+    from fedpriv.algorithms import pam
+    from fedpriv.personalization import train_inprocess as train_pam
+
+    private = algorithm in pam.PRIVATE
+    state, ledger, _ = train_pam(algorithm, personal_data, pam.PAMConfig(epochs=2, schedule=schedule, net_size=50), epsilon=2.0 if private else None, delta=1e-6)
+    assert guarded_rng == []
+    if algorithm == "pam-exp":
+        assert [(r.name, r.mechanism, r.count, r.pure_epsilon) for r in ledger.releases] == [("exp_U", "exponential", 1, 2.0)]
+        return
+    assert {r.name: r.accounted_count for r in ledger.releases} == {p.name: p.count for p in (pam.plan_releases(algorithm, pam.PAMConfig(epochs=2, schedule=schedule)) if private else [])}
+    if private:
+        assert epsilon_rdp(ledger, 1e-6) == pytest.approx(2.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("method", ["ssp", "noisy_gd"])
+def test_multitask_draws_noise_only_through_the_ledger(multitask_data, guarded_rng, method):
+    from fedpriv.algorithms.multitask import MultiTaskConfig, plan, run_multitask
+
+    cfg = MultiTaskConfig(steps=4)
+    res = run_multitask(multitask_data, method, 0.5, 1.5, 1e-5, cfg)
+    assert guarded_rng == []
+    assert {r.name: r.count for r in res.ledger.releases} == {p.name: p.count for p in plan(method, cfg)}
+    assert res.epsilon == pytest.approx(1.5, rel=1e-3) == epsilon_rdp(res.ledger, 1e-5)
+
+
+def test_exponential_mechanism_samples_the_softmax_and_is_recorded():
+    from fedpriv.privacy.accounting import epsilon_pure, release_event, zcdp_rho
+
+    scores = np.array([0.0, 1.0, 3.0])
+    for monotone, c in ((True, 1.0), (False, 2.0)):
+        led = PrivacyLedger(seed=4)
+        picks = np.bincount([led.exponential("sel", scores, epsilon=1.5, sensitivity=2.0, monotone=monotone) for _ in range(20000)], minlength=3)
+        p = np.exp(-1.5 * scores / (c * 2.0))
+        p /= p.sum()
+        assert np.allclose(picks / 20000, p, atol=0.015)
+        [rec] = led.releases
+        assert rec.count == 20000 and rec.mechanism == "exponential" and rec.pure_epsilon == 1.5 and rec.noise_std == c * 2.0 / 1.5
+        assert epsilon_pure(led) == pytest.approx(1.5 * 20000) and zcdp_rho(led) == pytest.approx(20000 * 1.5**2 / 8)
+        assert release_event(rec).event.rho == pytest.approx(1.5**2 / 8)
+    # secure sampler, the budget check, bad input
+    led = PrivacyLedger(secure=True, budget=(1.0, 1e-6))
+    assert led.exponential("sel", scores, epsilon=0.5, sensitivity=1.0) in (0, 1, 2)
+    with pytest.raises(PrivacyError, match="budget"):
+        for _ in range(100):
+            led.exponential("sel", scores, epsilon=0.5, sensitivity=1.0)
+    for bad in (dict(scores=np.array([np.nan]), epsilon=1.0), dict(scores=np.array([]), epsilon=1.0), dict(scores=scores, epsilon=0.0)):
+        with pytest.raises(PrivacyError):
+            PrivacyLedger(seed=0).exponential("sel", bad["scores"], epsilon=bad["epsilon"], sensitivity=1.0)
+    # round trip through ledger.json
+    led = PrivacyLedger(seed=0)
+    led.exponential("sel", scores, epsilon=0.7, sensitivity=1.0, monotone=True)
+    assert PrivacyLedger.releases_from_list(led.to_list()) == led.releases

@@ -10,6 +10,7 @@ from ..errors import ConfigError
 FILE_KINDS = ("ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ml-latest", "lastfm")
 SYNTHETIC_KINDS = {
     "synthetic-mf": {"users": int, "items": int, "ratings": int, "seed": int, "rank": int, "skew": float, "noise": float},
+    "synthetic-personal": {"users": int, "samples": int, "d": int, "k": int, "noise": float, "seed": int},
 }
 # data sets evaluated with the held-out-users protocol (Recall@k) unless told otherwise
 HELDOUT_KINDS = ("ml-20m", "ml-25m", "lastfm")
@@ -45,7 +46,7 @@ def parse_data_spec(spec: str) -> DataSpec:
                 params[key] = types[key](float(value)) if types[key] is int else types[key](value)
             except ValueError:
                 raise ConfigError(f"{key} must be a number, got {value!r}", field="--data") from None
-        for required in ("users", "items", "ratings"):
+        for required in ("users", "items", "ratings") if kind == "synthetic-mf" else ("users",):
             if required not in params:
                 raise ConfigError(f"{kind} needs {required}=N", field="--data")
         return DataSpec(kind, params=params)
@@ -58,6 +59,10 @@ def load_spec(spec: DataSpec):
 
     if spec.path is not None:
         return load_dataset(spec.kind, spec.path)
+    if spec.kind == "synthetic-personal":
+        from .personal import make_personal
+
+        return make_personal(**spec.params)
     from .synthetic import make_mf
 
     syn = make_mf(**spec.params)

@@ -11,9 +11,11 @@ from flwr.clientapp import ClientApp
 from .. import evaluation
 from ..algorithms import als, protocol
 from . import codec
+from .pam_server import register as register_pam_handlers
 from .partition import load_feature_table, load_shard
 
 app = ClientApp()
+register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_server)
 
 
 def _partition_id(context: Context) -> int:

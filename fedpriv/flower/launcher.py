@@ -58,6 +58,9 @@ def _plan(algorithm: str, data: str, epsilon: float | None, delta: float, overri
     from ..run import run
 
     def planner(job, n_nodes):
+        if hasattr(job, "validate_plan"):  # personalization job
+            job.validate_plan()
+            raise _Planned(job.n_parts())
         if job.epsilon is not None:  # checks epsilon, delta and the release plan
             als.calibrate_plan(job.algorithm, job.cfg, job.implicit, job.epsilon, job.delta)
         raise _Planned(-(-job.train.n_users // job.users_per_node))

@@ -117,6 +117,10 @@ def _wait_for_nodes(grid: Grid, n: int, seconds: float) -> list[int]:
 
 def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     """The alternating loop of one job over the nodes of ``grid``."""
+    from .pam_server import PamJob, run_pam_job
+
+    if isinstance(job, PamJob):  # DP model personalization: its own rounds
+        return run_pam_job(grid, job)
     t_start = time.perf_counter()  # protocol time (evaluation rounds are subtracted)
     cfg = job.cfg
     n_users = job.train.n_users

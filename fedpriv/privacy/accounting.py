@@ -42,13 +42,17 @@ def release_event(rel: Release | RepeatAndSelect) -> dp_accounting.DpEvent:
     """The dp-accounting event of one ledger record."""
     if isinstance(rel, RepeatAndSelect):
         return dp_accounting.dp_event.RepeatAndSelectDpEvent(ledger_event(rel.releases), rel.mean, rel.shape)
+    if rel.mechanism == "exponential":
+        # epsilon-bounded range => epsilon^2 / 8 zCDP (Cesar and Rogers 2021, Lemma 3.2)
+        event = dp_accounting.dp_event.ZCDpEvent(rel.pure_epsilon**2 / 8.0)
+        return event if rel.accounted_count == 1 else dp_accounting.SelfComposedDpEvent(event, rel.accounted_count)
     if rel.mechanism != "gaussian":
         raise PrivacyError(f"release {rel.name!r}: no accountant event for mechanism {rel.mechanism!r}")
     event: dp_accounting.DpEvent = dp_accounting.GaussianDpEvent(rel.noise_multiplier)
     if rel.sampling_rate is not None and rel.sampling_rate < 1:
         event = dp_accounting.PoissonSampledDpEvent(rel.sampling_rate, event)
-    if rel.count != 1:
-        event = dp_accounting.SelfComposedDpEvent(event, int(rel.count))
+    if rel.accounted_count != 1:
+        event = dp_accounting.SelfComposedDpEvent(event, rel.accounted_count)
     return event
 
 
@@ -77,14 +81,15 @@ def epsilon_rdp(releases, delta: float) -> float:
 
 
 def pld_supported(releases) -> bool:
-    """PLD accounting covers Gaussian (and Poisson-sampled) releases, not private tuning."""
-    return not any(isinstance(r, RepeatAndSelect) for r in _as_releases(releases))
+    """PLD accounting covers Gaussian (and Poisson-sampled) releases, not private tuning nor the
+    exponential mechanism."""
+    return not any(isinstance(r, RepeatAndSelect) or r.mechanism != "gaussian" for r in _as_releases(releases))
 
 
 def epsilon_pld(releases, delta: float, discretization: float = 1e-4) -> float:
     """Epsilon via privacy loss distributions (tighter; a second opinion)."""
     if not pld_supported(releases):
-        raise PrivacyError("PLD accounting does not support private tuning (repeat_and_select); use RDP")
+        raise PrivacyError("PLD accounting does not support private tuning (repeat_and_select) or the exponential mechanism; use RDP")
     return _epsilon(pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization), releases, delta)
 
 
@@ -97,11 +102,21 @@ def rdp_curve(releases) -> tuple[np.ndarray, np.ndarray]:
 
 
 def zcdp_rho(releases) -> float:
-    """Zero-concentrated DP rho of composed *unsampled* Gaussian releases: sum count / (2 z^2)."""
+    """Zero-concentrated DP rho of composed *unsampled* Gaussian releases (count / (2 z^2) each)
+    and exponential mechanisms (epsilon^2 / 8 each, bounded range)."""
     rels = _as_releases(releases)
     if any(isinstance(r, RepeatAndSelect) or r.sampling_rate not in (None, 1.0) for r in rels):
-        raise PrivacyError("zCDP rho is only reported for unsampled Gaussian releases")
-    return float(sum(r.count / (2.0 * r.noise_multiplier**2) for r in rels))
+        raise PrivacyError("zCDP rho is only reported for unsampled Gaussian releases and exponential mechanisms")
+    return float(sum(r.accounted_count * (r.pure_epsilon**2 / 8.0 if r.mechanism == "exponential" else 1.0 / (2.0 * r.noise_multiplier**2)) for r in rels))
+
+
+def epsilon_pure(releases) -> float | None:
+    """Pure-DP epsilon by basic composition when every release is pure (exponential
+    mechanisms); None otherwise. Pure epsilon-DP implies (epsilon, delta)-DP for every delta."""
+    rels = _as_releases(releases)
+    if not rels or any(isinstance(r, RepeatAndSelect) or r.mechanism != "exponential" for r in rels):
+        return None
+    return float(sum(r.accounted_count * r.pure_epsilon for r in rels))
 
 
 # ---------------------------------------------------------------------- calibration

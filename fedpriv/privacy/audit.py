@@ -92,19 +92,25 @@ def threshold_errors(s0: np.ndarray, s1: np.ndarray, thresholds: np.ndarray) -> 
     return fp, fn
 
 
-def select_threshold(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float, thresholds: int | Sequence[float] = 256) -> tuple[float, float]:
+def select_threshold(
+    s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float, thresholds: int | Sequence[float] = 256, *, selection_alpha: float | None = None
+) -> tuple[float, float]:
     """(threshold, lower bound on these statistics) of the candidate with the largest bound.
 
     ``thresholds``: candidate values, or how many quantiles of the pooled statistics to try.
-    The returned bound is optimistic (maximised over candidates): certify on fresh trials.
+    Candidates are ranked by their bound at ``selection_alpha`` (default alpha / number of
+    candidates): the stricter level penalises thresholds far in a tail whose few errors look
+    good by luck (winner's curse), which would certify poorly on fresh trials. The returned
+    bound (at ``alpha``) is optimistic, being maximised over candidates: certify on fresh trials.
     """
     if isinstance(thresholds, (int, np.integer)):
         cand = np.quantile(np.concatenate([s0, s1]), np.linspace(0.0, 1.0, int(thresholds)))
     else:
         cand = np.asarray(thresholds, dtype=np.float64)
     fp, fn = threshold_errors(s0, s1, cand)
+    rank, _, _ = _lower_bounds(fp, len(s0), fn, len(s1), delta, selection_alpha or alpha / len(cand))
     eps, _, _ = _lower_bounds(fp, len(s0), fn, len(s1), delta, alpha)
-    i = int(np.argmax(eps))
+    i = int(np.argmax(rank)) if rank.max() > 0 else int(np.argmax(eps))
     return float(cand[i]), float(eps[i])
 
 
@@ -134,8 +140,9 @@ def audit_gaussian_release(
     is the projection of (output - without) on the unit difference (with - without) there, the
     most powerful test against a Gaussian mechanism.
 
-    The first half of the trials (per data set) selects the threshold, the second half certifies
-    it: each result's ``lower_bound`` holds with confidence ``1 - alpha``. Returns, by name:
+    The first half of the trials (per data set) selects the threshold (:func:`select_threshold`),
+    the second half certifies it: each result's ``lower_bound`` holds with confidence
+    ``1 - alpha``. Returns, by name:
     lower_bound, confidence, counts and rates of the certifying half, the threshold, the
     (optimistic) selection bound, the difference norm and the empirical separation of the
     statistics (mean gap over standard deviation, i.e. the difference norm over the noise std).

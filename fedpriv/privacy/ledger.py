@@ -19,7 +19,7 @@ import json
 import math
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -88,13 +88,20 @@ class Release:
     count: int = 1
     sampling_rate: float | None = None
     dim: int = 0
+    groups: int = 1  # the count is spread over this many disjoint user groups (parallel composition)
+    pure_epsilon: float | None = None  # exponential mechanism: its epsilon (noise_std: the Gumbel scale)
 
     @property
     def noise_multiplier(self) -> float:
         return self.noise_std / self.sensitivity
 
+    @property
+    def accounted_count(self) -> int:
+        """Releases each user took part in: ceil(count / groups)."""
+        return -(-int(self.count) // int(self.groups))
+
     def key(self) -> tuple:
-        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim)
+        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim, self.groups, self.pure_epsilon)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -168,10 +175,20 @@ class PrivacyLedger:
     def _check_budget(self, rel: Release | RepeatAndSelect) -> None:
         if self.budget is None:
             return
-        from .accounting import epsilon_rdp  # local import: accounting depends on Release only
+        from .accounting import epsilon_pure, epsilon_rdp  # local import: accounting depends on Release only
 
         eps_budget, delta = self.budget
-        eps = epsilon_rdp([*self.releases, rel], delta)
+        merged = [replace(r) if isinstance(r, Release) else r for r in self.releases]  # as _record would leave them
+        for r in merged:
+            if isinstance(r, Release) and isinstance(rel, Release) and r.key() == rel.key():
+                r.count += rel.count
+                break
+        else:
+            merged.append(rel)
+        eps = epsilon_rdp(merged, delta)
+        pure = epsilon_pure(merged)  # pure epsilon-DP implies (epsilon, delta)-DP
+        if pure is not None:
+            eps = min(eps, pure)
         if eps > eps_budget * (1 + 1e-3):
             raise PrivacyError(
                 f"release {rel.name!r} would bring epsilon to {eps:.4f} > budget {eps_budget:.4f} "
@@ -188,6 +205,7 @@ class PrivacyLedger:
         noise_multiplier: float,
         symmetric: bool = False,
         sampling_rate: float | None = None,
+        groups: int = 1,
     ) -> np.ndarray:
         """Release ``value + N(0, (noise_multiplier * sensitivity)^2)`` and record it.
 
@@ -196,6 +214,8 @@ class PrivacyLedger:
         the upper triangle (diagonal included) and mirrored, so the sensitivity must be the one
         of the upper-triangle vector (at most the Frobenius norm of one user's contribution).
         ``sampling_rate`` marks a release over a Poisson sample of users with that rate.
+        ``groups=G`` marks a release made once per disjoint group of users, G groups in turn (each
+        user contributes to one of every G such releases): accounted as ceil(count / G) releases.
         """
         value = np.asarray(value)
         if not (math.isfinite(sensitivity) and sensitivity > 0):
@@ -214,7 +234,9 @@ class PrivacyLedger:
             dim = int(np.prod(value.shape[:-2], dtype=np.int64)) * d * (d + 1) // 2
         else:
             dim = int(value.size)
-        rel = Release(name, "gaussian", float(sensitivity), std, 1, sampling_rate, dim)
+        if not (int(groups) == groups and groups >= 1):
+            raise PrivacyError(f"release {name!r}: groups must be an integer >= 1, got {groups}")
+        rel = Release(name, "gaussian", float(sensitivity), std, 1, sampling_rate, dim, int(groups))
         self._check_budget(rel)
         with _sanctioned(f"ledger:{name}"):
             if symmetric:
@@ -223,6 +245,33 @@ class PrivacyLedger:
                 noise = self._normal(std, value.shape)
         self._record(rel)
         return (value + noise).astype(value.dtype if value.dtype.kind == "f" else np.float64, copy=False)
+
+    def exponential(self, name: str, scores: np.ndarray, *, epsilon: float, sensitivity: float, monotone: bool = False) -> int:
+        """Exponential mechanism: return index i with probability proportional to
+        exp(-epsilon * scores[i] / (c * sensitivity)) (lower scores are better), c = 1 when the
+        scores are ``monotone`` (adding a user never decreases any score, removing one never
+        increases any: every per-user term is in [0, sensitivity]) and c = 2 otherwise. It is
+        pure epsilon-DP (McSherry and Talwar 2007) and epsilon-bounded-range, hence
+        epsilon^2/8-zCDP (Cesar and Rogers 2021, Lemma 3.2), which is what the accountant
+        composes. Sampled by the Gumbel-max trick from the ledger's generator.
+        """
+        scores = np.asarray(scores, dtype=np.float64)
+        if scores.ndim != 1 or len(scores) == 0:
+            raise PrivacyError(f"release {name!r}: scores must be a non-empty vector, got shape {scores.shape}")
+        if not np.all(np.isfinite(scores)):
+            raise PrivacyError(f"release {name!r}: the scores have non-finite entries")
+        if not (math.isfinite(sensitivity) and sensitivity > 0):
+            raise PrivacyError(f"release {name!r}: sensitivity must be finite and > 0, got {sensitivity}")
+        if not (math.isfinite(epsilon) and epsilon > 0):
+            raise PrivacyError(f"release {name!r}: epsilon must be finite and > 0, got {epsilon}")
+        scale = (1.0 if monotone else 2.0) * float(sensitivity) / float(epsilon)
+        rel = Release(name, "exponential", float(sensitivity), scale, 1, None, int(len(scores)), 1, float(epsilon))
+        self._check_budget(rel)
+        with _sanctioned(f"ledger:{name}"):
+            u = self._rng.random(len(scores)) if self._rng is not None else _secure_uniform(len(scores))
+        gumbel = -np.log(-np.log(np.clip(u, 1e-300, 1.0 - 1e-16)))
+        self._record(rel)
+        return int(np.argmax(-scores / scale + gumbel))
 
     # ------------------------------------------------------------------ private tuning
     def repetitions(self, name: str, *, shape: float, mean: float) -> int:
@@ -244,7 +293,7 @@ class PrivacyLedger:
             raise PrivacyError(f"release {name!r}: tuning needs at least one run")
         def accounted(led: "PrivacyLedger") -> list:
             # what the accountant reads (dims and sensitivities may differ between candidates)
-            return sorted((r.name, r.mechanism, round(r.noise_multiplier, 12), r.sampling_rate, r.count) for r in led.releases)
+            return sorted((r.name, r.mechanism, round(r.noise_multiplier, 12), r.sampling_rate, r.accounted_count) for r in led.releases)
 
         first = accounted(runs[0])
         for i, led in enumerate(runs[1:], start=1):
@@ -281,7 +330,7 @@ class PrivacyLedger:
 
     @staticmethod
     def releases_from_list(items: list[dict]) -> list[Release | RepeatAndSelect]:
-        keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim")
+        keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim", "groups", "pure_epsilon")
         out: list[Release | RepeatAndSelect] = []
         for it in items:
             if it.get("mechanism") == "repeat_and_select":

@@ -1,0 +1,439 @@
+"""DP model personalization (Jain, Rush, Smith, Song and Thakurta, NeurIPS 2021): a shared
+d x k embedding U learned with private alternating minimization; each user's personal vector
+v_j is solved on its client and never leaves it (billboard model).
+
+Client, aggregator and server functions, as for the ALS family:
+
+- private initialization (Alg. 3): each user sums, over pairs of its samples,
+  sym(x_a x_b^T / (|x_a| |x_b|)) clip(y_a) clip(y_b); the sum is noised (symmetric) and the
+  top-k eigenvectors of the release are U_0;
+- alternating step (Alg. 1 with the SSP instantiation of Alg. 2): each user solves v_j for the
+  broadcast U, then sends A_j = sum_i W_i W_i^T and b_j = sum_i clip(y_i) W_i with
+  W_i = clip(vec(x_i v_j^T); eta) (dk-vectors); the sums are noised; the server solves
+  Z = (PSD(A) + lambda I)^-1 b and returns U = Q of the QR decomposition of Z (d x k);
+- schedules: ``full`` (every user in every epoch: the full-batch multi-epoch variant of the
+  paper's experiments, ``epochs`` releases composed) or ``disjoint`` (users split into
+  ``epochs`` disjoint groups, one step each, as in Alg. 1: parallel composition, one release per
+  user; v on the first quarter of a user's samples, statistics on the second, the
+  initialization on the second half);
+- ``pam-exp`` (Alg. 4, the information-theoretic reference, for small d and k): the exponential
+  mechanism over a finite net of orthonormal d x k matrices (public, seeded Haar draws) with
+  score(U) = sum_j min_{|v| <= C} mean_i (<clip(U^T x_ij; L_f), v> - clip(y_ij; zeta))^2 over
+  the first half of each user's samples; each per-user term lies in [0, (L_f C + zeta)^2]
+  (the sensitivity) and adding a user never lowers a score, so the monotone mechanism
+  exp(-epsilon score / sensitivity) is epsilon-DP (pure); the ledger accounts it as
+  epsilon^2/8-zCDP (bounded range) and also reports the pure epsilon;
+- baselines: ``pam-own-data`` (each user alone: ridge regression in d dimensions),
+  ``pam-single-model`` (one private global regression vector by SSP), ``pam-nonprivate``.
+
+User-level L2 sensitivities (add/remove one user; P pairs, M samples used per user):
+init P zeta^2; A M eta^2 (upper triangle); b M zeta eta; single model A M g_x^2, b M zeta g_x.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..privacy.accounting import PlannedRelease, calibrate
+from ..privacy.ledger import PrivacyLedger
+
+PAM_ALGORITHMS = ("pam", "pam-own-data", "pam-single-model", "pam-nonprivate", "pam-exp")
+PRIVATE = ("pam", "pam-single-model", "pam-exp")
+
+
+@dataclass
+class PAMConfig:
+    """Hyperparameters (``--set key=value``)."""
+
+    rank: int = 0  # k of the learned embedding (0: the data's k)
+    epochs: int = 5  # full: epochs over all users; disjoint: number of user groups (steps)
+    schedule: str = "full"  # 'full' or 'disjoint'
+    clip_w: float = 0.0  # eta: bound on |vec(x v^T)| (0: sqrt(d * k))
+    clip_y: float = 0.0  # zeta: bound on |y| (0: 2 sqrt(k))
+    clip_x: float = 0.0  # single model: bound on |x| (0: sqrt(d))
+    share_init: float = 0.2  # share of the budget for the private initialization
+    ridge: float = 1.0  # server ridge, in units of the noise std of A times sqrt(dk) (private)
+    user_ridge: float = 1e-3  # client solve of v_j (relative to the trace of its Gram matrix)
+    own_ridge: float = 1.0  # pam-own-data: ridge of each user's d-dimensional regression
+    nonprivate_epochs: int = 20  # pam-nonprivate: alternating steps to convergence
+    net_size: int = 1000  # pam-exp: candidates in the net
+    exp_radius: float = 0.0  # pam-exp: C, bound on |v| (0: 2.5 sqrt(k))
+    exp_clip: float = 0.0  # pam-exp: L_f, bound on |U^T x| (0: 2 sqrt(k))
+    seed: int = 1234
+    secure_noise: bool = False
+
+    @classmethod
+    def from_overrides(cls, overrides: dict) -> "PAMConfig":
+        known = {f.name: f for f in fields(cls)}
+        cfg = cls()
+        for key, raw in overrides.items():
+            if key not in known:
+                raise ConfigError(f"unknown key (known: {', '.join(sorted(known))})", field=key)
+            typ = type(getattr(cfg, key))
+            try:
+                if typ is bool:
+                    val = raw if isinstance(raw, bool) else str(raw).strip().lower() in ("1", "true", "yes", "on")
+                elif typ is int:
+                    val = int(float(raw))
+                else:
+                    val = typ(raw)
+            except ValueError:
+                raise ConfigError(f"expected {typ.__name__}, got {raw!r}", field=key) from None
+            setattr(cfg, key, val)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.rank < 0:
+            raise ConfigError(f"must be >= 0, got {self.rank}", field="rank")
+        for name in ("epochs", "nonprivate_epochs"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"must be >= 1, got {getattr(self, name)}", field=name)
+        if self.net_size < 1:
+            raise ConfigError(f"must be >= 1, got {self.net_size}", field="net_size")
+        for name in ("clip_w", "clip_y", "clip_x", "ridge", "user_ridge", "own_ridge", "exp_radius", "exp_clip"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
+        if not (0 < self.share_init < 1):
+            raise ConfigError(f"must be in (0, 1), got {self.share_init}", field="share_init")
+        if self.schedule not in ("full", "disjoint"):
+            raise ConfigError(f"must be 'full' or 'disjoint', got {self.schedule!r}", field="schedule")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PAMState:
+    """The broadcast public state: released values and public choices only."""
+
+    algorithm: str
+    config: PAMConfig
+    d: int
+    k: int
+    samples: int
+    multipliers: dict
+    U: np.ndarray | None = None  # (d, k) orthonormal
+    theta: np.ndarray | None = None  # single model: (d,)
+    step: int = 0
+    exp_epsilon: float | None = None  # pam-exp: epsilon of the exponential mechanism
+
+    @property
+    def private(self) -> bool:
+        return self.algorithm in PRIVATE
+
+    # public clip defaults: x ~ N(0, I_d) and v ~ N(0, I_k) are part of the public model;
+    # the non-private baselines do not clip (clipping biases the least-squares solution)
+    @property
+    def eta(self) -> float:
+        if not self.private:
+            return math.inf
+        return self.config.clip_w or math.sqrt(self.d * self.k)
+
+    @property
+    def zeta(self) -> float:
+        if not self.private:
+            return math.inf
+        return self.config.clip_y or 2.0 * math.sqrt(self.k)
+
+    @property
+    def exp_radius(self) -> float:
+        return self.config.exp_radius or 2.5 * math.sqrt(self.k)
+
+    @property
+    def exp_clip(self) -> float:
+        return self.config.exp_clip or 2.0 * math.sqrt(self.k)
+
+    @property
+    def g_x(self) -> float:
+        return self.config.clip_x or math.sqrt(self.d)
+
+
+# ---------------------------------------------------------------------------- sample usage
+def init_samples(state: PAMState) -> slice:
+    """Samples of each user used by the initialization (disjoint schedule: the second half)."""
+    m = state.samples
+    return slice(m // 2, m) if state.config.schedule == "disjoint" else slice(0, m)
+
+
+def am_samples(state: PAMState) -> tuple[slice, slice]:
+    """(samples for v_j, samples for the statistics)."""
+    m = state.samples
+    if state.config.schedule == "disjoint":
+        q = max(1, m // 4)
+        return slice(0, q), slice(q, 2 * q)
+    return slice(0, m), slice(0, m)
+
+
+def _count(s: slice, m: int) -> int:
+    return len(range(*s.indices(m)))
+
+
+def sensitivity(name: str, state: PAMState) -> float:
+    m = state.samples
+    if name == "init_M":
+        return (_count(init_samples(state), m) // 2) * state.zeta**2
+    if name == "am_A":
+        return _count(am_samples(state)[1], m) * state.eta**2
+    if name == "am_b":
+        return _count(am_samples(state)[1], m) * state.zeta * state.eta
+    if name == "single_A":
+        return m * state.g_x**2
+    if name == "single_b":
+        return m * state.zeta * state.g_x
+    if name == "exp_U":  # one user's score term: a mean of squared errors, each <= (L_f C + zeta)^2
+        return (state.exp_clip * state.exp_radius + state.zeta) ** 2
+    raise KeyError(name)
+
+
+def plan_releases(algorithm: str, cfg: PAMConfig) -> list[PlannedRelease]:
+    if algorithm == "pam-single-model":
+        return [PlannedRelease("single_A", 1, 0.5), PlannedRelease("single_b", 1, 0.5)]
+    if algorithm != "pam":
+        return []
+    per_user = cfg.epochs if cfg.schedule == "full" else 1  # disjoint groups: one step per user
+    rest = (1.0 - cfg.share_init) / per_user
+    return [PlannedRelease("init_M", 1, cfg.share_init), PlannedRelease("am_b", per_user, rest / 2), PlannedRelease("am_A", per_user, rest / 2)]
+
+
+def new_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsilon: float | None, delta: float) -> tuple[PAMState, PrivacyLedger]:
+    if algorithm not in PAM_ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {algorithm!r} (known: {', '.join(PAM_ALGORITHMS)})", field="algorithm")
+    k = cfg.rank or k
+    if k > d:
+        raise ConfigError(f"must be <= d={d}, got {k}", field="rank")
+    if samples < 4 and cfg.schedule == "disjoint":
+        raise ConfigError("the disjoint schedule splits each user's samples in quarters: needs >= 4 samples", field="schedule")
+    state = PAMState(algorithm, cfg, d, k, samples, {})
+    budget = None
+    if state.private:
+        if epsilon is None:
+            raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
+        if algorithm == "pam-exp":  # pure epsilon-DP: the whole budget goes to the one selection
+            if not (epsilon > 0 and math.isfinite(epsilon)):
+                raise ConfigError(f"must be a finite number > 0, got {epsilon}", field="--epsilon")
+            state.exp_epsilon = float(epsilon)
+        else:
+            state.multipliers = calibrate(plan_releases(algorithm, cfg), epsilon, delta).multipliers
+            budget = (epsilon, delta)
+    return state, PrivacyLedger(seed=cfg.seed, secure=cfg.secure_noise, budget=budget)
+
+
+# ---------------------------------------------------------------------------- client side
+def _upper(S: np.ndarray) -> np.ndarray:
+    iu = np.triu_indices(S.shape[-1])
+    return S[..., iu[0], iu[1]]
+
+
+def _from_upper(v: np.ndarray, n: int) -> np.ndarray:
+    S = np.zeros((n, n))
+    iu = np.triu_indices(n)
+    S[iu] = v
+    S[(iu[1], iu[0])] = v
+    return S
+
+
+def _clip_rows(W: np.ndarray, bound: float) -> np.ndarray:
+    norms = np.linalg.norm(W, axis=-1, keepdims=True)
+    return W * np.minimum(1.0, bound / np.maximum(norms, 1e-30))
+
+
+def client_init_stats(X: np.ndarray, y: np.ndarray, state: PAMState) -> np.ndarray:
+    """Upper triangle of sum over users and pairs of sym(x_a x_b^T/(|x_a||x_b|)) clip(y_a)clip(y_b)."""
+    sl = init_samples(state)
+    Xs, ys = X[:, sl].astype(np.float64), y[:, sl].astype(np.float64)
+    p = Xs.shape[1] // 2
+    if p == 0:
+        return np.zeros(state.d * (state.d + 1) // 2)
+    xa, xb = Xs[:, 0 : 2 * p : 2], Xs[:, 1 : 2 * p : 2]
+    xa = xa / np.maximum(np.linalg.norm(xa, axis=-1, keepdims=True), 1e-30)
+    xb = xb / np.maximum(np.linalg.norm(xb, axis=-1, keepdims=True), 1e-30)
+    c = np.clip(ys[:, 0 : 2 * p : 2], -state.zeta, state.zeta) * np.clip(ys[:, 1 : 2 * p : 2], -state.zeta, state.zeta)
+    S = np.einsum("npa,np,npb->ab", xa, c, xb)
+    return _upper(S)  # sym(S) replicates the upper triangle: this vector determines it
+
+
+def client_user_vectors(X: np.ndarray, y: np.ndarray, U: np.ndarray, ridge: float, samples: slice | None = None) -> np.ndarray:
+    """v_j = argmin |y_j - X_j U v|^2 + ridge * tr/k |v|^2, for every user of the block."""
+    sl = samples if samples is not None else slice(None)
+    Z = np.einsum("nmd,dk->nmk", X[:, sl].astype(np.float64), U)
+    G = np.einsum("nmk,nml->nkl", Z, Z)
+    k = U.shape[1]
+    lam = ridge * np.trace(G, axis1=1, axis2=2) / k + 1e-12
+    G = G + lam[:, None, None] * np.eye(k)
+    r = np.einsum("nmk,nm->nk", Z, y[:, sl].astype(np.float64))
+    return np.linalg.solve(G, r[..., None])[..., 0]
+
+
+def client_am_stats(X: np.ndarray, y: np.ndarray, state: PAMState, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """(upper triangle of sum W W^T, sum clip(y) W) over the block's users; v_j stays here."""
+    sv, ss = am_samples(state)
+    dk = state.d * state.k
+    A = np.zeros((dk, dk))
+    b = np.zeros(dk)
+    for u0 in range(0, X.shape[0], chunk):
+        Xc, yc = X[u0 : u0 + chunk], y[u0 : u0 + chunk]
+        V = client_user_vectors(Xc, yc, state.U, state.config.user_ridge, sv)
+        Xs = Xc[:, ss].astype(np.float64)
+        # W = vec(x v^T) with columns stacked: index c * d + a holds v_c x_a
+        W = (V[:, None, :, None] * Xs[:, :, None, :]).reshape(-1, dk)
+        W = _clip_rows(W, state.eta)
+        yy = np.clip(yc[:, ss].astype(np.float64), -state.zeta, state.zeta).reshape(-1)
+        A += W.T @ W
+        b += W.T @ yy
+    return _upper(A), b
+
+
+def client_single_stats(X: np.ndarray, y: np.ndarray, state: PAMState) -> tuple[np.ndarray, np.ndarray]:
+    Xs = _clip_rows(X.astype(np.float64).reshape(-1, state.d), state.g_x)
+    ys = np.clip(y.astype(np.float64).reshape(-1), -state.zeta, state.zeta)
+    return _upper(Xs.T @ Xs), Xs.T @ ys
+
+
+def exp_net(state: PAMState) -> np.ndarray:
+    """(N, d, k) candidates with orthonormal columns: Haar draws from a public seed, the same on
+    every client and on the server (data-independent, so not a release)."""
+    from ..privacy.ledger import public_draws
+
+    with public_draws("exponential-mechanism net"):
+        G = np.random.default_rng([state.config.seed, 29]).standard_normal((state.config.net_size, state.d, state.k))
+    Q, R = np.linalg.qr(G)
+    return Q * np.sign(np.where(np.diagonal(R, axis1=1, axis2=2) == 0, 1.0, np.diagonal(R, axis1=1, axis2=2)))[:, None, :]
+
+
+def _ball_least_squares(G: np.ndarray, r: np.ndarray, radius: float, iters: int = 60) -> np.ndarray:
+    """argmin_{|v| <= radius} v^T G v - 2 r^T v for a batch of PSD G (.., k, k): the
+    unconstrained solution if it is inside the ball, otherwise (G + lam I)^-1 r with |v| = radius
+    (lam found by bisection in the eigenbasis)."""
+    w, Q = np.linalg.eigh(G)
+    w = np.maximum(w, 0.0)
+    c = np.einsum("...kl,...k->...l", Q, r)  # Q^T r
+    scale = np.maximum(w.max(axis=-1, keepdims=True), 1e-12)
+    v0 = c / np.maximum(w, 1e-9 * scale)
+    inside = np.linalg.norm(v0, axis=-1) <= radius
+    lo = np.zeros(w.shape[:-1])
+    hi = np.linalg.norm(c, axis=-1) / radius + 1e-12  # |(G + hi I)^-1 r| <= |r| / hi = radius
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        big = np.linalg.norm(c / (w + mid[..., None]), axis=-1) > radius
+        lo, hi = np.where(big, mid, lo), np.where(big, hi, mid)
+    v = np.where(inside[..., None], v0, c / (w + hi[..., None]))
+    v = v * np.minimum(1.0, radius / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-300))
+    return np.einsum("...kl,...l->...k", Q, v)
+
+
+def client_exp_scores(X: np.ndarray, y: np.ndarray, state: PAMState, net: np.ndarray | None = None, chunk: int = 64) -> np.ndarray:
+    """(N,) sum over the block's users of their score terms, each in [0, sensitivity('exp_U')]."""
+    net = exp_net(state) if net is None else net
+    h = max(1, state.samples // 2)
+    Xs = X[:, :h].astype(np.float64)
+    ys = np.clip(y[:, :h].astype(np.float64), -state.zeta, state.zeta)
+    yy = np.einsum("nh,nh->n", ys, ys)
+    bound = sensitivity("exp_U", state)
+    out = np.zeros(len(net))
+    for c0 in range(0, len(net), chunk):
+        Z = np.einsum("nhd,cdk->cnhk", Xs, net[c0 : c0 + chunk])
+        Z = Z * np.minimum(1.0, state.exp_clip / np.maximum(np.linalg.norm(Z, axis=-1, keepdims=True), 1e-300))
+        G = np.einsum("cnhk,cnhl->cnkl", Z, Z)
+        r = np.einsum("cnhk,nh->cnk", Z, ys)
+        v = _ball_least_squares(G, r, state.exp_radius)
+        loss = (np.einsum("cnk,cnkl,cnl->cn", v, G, v) - 2 * np.einsum("cnk,cnk->cn", v, r) + yy) / h
+        out[c0 : c0 + chunk] = np.clip(loss, 0.0, bound).sum(axis=1)
+    return out
+
+
+# ---------------------------------------------------------------------------- aggregator
+def _release(name: str, value: np.ndarray, state: PAMState, ledger: PrivacyLedger | None, n: int | None = None, groups: int = 1) -> np.ndarray:
+    """Noise the exact sum through the ledger (upper-triangle vectors are noised entry-wise:
+    the same as symmetric noise on the matrix)."""
+    if not state.private:
+        return value
+    return ledger.gaussian(name, value, sensitivity=sensitivity(name, state), noise_multiplier=state.multipliers[name], groups=groups)
+
+
+def release_init(total: np.ndarray, state: PAMState, ledger: PrivacyLedger | None) -> np.ndarray:
+    return _release("init_M", total, state, ledger)
+
+
+def release_am(A: np.ndarray, b: np.ndarray, state: PAMState, ledger: PrivacyLedger | None) -> tuple[np.ndarray, np.ndarray]:
+    groups = state.config.epochs if state.config.schedule == "disjoint" else 1
+    return _release("am_A", A, state, ledger, groups=groups), _release("am_b", b, state, ledger, groups=groups)
+
+
+def release_single(A: np.ndarray, b: np.ndarray, state: PAMState, ledger: PrivacyLedger | None) -> tuple[np.ndarray, np.ndarray]:
+    return _release("single_A", A, state, ledger), _release("single_b", b, state, ledger)
+
+
+def release_exp(scores: np.ndarray, state: PAMState, ledger: PrivacyLedger | None) -> int:
+    """Index of the selected net candidate (exact minimiser when not private)."""
+    if not state.private:
+        return int(np.argmin(scores))
+    return ledger.exponential("exp_U", scores, epsilon=state.exp_epsilon, sensitivity=sensitivity("exp_U", state), monotone=True)
+
+
+# ---------------------------------------------------------------------------- server side
+def _psd_solve(A_upper: np.ndarray, b: np.ndarray, n: int, lam: float) -> np.ndarray:
+    A = _from_upper(A_upper, n)
+    w, Q = np.linalg.eigh(A)
+    w = np.maximum(w, 0.0) + lam
+    return Q @ ((Q.T @ b) / w)
+
+
+def _ridge(name: str, state: PAMState, n: int, A_upper: np.ndarray) -> float:
+    if state.private:
+        return state.config.ridge * state.multipliers[name] * sensitivity(name, state) * math.sqrt(n)
+    return 1e-9 * max(float(np.abs(A_upper).max()), 1e-12)
+
+
+def server_init(M_upper: np.ndarray, state: PAMState) -> None:
+    """U_0: top-k eigenvectors of the (noised) symmetric M."""
+    w, Q = np.linalg.eigh(_from_upper(M_upper, state.d))
+    state.U = Q[:, np.argsort(w)[::-1][: state.k]]
+
+
+def server_am_update(A_upper: np.ndarray, b: np.ndarray, state: PAMState) -> None:
+    dk = state.d * state.k
+    Z = _psd_solve(A_upper, b, dk, _ridge("am_A", state, dk, A_upper))
+    U = Z.reshape(state.k, state.d).T  # column-stacked vec -> d x k
+    Q, R = np.linalg.qr(U)
+    state.U = Q * np.sign(np.where(np.diag(R) == 0, 1.0, np.diag(R)))
+    state.step += 1
+
+
+def server_exp_select(index: int, state: PAMState, net: np.ndarray | None = None) -> None:
+    net = exp_net(state) if net is None else net
+    state.U = net[int(index)]
+    state.step += 1
+
+
+def server_single_update(A_upper: np.ndarray, b: np.ndarray, state: PAMState) -> None:
+    state.theta = _psd_solve(A_upper, b, state.d, _ridge("single_A", state, state.d, A_upper))
+
+
+# ---------------------------------------------------------------------------- evaluation
+def client_eval_sums(X: np.ndarray, y: np.ndarray, V_star: np.ndarray, U_star: np.ndarray, state: PAMState, noise: float) -> np.ndarray:
+    """(sum over the block's users of |theta_j - theta*_j|^2, number of users): the population
+    MSE of user j's final predictor is |theta_j - theta*_j|^2 + sigma_F^2 for x ~ N(0, I).
+    theta_j: U v_j with v_j on all the user's samples (pam, pam-nonprivate), the single model,
+    or the user's own ridge regression. The ground truth is measurement, never training input."""
+    theta_star = V_star @ U_star.T
+    if state.algorithm == "pam-single-model":
+        theta = np.broadcast_to(state.theta, theta_star.shape)
+    elif state.algorithm == "pam-own-data":
+        Xd = X.astype(np.float64)
+        G = np.einsum("nmd,nme->nde", Xd, Xd) + state.config.own_ridge * np.eye(state.d)
+        theta = np.linalg.solve(G, np.einsum("nmd,nm->nd", Xd, y.astype(np.float64))[..., None])[..., 0]
+    else:
+        V = client_user_vectors(X, y, state.U, state.config.user_ridge)
+        theta = V @ state.U.T
+    return np.array([float(np.sum((theta - theta_star) ** 2)), float(X.shape[0])])
+
+
+def subspace_error(U: np.ndarray, U_star: np.ndarray) -> float:
+    """|(I - U* U*^T) U|_F for orthonormal U."""
+    return float(np.linalg.norm(U - U_star @ (U_star.T @ U)))

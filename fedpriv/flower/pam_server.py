@@ -1,0 +1,281 @@
+"""DP model personalization over Flower: node data, messages, client handlers and the server
+loop. Each node holds the samples (x, y) of its block of users in memory-mapped files; it
+receives the public embedding U and returns only clipped statistics (the personal vectors v_j
+are solved and kept on the node). The aggregator step and the server step are the functions of
+:mod:`fedpriv.algorithms.pam`, as in the in-process engine."""
+
+from __future__ import annotations
+
+import json
+import math
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from ..algorithms import pam
+from ..privacy.ledger import PrivacyLedger
+from . import codec
+from .partition import node_users
+
+log = logging.getLogger("fedpriv.flower")
+
+
+@dataclass
+class PamJob:
+    algorithm: str
+    epsilon: float | None
+    delta: float
+    cfg: pam.PAMConfig
+    data: object  # PersonalData
+    work_dir: Path | None
+    users_per_node: int = 1
+    round_timeout: float | None = None
+    node_wait_seconds: float = 120.0
+
+    def n_parts(self) -> int:
+        return -(-self.data.n_users // self.users_per_node)
+
+    def validate_plan(self) -> None:
+        """All checks of a run (config, privacy calibration) without training."""
+        pam.new_state(self.algorithm, self.cfg, self.data.d, self.data.k, self.data.samples, self.epsilon, self.delta)
+
+
+@dataclass
+class PamResult:
+    state: pam.PAMState
+    ledger: PrivacyLedger
+    evaluation: dict = field(default_factory=dict)
+    rounds: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    round_log: list = field(default_factory=list)
+    rejected: list = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+    nodes: int = 0
+
+
+# ------------------------------------------------------------------ node data
+def write_pam_partitions(folder: Path, data) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "pam_X.npy", np.ascontiguousarray(data.X, dtype=np.float32))
+    np.save(folder / "pam_y.npy", np.ascontiguousarray(data.y, dtype=np.float32))
+    # ground truth: measurement only (population MSE on the nodes), never a training input
+    np.save(folder / "pam_V_star.npy", data.V_star)
+    np.save(folder / "pam_U_star.npy", data.U_star)
+    (folder / "pam_meta.json").write_text(json.dumps({"n_users": data.n_users, "noise": data.noise}))
+    return str(folder)
+
+
+@lru_cache(maxsize=4)
+def _mapped(folder: str):
+    f = Path(folder)
+    return (
+        np.load(f / "pam_X.npy", mmap_mode="r"),
+        np.load(f / "pam_y.npy", mmap_mode="r"),
+        np.load(f / "pam_V_star.npy", mmap_mode="r"),
+        np.load(f / "pam_U_star.npy"),
+        json.loads((f / "pam_meta.json").read_text()),
+    )
+
+
+def load_block(folder: str, partition_id: int, users_per_node: int):
+    X, y, V, U, meta = _mapped(folder)
+    users = node_users(partition_id, users_per_node, meta["n_users"])
+    return users, np.asarray(X[users]), np.asarray(y[users]), np.asarray(V[users]), U, meta
+
+
+# ------------------------------------------------------------------ messages
+def encode_state(state: pam.PAMState, data_dir: str, users_per_node: int, group: np.ndarray | None = None) -> RecordDict:
+    arrays = {}
+    if state.U is not None:
+        arrays["U"] = codec._arr(state.U)  # noqa: SLF001
+    if state.theta is not None:
+        arrays["theta"] = codec._arr(state.theta)  # noqa: SLF001
+    if group is not None:
+        arrays["group"] = codec._arr(group.astype(np.int64))  # noqa: SLF001 - public: users of this step
+    cfg = ConfigRecord(
+        {
+            "algorithm": state.algorithm,
+            "config": json.dumps(asdict(state.config)),
+            "d": state.d,
+            "k": state.k,
+            "samples": state.samples,
+            "data_dir": data_dir,
+            "users_per_node": int(users_per_node),
+        }
+    )
+    return RecordDict({"state": ArrayRecord(arrays), "cfg": cfg})
+
+
+def decode_state(content: RecordDict):
+    cfg = content.config_records["cfg"]
+    arrays = content.array_records["state"]
+    state = pam.PAMState(str(cfg["algorithm"]), pam.PAMConfig(**json.loads(str(cfg["config"]))), int(cfg["d"]), int(cfg["k"]), int(cfg["samples"]), {})
+    state.U = arrays["U"].numpy() if "U" in arrays else None
+    state.theta = arrays["theta"].numpy() if "theta" in arrays else None
+    group = arrays["group"].numpy() if "group" in arrays else None
+    return state, str(cfg["data_dir"]), int(cfg["users_per_node"]), group
+
+
+def _reply(msg: Message, arrays: dict, n_users: int) -> Message:
+    rd = RecordDict({"contrib": ArrayRecord({k: codec._arr(np.asarray(v, np.float64)) for k, v in arrays.items()}), "meta": ConfigRecord({"n_users": int(n_users)})})  # noqa: SLF001
+    return Message(rd, reply_to=msg)
+
+
+# ------------------------------------------------------------------ client handlers
+def register(app) -> None:
+    """Add the personalization handlers to fedpriv's ClientApp."""
+
+    def pid(context: Context) -> int:
+        return int(context.node_config.get("partition-id", 0))
+
+    def block(msg: Message, context: Context):
+        state, data_dir, upn, group = decode_state(msg.content)
+        users, X, y, V, U, meta = load_block(data_dir, pid(context), upn)
+        if group is not None:  # disjoint schedule: only this step's users contribute
+            keep = np.isin(users, group)
+            users, X, y, V = users[keep], X[keep], y[keep], V[keep]
+        return state, users, X, y, V, U, meta
+
+    @app.query("pam_info")
+    def pam_info(msg: Message, context: Context) -> Message:
+        state, users, *_ = block(msg, context)
+        return Message(RecordDict({"meta": ConfigRecord({"partition_id": pid(context), "n_users": len(users)})}), reply_to=msg)
+
+    @app.query("pam_init")
+    def pam_init(msg: Message, context: Context) -> Message:
+        state, users, X, y, *_ = block(msg, context)
+        return _reply(msg, {"values": pam.client_init_stats(X, y, state)}, len(users))
+
+    @app.query("pam_step")
+    def pam_step(msg: Message, context: Context) -> Message:
+        state, users, X, y, *_ = block(msg, context)
+        if state.algorithm == "pam-single-model":
+            A, b = pam.client_single_stats(X, y, state)
+        elif len(users):
+            A, b = pam.client_am_stats(X, y, state)
+        else:
+            dk = state.d * state.k
+            A, b = np.zeros(dk * (dk + 1) // 2), np.zeros(dk)
+        return _reply(msg, {"A_upper": A, "b": b}, len(users))
+
+    @app.query("pam_exp")
+    def pam_exp(msg: Message, context: Context) -> Message:
+        state, users, X, y, *_ = block(msg, context)
+        return _reply(msg, {"scores": pam.client_exp_scores(X, y, state)}, len(users))
+
+    @app.query("pam_eval")
+    def pam_eval(msg: Message, context: Context) -> Message:
+        state, users, X, y, V, U, meta = block(msg, context)
+        return _reply(msg, {"values": pam.client_eval_sums(X, y, V, U, state, meta["noise"])}, len(users))
+
+
+# ------------------------------------------------------------------ server loop
+def _decode(content: RecordDict, keys: dict[str, int], bounds: dict[str, float], max_users: int) -> dict[str, np.ndarray]:
+    n, arrays = codec._contribution(content, max_users)  # noqa: SLF001
+    out = {}
+    for key, length in keys.items():
+        v = codec._get(arrays, key, 1, "f")  # noqa: SLF001 - shape, dtype, finiteness
+        if len(v) != length:
+            raise codec.RejectedReply(f"malformed: {key} has length {len(v)}, expected {length}")
+        if key in bounds:
+            codec._check_norm(key, v, n * bounds[key])  # noqa: SLF001
+        out[key] = v
+    return out
+
+
+def run_pam_job(grid, job: PamJob) -> PamResult:
+    from .server_app import _Rounds, _wait_for_nodes  # noqa: PLC0415 - shared round machinery
+
+    from ..personalization import step_groups
+
+    t0 = time.perf_counter()
+    data = job.data
+    state, ledger = pam.new_state(job.algorithm, job.cfg, data.d, data.k, data.samples, job.epsilon, job.delta)
+    result = PamResult(state=state, ledger=ledger)
+    n_parts = job.n_parts()
+    data_dir = write_pam_partitions(Path(job.work_dir) / "node-data", data)
+    nodes = _wait_for_nodes(grid, n_parts, job.node_wait_seconds)
+    if len(nodes) < n_parts:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(nodes)} registered", field="users-per-node")
+    rounds = _Rounds(grid, nodes, result, job.round_timeout)
+    upn = job.users_per_node
+
+    partition_of: dict[int, int] = {}
+    for nid, rep in rounds.ask("query.pam_info", encode_state(state, data_dir, upn), "info", timeout=None):
+        try:
+            partition_of[nid] = int(rep.content.config_records["meta"]["partition_id"])
+        except (KeyError, TypeError, ValueError) as exc:
+            rounds.reject("info", nid, f"malformed info reply ({exc})")
+    rounds.nodes = [n for n in sorted(partition_of, key=partition_of.get) if partition_of[n] < n_parts]
+    result.nodes = len(rounds.nodes)
+    d, k = state.d, state.k
+
+    def collect(kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None) -> dict[str, np.ndarray]:
+        total = {key: np.zeros(n) for key, n in keys.items()}
+        replies = dict(rounds.ask(f"query.{kind}", encode_state(state, data_dir, upn, group), name))
+        for nid in rounds.nodes:
+            if nid not in replies:
+                continue
+            try:
+                vals = _decode(replies[nid].content, keys, bounds if state.private else {}, upn)
+            except codec.RejectedReply as exc:
+                rounds.reject(name, nid, str(exc))
+                continue
+            for key in total:
+                total[key] += vals[key]
+        return total
+
+    steps = []
+    if job.algorithm == "pam-single-model":
+        tri = d * (d + 1) // 2
+        tot = collect("pam_step", "single", {"A_upper": tri, "b": d}, {"A_upper": pam.sensitivity("single_A", state), "b": pam.sensitivity("single_b", state)})
+        pam.server_single_update(*pam.release_single(tot["A_upper"], tot["b"], state, ledger), state)
+    elif job.algorithm == "pam-exp":
+        net = pam.exp_net(state)
+        n_net = len(net)
+        # every entry of a user's score vector is in [0, s]: L2 norm <= s sqrt(N) per user
+        tot = collect("pam_exp", "exp", {"scores": n_net}, {"scores": pam.sensitivity("exp_U", state) * math.sqrt(n_net)})
+        pam.server_exp_select(pam.release_exp(tot["scores"], state, ledger), state, net)
+    elif job.algorithm in ("pam", "pam-nonprivate"):
+        tot = collect("pam_init", "init", {"values": d * (d + 1) // 2}, {"values": pam.sensitivity("init_M", state)})
+        pam.server_init(pam.release_init(tot["values"], state, ledger), state)
+        dk = d * k
+        bounds = {"A_upper": pam.sensitivity("am_A", state), "b": pam.sensitivity("am_b", state)}
+        for t, group in enumerate(step_groups(state, data.n_users)):
+            ts = time.perf_counter()
+            tot = collect("pam_step", f"step{t + 1}", {"A_upper": dk * (dk + 1) // 2, "b": dk}, bounds, group)
+            pam.server_am_update(*pam.release_am(tot["A_upper"], tot["b"], state, ledger), state)
+            steps.append({"seconds": time.perf_counter() - ts})
+    result.timings = {"steps": steps, "train_seconds": time.perf_counter() - t0}
+
+    before = (result.rounds, result.bytes_up, result.bytes_down)  # evaluation is measurement
+    tot = collect("pam_eval", "evaluate", {"values": 2}, {})
+    result.rounds, result.bytes_up, result.bytes_down = before
+    result.evaluation = {"test_mse": float(tot["values"][0] / max(tot["values"][1], 1.0) + data.noise**2)}
+    result.evaluation["subspace_error"] = pam.subspace_error(state.U, data.U_star) if state.U is not None else None
+    return result
+
+
+def run_pam_job_local(job: PamJob, nodes: int, runner=None) -> PamResult:
+    """Run ``job`` with ``runner(job, n_nodes)`` (default: a new Flower simulation)."""
+    import shutil
+    import tempfile
+
+    if runner is None:
+        from .simulation import simulate as runner
+    own_dir = job.work_dir is None
+    if own_dir:
+        job.work_dir = Path(tempfile.mkdtemp(prefix="fedpriv-pam-"))
+    try:
+        return runner(job, nodes or job.n_parts())
+    finally:
+        if own_dir:
+            shutil.rmtree(job.work_dir, ignore_errors=True)

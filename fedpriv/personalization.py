@@ -1,0 +1,136 @@
+"""Runs of the DP model personalization algorithms (:mod:`fedpriv.algorithms.pam`) on either
+engine: the in-process driver over user blocks here, the Flower driver in
+:mod:`fedpriv.flower.pam_server`; both call the same client, aggregator and server functions."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .algorithms import pam
+from .data.personal import PersonalData
+from .privacy.ledger import PrivacyLedger, public_draws
+
+
+def blocks(n_users: int, size: int) -> list[np.ndarray]:
+    size = max(1, int(size))
+    return [np.arange(s, min(s + size, n_users)) for s in range(0, n_users, size)]
+
+
+def step_groups(state: pam.PAMState, n_users: int) -> list[np.ndarray | None]:
+    """Users of each alternating step: None (all users) for the full schedule; for the disjoint
+    schedule a public random permutation split into ``epochs`` groups."""
+    cfg = state.config
+    if state.algorithm == "pam-nonprivate":
+        return [None] * cfg.nonprivate_epochs
+    if cfg.schedule == "full":
+        return [None] * cfg.epochs
+    with public_draws("disjoint user groups"):
+        perm = np.random.default_rng([cfg.seed, 17]).permutation(n_users)
+    return [np.sort(g) for g in np.array_split(perm, cfg.epochs)]
+
+
+def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, epsilon: float | None, delta: float, users_per_shard: int = 4096) -> tuple[pam.PAMState, PrivacyLedger, dict]:
+    t0 = time.perf_counter()
+    state, ledger = pam.new_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta)
+    parts = blocks(data.n_users, users_per_shard)
+    timings: dict = {"steps": []}
+    if algorithm == "pam-single-model":
+        A = b = 0.0
+        for u in parts:
+            a_, b_ = pam.client_single_stats(data.X[u], data.y[u], state)
+            A, b = A + a_, b + b_
+        pam.server_single_update(*pam.release_single(A, b, state, ledger), state)
+    elif algorithm == "pam-exp":
+        net = pam.exp_net(state)
+        scores = sum(pam.client_exp_scores(data.X[u], data.y[u], state, net) for u in parts)
+        pam.server_exp_select(pam.release_exp(scores, state, ledger), state, net)
+    elif algorithm in ("pam", "pam-nonprivate"):
+        total = sum(pam.client_init_stats(data.X[u], data.y[u], state) for u in parts)
+        pam.server_init(pam.release_init(total, state, ledger), state)
+        for group in step_groups(state, data.n_users):
+            ts = time.perf_counter()
+            users = np.arange(data.n_users) if group is None else group
+            A = b = 0.0
+            for u in blocks(len(users), users_per_shard):
+                a_, b_ = pam.client_am_stats(data.X[users[u]], data.y[users[u]], state)
+                A, b = A + a_, b + b_
+            pam.server_am_update(*pam.release_am(A, b, state, ledger), state)
+            timings["steps"].append({"seconds": time.perf_counter() - ts})
+    timings["train_seconds"] = time.perf_counter() - t0
+    return state, ledger, timings
+
+
+def evaluate(state: pam.PAMState, data: PersonalData, users_per_shard: int = 4096) -> dict:
+    sums = sum(pam.client_eval_sums(data.X[u], data.y[u], data.V_star[u], data.U_star, state, data.noise) for u in blocks(data.n_users, users_per_shard))
+    out = {"test_mse": float(sums[0] / max(sums[1], 1.0) + data.noise**2)}
+    out["subspace_error"] = pam.subspace_error(state.U, data.U_star) if state.U is not None else None
+    return out
+
+
+def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | None, delta: float, overrides: dict, engine: str, work_dir=None, flower_runner=None) -> tuple[dict, list[dict]]:
+    """One run of a personalization algorithm: (metrics, ledger records), the CLI contract."""
+    from .errors import ConfigError
+    from .privacy.accounting import epsilon_pld, epsilon_pure, epsilon_rdp, pld_supported, zcdp_rho
+
+    t0 = time.perf_counter()
+    overrides = dict(overrides)
+    users_per_node = int(float(overrides.pop("users_per_node", 1)))
+    users_per_shard = int(float(overrides.pop("users_per_shard", 0))) or 4096
+    nodes = int(float(overrides.pop("nodes", 0)))
+    cfg = pam.PAMConfig.from_overrides(overrides)
+    private = algorithm in pam.PRIVATE
+    if private and epsilon is None:
+        raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
+    if not isinstance(data, PersonalData):
+        raise ConfigError(f"{algorithm} needs --data synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R", field="--data")
+    extra: dict = {}
+    if engine == "flower":
+        from .flower.pam_server import PamJob, run_pam_job_local
+
+        job = PamJob(algorithm, epsilon, delta, cfg, data, work_dir, users_per_node=users_per_node)
+        res = run_pam_job_local(job, nodes, flower_runner)
+        state, ledger, timings = res.state, res.ledger, res.timings
+        ev = res.evaluation
+        extra = {"rounds": res.rounds, "bytes_up": res.bytes_up, "bytes_down": res.bytes_down, "round_log": res.round_log, "rejected_replies": res.rejected, "nodes": res.nodes, "users_per_node": users_per_node}
+    else:
+        state, ledger, timings = train_inprocess(algorithm, data, cfg, epsilon=epsilon if private else None, delta=delta, users_per_shard=users_per_shard)
+        ev = evaluate(state, data, users_per_shard)
+    metrics = {
+        "algorithm": algorithm,
+        "dataset": str(spec),
+        "engine": engine,
+        "seed": cfg.seed,
+        "epsilon": epsilon if private else None,
+        "delta": delta if private else None,
+        "private": private,
+        "protocol": "personalization",
+        "n_users": data.n_users,
+        "samples_per_user": data.samples,
+        "d": data.d,
+        "k": state.k,
+        **ev,
+        **_spent(ledger, delta, private, epsilon_rdp, epsilon_pld, epsilon_pure, pld_supported),
+        "rho_zcdp": zcdp_rho(ledger) if private else None,
+        "noise_multipliers": dict(state.multipliers),
+        **extra,
+        "timings": timings,
+        "wall_seconds": time.perf_counter() - t0,
+        "config": {"algorithm": algorithm, "data": str(spec), "engine": engine, "epsilon": epsilon, "delta": delta, "users_per_node": users_per_node, **cfg.to_dict()},
+    }
+    return metrics, ledger.to_list()
+
+
+def _spent(ledger, delta, private, epsilon_rdp, epsilon_pld, epsilon_pure, pld_supported) -> dict:
+    """epsilon_spent: the smallest of the accountants' bounds at ``delta`` (RDP, and the pure
+    epsilon when every release is pure DP, as for pam-exp), each computed from the ledger."""
+    if not private:
+        return {"epsilon_spent": None, "epsilon_spent_pld": None}
+    rdp = epsilon_rdp(ledger, delta)
+    pure = epsilon_pure(ledger)
+    out = {"epsilon_spent": rdp if pure is None else min(rdp, pure), "epsilon_spent_rdp": rdp}
+    out["epsilon_spent_pld"] = epsilon_pld(ledger, delta) if pld_supported(ledger) else None
+    if pure is not None:
+        out["epsilon_pure"] = pure
+    return out

@@ -92,3 +92,17 @@ def recall_at_k(
         row.update({"n_eval": int(b_n[b]), "recall": float(b_sum[b] / b_n[b]) if b_n[b] else float("nan")})
         sliced.append(row)
     return (total / n_users if n_users else float("nan")), sliced
+
+
+def run_header(algorithm: str, spec, engine: str, seed: int, epsilon: float | None, delta: float, private: bool, protocol: str) -> dict:
+    """The first keys of every metrics.json (the CLI contract)."""
+    return {
+        "algorithm": algorithm,
+        "dataset": str(spec),
+        "engine": engine,
+        "seed": seed,
+        "epsilon": epsilon if private else None,
+        "delta": delta if private else None,
+        "private": private,
+        "protocol": protocol,
+    }

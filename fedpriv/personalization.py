@@ -72,6 +72,7 @@ def evaluate(state: pam.PAMState, data: PersonalData, users_per_shard: int = 409
 def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | None, delta: float, overrides: dict, engine: str, work_dir=None, flower_runner=None) -> tuple[dict, list[dict]]:
     """One run of a personalization algorithm: (metrics, ledger records), the CLI contract."""
     from .errors import ConfigError
+    from .metrics import run_header
     from .privacy.accounting import epsilon_pld, epsilon_pure, epsilon_rdp, pld_supported, zcdp_rho
 
     t0 = time.perf_counter()
@@ -98,14 +99,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
         state, ledger, timings = train_inprocess(algorithm, data, cfg, epsilon=epsilon if private else None, delta=delta, users_per_shard=users_per_shard)
         ev = evaluate(state, data, users_per_shard)
     metrics = {
-        "algorithm": algorithm,
-        "dataset": str(spec),
-        "engine": engine,
-        "seed": cfg.seed,
-        "epsilon": epsilon if private else None,
-        "delta": delta if private else None,
-        "private": private,
-        "protocol": "personalization",
+        **run_header(algorithm, spec, engine, cfg.seed, epsilon, delta, private, "personalization"),
         "n_users": data.n_users,
         "samples_per_user": data.samples,
         "d": data.d,

@@ -20,6 +20,7 @@ from .data.spec import HELDOUT_KINDS, DataSpec, load_spec, parse_data_spec
 from .data.splits import HeldoutSplit, heldout_users_split, random_split
 from .engine import train_inprocess
 from .errors import ConfigError
+from .metrics import run_header
 from .privacy.accounting import epsilon_pld, epsilon_rdp, pld_supported
 
 ENGINES = ("inprocess", "flower")
@@ -120,14 +121,7 @@ def run(
         protocol = "heldout" if (ds.implicit or spec.kind in HELDOUT_KINDS) else "random"
 
     metrics: dict = {
-        "algorithm": algorithm,
-        "dataset": str(spec),
-        "engine": engine,
-        "seed": cfg.seed,
-        "epsilon": epsilon if private else None,
-        "delta": delta if private else None,
-        "private": private,
-        "protocol": protocol,
+        **run_header(algorithm, spec, engine, cfg.seed, epsilon, delta, private, protocol),
         "n_users": int(inter.n_users),
         "n_items": int(inter.n_items),
         "n_ratings": int(len(inter)),

@@ -20,6 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from ..algorithms import pam
 from ..privacy.ledger import PrivacyLedger
 from . import codec
+from .counters import RoundCounters
 from .partition import node_users
 
 log = logging.getLogger("fedpriv.flower")
@@ -46,15 +47,10 @@ class PamJob:
 
 
 @dataclass
-class PamResult:
+class PamResult(RoundCounters):
     state: pam.PAMState
     ledger: PrivacyLedger
     evaluation: dict = field(default_factory=dict)
-    rounds: int = 0
-    bytes_up: int = 0
-    bytes_down: int = 0
-    round_log: list = field(default_factory=list)
-    rejected: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
     nodes: int = 0
 

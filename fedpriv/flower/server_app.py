@@ -25,6 +25,7 @@ from ..engine import new_state
 from ..errors import ConfigError, FedprivError
 from ..privacy.ledger import PrivacyLedger
 from . import codec
+from .counters import RoundCounters
 from .partition import write_feature_table, write_partitions
 
 log = logging.getLogger("fedpriv.flower")
@@ -53,18 +54,13 @@ class FlowerJob:
 
 
 @dataclass
-class FlowerResult:
+class FlowerResult(RoundCounters):
     state: als.PublicState
     ledger: PrivacyLedger
     valid_rmse: float = math.nan
     valid_sliced: list = field(default_factory=list)
     test_rmse: float = math.nan
     test_sliced: list = field(default_factory=list)
-    rounds: int = 0
-    bytes_up: int = 0
-    bytes_down: int = 0
-    round_log: list = field(default_factory=list)
-    rejected: list = field(default_factory=list)
     curve: list = field(default_factory=list)  # per evaluated step: protocol rounds, bytes, seconds, valid RMSE
     logistic: dict = field(default_factory=dict)  # am-ssp-convex: per part, log-loss, accuracy, sliced
 

@@ -17,8 +17,10 @@ def _naive(F, idx, indptr, w, y):
 
 
 @pytest.mark.parametrize("piece", [3, 512])
-def test_segment_stats_matches_naive_sums(monkeypatch, piece):
+@pytest.mark.parametrize("small", [-1, 10**9], ids=["torch", "numpy"])
+def test_segment_stats_matches_naive_sums(monkeypatch, piece, small):
     monkeypatch.setattr(kernels, "_PIECE", piece)
+    monkeypatch.setattr(kernels, "_SMALL_ENTRIES", small)  # both paths: torch blocks, numpy below the size
     rng = np.random.default_rng(0)
     counts = np.concatenate([rng.integers(0, 12, 40), [0, 1, 700, 2500]])
     indptr = np.concatenate([[0], np.cumsum(counts)])
@@ -34,6 +36,7 @@ def test_segment_stats_matches_naive_sums(monkeypatch, piece):
 
 def test_segment_stats_small_blocks(monkeypatch):
     monkeypatch.setattr(kernels, "_BLOCK_FLOATS", 64)  # forces tiny blocks
+    monkeypatch.setattr(kernels, "_SMALL_ENTRIES", -1)  # of the torch path
     rng = np.random.default_rng(1)
     counts = np.array([5, 0, 40, 3, 1])
     indptr = np.concatenate([[0], np.cumsum(counts)])
@@ -44,7 +47,9 @@ def test_segment_stats_small_blocks(monkeypatch):
     assert np.allclose(got.A, A, atol=1e-4) and np.allclose(got.b, 0)
 
 
-def test_project_psd_and_solve():
+@pytest.mark.parametrize("small", [-1, 10**9], ids=["torch", "numpy"])
+def test_project_psd_and_solve(monkeypatch, small):
+    monkeypatch.setattr(kernels, "_SMALL_SYSTEMS", small)
     rng = np.random.default_rng(2)
     M = rng.normal(size=(20, 4, 4))
     S = M + np.swapaxes(M, 1, 2)
@@ -54,3 +59,17 @@ def test_project_psd_and_solve():
     A = M @ np.swapaxes(M, 1, 2)
     b = np.einsum("nij,nj->ni", A + 0.3 * np.eye(4), x)
     assert np.allclose(solve_spd(A, b, 0.3), x, atol=1e-6)
+    # a singular system with no ridge falls back to least squares (float64) on both paths
+    sing = np.zeros((2, 3, 3))
+    sing[0] = np.eye(3)
+    sing[1, 0, 0] = 1.0
+    got = solve_spd(sing, np.array([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]]), 0.0)
+    assert np.allclose(got, [[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+
+
+def test_segment_stats_empty_input_on_both_paths(monkeypatch):
+    F = np.ones((4, 3), np.float32)
+    for small in (-1, 10**9):
+        monkeypatch.setattr(kernels, "_SMALL_ENTRIES", small)
+        got = segment_stats(F, np.zeros(0, np.int64), np.zeros(4, np.int64))
+        assert got.A.shape == (3, 3, 3) and not got.A.any() and not got.b.any()

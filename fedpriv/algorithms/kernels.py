@@ -22,6 +22,8 @@ import torch
 _BLOCK_FLOATS = 1 << 23
 # segments are cut into pieces of at most this many entries
 _PIECE = 512
+_SMALL_ENTRIES = 2048  # below this many entries, segment_stats runs in numpy
+_SMALL_SYSTEMS = 16  # solve_spd of at most this many systems runs in numpy
 
 
 @dataclass
@@ -63,6 +65,8 @@ def segment_stats(
     n = len(index)
     indptr = np.asarray(indptr, dtype=np.int64)
     width = d + 1
+    if n <= _SMALL_ENTRIES:  # one user's or a few users' ratings: numpy beats torch's op overhead
+        return _segment_stats_small(factors, index, indptr, weights, targets)
     # source table with a spare last column (filled with sqrt(w) y per entry) and a zero padding
     # row; per-entry arrays with one extra padding slot of weight 0
     F = torch.zeros((n_src + 1, width), dtype=torch.float32)
@@ -81,8 +85,13 @@ def segment_stats(
     size_class = np.floor(2.0 * np.log2(np.maximum(piece_len, 1))).astype(np.int64)
     order = np.argsort(size_class, kind="stable")
     bounds = np.flatnonzero(np.diff(size_class[order])) + 1
-    buf = torch.empty(_BLOCK_FLOATS + _PIECE * width, dtype=torch.float32)  # reused gather buffer
-    for cls in np.split(order, bounds):
+    classes = np.split(order, bounds)
+    # reused gather buffer, no larger than the largest block (small inputs: a small buffer)
+    need = max((min(len(c), max(1, _BLOCK_FLOATS // (int(piece_len[c].max()) * width))) * int(piece_len[c].max()) * width for c in classes if len(c)), default=width)
+    buf = torch.empty(need, dtype=torch.float32)
+    for cls in classes:
+        if not len(cls):
+            continue
         L = int(piece_len[cls].max())
         B = max(1, _BLOCK_FLOATS // (L * width))
         ar = torch.arange(L)
@@ -101,6 +110,24 @@ def segment_stats(
     return SegmentStats(A=G3[:, :d, :d], b=G3[:, :d, d], c=G3[:, d, d])
 
 
+def _segment_stats_small(factors, index, indptr, weights, targets) -> SegmentStats:
+    """The same sums for small inputs, in numpy (float32, like the torch path)."""
+    n_seg, d = len(indptr) - 1, factors.shape[1]
+    X = np.zeros((len(index), d + 1), dtype=np.float32)
+    X[:, :d] = np.asarray(factors, dtype=np.float32)[np.asarray(index, dtype=np.int64)]
+    if targets is not None:
+        X[:, d] = targets
+    if weights is not None:
+        X *= np.sqrt(np.maximum(np.asarray(weights, dtype=np.float32), 0.0))[:, None]
+    G = np.zeros((n_seg, d + 1, d + 1), dtype=np.float32)
+    counts = np.diff(indptr)
+    if len(index):
+        outer = X[:, :, None] * X[:, None, :]
+        nonempty = counts > 0
+        G[nonempty] = np.add.reduceat(outer, indptr[:-1][nonempty], axis=0)
+    return SegmentStats(A=G[:, :d, :d], b=G[:, :d, d], c=G[:, d, d])
+
+
 def gram_flops(n_entries: int, d: int) -> float:
     """Useful floating-point operations of the kernel: one (d+1)^2 multiply-add per entry."""
     return 2.0 * n_entries * (d + 1) ** 2
@@ -112,6 +139,17 @@ def solve_spd(A: np.ndarray, b: np.ndarray, reg: np.ndarray | float) -> np.ndarr
     Float32 Cholesky for speed; systems it rejects (not positive definite, e.g. zero reg on a
     singular Gram matrix) are solved again in float64 by least squares.
     """
+    if len(A) <= _SMALL_SYSTEMS:  # a node's few users: numpy, without torch's per-op overhead
+        A32 = np.array(A, dtype=np.float32)
+        idx = np.arange(A32.shape[-1])
+        A32[:, idx, idx] += np.broadcast_to(np.asarray(reg, dtype=np.float32), (len(A32),))[:, None]
+        try:
+            np.linalg.cholesky(A32)  # positive definite, as the torch path requires
+            x = np.linalg.solve(A32, np.asarray(b, dtype=np.float32)[..., None])[..., 0].astype(np.float64)
+            if np.isfinite(x).all():
+                return x
+        except np.linalg.LinAlgError:
+            pass  # the torch path below handles the rejected systems
     At = torch.from_numpy(np.ascontiguousarray(A, dtype=np.float32)).clone()
     n = At.shape[0]
     reg_t = torch.from_numpy(np.broadcast_to(np.asarray(reg, dtype=np.float32), (n,)).copy())

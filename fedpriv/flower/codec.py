@@ -11,6 +11,8 @@ sensitivity (triangle inequality).
 from __future__ import annotations
 
 import json
+import uuid
+from collections import OrderedDict
 from dataclasses import asdict
 
 import numpy as np
@@ -63,14 +65,33 @@ def encode_state(state: als.PublicState, data_dir: str, users_per_node: int, rou
             "data_dir": data_dir,
             "users_per_node": int(users_per_node),
             "round": int(round_index),
+            # one id per broadcast: a worker serving many nodes decodes each broadcast once
+            "state_id": uuid.uuid4().hex,
         }
     )
     rd = RecordDict({"state": ArrayRecord(arrays), "cfg": cfg})
     return rd
 
 
+_DECODED: OrderedDict = OrderedDict()  # state_id -> decoded broadcast (read-only on clients)
+
+
 def decode_state(content: RecordDict) -> tuple[als.PublicState, str, int]:
-    """(state, data folder, users per node); the round index is :func:`round_of`."""
+    """(state, data folder, users per node); the round index is :func:`round_of`. The decoded
+    state of a broadcast is cached per worker by its ``state_id`` (client code never mutates
+    it)."""
+    key = content.config_records["cfg"].get("state_id")
+    if key is not None and key in _DECODED:
+        return _DECODED[key]
+    out = _decode_state(content)
+    if key is not None:
+        _DECODED[key] = out
+        while len(_DECODED) > 2:
+            _DECODED.popitem(last=False)
+    return out
+
+
+def _decode_state(content: RecordDict) -> tuple[als.PublicState, str, int]:
     cfg = content.config_records["cfg"]
     arrays = content.array_records["state"]
     state = als.PublicState(

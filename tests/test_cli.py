@@ -89,5 +89,5 @@ def test_secure_noise_flag_draws_unseeded_noise_with_the_same_accounting(tmp_pat
     (s1, k1), (s2, k2) = once("c", "--secure-noise"), once("d", "--secure-noise")
     assert m1["test_rmse"] == m2["test_rmse"]  # seeded by default: reproducible
     assert s1["test_rmse"] != s2["test_rmse"] and s1["config"]["secure_noise"] is True
-    assert l1 == k1 == k2 and s1["epsilon_spent"] == m1["epsilon_spent"]
+    assert l1 == l2 == k1 == k2 and s1["epsilon_spent"] == m1["epsilon_spent"]
     assert m1["released_n_users"] > 0 and {r["name"] for r in l1} >= {"users", "mean", "counts"}

@@ -11,7 +11,7 @@ from fedpriv.algorithms.als import ALSConfig
 from fedpriv.cli import main
 from fedpriv.errors import ConfigError
 from fedpriv.privacy import tnb
-from fedpriv.privacy.accounting import PlannedRelease, calibrate, epsilon_pld, epsilon_rdp, rdp_curve, zcdp_rho
+from fedpriv.privacy.accounting import PlannedRelease, calibrate, epsilon_pld, epsilon_rdp, rdp_curve
 from fedpriv.privacy.ledger import PrivacyLedger, Release, RepeatAndSelect
 from fedpriv.privacy.plan import TuningPlan, budget_plan
 from fedpriv.run import run

@@ -272,7 +272,6 @@ def test_one_adversarial_user_moves_each_release_by_at_most_its_sensitivity(algo
     """0, 1 or 10 ratings at the range ends or at +-1e6, possibly on items with thousands of
     public features; every release of the plan moves by at most its declared sensitivity."""
     n, ratings, pool = adv
-    last_in_shard = position == N_USERS - 1 or (users_per_shard and (position + 1) % users_per_shard == 0)
     implicit = implicit and algorithm != "am-ssp-convex"  # the logistic model needs explicit ratings
     rng = np.random.default_rng(seed)
     adv_items = rng.choice(HEAVY if (pool == "heavy" and n <= len(HEAVY)) else N_ITEMS, size=n, replace=False)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
 
 import numpy as np
 
@@ -298,12 +299,20 @@ def client_single_stats(X: np.ndarray, y: np.ndarray, state: PAMState) -> tuple[
 def exp_net(state: PAMState) -> np.ndarray:
     """(N, d, k) candidates with orthonormal columns: Haar draws from a public seed, the same on
     every client and on the server (data-independent, so not a release)."""
+    return _net(state.config.seed, state.config.net_size, state.d, state.k)
+
+
+@lru_cache(maxsize=4)
+def _net(seed: int, size: int, d: int, k: int) -> np.ndarray:
     from ..privacy.ledger import public_draws
 
     with public_draws("exponential-mechanism net"):
-        G = np.random.default_rng([state.config.seed, 29]).standard_normal((state.config.net_size, state.d, state.k))
+        G = np.random.default_rng([seed, 29]).standard_normal((size, d, k))
     Q, R = np.linalg.qr(G)
-    return Q * np.sign(np.where(np.diagonal(R, axis1=1, axis2=2) == 0, 1.0, np.diagonal(R, axis1=1, axis2=2)))[:, None, :]
+    diag = np.diagonal(R, axis1=1, axis2=2)
+    net = Q * np.sign(np.where(diag == 0, 1.0, diag))[:, None, :]
+    net.setflags(write=False)  # cached and shared: read-only
+    return net
 
 
 def _ball_least_squares(G: np.ndarray, r: np.ndarray, radius: float, iters: int = 60) -> np.ndarray:

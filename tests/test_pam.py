@@ -174,3 +174,30 @@ def test_pam_exp_cli_reports_the_pure_epsilon(tmp_path):
     assert m["epsilon_pure"] == 1.0 and m["epsilon_spent"] == 1.0 and m["epsilon_spent_rdp"] > 1.0
     assert m["epsilon_spent_pld"] is None and m["rho_zcdp"] == pytest.approx(1 / 8)
     assert [r["mechanism"] for r in json.loads((out / "ledger.json").read_text())] == ["exponential"]
+
+
+def test_node_replies_are_validated_before_they_are_summed():
+    """The personalization aggregator rejects malformed, non-finite and over-bound replies,
+    including score vectors outside [0, n * sensitivity] (a node may not lower a candidate's
+    score, nor raise it by more than its users can)."""
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    from fedpriv.flower import codec
+    from fedpriv.flower.pam_server import _decode
+
+    def reply(n_users, **arrays):
+        return RecordDict({"contrib": ArrayRecord({k: codec._arr(np.asarray(v, np.float64)) for k, v in arrays.items()}), "meta": ConfigRecord({"n_users": n_users})})
+
+    keys, bounds, ranges = {"scores": 4}, {"scores": 2.0 * 2}, {"scores": 2.0}
+    ok = _decode(reply(2, scores=[0.0, 1.0, 4.0, 3.0]), keys, bounds, 5, ranges)
+    assert np.allclose(ok["scores"], [0, 1, 4, 3])
+    for bad, why in (
+        (reply(2, scores=[0.0, -1.0, 1.0, 1.0]), "outside"),
+        (reply(1, scores=[0.0, 2.5, 0.0, 0.0]), "outside"),
+        (reply(2, scores=[0.0, np.nan, 0.0, 0.0]), "non-finite"),
+        (reply(2, scores=[0.0, 1.0]), "length"),
+        (reply(9, scores=[0.0, 0.0, 0.0, 0.0]), "user count"),
+        (reply(2, values=[0.0, 0.0, 0.0, 0.0]), "missing"),
+    ):
+        with pytest.raises(codec.RejectedReply, match=why):
+            _decode(bad, keys, bounds, 5, ranges)

@@ -172,7 +172,10 @@ def register(app) -> None:
 
 
 # ------------------------------------------------------------------ server loop
-def _decode(content: RecordDict, keys: dict[str, int], bounds: dict[str, float], max_users: int) -> dict[str, np.ndarray]:
+def _decode(content: RecordDict, keys: dict[str, int], bounds: dict[str, float], max_users: int, ranges: dict[str, float] | None = None) -> dict[str, np.ndarray]:
+    """Validated arrays of a reply: lengths, dtypes, finite values, L2 norms within ``n`` times
+    the per-user ``bounds``, and entries within [0, n * ranges[key]] for the keys in ``ranges``
+    (exponential-mechanism scores: each user's term is in [0, sensitivity])."""
     n, arrays = codec._contribution(content, max_users)  # noqa: SLF001
     out = {}
     for key, length in keys.items():
@@ -181,6 +184,8 @@ def _decode(content: RecordDict, keys: dict[str, int], bounds: dict[str, float],
             raise codec.RejectedReply(f"malformed: {key} has length {len(v)}, expected {length}")
         if key in bounds:
             codec._check_norm(key, v, n * bounds[key])  # noqa: SLF001
+        if ranges and key in ranges and len(v) and (v.min() < 0 or v.max() > n * ranges[key] * (1 + 1e-9)):
+            raise codec.RejectedReply(f"over bound: {key} outside [0, {n * ranges[key]:.6g}] (min {v.min():.6g}, max {v.max():.6g})")
         out[key] = v
     return out
 
@@ -214,14 +219,14 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
     result.nodes = len(rounds.nodes)
     d, k = state.d, state.k
 
-    def collect(kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None) -> dict[str, np.ndarray]:
+    def collect(kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None, ranges=None) -> dict[str, np.ndarray]:
         total = {key: np.zeros(n) for key, n in keys.items()}
         replies = dict(rounds.ask(f"query.{kind}", encode_state(state, data_dir, upn, group), name))
         for nid in rounds.nodes:
             if nid not in replies:
                 continue
             try:
-                vals = _decode(replies[nid].content, keys, bounds if state.private else {}, upn)
+                vals = _decode(replies[nid].content, keys, bounds if state.private else {}, upn, ranges if state.private else None)
             except codec.RejectedReply as exc:
                 rounds.reject(name, nid, str(exc))
                 continue
@@ -238,7 +243,8 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
         net = pam.exp_net(state)
         n_net = len(net)
         # every entry of a user's score vector is in [0, s]: L2 norm <= s sqrt(N) per user
-        tot = collect("pam_exp", "exp", {"scores": n_net}, {"scores": pam.sensitivity("exp_U", state) * math.sqrt(n_net)})
+        s_user = pam.sensitivity("exp_U", state)
+        tot = collect("pam_exp", "exp", {"scores": n_net}, {"scores": s_user * math.sqrt(n_net)}, ranges={"scores": s_user})
         pam.server_exp_select(pam.release_exp(tot["scores"], state, ledger), state, net)
     elif job.algorithm in ("pam", "pam-nonprivate"):
         tot = collect("pam_init", "init", {"values": d * (d + 1) // 2}, {"values": pam.sensitivity("init_M", state)})

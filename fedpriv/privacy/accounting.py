@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 import dp_accounting
 import numpy as np
 from absl import logging as absl_logging
-from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import common, pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from ..errors import ConfigError, PrivacyError
@@ -111,12 +111,20 @@ def zcdp_rho(releases) -> float:
 
 
 def epsilon_pure(releases) -> float | None:
-    """Pure-DP epsilon by basic composition when every release is pure (exponential
-    mechanisms); None otherwise. Pure epsilon-DP implies (epsilon, delta)-DP for every delta."""
+    """Pure-DP epsilon (delta = 0) of the composed releases when every release is pure
+    (exponential mechanisms), None otherwise: dp-accounting's privacy loss distribution of a
+    generic (epsilon, 0)-DP mechanism per record, self-composed and composed. Pure epsilon-DP
+    implies (epsilon, delta)-DP for every delta."""
     rels = _as_releases(releases)
     if not rels or any(isinstance(r, RepeatAndSelect) or r.mechanism != "exponential" for r in rels):
         return None
-    return float(sum(r.accounted_count * r.pure_epsilon for r in rels))
+    total = None
+    for r in rels:
+        pld = privacy_loss_distribution.from_privacy_parameters(common.DifferentialPrivacyParameters(r.pure_epsilon, 0.0))
+        if r.accounted_count > 1:
+            pld = pld.self_compose(r.accounted_count)
+        total = pld if total is None else total.compose(pld)
+    return float(total.get_epsilon_for_delta(0.0))
 
 
 # ---------------------------------------------------------------------- calibration

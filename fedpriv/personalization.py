@@ -71,9 +71,8 @@ def evaluate(state: pam.PAMState, data: PersonalData, users_per_shard: int = 409
 
 def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | None, delta: float, overrides: dict, engine: str, work_dir=None, flower_runner=None) -> tuple[dict, list[dict]]:
     """One run of a personalization algorithm: (metrics, ledger records), the CLI contract."""
-    from .errors import ConfigError
     from .metrics import run_header
-    from .privacy.accounting import epsilon_pld, epsilon_pure, epsilon_rdp, pld_supported, zcdp_rho
+    from .privacy.accounting import zcdp_rho
 
     t0 = time.perf_counter()
     overrides = dict(overrides)
@@ -81,11 +80,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
     users_per_shard = int(float(overrides.pop("users_per_shard", 0))) or 4096
     nodes = int(float(overrides.pop("nodes", 0)))
     cfg = pam.PAMConfig.from_overrides(overrides)
-    private = algorithm in pam.PRIVATE
-    if private and epsilon is None:
-        raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
-    if not isinstance(data, PersonalData):
-        raise ConfigError(f"{algorithm} needs --data synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R", field="--data")
+    private = algorithm in pam.PRIVATE  # run() has checked the algorithm, epsilon and data kind
     extra: dict = {}
     if engine == "flower":
         from .flower.pam_server import PamJob, run_pam_job_local
@@ -105,7 +100,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
         "d": data.d,
         "k": state.k,
         **ev,
-        **_spent(ledger, delta, private, epsilon_rdp, epsilon_pld, epsilon_pure, pld_supported),
+        **_spent(ledger, delta, private),
         "rho_zcdp": zcdp_rho(ledger) if private else None,
         "noise_multipliers": dict(state.multipliers),
         **extra,
@@ -116,14 +111,15 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
     return metrics, ledger.to_list()
 
 
-def _spent(ledger, delta, private, epsilon_rdp, epsilon_pld, epsilon_pure, pld_supported) -> dict:
-    """epsilon_spent: the smallest of the accountants' bounds at ``delta`` (RDP, and the pure
-    epsilon when every release is pure DP, as for pam-exp), each computed from the ledger."""
+def _spent(ledger, delta, private) -> dict:
+    """epsilon_spent by the rule of :func:`~fedpriv.privacy.accounting.epsilon_bounds` (the pure
+    epsilon counts when every release is pure DP, as for pam-exp), with the RDP and PLD values."""
+    from .privacy.accounting import epsilon_bounds, epsilon_pld, pld_supported
+
     if not private:
         return {"epsilon_spent": None, "epsilon_spent_pld": None}
-    rdp = epsilon_rdp(ledger, delta)
-    pure = epsilon_pure(ledger)
-    out = {"epsilon_spent": rdp if pure is None else min(rdp, pure), "epsilon_spent_rdp": rdp}
+    spent, rdp, pure = epsilon_bounds(ledger, delta)
+    out = {"epsilon_spent": spent, "epsilon_spent_rdp": rdp}
     out["epsilon_spent_pld"] = epsilon_pld(ledger, delta) if pld_supported(ledger) else None
     if pure is not None:
         out["epsilon_pure"] = pure

@@ -21,7 +21,7 @@ from .data.splits import HeldoutSplit, heldout_users_split, random_split
 from .engine import train_inprocess
 from .errors import ConfigError
 from .metrics import run_header
-from .privacy.accounting import epsilon_pld, epsilon_rdp, pld_supported
+from .privacy.accounting import epsilon_bounds, epsilon_pld, pld_supported
 
 ENGINES = ("inprocess", "flower")
 
@@ -88,32 +88,31 @@ def run(
     """Train and evaluate; returns (metrics, ledger records). ``dataset`` skips loading;
     ``flower_runner(job, n_nodes)`` runs a Flower job (default: a new simulation)."""
     t0 = time.perf_counter()
-    from .algorithms.pam import PAM_ALGORITHMS
+    from .algorithms import pam
 
-    if algorithm in PAM_ALGORITHMS:
+    if algorithm not in als.ALGORITHMS and algorithm not in pam.PAM_ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {algorithm!r} (known: {', '.join((*als.ALGORITHMS, *pam.PAM_ALGORITHMS))})", field="algorithm")
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", field="--engine")
+    private = algorithm in pam.PRIVATE if algorithm in pam.PAM_ALGORITHMS else algorithm != "als"
+    if private and epsilon is None:
+        raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
+    if algorithm in pam.PAM_ALGORITHMS:
         from .personalization import run_personal
 
-        if engine not in ENGINES:
-            raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", field="--engine")
         spec = parse_data_spec(data) if isinstance(data, str) else data
         if spec.kind != "synthetic-personal":
             raise ConfigError(f"{algorithm} needs --data synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R", field="--data")
         ds = dataset if dataset is not None else load_spec(spec)
         metrics, records = run_personal(algorithm, spec, ds, epsilon=epsilon, delta=delta, overrides=dict(overrides or {}), engine=engine, work_dir=work_dir, flower_runner=flower_runner)
         return _clean(metrics), records
-    als.validate_algorithm(algorithm)
-    if engine not in ENGINES:
-        raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", field="--engine")
-    private = algorithm != "als"
-    if private and epsilon is None:
-        raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
     overrides = dict(overrides or {})
     opts = RunOptions.pop_from(overrides)
     cfg = als.ALSConfig.from_overrides(overrides)
 
     spec = parse_data_spec(data) if isinstance(data, str) else data
     if spec.kind == "synthetic-personal":
-        raise ConfigError(f"{algorithm!r} trains on ratings; synthetic-personal data is for {', '.join(PAM_ALGORITHMS)}", field="--data")
+        raise ConfigError(f"{algorithm!r} trains on ratings; synthetic-personal data is for {', '.join(pam.PAM_ALGORITHMS)}", field="--data")
     ds = dataset if dataset is not None else load_spec(spec)
     inter = ds.interactions
     protocol = opts.split
@@ -193,7 +192,7 @@ def run(
 
     records = ledger.to_list()
     if private:
-        metrics["epsilon_spent"] = epsilon_rdp(ledger, delta)
+        metrics["epsilon_spent"] = epsilon_bounds(ledger, delta)[0]
         metrics["epsilon_spent_pld"] = epsilon_pld(ledger, delta) if pld_supported(ledger) else None
     else:
         metrics["epsilon_spent"] = None

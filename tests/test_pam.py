@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedpriv.algorithms import pam
+from fedpriv.algorithms.kernels import from_upper, upper
 from fedpriv.cli import main
 from fedpriv.data.personal import make_personal
 from fedpriv.errors import ConfigError
@@ -64,9 +65,9 @@ def test_init_bound_is_reached_by_a_worst_case_user():
     state = _state("full", clip_y=1.0)
     x = np.ones((1, 8, 6), np.float32)
     y = np.full((1, 8), 5.0, np.float32)
-    S = pam._from_upper(pam.client_init_stats(x, y, state), 6)
-    assert np.linalg.norm(pam._upper(S)) == pytest.approx(pam.sensitivity("init_M", state) * np.linalg.norm(pam._upper(np.ones((6, 6)) / 6)), rel=1e-6)
-    assert np.linalg.norm(pam._upper(S)) <= pam.sensitivity("init_M", state)
+    S = from_upper(pam.client_init_stats(x, y, state), 6)
+    assert np.linalg.norm(upper(S)) == pytest.approx(pam.sensitivity("init_M", state) * np.linalg.norm(upper(np.ones((6, 6)) / 6)), rel=1e-6)
+    assert np.linalg.norm(upper(S)) <= pam.sensitivity("init_M", state)
 
 
 @pytest.mark.parametrize("schedule,accounted", [("full", 3), ("disjoint", 1)])

@@ -8,9 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import adversarial_interactions
 from fedpriv.algorithms import als, ssp
 from fedpriv.algorithms.encoder import FeatureTable, ItemEncoder, per_user_clipped_gradient
-from fedpriv.algorithms.kernels import project_psd, solve_spd
+from fedpriv.algorithms.kernels import project_psd, solve_spd, upper
 from fedpriv.algorithms.shards import shard_users
 from fedpriv.data.interactions import Interactions
 from fedpriv.errors import ConfigError
@@ -105,32 +106,12 @@ def test_per_user_clipped_gradient_matches_a_loop(small_mf):
     assert np.allclose(total, want, atol=1e-5)
 
 
-def _adversarial(n_ratings, rating, seed, n_items=120, n_users=20):
-    rng = np.random.default_rng(seed)
-    users = rng.integers(0, n_users - 1, 600)
-    items = rng.integers(0, n_items, 600)
-    vals = rng.uniform(1, 5, 600)
-    adv = rng.choice(n_items, size=n_ratings, replace=False)
-    users = np.concatenate([users, np.full(n_ratings, n_users - 1)])
-    items = np.concatenate([items, adv])
-    vals = np.concatenate([vals, np.full(n_ratings, rating)])
-    key = users * n_items + items
-    _, first = np.unique(key[::-1], return_index=True)
-    keep = np.sort(len(key) - 1 - first)
-    return Interactions(users[keep], items[keep], vals[keep], n_users, n_items)
-
-
-def _upper(A):
-    iu = np.triu_indices(A.shape[-1])
-    return A[..., iu[0], iu[1]]
-
-
 @settings(max_examples=10, deadline=None)
 @given(n_ratings=st.sampled_from([0, 1, 3, 100]), rating=st.sampled_from([1.0, 5.0, 1e6, -1e6]), seed=st.integers(0, 10_000))
 def test_one_user_moves_the_convex_statistics_by_at_most_their_sensitivity(n_ratings, rating, seed):
     from fedpriv.data.synthetic import make_mf
 
-    inter = _adversarial(n_ratings, rating, seed)
+    inter = adversarial_interactions(np.random.default_rng(seed), 20, 120, 600, n_ratings, rating)
     feats = make_mf(20, inter.n_items, 600, seed=1).item_features
     cfg = als.ALSConfig(rank=3, user_clip=1.5, beta=2.0, features="genre,year")
     state, _ = _state("am-ssp-convex", inter, cfg, feats)
@@ -139,7 +120,7 @@ def test_one_user_moves_the_convex_statistics_by_at_most_their_sensitivity(n_rat
     without = ssp.client_convex_stats(shard_users(inter.subset(inter.users != inter.n_users - 1)), state)
     H1, g1, _ = als.sum_item_stats([full], inter.n_items, 4)
     H0, g0, _ = als.sum_item_stats([without], inter.n_items, 4)
-    assert np.linalg.norm(_upper(H1) - _upper(H0)) <= als.sensitivity("item_stats_H", cfg, (1, 5)) * (1 + 1e-5)
+    assert np.linalg.norm(upper(H1) - upper(H0)) <= als.sensitivity("item_stats_H", cfg, (1, 5)) * (1 + 1e-5)
     assert np.linalg.norm(g1 - g0) <= als.sensitivity("item_stats_g", cfg, (1, 5)) * (1 + 1e-5)
 
 

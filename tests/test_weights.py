@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import adversarial_interactions
 from fedpriv.algorithms import als
+from fedpriv.algorithms.kernels import upper
 from fedpriv.algorithms.shards import shard_users
 from fedpriv.data.interactions import Interactions
 from fedpriv.errors import ConfigError
@@ -91,11 +93,6 @@ def _stats_without(inter, user, state):
     return als.sum_item_stats([parts], inter.n_items, parts.A.shape[-1])
 
 
-def _upper(A):
-    iu = np.triu_indices(A.shape[-1])
-    return A[..., iu[0], iu[1]]
-
-
 @pytest.mark.parametrize("algorithm", ["dpals-uniform", "dpals-tail", "adadpals"])
 @settings(max_examples=12, deadline=None)
 @given(
@@ -105,26 +102,15 @@ def _upper(A):
     seed=st.integers(0, 10_000),
 )
 def test_one_user_moves_each_release_by_at_most_its_sensitivity(algorithm, n_ratings, rating, weight_mode, seed):
-    rng = np.random.default_rng(seed)
     n_items, n_users = 400, 30
-    users = rng.integers(0, n_users - 1, 1500)
-    items = rng.integers(0, n_items, 1500)
-    vals = rng.uniform(1, 5, 1500)
-    adv_items = rng.choice(n_items, size=n_ratings, replace=False)
-    users = np.concatenate([users, np.full(n_ratings, n_users - 1)])
-    items = np.concatenate([items, adv_items])
-    vals = np.concatenate([vals, np.full(n_ratings, rating)])
-    key = users * n_items + items
-    _, first = np.unique(key[::-1], return_index=True)
-    keep = np.sort(len(key) - 1 - first)
-    inter = Interactions(users[keep], items[keep], vals[keep], n_users, n_items)
+    inter = adversarial_interactions(np.random.default_rng(seed), n_users, n_items, 1500, n_ratings, rating)
     cfg = als.ALSConfig(rank=3, user_clip=1.5, rating_clip=2.0, beta=2.0, k=7, weight_mode=weight_mode, mu=0.5)
     state = _state(algorithm, inter, cfg)
     A1, b1, _ = als.sum_item_stats([als.client_item_stats(shard_users(inter), state)], n_items, cfg.rank + 1)
     A0, b0, _ = _stats_without(inter, n_users - 1, state)
     sA = als.sensitivity("item_stats_A", cfg, state.rating_range)
     sb = als.sensitivity("item_stats_b", cfg, state.rating_range)
-    assert np.linalg.norm(_upper(A1) - _upper(A0)) <= sA * (1 + 1e-5)
+    assert np.linalg.norm(upper(A1) - upper(A0)) <= sA * (1 + 1e-5)
     assert np.linalg.norm(b1 - b0) <= sb * (1 + 1e-5)
     # mean and counts contributions of that user
     one = shard_users(inter, np.array([n_users - 1]))

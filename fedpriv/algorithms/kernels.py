@@ -85,12 +85,9 @@ def segment_stats(
     size_class = np.floor(2.0 * np.log2(np.maximum(piece_len, 1))).astype(np.int64)
     order = np.argsort(size_class, kind="stable")
     bounds = np.flatnonzero(np.diff(size_class[order])) + 1
-    classes = np.split(order, bounds)
-    # reused gather buffer, no larger than the largest block (small inputs: a small buffer)
-    need = max((min(len(c), max(1, _BLOCK_FLOATS // (int(piece_len[c].max()) * width))) * int(piece_len[c].max()) * width for c in classes if len(c)), default=width)
-    buf = torch.empty(need, dtype=torch.float32)
-    for cls in classes:
-        if not len(cls):
+    buf = torch.empty(_BLOCK_FLOATS + _PIECE * width, dtype=torch.float32)  # reused gather buffer
+    for cls in np.split(order, bounds):
+        if not len(cls):  # no entries at all
             continue
         L = int(piece_len[cls].max())
         B = max(1, _BLOCK_FLOATS // (L * width))
@@ -126,6 +123,21 @@ def _segment_stats_small(factors, index, indptr, weights, targets) -> SegmentSta
         nonempty = counts > 0
         G[nonempty] = np.add.reduceat(outer, indptr[:-1][nonempty], axis=0)
     return SegmentStats(A=G[:, :d, :d], b=G[:, :d, d], c=G[:, d, d])
+
+
+def upper(A: np.ndarray) -> np.ndarray:
+    """The upper triangles (diagonal included) of the last two axes, as vectors."""
+    iu = np.triu_indices(A.shape[-1])
+    return A[..., iu[0], iu[1]]
+
+
+def from_upper(T: np.ndarray, d: int) -> np.ndarray:
+    """The symmetric d x d matrices whose upper triangles are the last axis of ``T``."""
+    iu = np.triu_indices(d)
+    A = np.zeros((*T.shape[:-1], d, d), dtype=T.dtype)
+    A[..., iu[0], iu[1]] = T
+    A[..., iu[1], iu[0]] = T
+    return A
 
 
 def gram_flops(n_entries: int, d: int) -> float:

@@ -40,6 +40,7 @@ import scipy.sparse as sp
 
 from ..errors import ConfigError
 from ..privacy.accounting import PlannedRelease, calibrate, epsilon_rdp
+from ..privacy.clipping import clip_rows
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.weights import adaptive_omega, clip_user_weights
 from .kernels import project_psd
@@ -113,15 +114,9 @@ def _check_pairs(tasks: np.ndarray, users: np.ndarray, m: int, n: int) -> None:
         raise ConfigError("each (task, user) pair may occur at most once", field="tasks")
 
 
-def clip_norm(v: np.ndarray, bound: float) -> np.ndarray:
-    """Rows of ``v`` scaled to L2 norm <= bound."""
-    norms = np.linalg.norm(v, axis=-1, keepdims=True)
-    return v * np.minimum(1.0, bound / np.maximum(norms, 1e-300))
-
-
 def project_ball(theta: np.ndarray, radius: float | None) -> np.ndarray:
     """Euclidean projection of each row onto the ball of ``radius`` (identity if None)."""
-    return theta if radius is None else clip_norm(theta, radius)
+    return theta if radius is None else clip_rows(theta, radius)
 
 
 def _task_matrix(tasks: np.ndarray, values: np.ndarray, m: int) -> sp.csr_matrix:
@@ -150,7 +145,7 @@ def ssp_statistics(
     x: np.ndarray, tasks: np.ndarray, users: np.ndarray, y: np.ndarray, w: np.ndarray, m: int, x_clip: float, y_clip: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """A_i = sum_j w_ij x_j x_j^T (m, d, d) and b_i = sum_j w_ij y_ij x_j (m, d), clipped inputs."""
-    xs = clip_norm(np.asarray(x, dtype=np.float64), x_clip)[users]
+    xs = clip_rows(np.asarray(x, dtype=np.float64), x_clip)[users]
     ys = np.clip(y, -y_clip, y_clip)
     d = xs.shape[1]
     W = _task_matrix(tasks, w, m)
@@ -164,10 +159,10 @@ def gd_gradient(
     m: int, x_clip: float, y_clip: float, grad_clip: float,
 ) -> np.ndarray:
     """sum_j w_ij clip((x_j^T theta_i - y_ij) x_j, Gamma) per task (m, d): the data part of the gradient."""
-    xs = clip_norm(np.asarray(x, dtype=np.float64), x_clip)[users]
+    xs = clip_rows(np.asarray(x, dtype=np.float64), x_clip)[users]
     ys = np.clip(y, -y_clip, y_clip)
     resid = np.einsum("kd,kd->k", xs, theta[tasks]) - ys
-    g = clip_norm(resid[:, None] * xs, grad_clip)
+    g = clip_rows(resid[:, None] * xs, grad_clip)
     return np.asarray(_task_matrix(tasks, w, m) @ g)
 
 

@@ -40,7 +40,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..privacy.accounting import PlannedRelease, calibrate
+from ..privacy.clipping import clip_rows
 from ..privacy.ledger import PrivacyLedger
+from .kernels import from_upper, upper
 
 PAM_ALGORITHMS = ("pam", "pam-own-data", "pam-single-model", "pam-nonprivate", "pam-exp")
 PRIVATE = ("pam", "pam-single-model", "pam-exp")
@@ -226,24 +228,6 @@ def new_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsi
 
 
 # ---------------------------------------------------------------------------- client side
-def _upper(S: np.ndarray) -> np.ndarray:
-    iu = np.triu_indices(S.shape[-1])
-    return S[..., iu[0], iu[1]]
-
-
-def _from_upper(v: np.ndarray, n: int) -> np.ndarray:
-    S = np.zeros((n, n))
-    iu = np.triu_indices(n)
-    S[iu] = v
-    S[(iu[1], iu[0])] = v
-    return S
-
-
-def _clip_rows(W: np.ndarray, bound: float) -> np.ndarray:
-    norms = np.linalg.norm(W, axis=-1, keepdims=True)
-    return W * np.minimum(1.0, bound / np.maximum(norms, 1e-30))
-
-
 def client_init_stats(X: np.ndarray, y: np.ndarray, state: PAMState) -> np.ndarray:
     """Upper triangle of sum over users and pairs of sym(x_a x_b^T/(|x_a||x_b|)) clip(y_a)clip(y_b)."""
     sl = init_samples(state)
@@ -256,7 +240,7 @@ def client_init_stats(X: np.ndarray, y: np.ndarray, state: PAMState) -> np.ndarr
     xb = xb / np.maximum(np.linalg.norm(xb, axis=-1, keepdims=True), 1e-30)
     c = np.clip(ys[:, 0 : 2 * p : 2], -state.zeta, state.zeta) * np.clip(ys[:, 1 : 2 * p : 2], -state.zeta, state.zeta)
     S = np.einsum("npa,np,npb->ab", xa, c, xb)
-    return _upper(S)  # sym(S) replicates the upper triangle: this vector determines it
+    return upper(S)  # sym(S) replicates the upper triangle: this vector determines it
 
 
 def client_user_vectors(X: np.ndarray, y: np.ndarray, U: np.ndarray, ridge: float, samples: slice | None = None) -> np.ndarray:
@@ -283,17 +267,17 @@ def client_am_stats(X: np.ndarray, y: np.ndarray, state: PAMState, chunk: int = 
         Xs = Xc[:, ss].astype(np.float64)
         # W = vec(x v^T) with columns stacked: index c * d + a holds v_c x_a
         W = (V[:, None, :, None] * Xs[:, :, None, :]).reshape(-1, dk)
-        W = _clip_rows(W, state.eta)
+        W = clip_rows(W, state.eta)
         yy = np.clip(yc[:, ss].astype(np.float64), -state.zeta, state.zeta).reshape(-1)
         A += W.T @ W
         b += W.T @ yy
-    return _upper(A), b
+    return upper(A), b
 
 
 def client_single_stats(X: np.ndarray, y: np.ndarray, state: PAMState) -> tuple[np.ndarray, np.ndarray]:
-    Xs = _clip_rows(X.astype(np.float64).reshape(-1, state.d), state.g_x)
+    Xs = clip_rows(X.astype(np.float64).reshape(-1, state.d), state.g_x)
     ys = np.clip(y.astype(np.float64).reshape(-1), -state.zeta, state.zeta)
-    return _upper(Xs.T @ Xs), Xs.T @ ys
+    return upper(Xs.T @ Xs), Xs.T @ ys
 
 
 def exp_net(state: PAMState) -> np.ndarray:
@@ -357,7 +341,7 @@ def client_exp_scores(X: np.ndarray, y: np.ndarray, state: PAMState, net: np.nda
 
 
 # ---------------------------------------------------------------------------- aggregator
-def _release(name: str, value: np.ndarray, state: PAMState, ledger: PrivacyLedger | None, n: int | None = None, groups: int = 1) -> np.ndarray:
+def _release(name: str, value: np.ndarray, state: PAMState, ledger: PrivacyLedger | None, groups: int = 1) -> np.ndarray:
     """Noise the exact sum through the ledger (upper-triangle vectors are noised entry-wise:
     the same as symmetric noise on the matrix)."""
     if not state.private:
@@ -387,7 +371,7 @@ def release_exp(scores: np.ndarray, state: PAMState, ledger: PrivacyLedger | Non
 
 # ---------------------------------------------------------------------------- server side
 def _psd_solve(A_upper: np.ndarray, b: np.ndarray, n: int, lam: float) -> np.ndarray:
-    A = _from_upper(A_upper, n)
+    A = from_upper(A_upper, n)
     w, Q = np.linalg.eigh(A)
     w = np.maximum(w, 0.0) + lam
     return Q @ ((Q.T @ b) / w)
@@ -401,7 +385,7 @@ def _ridge(name: str, state: PAMState, n: int, A_upper: np.ndarray) -> float:
 
 def server_init(M_upper: np.ndarray, state: PAMState) -> None:
     """U_0: top-k eigenvectors of the (noised) symmetric M."""
-    w, Q = np.linalg.eigh(_from_upper(M_upper, state.d))
+    w, Q = np.linalg.eigh(from_upper(M_upper, state.d))
     state.U = Q[:, np.argsort(w)[::-1][: state.k]]
 
 

@@ -38,14 +38,6 @@ class PersonalData:
     def k(self) -> int:
         return self.U_star.shape[1]
 
-    @property
-    def theta_star(self) -> np.ndarray:
-        """(n, d) true regression vectors U* v*_j."""
-        return self.V_star @ self.U_star.T
-
-    def subset(self, users: np.ndarray) -> "PersonalData":
-        return PersonalData(self.X[users], self.y[users], self.U_star, self.V_star[users], self.noise)
-
 
 def make_personal(users: int = 50_000, samples: int = 10, d: int = 50, k: int = 2, noise: float = 0.01, seed: int = 0) -> PersonalData:
     """Generate the data set (synthetic: every draw is public randomness, not noise)."""

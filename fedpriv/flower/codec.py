@@ -19,6 +19,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from ..algorithms import als
+from ..algorithms.kernels import from_upper, upper
 
 
 class RejectedReply(ValueError):
@@ -27,19 +28,6 @@ class RejectedReply(ValueError):
 
 def _arr(x) -> Array:
     return Array(np.ascontiguousarray(x))
-
-
-def upper(A: np.ndarray) -> np.ndarray:
-    iu = np.triu_indices(A.shape[-1])
-    return A[..., iu[0], iu[1]]
-
-
-def from_upper(T: np.ndarray, d: int) -> np.ndarray:
-    iu = np.triu_indices(d)
-    A = np.zeros((*T.shape[:-1], d, d), dtype=T.dtype)
-    A[..., iu[0], iu[1]] = T
-    A[..., iu[1], iu[0]] = T
-    return A
 
 
 # ------------------------------------------------------------------ server -> clients

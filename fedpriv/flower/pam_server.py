@@ -79,10 +79,16 @@ def _mapped(folder: str):
     )
 
 
+@lru_cache(maxsize=64)
 def load_block(folder: str, partition_id: int, users_per_node: int):
+    """The block of one node (cached per worker process, like the rating shards): its users and
+    their samples, ground truth and the data's metadata, read-only."""
     X, y, V, U, meta = _mapped(folder)
     users = node_users(partition_id, users_per_node, meta["n_users"])
-    return users, np.asarray(X[users]), np.asarray(y[users]), np.asarray(V[users]), U, meta
+    block = (users, np.asarray(X[users]), np.asarray(y[users]), np.asarray(V[users]))
+    for a in block:
+        a.setflags(write=False)
+    return (*block, U, meta)
 
 
 # ------------------------------------------------------------------ messages

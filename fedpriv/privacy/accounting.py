@@ -127,6 +127,15 @@ def epsilon_pure(releases) -> float | None:
     return float(total.get_epsilon_for_delta(0.0))
 
 
+def epsilon_bounds(releases, delta: float) -> tuple[float, float, float | None]:
+    """(epsilon spent, RDP epsilon, pure epsilon or None) at ``delta``: the spent epsilon is the
+    smaller of the RDP bound and, when every release is pure DP, the pure bound (pure
+    epsilon-DP implies (epsilon, delta)-DP). The one rule for every reported or budgeted epsilon."""
+    rdp = epsilon_rdp(releases, delta)
+    pure = epsilon_pure(releases)
+    return (rdp if pure is None else min(rdp, pure)), rdp, pure
+
+
 # ---------------------------------------------------------------------- calibration
 @dataclass(frozen=True)
 class PlannedRelease:

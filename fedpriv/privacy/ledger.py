@@ -175,7 +175,7 @@ class PrivacyLedger:
     def _check_budget(self, rel: Release | RepeatAndSelect) -> None:
         if self.budget is None:
             return
-        from .accounting import epsilon_pure, epsilon_rdp  # local import: accounting depends on Release only
+        from .accounting import epsilon_bounds  # local import: accounting depends on Release only
 
         eps_budget, delta = self.budget
         merged = [replace(r) if isinstance(r, Release) else r for r in self.releases]  # as _record would leave them
@@ -185,10 +185,7 @@ class PrivacyLedger:
                 break
         else:
             merged.append(rel)
-        eps = epsilon_rdp(merged, delta)
-        pure = epsilon_pure(merged)  # pure epsilon-DP implies (epsilon, delta)-DP
-        if pure is not None:
-            eps = min(eps, pure)
+        eps = epsilon_bounds(merged, delta)[0]
         if eps > eps_budget * (1 + 1e-3):
             raise PrivacyError(
                 f"release {rel.name!r} would bring epsilon to {eps:.4f} > budget {eps_budget:.4f} "

@@ -223,7 +223,7 @@ def new_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsi
             state.exp_epsilon = float(epsilon)
         else:
             state.multipliers = calibrate(plan_releases(algorithm, cfg), epsilon, delta).multipliers
-            budget = (epsilon, delta)
+        budget = (epsilon, delta)  # the ledger refuses any release beyond it (pure bound included)
     return state, PrivacyLedger(seed=cfg.seed, secure=cfg.secure_noise, budget=budget)
 
 

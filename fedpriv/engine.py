@@ -113,3 +113,31 @@ def train_inprocess(
             on_step(step, state, te - t0)
     timings["train_seconds"] = time.perf_counter() - t0
     return TrainResult(state=state, ledger=ledger, timings=timings)
+
+
+def recommend_inprocess(state: als.PublicState, train: Interactions, heldout: Interactions | None, cfg, *, users_per_shard: int | None = None, secure: bool = False):
+    """Private recommendation after training (:mod:`fedpriv.algorithms.recommend`) over the
+    same user shards as training: returns (summary, recommendation ledger, reports per global
+    user id). The Flower apps drive the very same functions."""
+    from .algorithms import recommend
+
+    cfg.validate()
+    ledger = PrivacyLedger(seed=cfg.seed, secure=secure)
+    shards = make_shards(train, users_per_shard)
+    held = [shard_users(heldout, s.user_ids) for s in shards] if heldout is not None else [None] * len(shards)
+    candidates = recommend.candidate_items(state, cfg.candidates)
+    if cfg.sensitivity == "quantile":
+        total = np.sum([recommend.client_histogram(s, state, candidates, cfg) for s in shards], axis=0)
+        lo, hi = recommend.release_ranges(total, state, cfg, ledger)
+    else:
+        lo, hi = recommend.public_ranges(state, candidates, cfg)
+    sums = None
+    picks = np.full(train.n_users, -1, dtype=np.int64)
+    for s, h in zip(shards, held):
+        rep = recommend.client_recommend(s, state, candidates, lo, hi, cfg, h, secure=secure)
+        recommend.merge_records(ledger, recommend.check_report(rep.picks, rep.records, rep.sums, s.n_users, len(candidates), cfg))
+        sums = recommend.add_sums(sums, rep.sums)
+        picks[s.user_ids] = candidates[rep.picks]
+    summary = recommend.summarize(sums)
+    summary.update({"candidates": int(len(candidates)), "sensitivity_min": float((hi - lo).min()), "sensitivity_max": float((hi - lo).max())})
+    return summary, ledger, picks

@@ -41,6 +41,15 @@ class RunOptions:
     tune_shape: float = 1.0  # truncated negative binomial shape (1 geometric, 0 logarithmic)
     tune_share: float = 0.05  # share of one run's budget for its private validation score
     tune_score_clip: float = 0.0  # per-user validation MSE clip (0: (half the rating range)^2)
+    recommend: str = ""  # private recommendation after training: a selection mechanism ("" = none)
+    rec_epsilon: float = 1.0  # per-user pure epsilon of the reported item
+    rec_candidates: int = 100
+    rec_sensitivity: str = "quantile"  # quantile (private histogram), norm (public bound) or range
+    rec_hist_epsilon: float = 1.0  # histogram release of the quantile source, at rec_hist_delta
+    rec_hist_delta: float = 1e-6
+    rec_bins: int = 40
+    rec_user_clip: float = 1.0
+    rec_params: str = ""  # mechanism parameters "beta:0.1;lam:0.25" (fedpriv.selection.mechanisms)
 
     @classmethod
     def pop_from(cls, overrides: dict) -> "RunOptions":
@@ -55,7 +64,28 @@ class RunOptions:
                     raise ConfigError(f"expected {typ.__name__}, got {raw!r}", field=key) from None
         if opts.split not in ("auto", "random", "heldout"):
             raise ConfigError(f"must be auto, random or heldout, got {opts.split!r}", field="split")
+        if opts.recommend:
+            opts.recommend_config(0).validate()
         return opts
+
+    def recommend_config(self, seed: int):
+        """The :class:`~fedpriv.algorithms.recommend.RecommendConfig` of ``recommend`` and ``rec_*``."""
+        from .algorithms.recommend import RecommendConfig
+
+        params: dict = {}
+        for part in filter(None, (p.strip() for p in self.rec_params.split(";"))):
+            key, colon, value = part.partition(":")
+            if not colon or not key.strip():
+                raise ConfigError(f"expected key:value, got {part!r}", field="rec_params")
+            try:
+                params[key.strip()] = float(value)
+            except ValueError:
+                params[key.strip()] = value.strip()
+        return RecommendConfig(
+            mechanism=self.recommend, epsilon=self.rec_epsilon, candidates=self.rec_candidates, sensitivity=self.rec_sensitivity,
+            bins=self.rec_bins, hist_epsilon=self.rec_hist_epsilon, hist_delta=self.rec_hist_delta, user_clip=self.rec_user_clip,
+            seed=seed, params=params,
+        )
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:
@@ -142,6 +172,10 @@ def run(
 
     rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
     tuning_report = None
+    rec_cfg = opts.recommend_config(cfg.seed) if opts.recommend else None
+    rec_ledger = None
+    if rec_cfg is not None and (protocol != "random" or opts.tune):
+        raise ConfigError("private recommendation runs after training on the random split (hits on held-out ratings), without tuning", field="recommend")
     if opts.tune:
         if engine != "inprocess" or protocol != "random" or not private:
             raise ConfigError("private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)", field="tune")
@@ -161,7 +195,7 @@ def run(
         metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
         metrics["tuning"] = tuning_report
     elif engine == "flower":
-        state, ledger, timings = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, flower_runner, ds.item_features)
+        state, ledger, timings, rec_ledger = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, flower_runner, ds.item_features, rec_cfg)
         if protocol == "heldout":
             _recall_metrics(metrics, state, train, split, cfg.eval_k)
     else:
@@ -189,8 +223,24 @@ def run(
             metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
         else:
             _recall_metrics(metrics, state, train, split, cfg.eval_k)
+        if rec_cfg is not None:
+            from .engine import recommend_inprocess
+
+            metrics["recommendation"], rec_ledger, _ = recommend_inprocess(
+                state, train, split.test, rec_cfg, users_per_shard=opts.users_per_shard or opts.users_per_node, secure=cfg.secure_noise
+            )
 
     records = ledger.to_list()
+    if rec_ledger is not None:
+        # the recommendation phase: its own ledger, composed with training for the run's epsilon
+        metrics["recommendation"].update(
+            {"mechanism": rec_cfg.mechanism, "sensitivity_source": rec_cfg.sensitivity, "epsilon_select": rec_cfg.epsilon,
+             "epsilon": epsilon_bounds(rec_ledger, delta)[0], "params": rec_cfg.params}
+        )
+        metrics["epsilon_training"] = epsilon_bounds(ledger, delta)[0] if private else None
+        records = records + rec_ledger.to_list()
+        ledger = [*ledger.releases, *rec_ledger.releases] if private else rec_ledger
+        private = True
     if private:
         metrics["epsilon_spent"] = epsilon_bounds(ledger, delta)[0]
         metrics["epsilon_spent_pld"] = epsilon_pld(ledger, delta) if pld_supported(ledger) else None
@@ -228,7 +278,7 @@ def _recall_metrics(metrics: dict, state, train, split, k: int) -> None:
     )
 
 
-def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None, item_features=None):
+def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None, item_features=None, rec_cfg=None):
     """Train over Flower (by default a new simulation); adds rounds, bytes and (random split)
     the node-side RMSE evaluation to ``metrics``."""
     from .flower.server_app import FlowerJob
@@ -240,7 +290,7 @@ def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, 
     n_nodes = opts.nodes or -(-split.train.n_users // upn)
     tmp = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-flower-"))
     valid, test = (None, None) if isinstance(split, HeldoutSplit) else (split.valid, split.test)
-    job = FlowerJob(algorithm, epsilon, delta, cfg, split.train, valid, test, rating_range, tmp, users_per_node=upn, implicit=implicit, item_features=item_features)
+    job = FlowerJob(algorithm, epsilon, delta, cfg, split.train, valid, test, rating_range, tmp, users_per_node=upn, implicit=implicit, item_features=item_features, recommend=rec_cfg)
     try:
         res = runner(job, n_nodes)
     finally:
@@ -263,7 +313,9 @@ def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, 
             "rejected_replies": res.rejected,
         }
     )
-    return res.state, res.ledger, {"rounds": res.round_log}
+    if rec_cfg is not None:
+        metrics["recommendation"] = res.recommendation
+    return res.state, res.ledger, {"rounds": res.round_log}, res.rec_ledger
 
 
 def _clean(obj):

@@ -253,3 +253,32 @@ def test_exponential_mechanism_samples_the_softmax_and_is_recorded():
     led = PrivacyLedger(seed=0)
     led.exponential("sel", scores, epsilon=0.7, sensitivity=1.0, monotone=True)
     assert PrivacyLedger.releases_from_list(led.to_list()) == led.releases
+
+
+def test_laplace_release_is_recorded_and_disjoint_calls_are_accounted_once():
+    from fedpriv.privacy.accounting import epsilon_bounds, epsilon_pld, epsilon_pure
+
+    led = PrivacyLedger(seed=3)
+    x = led.laplace("sum", np.zeros(200_000), sensitivity=2.0, epsilon=0.5)
+    assert np.mean(np.abs(x)) == pytest.approx(4.0, rel=0.02)  # E|Laplace(b)| = b = 2 / 0.5
+    [rec] = led.releases
+    assert (rec.mechanism, rec.noise_std, rec.pure_epsilon, rec.dim) == ("laplace", 4.0, 0.5, 200_000)
+    assert epsilon_pure(led) == pytest.approx(0.5, rel=1e-3)
+    assert epsilon_pld(led, 1e-6) <= 0.5 + 1e-3  # dp-accounting's PLD knows the Laplace mechanism
+    # 10 calls on disjoint users (e.g. the nodes of one counting-tree level): accounted once
+    led = PrivacyLedger(seed=3)
+    for _ in range(10):
+        led.laplace("level0", np.zeros(1), sensitivity=1.0, epsilon=0.3, disjoint=True)
+    led.laplace("level1", np.zeros(1), sensitivity=1.0, epsilon=0.2, disjoint=True)
+    assert [(r.count, r.groups, r.accounted_count) for r in led.releases] == [(10, 10, 1), (1, 1, 1)]
+    assert epsilon_bounds(led, 1e-6)[0] == pytest.approx(0.5, rel=1e-3)
+    # the same calls without the disjoint declaration compose
+    led = PrivacyLedger(seed=3)
+    for _ in range(10):
+        led.laplace("level0", np.zeros(1), sensitivity=1.0, epsilon=0.3)
+    assert epsilon_pure(led) == pytest.approx(3.0, rel=1e-3)
+    assert PrivacyLedger.releases_from_list(led.to_list()) == led.releases
+    with pytest.raises(PrivacyError, match="non-finite"):
+        led.laplace("x", np.array([np.inf]), sensitivity=1.0, epsilon=1.0)
+    with pytest.raises(PrivacyError, match="budget"):
+        PrivacyLedger(seed=0, budget=(1.0, 1e-6)).laplace("x", np.zeros(1), sensitivity=1.0, epsilon=2.0)

@@ -12,10 +12,12 @@ from .. import evaluation
 from ..algorithms import als, protocol
 from . import codec
 from .pam_server import register as register_pam_handlers
+from .recommend_handlers import register as register_recommend_handlers
 from .partition import load_feature_table, load_shard
 
 app = ClientApp()
 register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_server)
+register_recommend_handlers(app)  # private recommendation (fedpriv.flower.recommend_handlers)
 
 
 def _partition_id(context: Context) -> int:

@@ -51,6 +51,7 @@ class FlowerJob:
     eval_every: int = 0  # > 0: also evaluate after every eval_every steps (a measurement curve)
     implicit: bool = False  # implicit feedback (held-out-users protocol): no mean release
     item_features: object = None  # public item features (encoder algorithms)
+    recommend: object = None  # RecommendConfig: private recommendation rounds after training
 
 
 @dataclass
@@ -63,6 +64,9 @@ class FlowerResult(RoundCounters):
     test_sliced: list = field(default_factory=list)
     curve: list = field(default_factory=list)  # per evaluated step: protocol rounds, bytes, seconds, valid RMSE
     logistic: dict = field(default_factory=dict)  # am-ssp-convex: per part, log-loss, accuracy, sliced
+    recommendation: dict = field(default_factory=dict)  # private recommendation summary
+    rec_ledger: PrivacyLedger | None = None
+    rec_picks: np.ndarray | None = None  # reported item per global user id (-1: no report)
 
 
 class _Rounds:
@@ -228,6 +232,18 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
     if job.valid is not None:
         result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = evaluate()
+    if job.recommend is not None:
+        from .partition import node_users
+        from .recommend_handlers import run_rounds
+
+        users_of = {nid: node_users(partition_of[nid], job.users_per_node, n_users) for nid in rounds.nodes}
+        summary, result.rec_ledger, reports = run_rounds(
+            rounds, state, down(), {nid: len(u) for nid, u in users_of.items()}, job.recommend, cfg.secure_noise, job.test is not None
+        )
+        result.recommendation = summary
+        result.rec_picks = np.full(n_users, -1, dtype=np.int64)
+        for nid, items in reports.items():
+            result.rec_picks[users_of[nid]] = items
     return result
 
 

@@ -46,6 +46,13 @@ def release_event(rel: Release | RepeatAndSelect) -> dp_accounting.DpEvent:
         # epsilon-bounded range => epsilon^2 / 8 zCDP (Cesar and Rogers 2021, Lemma 3.2)
         event = dp_accounting.dp_event.ZCDpEvent(rel.pure_epsilon**2 / 8.0)
         return event if rel.accounted_count == 1 else dp_accounting.SelfComposedDpEvent(event, rel.accounted_count)
+    if rel.mechanism == "selection":
+        # pure epsilon-DP => epsilon^2 / 2 zCDP (Bun and Steinke 2016, Prop. 1.4)
+        event = dp_accounting.dp_event.ZCDpEvent(rel.pure_epsilon**2 / 2.0)
+        return event if rel.accounted_count == 1 else dp_accounting.SelfComposedDpEvent(event, rel.accounted_count)
+    if rel.mechanism == "laplace":
+        event = dp_accounting.LaplaceDpEvent(rel.noise_multiplier)
+        return event if rel.accounted_count == 1 else dp_accounting.SelfComposedDpEvent(event, rel.accounted_count)
     if rel.mechanism != "gaussian":
         raise PrivacyError(f"release {rel.name!r}: no accountant event for mechanism {rel.mechanism!r}")
     event: dp_accounting.DpEvent = dp_accounting.GaussianDpEvent(rel.noise_multiplier)
@@ -81,15 +88,15 @@ def epsilon_rdp(releases, delta: float) -> float:
 
 
 def pld_supported(releases) -> bool:
-    """PLD accounting covers Gaussian (and Poisson-sampled) releases, not private tuning nor the
-    exponential mechanism."""
-    return not any(isinstance(r, RepeatAndSelect) or r.mechanism != "gaussian" for r in _as_releases(releases))
+    """PLD accounting covers Gaussian (and Poisson-sampled) and Laplace releases, not private
+    tuning, the exponential mechanism nor private selection."""
+    return not any(isinstance(r, RepeatAndSelect) or r.mechanism not in ("gaussian", "laplace") for r in _as_releases(releases))
 
 
 def epsilon_pld(releases, delta: float, discretization: float = 1e-4) -> float:
     """Epsilon via privacy loss distributions (tighter; a second opinion)."""
     if not pld_supported(releases):
-        raise PrivacyError("PLD accounting does not support private tuning (repeat_and_select) or the exponential mechanism; use RDP")
+        raise PrivacyError("PLD accounting does not support private tuning (repeat_and_select), the exponential mechanism or private selection; use RDP")
     return _epsilon(pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization), releases, delta)
 
 
@@ -102,38 +109,82 @@ def rdp_curve(releases) -> tuple[np.ndarray, np.ndarray]:
 
 
 def zcdp_rho(releases) -> float:
-    """Zero-concentrated DP rho of composed *unsampled* Gaussian releases (count / (2 z^2) each)
-    and exponential mechanisms (epsilon^2 / 8 each, bounded range)."""
+    """Zero-concentrated DP rho of composed *unsampled* Gaussian releases (count / (2 z^2) each),
+    exponential mechanisms (epsilon^2 / 8 each, bounded range) and other pure epsilon-DP
+    releases (Laplace, private selection: epsilon^2 / 2 each)."""
     rels = _as_releases(releases)
     if any(isinstance(r, RepeatAndSelect) or r.sampling_rate not in (None, 1.0) for r in rels):
-        raise PrivacyError("zCDP rho is only reported for unsampled Gaussian releases and exponential mechanisms")
-    return float(sum(r.accounted_count * (r.pure_epsilon**2 / 8.0 if r.mechanism == "exponential" else 1.0 / (2.0 * r.noise_multiplier**2)) for r in rels))
+        raise PrivacyError("zCDP rho is only reported for unsampled Gaussian releases and pure mechanisms")
+
+    def rho(r: Release) -> float:
+        if r.mechanism == "exponential":
+            return r.pure_epsilon**2 / 8.0
+        if r.mechanism in ("laplace", "selection"):
+            return r.pure_epsilon**2 / 2.0
+        return 1.0 / (2.0 * r.noise_multiplier**2)
+
+    return float(sum(r.accounted_count * rho(r) for r in rels))
+
+
+PURE_MECHANISMS = ("exponential", "laplace", "selection")
+
+
+def _record_pld(r: Release, discretization: float):
+    """dp-accounting's privacy loss distribution of one ledger record, self-composed."""
+    if r.mechanism in PURE_MECHANISMS:
+        pld = privacy_loss_distribution.from_privacy_parameters(common.DifferentialPrivacyParameters(r.pure_epsilon, 0.0))
+        # no tail truncation: a truncated tail is an infinite loss at delta = 0
+        return pld.self_compose(r.accounted_count, tail_mass_truncation=0.0) if r.accounted_count > 1 else pld
+    pld = privacy_loss_distribution.from_gaussian_mechanism(
+        r.noise_multiplier, sampling_prob=r.sampling_rate if r.sampling_rate is not None else 1.0, value_discretization_interval=discretization
+    )
+    return pld.self_compose(r.accounted_count) if r.accounted_count > 1 else pld
+
+
+def _composed_pld(rels, discretization: float = 1e-4):
+    total = None
+    for r in rels:
+        pld = _record_pld(r, discretization)
+        total = pld if total is None else total.compose(pld, tail_mass_truncation=0.0 if r.mechanism in PURE_MECHANISMS else 1e-15)
+    return total
 
 
 def epsilon_pure(releases) -> float | None:
     """Pure-DP epsilon (delta = 0) of the composed releases when every release is pure
-    (exponential mechanisms), None otherwise: dp-accounting's privacy loss distribution of a
-    generic (epsilon, 0)-DP mechanism per record, self-composed and composed. Pure epsilon-DP
-    implies (epsilon, delta)-DP for every delta."""
+    (exponential mechanism, Laplace, private selection), None otherwise: dp-accounting's privacy
+    loss distribution of a generic (epsilon, 0)-DP mechanism per record, self-composed and
+    composed. Pure epsilon-DP implies (epsilon, delta)-DP for every delta."""
     rels = _as_releases(releases)
-    if not rels or any(isinstance(r, RepeatAndSelect) or r.mechanism != "exponential" for r in rels):
+    if not rels or any(isinstance(r, RepeatAndSelect) or r.mechanism not in PURE_MECHANISMS for r in rels):
         return None
-    total = None
-    for r in rels:
-        pld = privacy_loss_distribution.from_privacy_parameters(common.DifferentialPrivacyParameters(r.pure_epsilon, 0.0))
-        if r.accounted_count > 1:
-            pld = pld.self_compose(r.accounted_count)
-        total = pld if total is None else total.compose(pld)
-    return float(total.get_epsilon_for_delta(0.0))
+    return float(_composed_pld(rels).get_epsilon_for_delta(0.0))
+
+
+def epsilon_mixed_pld(releases, delta: float) -> float | None:
+    """Epsilon at ``delta`` of a ledger that mixes pure releases with Gaussian ones, by
+    composing dp-accounting's privacy loss distributions of every record (generic (epsilon,
+    0)-DP for the pure ones); None when the ledger has no pure release or holds private tuning.
+    (RDP turns a pure epsilon into epsilon^2/2-zCDP, which is loose at small delta.)"""
+    rels = _as_releases(releases)
+    if not rels or not any(isinstance(r, Release) and r.mechanism in PURE_MECHANISMS for r in rels):
+        return None
+    if any(isinstance(r, RepeatAndSelect) or r.mechanism not in (*PURE_MECHANISMS, "gaussian") for r in rels):
+        return None
+    return float(_composed_pld(rels).get_epsilon_for_delta(delta))
 
 
 def epsilon_bounds(releases, delta: float) -> tuple[float, float, float | None]:
     """(epsilon spent, RDP epsilon, pure epsilon or None) at ``delta``: the spent epsilon is the
-    smaller of the RDP bound and, when every release is pure DP, the pure bound (pure
-    epsilon-DP implies (epsilon, delta)-DP). The one rule for every reported or budgeted epsilon."""
+    smaller of the RDP bound and, when the ledger holds pure releases, the composition of
+    dp-accounting's privacy loss distributions of its records (when every release is pure,
+    this is the pure bound: pure epsilon-DP implies (epsilon, delta)-DP). The one rule for every
+    reported or budgeted epsilon."""
     rdp = epsilon_rdp(releases, delta)
     pure = epsilon_pure(releases)
-    return (rdp if pure is None else min(rdp, pure)), rdp, pure
+    if pure is not None:
+        return min(rdp, pure), rdp, pure
+    mixed = epsilon_mixed_pld(releases, delta)
+    return (rdp if mixed is None else min(rdp, mixed)), rdp, None
 
 
 # ---------------------------------------------------------------------- calibration

@@ -1,8 +1,10 @@
 """The privacy ledger: the one place in fedpriv where noise is drawn.
 
-Every noisy release goes through :meth:`PrivacyLedger.gaussian`, which draws the noise from the
-ledger's own generator and records the release (mechanism, L2 sensitivity, noise standard
-deviation, sampling rate, dimension, how many times) before returning the noised value. The
+Every noisy release goes through a method of :class:`PrivacyLedger` (``gaussian``, ``laplace``,
+``exponential``, ``select`` for private selection, ``repetitions`` for private tuning), which
+draws the noise from the ledger's own generator and records the release (mechanism,
+sensitivity, noise scale, sampling rate, dimension, how many times) before returning the
+noised value. The
 accountant (:mod:`fedpriv.privacy.accounting`) computes (epsilon, delta) from these records
 alone. Algorithms never call a random normal generator for noise themselves; data-independent
 Gaussian draws (e.g. a random initialisation) go through :func:`public_gaussian` so that a test
@@ -89,7 +91,8 @@ class Release:
     sampling_rate: float | None = None
     dim: int = 0
     groups: int = 1  # the count is spread over this many disjoint user groups (parallel composition)
-    pure_epsilon: float | None = None  # exponential mechanism: its epsilon (noise_std: the Gumbel scale)
+    pure_epsilon: float | None = None  # pure mechanisms (exponential, laplace, selection): their epsilon
+    disjoint: bool = False  # every call under this name concerned new, distinct users: count and groups grow together
 
     @property
     def noise_multiplier(self) -> float:
@@ -101,12 +104,19 @@ class Release:
         return -(-int(self.count) // int(self.groups))
 
     def key(self) -> tuple:
-        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim, self.groups, self.pure_epsilon)
+        groups = None if self.disjoint else self.groups  # disjoint records grow their groups with their count
+        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim, groups, self.pure_epsilon, self.disjoint)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["noise_multiplier"] = self.noise_multiplier
         return d
+
+
+def _merge(into: Release, rel: Release) -> None:
+    into.count += rel.count
+    if into.disjoint:
+        into.groups += rel.groups
 
 
 @dataclass
@@ -168,7 +178,7 @@ class PrivacyLedger:
     def _record(self, rel: Release) -> None:
         for r in self.releases:
             if r.key() == rel.key():
-                r.count += rel.count
+                _merge(r, rel)
                 return
         self.releases.append(rel)
 
@@ -181,7 +191,7 @@ class PrivacyLedger:
         merged = [replace(r) if isinstance(r, Release) else r for r in self.releases]  # as _record would leave them
         for r in merged:
             if isinstance(r, Release) and isinstance(rel, Release) and r.key() == rel.key():
-                r.count += rel.count
+                _merge(r, rel)
                 break
         else:
             merged.append(rel)
@@ -243,14 +253,16 @@ class PrivacyLedger:
         self._record(rel)
         return (value + noise).astype(value.dtype if value.dtype.kind == "f" else np.float64, copy=False)
 
-    def exponential(self, name: str, scores: np.ndarray, *, epsilon: float, sensitivity: float, monotone: bool = False) -> int:
+    def exponential(self, name: str, scores: np.ndarray, *, epsilon: float, sensitivity: float, monotone: bool = False, disjoint: bool = False) -> int:
         """Exponential mechanism: return index i with probability proportional to
         exp(-epsilon * scores[i] / (c * sensitivity)) (lower scores are better), c = 1 when the
         scores are ``monotone`` (adding a user never decreases any score, removing one never
         increases any: every per-user term is in [0, sensitivity]) and c = 2 otherwise. It is
         pure epsilon-DP (McSherry and Talwar 2007) and epsilon-bounded-range, hence
         epsilon^2/8-zCDP (Cesar and Rogers 2021, Lemma 3.2), which is what the accountant
-        composes. Sampled by the Gumbel-max trick from the ledger's generator.
+        composes. Sampled by the Gumbel-max trick from the ledger's generator. ``disjoint=True``
+        declares that every call under this name concerns new, distinct users (e.g. disjoint
+        windows of observations): each user is then accounted once for the name.
         """
         scores = np.asarray(scores, dtype=np.float64)
         if scores.ndim != 1 or len(scores) == 0:
@@ -262,13 +274,67 @@ class PrivacyLedger:
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise PrivacyError(f"release {name!r}: epsilon must be finite and > 0, got {epsilon}")
         scale = (1.0 if monotone else 2.0) * float(sensitivity) / float(epsilon)
-        rel = Release(name, "exponential", float(sensitivity), scale, 1, None, int(len(scores)), 1, float(epsilon))
+        rel = Release(name, "exponential", float(sensitivity), scale, 1, None, int(len(scores)), 1, float(epsilon), bool(disjoint))
         self._check_budget(rel)
         with _sanctioned(f"ledger:{name}"):
             u = self._rng.random(len(scores)) if self._rng is not None else _secure_uniform(len(scores))
         gumbel = -np.log(-np.log(np.clip(u, 1e-300, 1.0 - 1e-16)))
         self._record(rel)
         return int(np.argmax(-scores / scale + gumbel))
+
+    def laplace(self, name: str, value: np.ndarray, *, sensitivity: float, epsilon: float, disjoint: bool = False) -> np.ndarray:
+        """Release ``value + Laplace(sensitivity / epsilon)`` per entry: pure epsilon-DP when
+        ``sensitivity`` is the L1 sensitivity of ``value`` to one user. ``disjoint=True``
+        declares that every call under this name concerns new, distinct users (e.g. the nodes of
+        one level of a counting tree cover disjoint time intervals): each user is accounted once
+        for the name."""
+        value = np.asarray(value, dtype=np.float64)
+        if not (math.isfinite(sensitivity) and sensitivity > 0):
+            raise PrivacyError(f"release {name!r}: sensitivity must be finite and > 0, got {sensitivity}")
+        if not (math.isfinite(epsilon) and epsilon > 0):
+            raise PrivacyError(f"release {name!r}: epsilon must be finite and > 0, got {epsilon}")
+        if not np.all(np.isfinite(value)):
+            raise PrivacyError(f"release {name!r}: the value to release has non-finite entries")
+        scale = float(sensitivity) / float(epsilon)
+        rel = Release(name, "laplace", float(sensitivity), scale, 1, None, int(value.size), 1, float(epsilon), bool(disjoint))
+        self._check_budget(rel)
+        with _sanctioned(f"ledger:{name}"):
+            if self._rng is not None:
+                noise = self._rng.laplace(0.0, scale, size=value.shape)
+            else:  # inverse CDF of two secure uniforms' difference of exponentials
+                noise = scale * (np.log(_secure_uniform(value.size)) - np.log(_secure_uniform(value.size))).reshape(value.shape)
+        self._record(rel)
+        return value + noise
+
+    def select(self, name: str, mechanism: str, scores: np.ndarray, sensitivities: np.ndarray, *, epsilon: float, **params) -> np.ndarray:
+        """Private selection (:mod:`fedpriv.selection.mechanisms`): one candidate index per row of
+        ``scores`` (n users x k candidates), each row a *different user's own* scores with
+        per-candidate sensitivities ``sensitivities`` ((k,) or (n, k)). Every private mechanism
+        there is pure ``epsilon``-DP for the user of its row (local DP of the report), so the
+        release is recorded once per user (parallel composition over the rows). Repeated calls
+        under one name are declared to concern new, distinct users; select again for the same
+        users under another name. The non-private reference ``rnmh`` is refused."""
+        from ..selection import mechanisms as mech  # local import: selection depends on errors only
+
+        if mechanism not in mech.PRIVATE:
+            raise PrivacyError(f"release {name!r}: {mechanism!r} is not a private selection mechanism (private: {', '.join(mech.PRIVATE)})")
+        if not (math.isfinite(epsilon) and epsilon > 0):
+            raise PrivacyError(f"release {name!r}: epsilon must be finite and > 0, got {epsilon}")
+        q = np.asarray(scores, dtype=np.float64)
+        n = 1 if q.ndim == 1 else int(q.shape[0])
+        k = int(q.shape[-1]) if q.ndim >= 1 else 0
+        sens = np.asarray(sensitivities, dtype=np.float64)
+        smax = float(np.max(sens)) if sens.size else float("nan")
+        if not (math.isfinite(smax) and smax > 0):
+            raise PrivacyError(f"release {name!r}: sensitivities must be finite and > 0")
+        rel = Release(name, "selection", smax, 2.0 * smax / float(epsilon), n, None, k, n, float(epsilon), True)
+        self._check_budget(rel)
+        # secure ledgers: a generator freshly seeded with 128 bits from the OS for this call
+        rng = self._rng if self._rng is not None else np.random.Generator(np.random.PCG64(int.from_bytes(os.urandom(16), "little")))
+        with _sanctioned(f"ledger:{name}"):
+            out = mech.run(mechanism, q, sens, float(epsilon), rng, **params)
+        self._record(rel)
+        return out
 
     # ------------------------------------------------------------------ private tuning
     def repetitions(self, name: str, *, shape: float, mean: float) -> int:
@@ -327,7 +393,7 @@ class PrivacyLedger:
 
     @staticmethod
     def releases_from_list(items: list[dict]) -> list[Release | RepeatAndSelect]:
-        keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim", "groups", "pure_epsilon")
+        keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim", "groups", "pure_epsilon", "disjoint")
         out: list[Release | RepeatAndSelect] = []
         for it in items:
             if it.get("mechanism") == "repeat_and_select":

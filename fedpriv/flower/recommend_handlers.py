@@ -1,0 +1,112 @@
+"""Private recommendation over Flower (:mod:`fedpriv.algorithms.recommend`): the node handlers
+(``query.rec_hist``, ``query.recommend``) and the server's two rounds. Thin wrappers: the node,
+aggregator and server functions are the ones the in-process engine calls."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from ..algorithms import recommend
+from ..privacy.ledger import PrivacyLedger
+from .codec import _arr, decode_state
+
+log = logging.getLogger("fedpriv.flower")
+
+
+def _cfg_record(cfg: recommend.RecommendConfig, secure: bool, has_test: bool) -> ConfigRecord:
+    return ConfigRecord({"json": json.dumps({**dataclasses.asdict(cfg), "secure": bool(secure), "has_test": bool(has_test)})})
+
+
+def _cfg_of(content: RecordDict) -> tuple[recommend.RecommendConfig, bool, bool]:
+    d = json.loads(str(content.config_records["rec_cfg"]["json"]))
+    secure = bool(d.pop("secure", False))
+    has_test = bool(d.pop("has_test", False))
+    d["quantiles"] = tuple(d["quantiles"])
+    cfg = recommend.RecommendConfig(**d)
+    cfg.validate()
+    return cfg, secure, has_test
+
+
+def register(app) -> None:
+    """Add the recommendation handlers to fedpriv's ClientApp."""
+    from .partition import load_shard
+
+    def setup(msg: Message, context: Context):
+        state, data_dir, upn = decode_state(msg.content)
+        pid = int(context.node_config.get("partition-id", 0))
+        cfg, secure, has_test = _cfg_of(msg.content)
+        rec = msg.content.array_records["rec"]
+        return state, data_dir, upn, pid, cfg, (secure, has_test), rec["candidates"].numpy().astype(np.int64)
+
+    @app.query("rec_hist")
+    def rec_hist(msg: Message, context: Context) -> Message:
+        state, data_dir, upn, pid, cfg, _, cand = setup(msg, context)
+        shard = load_shard(data_dir, "train", pid, upn)
+        hist = recommend.client_histogram(shard, state, cand, cfg)
+        return Message(RecordDict({"rec": ArrayRecord({"hist": _arr(hist)}), "meta": ConfigRecord({"n_users": shard.n_users})}), reply_to=msg)
+
+    @app.query("recommend")
+    def recommend_(msg: Message, context: Context) -> Message:
+        state, data_dir, upn, pid, cfg, (secure, has_test), cand = setup(msg, context)
+        rec = msg.content.array_records["rec"]
+        shard = load_shard(data_dir, "train", pid, upn)
+        held = load_shard(data_dir, "test", pid, upn) if has_test else None
+        rep = recommend.client_recommend(shard, state, cand, rec["lo"].numpy(), rec["hi"].numpy(), cfg, held, secure=secure)
+        arrays = {"picks": _arr(rep.picks.astype(np.int64)), **{k: _arr(np.asarray(v, np.float64)) for k, v in rep.sums.items()}}
+        return Message(RecordDict({"rec": ArrayRecord(arrays), "meta": ConfigRecord({"records": json.dumps(rep.records)})}), reply_to=msg)
+
+
+def run_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, secure: bool, has_test: bool):
+    """The server's recommendation rounds over the nodes of ``rounds`` (a
+    :class:`fedpriv.flower.server_app._Rounds`): returns (summary, recommendation ledger,
+    {node: reports as candidate item ids})."""
+    cfg.validate()
+    ledger = PrivacyLedger(seed=cfg.seed, secure=secure)
+    candidates = recommend.candidate_items(state, cfg.candidates)
+    k = len(candidates)
+
+    def content(extra: dict) -> RecordDict:
+        c = RecordDict(dict(base_content.items()))
+        c["rec"] = ArrayRecord({"candidates": _arr(candidates), **{n: _arr(v) for n, v in extra.items()}})
+        c["rec_cfg"] = _cfg_record(cfg, secure, has_test)
+        return c
+
+    if cfg.sensitivity == "quantile":
+        total = np.zeros((k, cfg.bins))
+        for nid, rep in rounds.ask("query.rec_hist", content({}), "rec_hist"):
+            try:
+                h = rep.content.array_records["rec"]["hist"].numpy().astype(np.float64)
+                n = node_users[nid]
+                if h.shape != (k, cfg.bins) or not np.all(np.isfinite(h)) or h.min() < 0 or np.any(h != np.round(h)) or np.any(h.sum(axis=1) != n):
+                    raise ValueError(f"histogram must be ({k}, {cfg.bins}) non-negative integer counts, {n} per candidate")
+            except (KeyError, ValueError) as exc:
+                rounds.reject("rec_hist", nid, str(exc))
+                continue
+            total += h
+        lo, hi = recommend.release_ranges(total, state, cfg, ledger)
+    else:
+        lo, hi = recommend.public_ranges(state, candidates, cfg)
+
+    sums = None
+    reports: dict[int, np.ndarray] = {}
+    for nid, rep in rounds.ask("query.recommend", content({"lo": lo, "hi": hi}), "recommend"):
+        try:
+            arrays = rep.content.array_records["rec"]
+            picks = arrays["picks"].numpy()
+            part = {key: arrays[key].numpy() for key in arrays.keys() if key != "picks"}
+            records = json.loads(str(rep.content.config_records["meta"]["records"]))
+            rels = recommend.check_report(picks, records, part, node_users[nid], k, cfg)
+        except (KeyError, ValueError, TypeError, recommend.RejectedReport) as exc:
+            rounds.reject("recommend", nid, f"recommendation reply rejected: {exc}")
+            continue
+        recommend.merge_records(ledger, rels)
+        sums = recommend.add_sums(sums, part)
+        reports[nid] = candidates[picks.astype(np.int64)]
+    summary = recommend.summarize(sums) if sums is not None else {"users": 0}
+    summary.update({"candidates": int(k), "sensitivity_min": float((hi - lo).min()), "sensitivity_max": float((hi - lo).max())})
+    return summary, ledger, reports

@@ -1,0 +1,1 @@
+"""Private selection with heterogeneous sensitivities (Antonova et al. 2025)."""

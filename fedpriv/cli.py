@@ -20,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--data", required=True, help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, synthetic-mf:users=N,items=M,ratings=R,seed=S or synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R")
     r.add_argument("--epsilon", type=float, default=None, help="target epsilon (private algorithms)")
     r.add_argument("--delta", type=float, default=1e-5)
-    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter or run option (repeatable)")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter or run option (repeatable); e.g. recommend=mgem rec_epsilon=1 rec_sensitivity=quantile: after training every user reports one item by private selection")
     r.add_argument(
         "--engine",
         default="inprocess",
@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--tune-shape", type=float, default=1.0)
     pl.add_argument("--tune-share", type=float, default=0.05)
     pl.add_argument("--json", action="store_true", help="print JSON instead of markdown tables")
+    sel = sub.add_parser("selection", help="private selection with heterogeneous sensitivities: synthetic scenarios, bandit under shift")
+    ssub = sel.add_subparsers(dest="selection_command", required=True)
+    from .selection import bandit, scenarios  # light modules: numpy and the ledger
+
+    scenarios.add_arguments(ssub.add_parser("scenarios", help="the paper's synthetic scenarios: MSE to the optimum per mechanism and epsilon (selection.json, plots)"))
+    bandit.add_arguments(ssub.add_parser("bandit", help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)"))
     return p
 
 
@@ -59,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "privacy":
             return _privacy_plan(args)
+        if args.command == "selection":
+            from .selection import bandit, scenarios
+
+            return (scenarios if args.selection_command == "scenarios" else bandit).command(args)
     except FedprivError as exc:
         print(f"fedpriv: error: {exc}", file=sys.stderr)
         return 2
@@ -131,6 +141,9 @@ def _privacy_plan(args) -> int:
 def _print_summary(metrics: dict) -> None:
     keys = [k for k in metrics if k.startswith(("test_", "valid_")) and not k.endswith("sliced")]
     summary = {k: metrics[k] for k in ("algorithm", "dataset", "epsilon", "epsilon_spent", *keys, "wall_seconds")}
+    if "recommendation" in metrics:
+        rec = metrics["recommendation"]
+        summary["recommendation"] = {k: rec.get(k) for k in ("mechanism", "epsilon", "mse_to_best", "hit_rate", "argmax_hit_rate", "uniform_hit_rate")}
     print(json.dumps(summary))
 
 

@@ -69,3 +69,22 @@ def test_calibration_rejects_bad_targets(eps, delta, field):
     with pytest.raises(ConfigError) as e:
         calibrate([PlannedRelease("a", 1, 1.0)], eps, delta)
     assert e.value.field == field
+
+
+def test_mixed_pure_and_gaussian_ledgers_compose_by_pld():
+    """A pure release next to Gaussian ones: dp-accounting's PLDs composed, which is at most
+    basic composition (eps_pure + eps_gauss at the same delta) and at least the larger part;
+    RDP (pure as eps^2/2-zCDP) is much looser at small delta."""
+    from fedpriv.privacy.accounting import PlannedRelease, calibrate, epsilon_bounds, epsilon_mixed_pld
+    from fedpriv.privacy.ledger import PrivacyLedger
+
+    z = calibrate([PlannedRelease("g", 3, 1.0)], 2.0, 1e-6).multiplier("g")
+    led = PrivacyLedger(seed=0)
+    for _ in range(3):
+        led.gaussian("g", np.zeros(2), sensitivity=1.0, noise_multiplier=z)
+    assert epsilon_mixed_pld(led, 1e-6) is None  # Gaussian only: RDP as before
+    assert epsilon_bounds(led, 1e-6)[0] == pytest.approx(2.0, rel=1e-3)
+    led.select("pick", "rnm", np.zeros((4, 3)), np.ones(3), epsilon=1.0)
+    spent, rdp, pure = epsilon_bounds(led, 1e-6)
+    assert pure is None and spent == epsilon_mixed_pld(led, 1e-6)
+    assert 2.0 < spent <= 3.0 + 1e-3 and rdp > spent

@@ -80,7 +80,8 @@ def test_ledger_json_round_trip(tmp_path):
 # ---------------------------------------------------------------- completeness guard
 @pytest.fixture
 def guarded_rng(monkeypatch):
-    """Any Gaussian draw outside the ledger (or a declared public draw) fails the test.
+    """Any noise draw (Gaussian, Laplace, exponential, Gumbel, the random-stopping counts)
+    outside the ledger (or a declared public draw) fails the test.
 
     numpy's Generator type is immutable, so every way fedpriv creates a generator
     (np.random.Generator, np.random.default_rng) is swapped for a guarded subclass, and the
@@ -101,7 +102,7 @@ def guarded_rng(monkeypatch):
     guarded = type(
         "GuardedGenerator",
         (real_generator,),
-        {n: _guard(n) for n in ("normal", "standard_normal", "multivariate_normal", "multivariate_hypergeometric")},
+        {n: _guard(n) for n in ("normal", "standard_normal", "multivariate_normal", "multivariate_hypergeometric", "laplace", "exponential", "standard_exponential", "gumbel", "logseries", "negative_binomial", "geometric")},
     )
     real_default_rng = np.random.default_rng
     monkeypatch.setattr(np.random, "Generator", guarded)
@@ -282,3 +283,21 @@ def test_laplace_release_is_recorded_and_disjoint_calls_are_accounted_once():
         led.laplace("x", np.array([np.inf]), sensitivity=1.0, epsilon=1.0)
     with pytest.raises(PrivacyError, match="budget"):
         PrivacyLedger(seed=0, budget=(1.0, 1e-6)).laplace("x", np.zeros(1), sensitivity=1.0, epsilon=2.0)
+
+
+@pytest.mark.parametrize("mechanism", ["rnm", "em", "gem", "mgem", "cgem", "rs", "krr"])
+def test_recommendation_draws_only_through_the_ledger(small_mf, guarded_rng, mechanism):
+    """Training and the private recommendation (histogram release, then one selection per user
+    on every client): every draw is sanctioned by a ledger."""
+    from fedpriv.algorithms.als import ALSConfig
+    from fedpriv.algorithms.recommend import RecommendConfig
+    from fedpriv.data.splits import random_split
+    from fedpriv.engine import recommend_inprocess, train_inprocess
+
+    split = random_split(small_mf.interactions, seed=1234)
+    res = train_inprocess("adadpals", split.train, ALSConfig(rank=3, steps=1), rating_range=(1.0, 5.0), epsilon=2.0, progress=False)
+    cfg = RecommendConfig(mechanism=mechanism, epsilon=1.0, candidates=12, sensitivity="quantile", seed=1)
+    summary, led, picks = recommend_inprocess(res.state, split.train, split.test, cfg, users_per_shard=7)
+    assert guarded_rng == []
+    assert {r.name for r in led.releases} == {"recommendation", "rec_score_hist"}
+    assert summary["users"] == split.train.n_users

@@ -104,8 +104,11 @@ class Release:
         return -(-int(self.count) // int(self.groups))
 
     def key(self) -> tuple:
-        groups = None if self.disjoint else self.groups  # disjoint records grow their groups with their count
-        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim, groups, self.pure_epsilon, self.disjoint)
+        if self.disjoint:
+            # calls on disjoint users under one name merge whatever their sensitivity, noise
+            # scale (same epsilon) and size: each user is accounted once, by the pure epsilon
+            return (self.name, self.mechanism, self.sampling_rate, self.pure_epsilon, True)
+        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim, self.groups, self.pure_epsilon, False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -115,8 +118,11 @@ class Release:
 
 def _merge(into: Release, rel: Release) -> None:
     into.count += rel.count
-    if into.disjoint:
+    if into.disjoint:  # informational fields keep the largest call's values
         into.groups += rel.groups
+        if rel.sensitivity > into.sensitivity:
+            into.sensitivity, into.noise_std = rel.sensitivity, rel.noise_std
+        into.dim = max(into.dim, rel.dim)
 
 
 @dataclass

@@ -50,6 +50,7 @@ class RunOptions:
     rec_bins: int = 40
     rec_user_clip: float = 1.0
     rec_params: str = ""  # mechanism parameters "beta:0.1;lam:0.25" (fedpriv.selection.mechanisms)
+    rec_exclude_rated: int = 1  # 1: a user's training items score lo_a (recommend unseen items)
 
     @classmethod
     def pop_from(cls, overrides: dict) -> "RunOptions":
@@ -84,7 +85,7 @@ class RunOptions:
         return RecommendConfig(
             mechanism=self.recommend, epsilon=self.rec_epsilon, candidates=self.rec_candidates, sensitivity=self.rec_sensitivity,
             bins=self.rec_bins, hist_epsilon=self.rec_hist_epsilon, hist_delta=self.rec_hist_delta, user_clip=self.rec_user_clip,
-            seed=seed, params=params,
+            seed=seed, params=params, exclude_rated=bool(self.rec_exclude_rated),
         )
 
 

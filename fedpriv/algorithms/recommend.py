@@ -21,8 +21,8 @@ party like every algorithm here, so both engines run the same code:
     intersected with the rating range.
   * ``sensitivity=range``: the rating range for every candidate (homogeneous).
 - client (:func:`client_recommend`): scores clipped to [lo_a, hi_a]; items the user rated in
-  training are scored lo_a (still within the range, so the sensitivity bound holds and they
-  are rarely chosen); one pure epsilon-DP selection per user drawn through the client's own
+  training are scored lo_a with ``exclude_rated`` (still within the range, so the sensitivity
+  bound holds, and they are rarely chosen); one pure epsilon-DP selection per user drawn through the client's own
   :class:`~fedpriv.privacy.ledger.PrivacyLedger`, whose records go back with the reports. The
   client also returns evaluation sums (squared error to the best score, hits on its held-out
   items, the per-user Spearman correlation of scores and sensitivities as a histogram).
@@ -60,6 +60,7 @@ class RecommendConfig:
     hist_delta: float = 1e-6
     user_clip: float = 1.0  # norm source
     seed: int = 0
+    exclude_rated: bool = True  # score the user's training items lo_a (recommend unseen items)
     params: dict = field(default_factory=dict)  # mechanism parameters (beta, lam, eta, ...)
 
     def validate(self) -> None:
@@ -193,7 +194,8 @@ def client_recommend(
 
     user_clip = cfg.user_clip if cfg.sensitivity == "norm" else None
     q = np.clip(client_scores(shard, state, candidates, user_clip), lo, hi)
-    q = np.where(rated_mask(shard, candidates), lo[None, :], q)
+    if cfg.exclude_rated:
+        q = np.where(rated_mask(shard, candidates), lo[None, :], q)
     sens = hi - lo
     ledger = PrivacyLedger(seed=None if secure else shard_seed(cfg, shard), secure=secure)
     picks = ledger.select("recommendation", cfg.mechanism, q, sens, epsilon=cfg.epsilon, **cfg.params) if shard.n_users else np.zeros(0, np.int64)

@@ -36,6 +36,8 @@ class RunOptions:
     users_per_shard: int = 0  # in-process engine: 0 = one shard with every user
     users_per_node: int = 1  # flower engine: users held by each node
     nodes: int = 0  # flower engine: number of nodes (0 = as many as the users need)
+    round_timeout: float = 0.0  # flower engine: seconds to wait for replies per round (0 = no limit)
+    node_wait: float = 120.0  # flower engine: seconds to wait for the nodes to register
     tune: str = ""  # private tuning grid "key=v1/v2;key2=..." (fedpriv.tuning); "" = no tuning
     tune_mean: float = 5.0  # expected number of tuning runs E[K]
     tune_shape: float = 1.0  # truncated negative binomial shape (1 geometric, 0 logarithmic)
@@ -291,7 +293,10 @@ def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, 
     n_nodes = opts.nodes or -(-split.train.n_users // upn)
     tmp = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-flower-"))
     valid, test = (None, None) if isinstance(split, HeldoutSplit) else (split.valid, split.test)
-    job = FlowerJob(algorithm, epsilon, delta, cfg, split.train, valid, test, rating_range, tmp, users_per_node=upn, implicit=implicit, item_features=item_features, recommend=rec_cfg)
+    job = FlowerJob(
+        algorithm, epsilon, delta, cfg, split.train, valid, test, rating_range, tmp, users_per_node=upn, implicit=implicit,
+        item_features=item_features, recommend=rec_cfg, round_timeout=opts.round_timeout or None, node_wait_seconds=opts.node_wait,
+    )
     try:
         res = runner(job, n_nodes)
     finally:

@@ -150,6 +150,9 @@ delta = 1e-05
 users-per-node = 1
 set = ""
 out = ""
+round-timeout = 0.0
+node-wait = 120.0
+work-dir = ""
 """
     )
 

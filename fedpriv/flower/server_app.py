@@ -22,7 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 from .. import evaluation, metrics
 from ..algorithms import als, protocol
 from ..engine import new_state
-from ..errors import ConfigError, FedprivError
+from ..errors import ConfigError, FedprivError, PrivacyError
 from ..privacy.ledger import PrivacyLedger
 from . import codec
 from .counters import RoundCounters
@@ -52,6 +52,8 @@ class FlowerJob:
     implicit: bool = False  # implicit feedback (held-out-users protocol): no mean release
     item_features: object = None  # public item features (encoder algorithms)
     recommend: object = None  # RecommendConfig: private recommendation rounds after training
+    checkpoint: bool = True  # write work_dir/checkpoint.pkl after every step; resume from it
+    interrupt_after: int | None = None  # testing hook: stop (as if killed) after this step's checkpoint
 
 
 @dataclass
@@ -67,6 +69,7 @@ class FlowerResult(RoundCounters):
     recommendation: dict = field(default_factory=dict)  # private recommendation summary
     rec_ledger: PrivacyLedger | None = None
     rec_picks: np.ndarray | None = None  # reported item per global user id (-1: no report)
+    resumed_from: int | None = None  # the step a resumed job restarted after
 
 
 class _Rounds:
@@ -106,6 +109,70 @@ class _Rounds:
         self.result.rejected.append({"round": name, "node": int(node), "reason": reason})
 
 
+class JobInterrupted(FedprivError):
+    """The job stopped between rounds; run it again with the same work dir to resume."""
+
+
+class _Checkpoint:
+    """``work_dir/checkpoint.pkl``, replaced atomically after every step: the public state, the
+    ledger (its records and its generator's state), the encoder server, the next step and the
+    round counters. A job resumes from it when the checkpoint's fingerprint (algorithm, budget,
+    hyperparameters, data shape) matches. Before each step's release ``release.marker`` notes
+    the step: a seeded ledger redraws the very same noise after a restart (its generator state
+    is restored), so a release interrupted before the checkpoint is released again bit for bit
+    and recorded once; a secure ledger (OS randomness) cannot, so resuming such a job past an
+    interrupted release is refused rather than releasing twice under one record."""
+
+    def __init__(self, job: FlowerJob):
+        import hashlib
+        import json
+
+        self.path = Path(job.work_dir) / "checkpoint.pkl"
+        self.marker = Path(job.work_dir) / "release.marker"
+        key = {"algorithm": job.algorithm, "epsilon": job.epsilon, "delta": job.delta, "cfg": job.cfg.to_dict(),
+               "n_users": int(job.train.n_users), "n_items": int(job.train.n_items), "n_ratings": int(len(job.train)),
+               "users_per_node": job.users_per_node, "rating_range": list(job.rating_range)}
+        self.fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+        self.secure = bool(job.cfg.secure_noise)
+
+    def load(self):
+        import pickle
+
+        if not self.path.exists():
+            if self.marker.exists() and self.secure:
+                raise PrivacyError(f"{self.marker}: the job stopped during its first releases with secure noise; resuming would release twice. Start a new job.")
+            return None
+        with open(self.path, "rb") as f:
+            saved = pickle.load(f)
+        if saved.get("fingerprint") != self.fingerprint:
+            log.warning("checkpoint %s belongs to another job: starting afresh", self.path)
+            return None
+        if self.marker.exists() and self.secure and int(self.marker.read_text() or -1) >= saved["step"]:
+            raise PrivacyError(
+                f"{self.marker}: the job stopped during the release of step {int(self.marker.read_text()) + 1} with secure "
+                "noise; it cannot be redrawn identically, so resuming would release twice. Start a new job."
+            )
+        return saved
+
+    def mark_release(self, step: int) -> None:
+        self.marker.write_text(str(step))
+
+    def save(self, step: int, state, ledger, server, result) -> None:
+        import os
+        import pickle
+
+        counters = {"rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down,
+                    "round_log": list(result.round_log), "rejected": list(result.rejected)}
+        blob = {"fingerprint": self.fingerprint, "step": step, "state": state, "ledger": ledger, "server": server,
+                "counters": counters, "curve": list(result.curve)}
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(blob, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, self.path)
+        if self.marker.exists():
+            self.marker.unlink()
+
+
 def _wait_for_nodes(grid: Grid, n: int, seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
     while True:
@@ -140,21 +207,49 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
     # node -> partition (each node maps its own data; the server learns only ids and sizes)
     partition_of: dict[int, int] = {}
+    retired: set[int] = set()  # ids whose partition moved to a new id, or that never answered a rejoin query
+
+    def ask_info(ids: list[int], name: str, timeout) -> None:
+        rounds.nodes = ids
+        answered = set()
+        for nid, rep in rounds.ask("query.info", down(), name, timeout=timeout):
+            answered.add(nid)
+            try:
+                pid = int(rep.content.config_records["meta"]["partition_id"])
+            except (KeyError, TypeError, ValueError) as exc:
+                rounds.reject(name, nid, f"malformed info reply ({exc})")
+                continue
+            for old in [n for n, p in partition_of.items() if p == pid and n != nid]:
+                log.info("partition %d moved from node %s to node %s (rejoined)", pid, old, nid)
+                del partition_of[old]
+                retired.add(old)
+            partition_of[nid] = pid
+        if name != "info":
+            retired.update(set(ids) - answered)
+
+    def serving_nodes() -> list[int]:
+        order = sorted(partition_of, key=partition_of.get)  # sum in partition order: deterministic
+        return [n for n in order if 0 <= partition_of[n] < n_parts]
+
     for _ in range(job.info_attempts):  # nodes that fail the info round are asked again
         # the first round also starts the workers (imports, data mapping): no round timeout
-        for nid, rep in rounds.ask("query.info", down(), "info", timeout=None):
-            try:
-                partition_of[nid] = int(rep.content.config_records["meta"]["partition_id"])
-            except (KeyError, TypeError, ValueError) as exc:
-                rounds.reject("info", nid, f"malformed info reply ({exc})")
-        rounds.nodes = [n for n in nodes if n not in partition_of]
-        if not rounds.nodes:
+        pending = [n for n in nodes if n not in partition_of]
+        if not pending:
             break
-    if rounds.nodes:
-        log.warning("nodes without a known partition are left out of the run: %s", rounds.nodes)
-    order = sorted(partition_of, key=partition_of.get)  # sum in partition order: deterministic
-    rounds.nodes = [n for n in order if partition_of[n] < n_parts]
+        ask_info(pending, "info", None)
+    left = [n for n in nodes if n not in partition_of]
+    if left:
+        log.warning("nodes without a known partition are left out of the run: %s", left)
+    rounds.nodes = serving_nodes()
     max_users = job.users_per_node
+
+    def refresh_nodes() -> None:
+        """Nodes that (re)joined since the last round are asked for their partition; a node that
+        rejoins under a new id takes its partition over from its old id."""
+        new = sorted(set(grid.get_node_ids()) - set(partition_of) - retired)
+        if new:
+            ask_info(new, "rejoin", job.round_timeout)
+        rounds.nodes = serving_nodes()
 
     def collect_vectors(message_type: str, release: str, length: int) -> np.ndarray:
         total = np.zeros(length)
@@ -168,13 +263,31 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
                 rounds.reject(release, nid, str(exc))
         return total
 
-    if state.private and als.needs_user_count(job.algorithm):
-        state.n_users = als.release_user_count(collect_vectors("query.users", "users", 1), state, ledger)
-    if als.needs_mean(job.algorithm, state.implicit):
-        state.mean = als.release_mean(collect_vectors("query.mean", "mean", 2), state, ledger)
-    if als.needs_counts(job.algorithm):
-        state.counts_hat = als.release_counts(collect_vectors("query.counts", "counts", state.n_items), state, ledger)
-    server = protocol.server_setup(state, job.item_features)
+    ckpt = _Checkpoint(job) if job.checkpoint else None
+    saved = ckpt.load() if ckpt is not None else None
+    if saved is not None:  # resume: the model, the next step, the ledger (with its generator), the counters
+        state, ledger, server, first_step = saved["state"], saved["ledger"], saved["server"], saved["step"]
+        result.state, result.ledger = state, ledger
+        for key in ("rounds", "bytes_up", "bytes_down"):
+            setattr(result, key, getattr(result, key) + saved["counters"][key])
+        result.round_log[:0] = saved["counters"]["round_log"]
+        result.rejected[:0] = saved["counters"]["rejected"]
+        result.curve = saved["curve"]
+        result.resumed_from = first_step
+        log.info("resumed from %s after step %d", ckpt.path, first_step)
+    else:
+        first_step = 0
+        if ckpt is not None:
+            ckpt.mark_release(-1)
+        if state.private and als.needs_user_count(job.algorithm):
+            state.n_users = als.release_user_count(collect_vectors("query.users", "users", 1), state, ledger)
+        if als.needs_mean(job.algorithm, state.implicit):
+            state.mean = als.release_mean(collect_vectors("query.mean", "mean", 2), state, ledger)
+        if als.needs_counts(job.algorithm):
+            state.counts_hat = als.release_counts(collect_vectors("query.counts", "counts", state.n_items), state, ledger)
+        server = protocol.server_setup(state, job.item_features)
+        if ckpt is not None:
+            ckpt.save(0, state, ledger, server, result)
     n_params = 0
     if server is not None and job.algorithm == "am-dpsgd":
         write_feature_table(data_dir, server.encoder.table)  # public: clients rebuild the encoder
@@ -212,8 +325,11 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
         return (*valid, *test)
 
     dim = protocol.stats_dim(state)
-    for step in range(cfg.steps):
+    for step in range(first_step, cfg.steps):
         name = f"step{step + 1}"
+        refresh_nodes()
+        if ckpt is not None:
+            ckpt.mark_release(step)
         replies = dict(rounds.ask("train", down(step), name))
         parts = []
         for nid in rounds.nodes:
@@ -229,6 +345,10 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
             valid = evaluate()[0]
             result.curve.append({"step": step + 1, "rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down, "seconds": seconds, "valid_rmse": valid})
             t_start += time.perf_counter() - t_start - seconds  # exclude evaluation time
+        if ckpt is not None:
+            ckpt.save(step + 1, state, ledger, server, result)
+            if job.interrupt_after == step + 1:
+                raise JobInterrupted(f"interrupted after step {step + 1} (checkpoint {ckpt.path})")
 
     if job.valid is not None:
         result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = evaluate()
@@ -283,6 +403,9 @@ def main(grid: Grid, context: Context) -> None:
     epsilon = float(rc["epsilon"]) if algorithm != "als" else None
     overrides = _overrides(rc.get("set", ""))
     overrides["users_per_node"] = str(rc.get("users-per-node", 1))
+    overrides["round_timeout"] = str(rc.get("round-timeout", 0.0))
+    overrides["node_wait"] = str(rc.get("node-wait", 120.0))
+    work_dir = str(rc.get("work-dir", "") or "") or None  # a work dir keeps the checkpoint: rerun to resume
     out = Path(str(rc.get("out", "runs/flwr"))).expanduser()
     metrics_, ledger = run(
         algorithm,
@@ -292,6 +415,7 @@ def main(grid: Grid, context: Context) -> None:
         overrides=overrides,
         engine="flower",
         progress=False,
+        work_dir=work_dir,
         flower_runner=lambda job, n_nodes: run_job(grid, job),
     )
     write_outputs(out, metrics_, ledger)

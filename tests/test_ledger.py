@@ -5,7 +5,6 @@ import pytest
 
 from fedpriv.algorithms.als import ALGORITHMS
 from fedpriv.errors import PrivacyError
-from fedpriv.privacy import ledger as ledger_mod
 from fedpriv.privacy.accounting import epsilon_rdp
 from fedpriv.privacy.ledger import PrivacyLedger, Release
 
@@ -78,60 +77,6 @@ def test_ledger_json_round_trip(tmp_path):
 
 
 # ---------------------------------------------------------------- completeness guard
-@pytest.fixture
-def guarded_rng(monkeypatch):
-    """Any noise draw (Gaussian, Laplace, exponential, Gumbel, the random-stopping counts)
-    outside the ledger (or a declared public draw) fails the test.
-
-    numpy's Generator type is immutable, so every way fedpriv creates a generator
-    (np.random.Generator, np.random.default_rng) is swapped for a guarded subclass, and the
-    legacy global functions are made to fail outright.
-    """
-    offenders: list[str] = []
-    real_generator = np.random.Generator
-
-    def _guard(name):
-        def method(self, *a, **k):
-            if ledger_mod.drawing_context() is None:
-                offenders.append(name)
-                raise AssertionError(f"Gaussian draw Generator.{name} outside the privacy ledger")
-            return getattr(real_generator, name)(self, *a, **k)
-
-        return method
-
-    guarded = type(
-        "GuardedGenerator",
-        (real_generator,),
-        {n: _guard(n) for n in ("normal", "standard_normal", "multivariate_normal", "multivariate_hypergeometric", "laplace", "exponential", "standard_exponential", "gumbel", "logseries", "negative_binomial", "geometric")},
-    )
-    real_default_rng = np.random.default_rng
-    monkeypatch.setattr(np.random, "Generator", guarded)
-    monkeypatch.setattr(np.random, "default_rng", lambda seed=None: guarded(real_default_rng(seed).bit_generator))
-
-    def _legacy(*a, **k):
-        raise AssertionError("legacy global np.random draw")
-
-    for name in ("normal", "standard_normal", "randn"):
-        monkeypatch.setattr(np.random, name, _legacy)
-
-    # torch: the Gaussian samplers (functions and in-place tensor methods)
-    import torch
-
-    def _torch_guard(name, real):
-        def fn(*a, **k):
-            if ledger_mod.drawing_context() is None:
-                offenders.append(f"torch.{name}")
-                raise AssertionError(f"Gaussian draw torch.{name} outside the privacy ledger")
-            return real(*a, **k)
-
-        return fn
-
-    for name in ("randn", "randn_like", "normal"):
-        monkeypatch.setattr(torch, name, _torch_guard(name, getattr(torch, name)))
-    monkeypatch.setattr(torch.Tensor, "normal_", _torch_guard("Tensor.normal_", torch.Tensor.normal_))
-    return offenders
-
-
 def test_guard_catches_a_bypassing_draw(guarded_rng):
     import torch
 

@@ -144,28 +144,10 @@ def test_private_cells_draw_through_one_ledger_select(monkeypatch):
     assert calls == [("gem", (40, sc.K)), ("cgem", (40, sc.K))]  # rnmh is not private: not through the ledger
 
 
-def test_every_random_draw_is_sanctioned(monkeypatch):
+def test_every_random_draw_is_sanctioned(strictly_guarded_rng):
     """Scores are drawn under public_draws, selection noise inside the ledger (rnmh: public)."""
-    from fedpriv.privacy import ledger
-
-    offenders = []
-    real_generator = np.random.Generator
-    methods = ("random", "uniform", "integers", "normal", "standard_normal", "laplace", "exponential",
-               "standard_exponential", "gumbel", "negative_binomial", "logseries", "geometric", "permutation", "choice")
-
-    def _guard(name):
-        def method(self, *a, **k):
-            if ledger.drawing_context() is None:
-                offenders.append(name)
-            return getattr(real_generator, name)(self, *a, **k)
-        return method
-
-    guarded = type("Guarded", (real_generator,), {n: _guard(n) for n in methods})
-    real_default_rng = np.random.default_rng
-    monkeypatch.setattr(np.random, "Generator", guarded)
-    monkeypatch.setattr(np.random, "default_rng", lambda seed=None: guarded(real_default_rng(seed).bit_generator))
     rows = sc.run_scenarios([1.0], 40, seed=0, scenarios=["s4-pos", "s7-polarised-strong"])
-    assert rows and offenders == []
+    assert rows and strictly_guarded_rng == []
 
 
 # ------------------------------------------------------------------------------ outputs and CLI

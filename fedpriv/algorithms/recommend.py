@@ -190,7 +190,6 @@ def client_recommend(
 ) -> ClientReport:
     """One private report per user of the shard, plus evaluation sums (``heldout``: the same
     users' held-out ratings, for the hit rate)."""
-    from ..selection import mechanisms
 
     user_clip = cfg.user_clip if cfg.sensitivity == "norm" else None
     q = np.clip(client_scores(shard, state, candidates, user_clip), lo, hi)

@@ -1,13 +1,24 @@
 """Run a job on Flower's simulation runtime (Ray), in this process: the ServerApp runs here and
 every node runs the fedpriv ClientApp. The offline and quiet settings are set here, so users do
-not have to know them."""
+not have to know them.
+
+By default Ray is started here, privately, and stopped at the end. With ``ray_address`` the
+nodes run on an existing Ray cluster instead (see ``docs/ray_cluster.md``): Flower passes
+``backend_config["init_args"]`` to ``ray.init``, so ``address`` goes there, and its
+``ray.shutdown()`` at the end only disconnects this process from that cluster.
+
+Without ``ray_address``, Ray's own rules apply (``ray.init()`` with no address): the
+``RAY_ADDRESS`` environment variable, then the cluster of the last ``ray start`` on this host
+(``/tmp/ray/ray_current_cluster``), then a new local instance. ``ray_address="local"`` always
+starts a new private instance."""
 
 from __future__ import annotations
 
 import os
+import socket
 import warnings
 
-from ..errors import FedprivError
+from ..errors import ConfigError, FedprivError
 from .server_app import FlowerJob, FlowerResult, make_server_app
 
 OFFLINE_ENV = {
@@ -17,6 +28,7 @@ OFFLINE_ENV = {
     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
     "RAY_DEDUP_LOGS": "0",
 }
+CONNECT_SECONDS = 5.0  # TCP check of a cluster address before Ray gets it
 
 
 def set_offline_env() -> None:
@@ -24,9 +36,61 @@ def set_offline_env() -> None:
         os.environ.setdefault(key, value)
 
 
-def simulate(job: FlowerJob, num_nodes: int, *, cpus_per_node: float = 1.0, verbose: bool = False, client_app=None) -> FlowerResult:
-    """Run ``job`` on ``num_nodes`` simulated nodes (default ClientApp: fedpriv's)."""
+def _split_host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``HOST:PORT`` or ``[IPv6]:PORT`` address; None if it is not one."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return (host, int(port)) if 0 < int(port) < 65536 else None
+
+
+def check_ray_address(address: str) -> str:
+    """The Ray address to connect to, checked: ``HOST:PORT`` of a head node's GCS (must accept a
+    TCP connection now: Ray itself retries an unreachable GCS indefinitely, measured > 5 min),
+    ``ray://HOST:PORT`` (Ray Client), ``auto`` (the cluster of the last ``ray start`` on this
+    host, or ``RAY_ADDRESS``) or ``local`` (a new private instance)."""
+    if not isinstance(address, str) or not address.strip():
+        raise ConfigError(f"must be HOST:PORT, ray://HOST:PORT, 'auto' or 'local', got {address!r}", field="ray_address")
+    address = address.strip()
+    if address in ("auto", "local"):
+        return address
+    target = address.split("://", 1)[1] if address.startswith("ray://") else address
+    if "://" in target or (hp := _split_host_port(target)) is None:
+        raise ConfigError(f"must be HOST:PORT, ray://HOST:PORT, 'auto' or 'local', got {address!r}", field="ray_address")
+    try:
+        with socket.create_connection(hp, timeout=CONNECT_SECONDS):
+            pass
+    except OSError as e:
+        raise FedprivError(f"cannot reach the Ray cluster at {address} ({e}); is `ray start --head` running there, and is the port open?") from None
+    return address
+
+
+def simulate(
+    job: FlowerJob,
+    num_nodes: int,
+    *,
+    cpus_per_node: float = 1.0,
+    verbose: bool = False,
+    client_app=None,
+    ray_address: str | None = None,
+) -> FlowerResult:
+    """Run ``job`` on ``num_nodes`` simulated nodes (default ClientApp: fedpriv's).
+
+    ``ray_address`` (e.g. ``"10.0.0.5:6379"``, the address ``ray start --head`` prints) runs
+    the nodes on that existing Ray cluster instead of a new local Ray; the cluster keeps
+    running afterwards. This process (the ServerApp) must run on a node of that cluster for a
+    ``HOST:PORT`` address. Every worker host needs the same Python environment and fedpriv, and
+    must see ``job.work_dir`` at the same path (the nodes memory-map their partitions there)."""
     set_offline_env()
+    init_args = {"logging_level": "ERROR", "log_to_driver": verbose, "include_dashboard": False}
+    if ray_address is not None:
+        init_args["address"] = check_ray_address(ray_address)
+        import ray
+
+        if ray.is_initialized():  # Flower would reuse that connection and ignore the address
+            raise FedprivError("Ray is already initialized in this process, so ray_address would be ignored; call ray.shutdown() first")
+
     from flwr.simulation import run_simulation
 
     if client_app is None:
@@ -35,7 +99,7 @@ def simulate(job: FlowerJob, num_nodes: int, *, cpus_per_node: float = 1.0, verb
     sink: dict = {}
     backend_config = {
         "client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0},
-        "init_args": {"logging_level": "ERROR", "log_to_driver": verbose, "include_dashboard": False},
+        "init_args": init_args,
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

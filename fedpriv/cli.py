@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     ssub = sel.add_subparsers(dest="selection_command", required=True)
     from .selection import bandit, scenarios  # light modules: numpy and the ledger
 
+    from .flower import deploy  # light at import: flwr and the data code load on use
+
+    deploy.add_arguments(sub.add_parser("deploy", help="Flower deployment runtime on loopback: SuperLink + SuperNodes (TLS, node authentication, per-node data); up, run, down"))
     scenarios.add_arguments(ssub.add_parser("scenarios", help="the paper's synthetic scenarios: MSE to the optimum per mechanism and epsilon (selection.json, plots)"))
     bandit.add_arguments(ssub.add_parser("bandit", help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)"))
     return p
@@ -65,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "privacy":
             return _privacy_plan(args)
+        if args.command == "deploy":
+            from .flower import deploy
+
+            return deploy.command(args)
         if args.command == "selection":
             from .selection import bandit, scenarios
 

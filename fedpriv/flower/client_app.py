@@ -13,7 +13,7 @@ from ..algorithms import als, protocol
 from . import codec
 from .pam_server import register as register_pam_handlers
 from .recommend_handlers import register as register_recommend_handlers
-from .partition import load_feature_table, load_shard
+from .partition import data_dir_of, load_feature_table, load_shard
 
 app = ClientApp()
 register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_server)
@@ -26,7 +26,7 @@ def _partition_id(context: Context) -> int:
 
 def _shard(msg: Message, context: Context, part: str = "train"):
     state, data_dir, upn = codec.decode_state(msg.content)
-    return state, load_shard(data_dir, part, _partition_id(context), upn)
+    return state, load_shard(data_dir_of(context.node_config, data_dir), part, _partition_id(context), upn)
 
 
 @app.query("info")
@@ -62,8 +62,8 @@ def train(msg: Message, context: Context) -> Message:
     (ALS family, AM-SSP), logistic statistics (AM-SSP-convex) or the sampled users' clipped
     gradients (DP-SGD, AM-DPSGD)."""
     state, data_dir, upn = codec.decode_state(msg.content)
-    shard = load_shard(data_dir, "train", _partition_id(context), upn)
-    table = load_feature_table(data_dir) if state.algorithm == "am-dpsgd" else None
+    shard = load_shard(data_dir_of(context.node_config, data_dir), "train", _partition_id(context), upn)
+    table = load_feature_table(data_dir) if state.algorithm == "am-dpsgd" else None  # public: from the server's folder
     contribution = protocol.client_step(shard, state, codec.round_of(msg.content), table)
     return Message(codec.encode_contribution(contribution, state, shard.n_users), reply_to=msg)
 
@@ -72,6 +72,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Per-bucket squared errors on the node's validation and test ratings."""
     state, data_dir, upn = codec.decode_state(msg.content)
+    data_dir = data_dir_of(context.node_config, data_dir)
     pid = _partition_id(context)
     item_bucket = msg.content.array_records["eval"]["item_bucket"].numpy()
     history = load_shard(data_dir, "train", pid, upn)

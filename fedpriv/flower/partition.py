@@ -29,6 +29,26 @@ def write_partitions(folder: str | Path, parts: dict[str, Interactions], meta: d
     return folder
 
 
+def write_user_partitions(folder: str | Path, parts: dict[str, Interactions], meta: dict, user_range: tuple[int, int]) -> Path:
+    """:func:`write_partitions` for one node of a deployment: the same files over the whole user
+    id space (so :func:`load_shard` works unchanged), but only users ``start <= u < stop`` have
+    ratings; every other user's row is empty."""
+    start, stop = int(user_range[0]), int(user_range[1])
+    kept = {}
+    for name, inter in parts.items():
+        if not 0 <= start <= stop <= inter.n_users:
+            raise ValueError(f"user range {start}..{stop} outside 0..{inter.n_users}")
+        kept[name] = inter.subset((inter.users >= start) & (inter.users < stop))
+    return write_partitions(folder, kept, meta)
+
+
+def data_dir_of(node_config, broadcast_dir: str) -> str:
+    """The folder a node reads its shards from: its own ``data-dir`` (node config of a
+    deployment, holding only its users) or else the folder the server broadcasts."""
+    own = node_config.get("data-dir") if node_config is not None else None
+    return str(own) if own else broadcast_dir
+
+
 @lru_cache(maxsize=8)
 def _mapped(folder: str, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     f = Path(folder)

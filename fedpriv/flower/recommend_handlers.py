@@ -34,10 +34,11 @@ def _cfg_of(content: RecordDict) -> tuple[recommend.RecommendConfig, bool, bool]
 
 def register(app) -> None:
     """Add the recommendation handlers to fedpriv's ClientApp."""
-    from .partition import load_shard
+    from .partition import data_dir_of, load_shard
 
     def setup(msg: Message, context: Context):
         state, data_dir, upn = decode_state(msg.content)
+        data_dir = data_dir_of(context.node_config, data_dir)  # a deployed node's own folder, if any
         pid = int(context.node_config.get("partition-id", 0))
         cfg, secure, has_test = _cfg_of(msg.content)
         rec = msg.content.array_records["rec"]

@@ -88,14 +88,22 @@ class _Rounds:
         replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout if timeout is ... else timeout))
         up = 0
         ok = []
+        asked = set(self.nodes)
+        # error replies about an unavailable node come from the SuperLink: attribute them to the
+        # node the message was for (by the id of the message they answer)
+        dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
+        answered = set()
         for rep in replies:
             src = rep.metadata.src_node_id
+            if src not in asked:
+                src = dst_of.get(rep.metadata.reply_to_message_id, src)
+            answered.add(src)
             if rep.has_error():
                 self.reject(name, src, f"node error: {rep.error.reason}")
                 continue
             up += codec.payload_bytes(rep.content)
             ok.append((src, rep))
-        missing = set(self.nodes) - {r.metadata.src_node_id for r in replies}
+        missing = asked - answered
         for nid in sorted(missing):
             self.reject(name, nid, "no reply before the round timeout")
         self.result.rounds += 1

@@ -1,0 +1,393 @@
+"""``fedpriv deploy``: Flower's deployment runtime (SuperLink + SuperNodes over gRPC on loopback,
+TLS, SuperNode authentication, per-node data) and the Docker compose file generated from the
+same command builders.
+
+Unmarked tests start no process. ``@pytest.mark.deployment`` tests start a SuperLink and
+SuperNodes on 127.0.0.1 and always stop them (by PID, with their children)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedpriv.cli import main
+from fedpriv.errors import ConfigError, FedprivError
+from fedpriv.flower import deploy, launcher
+
+ROOT = Path(__file__).resolve().parents[1]
+SYN = "synthetic-mf:users=300,items=100,ratings=9000,seed=1"
+SMALL = "synthetic-mf:users=40,items=30,ratings=800,seed=3"
+ML100K = ROOT.parent / "shared" / "data" / "ml-100k" / "ml-100k.zip"
+
+
+# ------------------------------------------------------------------------------ command builders
+def _cfg(tmp_path, **kw) -> deploy.DeployConfig:
+    base = dict(run_dir=tmp_path / "run", nodes=3, fleet_port=19092, control_port=18000, node_port_base=19094, bin_dir="/venv/bin")
+    return deploy.DeployConfig(**{**base, **kw})
+
+
+def test_builders_bind_loopback_with_tls_and_auth(tmp_path):
+    cfg = _cfg(tmp_path, data=SYN, users_per_node=100)
+    sl = deploy.superlink_command(cfg)
+    assert sl[0] == "/venv/bin/flower-superlink"
+    assert sl[sl.index("--fleet-api-address") + 1] == "127.0.0.1:19092"
+    assert sl[sl.index("--host") + 1] == "127.0.0.1" and sl[sl.index("--port") + 1] == "18000"
+    assert sl[sl.index("--ssl-ca-certfile") + 1] == str(cfg.ca_cert) and "--enable-supernode-auth" in sl and "--insecure" not in sl
+    sn = deploy.supernode_command(cfg, 2)
+    assert sn[sn.index("--superlink") + 1] == "127.0.0.1:19092" and sn[sn.index("--host") + 1] == "127.0.0.1"
+    assert sn[sn.index("--port") + 1] == "19096" and sn[sn.index("--root-certificates") + 1] == str(cfg.ca_cert)
+    assert sn[sn.index("--auth-supernode-private-key") + 1] == str(cfg.node_private_key(2))
+    # the node config parses (flwr's own parser) into the partition and the node's own folder
+    from flwr.common.config import parse_config_args
+
+    nc = parse_config_args([sn[sn.index("--node-config") + 1]])
+    assert nc == {"partition-id": 2, "num-partitions": 3, "data-dir": str(cfg.node_data_dir(2))}
+    assert deploy.flwr_run_command(cfg) == ["/venv/bin/flwr", "run", str(cfg.app_dir), "deploy", "--stream", "--run-config", str(cfg.run_config_file)]
+
+    plain = _cfg(tmp_path, tls=False, auth=False)
+    assert "--insecure" in deploy.superlink_command(plain) and "--enable-supernode-auth" not in deploy.superlink_command(plain)
+    assert "--insecure" in deploy.supernode_command(plain, 0) and "data-dir" not in deploy.node_config(plain, 0)
+    assert 'insecure = true' in deploy.connection_toml(plain) and f'root-certificates = "{cfg.ca_cert}"' in deploy.connection_toml(cfg)
+
+
+def test_compose_file_runs_the_builders_commands():
+    """docker/compose.yml is the generated file, and every service runs the builders' argv."""
+    import yaml
+
+    text = (ROOT / "docker" / "compose.yml").read_text()
+    assert text == deploy.compose_yaml(3), "docker/compose.yml is stale: python -m fedpriv.flower.deploy compose --nodes 3 > docker/compose.yml"
+    services = yaml.safe_load(text)["services"]
+    want = deploy.compose_services(3)
+    assert sorted(services) == sorted(want) == ["register", "superlink", "supernode-0", "supernode-1", "supernode-2"]
+    for name, svc in services.items():
+        assert svc["entrypoint"] + svc["command"] == want[name], name
+    cfg = deploy.docker_config(3)
+    assert want["superlink"] == deploy.superlink_command(cfg) and want["supernode-1"] == deploy.supernode_command(cfg, 1)
+    # each SuperNode mounts only the CA, its own key and its own data; the host sees only the Control API
+    for i in range(3):
+        mounts = [v.rsplit(":", 2)[1] for v in services[f"supernode-{i}"]["volumes"]]
+        assert mounts == [str(cfg.ca_cert), str(cfg.node_private_key(i)), str(cfg.node_data_dir(i))]
+    assert services["superlink"]["ports"] == ["127.0.0.1:8000:8000"]
+    for dockerfile in ("Dockerfile.superlink", "Dockerfile.supernode"):
+        assert (ROOT / "docker" / dockerfile).is_file()
+
+
+def test_docker_prepare_matches_the_compose_file(tmp_path, capsys):
+    """`deploy prepare --docker` writes the run folder compose.yml expects: its deploy.json,
+    read at the containers' mount point, gives the compose services' commands."""
+    import yaml
+
+    run_dir = tmp_path / "run"
+    (run_dir / "dataset").mkdir(parents=True)
+    assert main(["deploy", "prepare", "--docker", "--run-dir", str(run_dir), "--nodes", "3", "--data", SYN, "--users-per-node", "100"]) == 0
+    state = json.loads((run_dir / "deploy.json").read_text())
+    assert (state["superlink_host"], state["bind_host"], state["fleet_port"], state["control_port"]) == ("superlink", "0.0.0.0", 9092, 8000)
+    inside = deploy.DeployConfig(run_dir=Path(deploy.DOCKER_RUN_DIR), bin_dir=None, **{k: v for k, v in state.items()})
+    services = yaml.safe_load((ROOT / "docker" / "compose.yml").read_text())["services"]
+    assert services["superlink"]["entrypoint"] + services["superlink"]["command"] == deploy.superlink_command(inside)
+    for i in range(3):
+        svc = services[f"supernode-{i}"]
+        assert svc["entrypoint"] + svc["command"] == deploy.supernode_command(inside, i)
+        assert (run_dir / "keys" / f"node-{i}").is_file() and (run_dir / "node-data" / f"node-{i}" / "train_indptr.npy").is_file()
+    deploy.verify_server_cert(run_dir / "certs" / "ca.crt", run_dir / "certs" / "server.pem", "superlink")
+    # a data file inside the run folder is stored relative to it (the folder is mounted elsewhere)
+    assert deploy._portable_data(f"ml-100k:{run_dir}/dataset/u.zip", run_dir) == "ml-100k:{run_dir}/dataset/u.zip"
+    assert main(["deploy", "prepare", "--docker", "--run-dir", str(tmp_path / "nodata")]) == 2
+    assert "--data:" in capsys.readouterr().err and not (tmp_path / "nodata").exists()
+
+
+# ------------------------------------------------------------------------------ TLS and node keys
+def test_certificate_chain_verifies_for_loopback_names(tmp_path):
+    paths = deploy.make_certs(tmp_path / "certs", ["127.0.0.1", "localhost", "superlink"])
+    for name in ("127.0.0.1", "localhost", "superlink"):
+        deploy.verify_server_cert(paths["ca"], paths["cert"], name)
+    with pytest.raises(Exception):
+        deploy.verify_server_cert(paths["ca"], paths["cert"], "example.org")
+    other = deploy.make_certs(tmp_path / "other")
+    with pytest.raises(Exception):
+        deploy.verify_server_cert(other["ca"], paths["cert"], "127.0.0.1")
+    assert oct(paths["key"].stat().st_mode & 0o777) == "0o600"
+
+    # the chain also verifies with the ssl module (what gRPC and the HTTP client do)
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=str(paths["ca"]))
+    ctx.load_verify_locations(cafile=str(paths["ca"]))
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(paths["cert"], paths["key"])
+
+
+def test_node_keys_are_what_flwr_reads(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+    from flwr.cli.supernode.register import try_load_public_key
+
+    deploy.make_node_keys(tmp_path / "k", tmp_path / "k.pub")
+    key = load_ssh_private_key((tmp_path / "k").read_bytes(), None)  # as flower-supernode loads it
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+    assert try_load_public_key(tmp_path / "k.pub")  # as `flwr supernode register` loads it
+    assert (tmp_path / "k.pub").read_text().startswith("ecdsa-sha2-nistp384 ")
+    assert oct((tmp_path / "k").stat().st_mode & 0o777) == "0o600"
+
+
+# ------------------------------------------------------------------------------ per-node data
+def test_node_partition_holds_only_its_users(tmp_path):
+    from fedpriv.flower.partition import data_dir_of, load_shard, write_partitions
+
+    cfg = deploy.prepare(_cfg(tmp_path, data=SYN, users_per_node=100, tls=False, auth=False))
+    job = deploy.split_job(SYN, 100)
+    full = write_partitions(tmp_path / "full", {"train": job.train, "valid": job.valid, "test": job.test}, {"n_users": job.train.n_users})
+    n_users = job.train.n_users
+    for i in range(3):
+        own = str(cfg.node_data_dir(i))
+        for part in ("train", "valid", "test"):
+            mine, ref = load_shard(own, part, i, 100), load_shard(str(full), part, i, 100)
+            assert np.array_equal(mine.user_ids, ref.user_ids) and np.array_equal(mine.indptr, ref.indptr)
+            assert np.array_equal(mine.items, ref.items) and np.array_equal(mine.ratings, ref.ratings)
+            assert ref.n_ratings > 0
+            indptr = np.load(Path(own) / f"{part}_indptr.npy")
+            per_user = np.diff(indptr)
+            assert len(per_user) == n_users
+            others = np.ones(n_users, bool)
+            others[i * 100 : (i + 1) * 100] = False
+            assert per_user[others].sum() == 0  # nobody else's ratings are in node i's folder
+            assert per_user[~others].sum() == ref.n_ratings
+    assert json.loads((cfg.node_data_dir(1) / "meta.json").read_text())["users"] == [100, 200]
+    state = json.loads((cfg.run_dir / "deploy.json").read_text())
+    assert state["data"] == SYN and state["nodes"] == 3 and "run_dir" not in state
+    # the ClientApp reads a deployed node's own folder, else the broadcast one
+    assert data_dir_of({"data-dir": "/n/0", "partition-id": 0}, "/server") == "/n/0"
+    assert data_dir_of({"partition-id": 0}, "/server") == "/server"
+
+
+def test_client_handlers_read_the_node_folder(tmp_path):
+    """The info and train handlers of the real ClientApp use ``data-dir`` from the node config,
+    not the (here: missing) folder the server broadcasts."""
+    from flwr.app import Context, Message, RecordDict
+
+    from fedpriv.algorithms import als
+    from fedpriv.engine import new_state
+    from fedpriv.flower import client_app, codec
+
+    cfg = deploy.prepare(_cfg(tmp_path, data=SYN, users_per_node=100, tls=False, auth=False))
+    job = deploy.split_job(SYN, 100)
+    from fedpriv.algorithms import protocol
+
+    state, _ = new_state("als", als.ALSConfig.from_overrides({"rank": "3"}), job.train, job.rating_range, False, None, 1e-5)
+    protocol.server_setup(state, None)
+    content = codec.encode_state(state, str(tmp_path / "no-such-folder"), 100, 0)
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for key in ("run_id", "node_id", "task_id"):  # Message() needs a task identity outside a run
+        try:
+            getattr(TaskIdentity, key)
+        except RuntimeError:
+            setattr(TaskIdentity, key, 1)
+    node_config = {"partition-id": 1, "num-partitions": 3, "data-dir": str(cfg.node_data_dir(1))}
+    ctx = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
+    reply = client_app.app(Message(content=content, dst_node_id=7, message_type="query.info"), ctx)
+    assert not reply.has_error(), reply.error
+    meta = reply.content.config_records["meta"]
+    assert meta["partition_id"] == 1 and meta["n_users"] == 100 and meta["n_ratings"] == int((job.train.users // 100 == 1).sum())
+    train = client_app.app(Message(content=codec.encode_state(state, str(tmp_path / "no-such-folder"), 100, 0), dst_node_id=7, message_type="train"), ctx)
+    assert not train.has_error(), train.error
+
+
+# ------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    "argv,field",
+    [
+        (["--nodes", "0"], "--nodes"),
+        (["--users-per-node", "0", "--data", SMALL], "--users-per-node"),
+        (["--data", "nosuchkind:x"], "--data"),
+        (["--data", "synthetic-personal:users=10"], "--data"),
+        (["--data", SMALL, "--users-per-node", "10", "--nodes", "2"], "--nodes"),  # 4 partitions
+        (["--no-auth", "--nodes", "2", "--fleet-port", "70000"], "--fleet-port"),
+    ],
+)
+def test_bad_input_names_the_field_and_writes_nothing(tmp_path, capsys, argv, field):
+    run_dir = tmp_path / "run"
+    for command in ("up", "prepare"):
+        code = main(["deploy", command, "--run-dir", str(run_dir), *argv])
+        err = capsys.readouterr().err
+        assert code == 2 and f"{field}:" in err, err
+        assert not run_dir.exists()
+
+
+def test_auth_needs_tls_and_run_checks_before_starting(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="--insecure"):
+        _cfg(tmp_path, tls=False, auth=True).validate()
+    cfg = deploy.prepare(_cfg(tmp_path, data=SMALL, users_per_node=10, nodes=4, tls=False, auth=False))
+    loaded = deploy.DeployConfig.load(cfg.run_dir)
+    assert (loaded.nodes, loaded.data, loaded.users_per_node, loaded.fleet_port) == (4, SMALL, 10, 19092)
+    for overrides, field in (({"users_per_node": "5"}, "users_per_node"), ({"split_seed": "7"}, "split_seed"), ({"rank": "3,4"}, "rank"), ({"round_timeout": "5"}, "round_timeout")):
+        with pytest.raises(ConfigError, match=field):
+            deploy.run_job(loaded, "adadpals", epsilon=1.0, overrides=overrides)
+    with pytest.raises(ConfigError, match="--epsilon"):
+        deploy.run_job(loaded, "adadpals")
+    with pytest.raises(ConfigError, match="--data"):
+        deploy.run_job(loaded, "adadpals", epsilon=1.0, data=SYN)
+    with pytest.raises(ConfigError, match="--round-timeout"):
+        deploy.run_job(loaded, "adadpals", epsilon=1.0, round_timeout=-1)
+    assert not (cfg.run_dir / "app").exists() and not (cfg.run_dir / "out").exists()
+    with pytest.raises(ConfigError, match="--run-dir"):
+        deploy.DeployConfig.load(tmp_path / "nothing-here")
+    assert main(["deploy", "run", "--run-dir", str(tmp_path / "nothing-here"), "als"]) == 2
+
+
+def test_compose_and_certs_commands(tmp_path, capsys):
+    assert main(["deploy", "compose", "--nodes", "2"]) == 0
+    assert capsys.readouterr().out == deploy.compose_yaml(2)
+    assert deploy.main(["certs", str(tmp_path / "c"), "--nodes", "2", "--san", "superlink"]) == 0
+    deploy.verify_server_cert(tmp_path / "c" / "certs" / "ca.crt", tmp_path / "c" / "certs" / "server.pem", "superlink")
+    assert sorted(p.name for p in (tmp_path / "c" / "public-keys").iterdir()) == ["node-0.pub", "node-1.pub"]
+
+
+# ------------------------------------------------------------------------------ deployment (processes)
+def _kill_tree(pid: int) -> None:
+    below = launcher._descendants([pid])
+    for p in [pid, *below]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _all_gone(pids: list[int], seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(launcher._alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not any(launcher._alive(p) for p in pids)
+
+
+def _tree(cfg) -> list[int]:
+    pids = [int(e["pid"]) for e in deploy.running(cfg)]
+    return pids + launcher._descendants(pids)
+
+
+@pytest.mark.deployment
+def test_tls_auth_deployment_completes_with_a_node_killed_in_round_one(tmp_path):
+    """SuperLink + 3 SuperNodes over gRPC with TLS and node authentication; node 2 is killed
+    when the first training round reaches it. The run finishes: its reply is given up after the
+    round timeout and logged as rejected, and every planned release is in the ledger."""
+    from fedpriv.algorithms import als
+
+    data, upn = (f"ml-100k:{ML100K}", 315) if ML100K.is_file() else (SYN, 100)  # 943 or 300 users: 3 nodes
+    cfg = deploy.DeployConfig(run_dir=tmp_path / "run", nodes=3, data=data, users_per_node=upn, fleet_port=0, control_port=0, node_port_base=0)
+    seen: list[int] = []
+    t0 = time.perf_counter()
+    try:
+        deploy.up(cfg, wait=240)
+        t_up = time.perf_counter() - t0
+        seen = _tree(cfg)
+        nodes = deploy.list_nodes(cfg)
+        assert sum(n["status"] == "online" for n in nodes) == 3
+        assert cfg.tls and cfg.auth and (cfg.run_dir / "certs" / "ca.crt").is_file()
+        victim = next(e for e in deploy.running(cfg) if e["name"] == "supernode-2")
+        log = cfg.logs_dir / "supernode-2.log"
+        killed, done = threading.Event(), threading.Event()
+
+        def killer():
+            while not done.is_set():
+                if "Receiving: train message" in log.read_text(errors="replace"):
+                    _kill_tree(int(victim["pid"]))
+                    killed.set()
+                    return
+                time.sleep(0.2)
+
+        watcher = threading.Thread(target=killer, daemon=True)
+        watcher.start()
+        t1 = time.perf_counter()
+        try:
+            metrics = deploy.run_job(cfg, "adadpals", epsilon=1.0, overrides={"steps": "2", "rank": "4"}, round_timeout=30.0, node_wait=60.0, quiet=True, timeout=900)
+        finally:
+            done.set()
+            watcher.join(timeout=5)
+        t_run = time.perf_counter() - t1
+        assert killed.is_set(), "node 2 never received a train message"
+
+        out = cfg.out_dir
+        assert (out / "metrics.json").is_file() and (out / "ledger.json").is_file()
+        assert metrics["engine"] == "flower" and metrics["nodes"] == 3 and metrics["epsilon_spent"] == pytest.approx(1.0, rel=1e-3)
+        by_round = {r["round"]: r for r in metrics["round_log"]}
+        assert by_round["info"]["replies"] == 3 and by_round["counts"]["replies"] == 3
+        assert by_round["step1"]["replies"] == 2 and by_round["step2"]["replies"] == 2
+        rejected = [r for r in metrics["rejected_replies"] if r["round"] == "step1"]
+        # given up after the round timeout (or, once its heartbeat expired, answered by the
+        # SuperLink with a "Node Unavailable" error) and logged as rejected
+        assert rejected and all("timeout" in r["reason"] or "Unavailable" in r["reason"] for r in rejected), rejected
+        if all("timeout" in r["reason"] for r in rejected):
+            assert by_round["step1"]["seconds"] >= 29.0  # waited for the round timeout, then went on
+        assert np.isfinite(metrics["test_rmse"])
+
+        ledger = json.loads((out / "ledger.json").read_text())
+        counts: dict = {}
+        for rec in ledger:
+            counts[rec["name"]] = counts.get(rec["name"], 0) + int(rec["count"])
+        plan = als.plan_releases("adadpals", als.ALSConfig.from_overrides({"steps": "2", "rank": "4"}), False)
+        assert {p.name: p.count for p in plan} == counts
+        print(f"\ndeploy TLS+auth, 3 nodes, {data.split(':')[0]}: up {t_up:.1f} s, run {t_run:.1f} s, rounds "
+              + ", ".join(f"{r['round']} {r['seconds']:.1f}" for r in metrics["round_log"])
+              + "; rejected: " + "; ".join(f"{r['round']} node {r['node']}: {r['reason']}" for r in metrics["rejected_replies"]))
+    finally:
+        seen += _tree(cfg)
+        deploy.stop(cfg.run_dir)
+    assert _all_gone(seen), [p for p in seen if launcher._alive(p)]
+    assert deploy.running(cfg) == []
+
+
+@pytest.mark.deployment
+def test_unregistered_node_is_refused(tmp_path):
+    """With node authentication on, a SuperNode whose key was not registered is refused: it
+    exits (Flower's exit code 305) and the SuperLink lists only the registered node."""
+    cfg = deploy.DeployConfig(run_dir=tmp_path / "run", nodes=1, fleet_port=0, control_port=0, node_port_base=0)
+    seen: list[int] = []
+    stranger = None
+    try:
+        deploy.up(cfg, wait=180)
+        seen = _tree(cfg)
+        assert [n["status"] for n in deploy.list_nodes(cfg)] == ["online"]
+        deploy.make_node_keys(tmp_path / "stranger", tmp_path / "stranger.pub")
+        cmd = deploy.supernode_command(cfg, 0)
+        cmd[cmd.index("--auth-supernode-private-key") + 1] = str(tmp_path / "stranger")
+        cmd[cmd.index("--port") + 1] = str(launcher._free_port())
+        import subprocess
+
+        with open(tmp_path / "stranger.log", "wb") as log:
+            stranger = subprocess.Popen(cmd, env=deploy._env(cfg, tmp_path / "stranger-home"), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        code = stranger.wait(timeout=120)
+        text = (tmp_path / "stranger.log").read_text(errors="replace")
+        assert code != 0 and "Failed to activate SuperNode" in text, text[-2000:]
+        nodes = deploy.list_nodes(cfg)
+        assert len(nodes) == 1 and nodes[0]["status"] == "online"
+    finally:
+        if stranger is not None and stranger.poll() is None:
+            _kill_tree(stranger.pid)
+        seen += _tree(cfg)
+        deploy.stop(cfg.run_dir)
+    assert _all_gone(seen)
+
+
+@pytest.mark.deployment
+def test_failed_up_stops_everything(tmp_path):
+    """SuperNode 0 cannot bind its runtime port (taken): `up` fails with that node's log and
+    leaves no process (SuperLink, other nodes, their children) and no pids.json behind."""
+    import socket
+
+    run_dir = tmp_path / "run"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = deploy.DeployConfig(run_dir=run_dir, nodes=2, fleet_port=0, control_port=0, node_port_base=port)
+        with pytest.raises(FedprivError, match="supernode-0 exited"):
+            deploy.up(cfg, wait=120)
+    assert not (run_dir / "pids.json").exists() and (run_dir / "logs" / "supernode-1.log").is_file()
+    assert _all_gone(launcher._pids_matching(str(run_dir)), 5.0), launcher._pids_matching(str(run_dir))

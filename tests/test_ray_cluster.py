@@ -40,12 +40,7 @@ def _free_port() -> int:
 
 
 # ------------------------------------------------------------------------------ process helpers
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+from fedpriv.flower.launcher import _cmdline  # noqa: E402 - the launcher's /proc reader
 
 
 def _ppids() -> dict[int, int]:

@@ -138,6 +138,5 @@ def recommend_inprocess(state: als.PublicState, train: Interactions, heldout: In
         recommend.merge_records(ledger, recommend.check_report(rep.picks, rep.records, rep.sums, s.n_users, len(candidates), cfg))
         sums = recommend.add_sums(sums, rep.sums)
         picks[s.user_ids] = candidates[rep.picks]
-    summary = recommend.summarize(sums)
-    summary.update({"candidates": int(len(candidates)), "sensitivity_min": float((hi - lo).min()), "sensitivity_max": float((hi - lo).max())})
+    summary = recommend.summarize(sums, lo, hi)
     return summary, ledger, picks

@@ -310,7 +310,12 @@ def merge_records(ledger: PrivacyLedger, rels: list[Release]) -> None:
         ledger._record(Release(**{k: getattr(r, k) for k in r.__dataclass_fields__}))  # noqa: SLF001
 
 
-def summarize(total: dict[str, np.ndarray]) -> dict:
+def summarize(total: dict[str, np.ndarray] | None, lo: np.ndarray, hi: np.ndarray) -> dict:
+    """The run's recommendation metrics from the summed client sums (None: no reply) and the
+    candidates' ranges."""
+    ranges = {"candidates": int(len(lo)), "sensitivity_min": float((hi - lo).min()), "sensitivity_max": float((hi - lo).max())}
+    if total is None:
+        return {"users": 0, **ranges}
     n = float(total["n"][0])
     n_eval = float(total["n_eval"][0])
     hist = total["spearman_hist"]
@@ -326,6 +331,7 @@ def summarize(total: dict[str, np.ndarray]) -> dict:
         "spearman_hist": {"edges": CORR_BINS.tolist(), "counts": hist.astype(int).tolist()},
         "spearman_mean_binned": float((hist * centres).sum() / hist.sum()) if hist.sum() else None,
         "spearman_positive_share": float(hist[centres > 0].sum() / hist.sum()) if hist.sum() else None,
+        **ranges,
     }
 
 

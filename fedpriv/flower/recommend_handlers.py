@@ -108,6 +108,5 @@ def run_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, in
         recommend.merge_records(ledger, rels)
         sums = recommend.add_sums(sums, part)
         reports[nid] = candidates[picks.astype(np.int64)]
-    summary = recommend.summarize(sums) if sums is not None else {"users": 0}
-    summary.update({"candidates": int(k), "sensitivity_min": float((hi - lo).min()), "sensitivity_max": float((hi - lo).max())})
+    summary = recommend.summarize(sums, lo, hi)
     return summary, ledger, reports

@@ -38,29 +38,28 @@ def _orders(rels) -> np.ndarray:
     return SAMPLED_RDP_ORDERS if any(r.sampling_rate not in (None, 1.0) for r in rels) else RDP_ORDERS
 
 
+def _self_composed(event: dp_accounting.DpEvent, count: int) -> dp_accounting.DpEvent:
+    return event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count)
+
+
 def release_event(rel: Release | RepeatAndSelect) -> dp_accounting.DpEvent:
     """The dp-accounting event of one ledger record."""
     if isinstance(rel, RepeatAndSelect):
         return dp_accounting.dp_event.RepeatAndSelectDpEvent(ledger_event(rel.releases), rel.mean, rel.shape)
     if rel.mechanism == "exponential":
         # epsilon-bounded range => epsilon^2 / 8 zCDP (Cesar and Rogers 2021, Lemma 3.2)
-        event = dp_accounting.dp_event.ZCDpEvent(rel.pure_epsilon**2 / 8.0)
-        return event if rel.accounted_count == 1 else dp_accounting.SelfComposedDpEvent(event, rel.accounted_count)
+        return _self_composed(dp_accounting.dp_event.ZCDpEvent(rel.pure_epsilon**2 / 8.0), rel.accounted_count)
     if rel.mechanism == "selection":
         # pure epsilon-DP => epsilon^2 / 2 zCDP (Bun and Steinke 2016, Prop. 1.4)
-        event = dp_accounting.dp_event.ZCDpEvent(rel.pure_epsilon**2 / 2.0)
-        return event if rel.accounted_count == 1 else dp_accounting.SelfComposedDpEvent(event, rel.accounted_count)
+        return _self_composed(dp_accounting.dp_event.ZCDpEvent(rel.pure_epsilon**2 / 2.0), rel.accounted_count)
     if rel.mechanism == "laplace":
-        event = dp_accounting.LaplaceDpEvent(rel.noise_multiplier)
-        return event if rel.accounted_count == 1 else dp_accounting.SelfComposedDpEvent(event, rel.accounted_count)
+        return _self_composed(dp_accounting.LaplaceDpEvent(rel.noise_multiplier), rel.accounted_count)
     if rel.mechanism != "gaussian":
         raise PrivacyError(f"release {rel.name!r}: no accountant event for mechanism {rel.mechanism!r}")
     event: dp_accounting.DpEvent = dp_accounting.GaussianDpEvent(rel.noise_multiplier)
     if rel.sampling_rate is not None and rel.sampling_rate < 1:
         event = dp_accounting.PoissonSampledDpEvent(rel.sampling_rate, event)
-    if rel.accounted_count != 1:
-        event = dp_accounting.SelfComposedDpEvent(event, rel.accounted_count)
-    return event
+    return _self_composed(event, rel.accounted_count)
 
 
 def ledger_event(releases: Iterable[Release]) -> dp_accounting.DpEvent:

@@ -116,6 +116,12 @@ class Release:
         return d
 
 
+def _positive(name: str, what: str, value: float) -> None:
+    """Refuse a release whose ``what`` (sensitivity, epsilon, ...) is not finite and > 0."""
+    if not (math.isfinite(value) and value > 0):
+        raise PrivacyError(f"release {name!r}: {what} must be finite and > 0, got {value}")
+
+
 def _merge(into: Release, rel: Release) -> None:
     into.count += rel.count
     if into.disjoint:  # informational fields keep the largest call's values
@@ -231,10 +237,8 @@ class PrivacyLedger:
         user contributes to one of every G such releases): accounted as ceil(count / G) releases.
         """
         value = np.asarray(value)
-        if not (math.isfinite(sensitivity) and sensitivity > 0):
-            raise PrivacyError(f"release {name!r}: sensitivity must be finite and > 0, got {sensitivity}")
-        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
-            raise PrivacyError(f"release {name!r}: noise multiplier must be finite and > 0, got {noise_multiplier}")
+        _positive(name, "sensitivity", sensitivity)
+        _positive(name, "noise multiplier", noise_multiplier)
         if sampling_rate is not None and not (0 < sampling_rate <= 1):
             raise PrivacyError(f"release {name!r}: sampling rate must be in (0, 1], got {sampling_rate}")
         if not np.all(np.isfinite(value)):
@@ -275,10 +279,8 @@ class PrivacyLedger:
             raise PrivacyError(f"release {name!r}: scores must be a non-empty vector, got shape {scores.shape}")
         if not np.all(np.isfinite(scores)):
             raise PrivacyError(f"release {name!r}: the scores have non-finite entries")
-        if not (math.isfinite(sensitivity) and sensitivity > 0):
-            raise PrivacyError(f"release {name!r}: sensitivity must be finite and > 0, got {sensitivity}")
-        if not (math.isfinite(epsilon) and epsilon > 0):
-            raise PrivacyError(f"release {name!r}: epsilon must be finite and > 0, got {epsilon}")
+        _positive(name, "sensitivity", sensitivity)
+        _positive(name, "epsilon", epsilon)
         scale = (1.0 if monotone else 2.0) * float(sensitivity) / float(epsilon)
         rel = Release(name, "exponential", float(sensitivity), scale, 1, None, int(len(scores)), 1, float(epsilon), bool(disjoint))
         self._check_budget(rel)
@@ -295,10 +297,8 @@ class PrivacyLedger:
         one level of a counting tree cover disjoint time intervals): each user is accounted once
         for the name."""
         value = np.asarray(value, dtype=np.float64)
-        if not (math.isfinite(sensitivity) and sensitivity > 0):
-            raise PrivacyError(f"release {name!r}: sensitivity must be finite and > 0, got {sensitivity}")
-        if not (math.isfinite(epsilon) and epsilon > 0):
-            raise PrivacyError(f"release {name!r}: epsilon must be finite and > 0, got {epsilon}")
+        _positive(name, "sensitivity", sensitivity)
+        _positive(name, "epsilon", epsilon)
         if not np.all(np.isfinite(value)):
             raise PrivacyError(f"release {name!r}: the value to release has non-finite entries")
         scale = float(sensitivity) / float(epsilon)
@@ -324,8 +324,7 @@ class PrivacyLedger:
 
         if mechanism not in mech.PRIVATE:
             raise PrivacyError(f"release {name!r}: {mechanism!r} is not a private selection mechanism (private: {', '.join(mech.PRIVATE)})")
-        if not (math.isfinite(epsilon) and epsilon > 0):
-            raise PrivacyError(f"release {name!r}: epsilon must be finite and > 0, got {epsilon}")
+        _positive(name, "epsilon", epsilon)
         q = np.asarray(scores, dtype=np.float64)
         n = 1 if q.ndim == 1 else int(q.shape[0])
         k = int(q.shape[-1]) if q.ndim >= 1 else 0

@@ -81,7 +81,8 @@ def train_inprocess(
     multipliers: dict[str, float] | None = None,
 ) -> TrainResult:
     """``item_features``: public features of the encoder algorithms; ``on_step(step, state,
-    seconds)`` is called after every alternating step (measurement hooks)."""
+    seconds)`` is called after every alternating step (measurement hooks); when it returns True,
+    training stops there (the ledger then holds the releases made so far)."""
     t0 = time.perf_counter()
     state, ledger = new_state(algorithm, cfg, train, rating_range, implicit, epsilon, delta, multipliers)
     shards = make_shards(train, users_per_shard)
@@ -109,8 +110,8 @@ def train_inprocess(
         protocol.server_step(release, state, server)
         te = time.perf_counter()
         timings["steps"].append({"client_seconds": tc - ts, "aggregate_seconds": ta - tc, "server_seconds": te - ta})
-        if on_step is not None:
-            on_step(step, state, te - t0)
+        if on_step is not None and on_step(step, state, te - t0):
+            break
     timings["train_seconds"] = time.perf_counter() - t0
     return TrainResult(state=state, ledger=ledger, timings=timings)
 

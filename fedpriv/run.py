@@ -117,9 +117,12 @@ def run(
     dataset=None,
     work_dir: str | os.PathLike | None = None,
     flower_runner=None,
+    capture: dict | None = None,
 ) -> tuple[dict, list[dict]]:
     """Train and evaluate; returns (metrics, ledger records). ``dataset`` skips loading;
-    ``flower_runner(job, n_nodes)`` runs a Flower job (default: a new simulation)."""
+    ``flower_runner(job, n_nodes)`` runs a Flower job (default: a new simulation); ``capture``
+    (a dict) receives the trained public ``state`` and the ``train`` interactions (analyses of
+    the released model, e.g. item neighbours)."""
     t0 = time.perf_counter()
     from .algorithms import pam
 
@@ -233,6 +236,8 @@ def run(
                 state, train, split.test, rec_cfg, users_per_shard=opts.users_per_shard or opts.users_per_node, secure=cfg.secure_noise
             )
 
+    if capture is not None:
+        capture.update(state=state, train=train, item_features=ds.item_features)
     records = ledger.to_list()
     if rec_ledger is not None:
         # the recommendation phase: its own ledger, composed with training for the run's epsilon

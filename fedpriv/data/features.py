@@ -35,6 +35,7 @@ class ItemFeatures:
     matrix: sp.csr_matrix
     fields: dict[str, slice]
     columns: list[str]
+    names: list[str] | None = None  # display name of each item (movie titles), public metadata; not a feature
 
     def __post_init__(self) -> None:
         if self.matrix.shape[1] != len(self.columns):

@@ -405,7 +405,14 @@ def _ml100k_features(source: _Source, item_ids: np.ndarray) -> ItemFeatures | No
     ids, titles, dates = parsed.columns[0].tolist(), parsed.columns[1], parsed.columns[2]
     genres = {m: [g for g, f in zip(genre_names, row) if f] for m, row in zip(ids, flags.tolist())}
     years = {m: parse_release_year(d) or parse_title_year(t) for m, t, d in zip(ids, titles, dates)}
-    return build_item_features(len(item_ids), item_ids, genres, years, genre_vocab=genre_names)
+    feats = build_item_features(len(item_ids), item_ids, genres, years, genre_vocab=genre_names)
+    feats.names = _item_names(item_ids, dict(zip(ids, titles.tolist())))
+    return feats
+
+
+def _item_names(item_ids: np.ndarray, titles: dict) -> list[str]:
+    """Display names in dense item order (the raw id where no title is known)."""
+    return [str(titles.get(m, m)) for m in np.asarray(item_ids).tolist()]
 
 
 def _ml100k_genre_names(source: _Source) -> tuple[str, ...]:
@@ -423,18 +430,21 @@ def _ml100k_genre_names(source: _Source) -> tuple[str, ...]:
 
 def _movie_features(source: _Source, item_ids: np.ndarray, movies: _Table, tags: _Table) -> ItemFeatures | None:
     """Genres and title year from the movies table, tags from the tags table (both optional)."""
-    genres = years = tag_lists = None
+    genres = years = tag_lists = names = None
     if source.has(movies.name):
         ids, titles, genre_text = _read_table(source, movies).columns
         ids = ids.tolist()
         genres = {m: g.split("|") for m, g in zip(ids, genre_text)}
         years = {m: parse_title_year(t) for m, t in zip(ids, titles)}
+        names = _item_names(item_ids, dict(zip(ids, titles.tolist())))
     if source.has(tags.name):
         _, movie_ids, tag_text, _ = _read_table(source, tags).columns
         tag_lists = _group(movie_ids.tolist(), tag_text.tolist())
     if genres is None and tag_lists is None:
         return None
-    return build_item_features(len(item_ids), item_ids, genres, years, tag_lists)
+    feats = build_item_features(len(item_ids), item_ids, genres, years, tag_lists)
+    feats.names = names
+    return feats
 
 
 def _lastfm_features(source: _Source, item_ids: np.ndarray) -> ItemFeatures | None:

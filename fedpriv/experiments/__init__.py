@@ -1,0 +1,1 @@
+"""Experiment configs, the resumable runner, and plots (``fedpriv experiment``)."""

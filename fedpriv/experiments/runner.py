@@ -1,0 +1,264 @@
+"""``fedpriv experiment [--quick] --out DIR CONFIG...``: run experiment configs, resumably.
+
+Each config writes ``DIR/NAME/``: ``experiment.json`` (metadata, plots, tables, skipped cells,
+headline results), ``results.csv`` (tidy: one row per run), ``search.csv`` (every search trial,
+the chosen one marked), ``tables/*.csv``, ``plots/*.png`` and ``runs/ID/{metrics,ledger}.json``.
+Finished cells are kept under ``cells/`` and ``search/`` and are not recomputed. Every config is
+validated before anything runs. ``fedpriv report DIR --out FILE.html`` renders the folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+from . import config as config_mod
+from .grid import FIRST_COLUMNS, GridRunner, _atomic_json, cells
+
+SUMMARY_METRICS = (
+    "test_rmse", "test_recall_at_20", "test_mse", "test_logloss", "subspace_error", "rec_mse_to_best", "rec_hit_rate", "nn_overlap",
+    "final_regret_mean", "post_shift_regret_mean", "mse",
+)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _cell_value(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "" if not math.isfinite(v) else repr(v)
+    return v
+
+
+def write_csv(path: Path, rows: list[dict], first: tuple = FIRST_COLUMNS) -> None:
+    cols = list(first) + sorted({k for r in rows for k in r} - set(first))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: _cell_value(r.get(c)) for c in cols})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(buf.getvalue())
+    tmp.replace(path)
+
+
+def _num(v):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def summary_rows(rows: list[dict], keys=("dataset", "method", "epsilon")) -> list[dict]:
+    """Mean and std over seeds of the headline metrics, per (dataset, method, epsilon)."""
+    groups: dict = defaultdict(list)
+    for r in rows:
+        groups[tuple(r.get(k) for k in keys)].append(r)
+    out = []
+    for key, rs in groups.items():
+        row = dict(zip(keys, key))
+        row["n"] = len(rs)
+        for m in SUMMARY_METRICS:
+            vals = [v for v in (_num(r.get(m)) for r in rs) if v is not None]
+            if vals:
+                row[f"{m}_mean"] = float(np.mean(vals))
+                row[f"{m}_std"] = float(np.std(vals))
+        eps = [v for v in (_num(r.get("epsilon_spent")) for r in rs) if v is not None]
+        if eps:
+            row["epsilon_spent"] = max(eps)
+        for m in ("rounds", "bytes_up", "bytes_down", "seconds"):
+            vals = [v for v in (_num(r.get(m)) for r in rs) if v is not None]
+            if vals:
+                row[m] = float(np.mean(vals))
+        out.append(row)
+    return out
+
+
+def primary_metric(exp, rows: list[dict]) -> str | None:
+    cand = [p["y"] for p in exp.plots if p["type"] == "curve" and isinstance(p.get("y"), str)] + list(SUMMARY_METRICS)
+    return next((m for m in cand if any(_num(r.get(m)) is not None for r in rows)), None)
+
+
+def grid_headline(exp, summary: list[dict], metric: str | None) -> list[str]:
+    """Per (dataset, epsilon): the best private method by the primary metric, and the
+    non-private reference."""
+    if metric is None:
+        return []
+    direction = "max" if ("recall" in metric or "hit" in metric or "overlap" in metric) else "min"
+    lines = []
+    for d in dict.fromkeys(r["dataset"] for r in summary):
+        ref = [r for r in summary if r["dataset"] == d and r.get("epsilon") is None and f"{metric}_mean" in r]
+        ref_txt = "; ".join(f"non-private {r['method']} {r[f'{metric}_mean']:.4g}" for r in ref)
+        for e in sorted({r["epsilon"] for r in summary if r["dataset"] == d and r.get("epsilon") is not None}):
+            cand = [r for r in summary if r["dataset"] == d and r.get("epsilon") == e and f"{metric}_mean" in r]
+            if not cand:
+                continue
+            best = (min if direction == "min" else max)(cand, key=lambda r: r[f"{metric}_mean"])
+            lines.append(f"{d}, ε = {e:g}: best {best['method']} with {metric} {best[f'{metric}_mean']:.4g} ± {best[f'{metric}_std']:.2g} "
+                         f"(n = {best['n']})" + (f"; {ref_txt}" if ref_txt else ""))
+    return lines
+
+
+def neighbours_table(exp, runner: GridRunner, out: Path) -> list[dict]:
+    """Qualitative table: the first few neighbours of some well-known items under the
+    non-private model and each private method (first seed, at ``neighbours_epsilon``)."""
+    titles = exp.analysis.get("titles") or []
+    if not titles:
+        return []
+    tables = []
+    eps_cfg = exp.analysis.get("neighbours_epsilon")
+    for d in exp.grid_datasets:
+        if runner.missing_reason(d):
+            continue
+        ds = runner.load(exp.datasets[d].spec)
+        names = getattr(ds.item_features, "names", None) if ds.item_features is not None else None
+        if not names:
+            continue
+        found = [(t, names.index(t)) for t in titles if t in names]
+        rows = []
+        eps_avail = sorted({r["epsilon"] for r in runner.rows if r["dataset"] == d and r["epsilon"] is not None})
+        eps = eps_cfg if eps_cfg is not None else (eps_avail[-1] if eps_avail else None)
+        for r in runner.rows:
+            if r["dataset"] != d or r["seed"] != 1235 or r["epsilon"] not in (None, eps):
+                continue
+            path = out / "models" / f"{Path(r['run_dir']).name.rsplit('-s', 1)[0]}-nn.npy"
+            if not path.exists():
+                continue
+            nn = np.load(path)
+            for title, idx in found:
+                rows.append({"item": title, "model": r["method"] + ("" if r["epsilon"] is None else f" (ε={r['epsilon']:g})"),
+                             "neighbours": "; ".join(names[j] for j in nn[idx])})
+        if rows:
+            rows.sort(key=lambda x: (titles.index(x["item"]), x["model"]))
+            name = f"tables/neighbours_{d}.csv"
+            write_csv(out / name, rows, first=("item", "model", "neighbours"))
+            tables.append({"file": name, "title": f"Nearest neighbours on {d}",
+                           "caption": f"The {exp.analysis.get('neighbours_shown', 5)} most cosine-similar items under each model (first seed; private models at ε = {eps:g})." if eps else ""})
+    return tables
+
+
+def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, log=print) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    meta = {
+        "name": exp.name, "title": exp.title, "description": exp.description, "kind": exp.kind, "config_file": str(exp.path),
+        "config_text": exp.text, "quick": exp.quick, "engine": exp.engine, "order": exp.order, "started": _now(), "finished": None,
+        "seconds": None, "cells": {"total": 0, "done": 0, "skipped": 0}, "skipped": [], "plots": [], "tables": [],
+        "headline": [exp.headline] if exp.headline else [], "commands": exp.commands,
+    }
+    log(f"experiment {exp.name} ({exp.kind}{', quick' if exp.quick else ''}) -> {out}")
+    if exp.kind == "grid":
+        runner = GridRunner(exp, out, cache, log, require_data)
+        todo = cells(exp)
+        meta["cells"]["total"] = len(todo)
+        for i, c in enumerate(todo):
+            log(f" [{i + 1}/{len(todo)}] {c.label}")
+            done = runner.run_cell(c)
+            meta["cells"]["done" if done is not None else "skipped"] += 1
+            meta["skipped"] = runner.skipped
+            meta["seconds"] = time.perf_counter() - t0
+            _atomic_json(out / "experiment.json", meta)
+        rows, search_rows, skipped = runner.rows, runner.search_rows, runner.skipped
+        summary = summary_rows(rows)
+        tables = []
+        if summary:
+            write_csv(out / "tables/summary.csv", summary, first=("dataset", "method", "epsilon", "n"))
+            tables.append({"file": "tables/summary.csv", "title": "Summary", "caption": "Mean ± std over noise seeds of the configuration chosen on validation; epsilon_spent is the largest over the seeds, from each run's ledger."})
+        chosen = {}
+        for r in rows:
+            chosen.setdefault((r["dataset"], r["method"], r["epsilon"]), {
+                "dataset": r["dataset"], "method": r["method"], "epsilon": r["epsilon"], "search_metric": r.get("search_metric"),
+                "validation_at_selection": r.get("search_value_at_selection"), "params": r["params"]})
+        if chosen:
+            write_csv(out / "tables/chosen.csv", list(chosen.values()), first=("dataset", "method", "epsilon", "search_metric", "validation_at_selection", "params"))
+            tables.append({"file": "tables/chosen.csv", "title": "Chosen configurations", "caption": "The configuration each cell chose on its validation metric (every trial is in the search listing)."})
+        if exp.analysis.get("neighbours"):
+            tables += neighbours_table(exp, runner, out)
+        headline = grid_headline(exp, summary, primary_metric(exp, rows))
+        plots = []
+        labels = {d: exp.datasets[d].labels for d in exp.datasets}
+        from .plots import draw
+
+        for spec in exp.plots:
+            png = out / "plots" / f"{spec['file']}.png"
+            cap = draw(spec, rows, png, labels)
+            if cap is not None:
+                plots.append({"file": f"plots/{spec['file']}.png", "caption": cap})
+    else:
+        from . import kinds
+
+        res = kinds.run(exp, out, cache, log=log, require_data=require_data)
+        rows, search_rows, skipped, tables, plots, headline = res["rows"], [], res["skipped"], res["tables"], res["plots"], res["headline"]
+        meta["cells"] = res["cells"]
+    write_csv(out / "results.csv", rows)
+    if search_rows:
+        write_csv(out / "search.csv", search_rows, first=(*FIRST_COLUMNS, "search_key", "for_epsilon", "trial", "candidate", "search_metric", "search_value", "selected"))
+    elif (out / "search.csv").exists():
+        (out / "search.csv").unlink()
+    meta.update({"skipped": skipped, "plots": plots, "tables": tables, "headline": meta["headline"] + headline,
+                 "finished": _now(), "seconds": time.perf_counter() - t0, "runs": len(rows), "search_trials": len(search_rows)})
+    _atomic_json(out / "experiment.json", meta)
+    log(f"experiment {exp.name}: {len(rows)} runs, {len(skipped)} cells skipped, {meta['seconds']:.1f} s")
+    for h in headline:
+        log(f"  {h}")
+    return meta
+
+
+def run_configs(configs: list[str], out: str | Path, *, quick: bool = False, engine: str | None = None, data_root: str = "../shared/data",
+                require_data: bool = False, only: list[str] | None = None, log=print) -> list[dict]:
+    if not configs:
+        raise ConfigError("give at least one config file", field="CONFIG")
+    exps = [config_mod.load(c, quick=quick, data_root=data_root, engine=engine) for c in configs]
+    seen: dict = {}
+    for e in exps:
+        if e.name in seen:
+            raise ConfigError(f"experiment name {e.name!r} is used by {seen[e.name]} too", field=f"{e.path}: experiment.name")
+        seen[e.name] = e.path
+    if only:
+        unknown = [n for n in only if n not in seen]
+        if unknown:
+            raise ConfigError(f"no experiment named {unknown[0]!r} (known: {', '.join(seen)})", field="--only")
+        exps = [e for e in exps if e.name in only]
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} exists and is not a folder", field="--out")
+    cache: dict = {}
+    metas = []
+    t0 = time.perf_counter()
+    for e in sorted(exps, key=lambda e: (e.order, e.name)):
+        metas.append(run_experiment(e, out / e.name, cache, require_data=require_data, log=log))
+    log(f"{len(metas)} experiments in {time.perf_counter() - t0:.1f} s -> {out}")
+    return metas
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("configs", nargs="+", metavar="CONFIG", help="experiment configs (TOML), e.g. simulations/experiments/*.toml")
+    p.add_argument("--out", required=True, help="results folder (one subfolder per experiment; finished cells are reused)")
+    p.add_argument("--quick", action="store_true", help="each config's [quick] values: small data and grids (CI runs this)")
+    p.add_argument("--engine", default=None, help="inprocess or flower: overrides every config's engine")
+    p.add_argument("--data-root", default="../shared/data", help="folder of the downloaded data sets ({data} in the configs; default ../shared/data)")
+    p.add_argument("--require-data", action="store_true", help="a missing data set is an error (default: its cells are skipped and listed)")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these experiments (by name)")
+
+
+def command(args) -> int:
+    metas = run_configs(args.configs, args.out, quick=args.quick, engine=args.engine, data_root=args.data_root, require_data=args.require_data,
+                        only=args.only, log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(json.dumps({"experiments": [{"name": m["name"], "runs": m["runs"], "skipped": len(m["skipped"]), "seconds": round(m["seconds"], 1)} for m in metas]}))
+    return 0

@@ -173,11 +173,15 @@ def _load_run(exp_dir: Path, row: dict[str, str], results_path: Path, line_hint:
     target = _number_or_none(metrics, "epsilon", metrics_path)
     spent = _number_or_none(metrics, "epsilon_spent", metrics_path)
     delta = _number_or_none(metrics, "delta", metrics_path)
+    # a run that also released private recommendations after training: the target is the
+    # training's, and the total composes training and recommendation (epsilon_training is checked)
+    training = _number_or_none(metrics, "epsilon_training", metrics_path)
     warning = None
     if target is not None:
+        checked = training if training is not None else spent
         if spent is None:
             warning = "epsilon_spent missing"
-        elif spent > target * (1 + REL_TOL):
+        elif checked > target * (1 + REL_TOL):
             warning = "epsilon_spent exceeds the target"
 
     def count(rec) -> int:
@@ -191,6 +195,7 @@ def _load_run(exp_dir: Path, row: dict[str, str], results_path: Path, line_hint:
         "run_dir": row["run_dir"],
         "target": target,
         "spent": spent,
+        "training": training,
         "delta": delta,
         "records": len(ledger),
         "releases": sum(count(r) for r in ledger),
@@ -377,6 +382,7 @@ figcaption { font-size: 13px; color: #444444; margin-top: 4px; }
 ul.headline li { margin: 2px 0; }
 .skipped li { margin: 2px 0; }
 .ledger-warning { color: #d00000; font-weight: bold; }
+.note { color: #555; font-size: 0.85em; }
 tr.ledger-warning, tbody tr.ledger-warning:nth-child(even) { background: #ffe5e5; color: #b00000; font-weight: normal; }
 table.ledger td { white-space: nowrap; }
 table.ledger td:last-child, table.ledger td.mech { min-width: 240px; white-space: normal; }
@@ -415,7 +421,9 @@ def _ledger_section(runs: list[dict]) -> str:
             f"<td>{_esc(r['dataset'])}</td>",
             f'<td class="num">{_esc(r["seed"])}</td>',
             f'<td class="num">{_esc(_fmt_opt(r["target"]))}</td>',
-            f'<td class="num">{_esc(_fmt_opt(r["spent"]))}{flag}</td>',
+            f'<td class="num">{_esc(_fmt_opt(r["spent"]))}'
+            + (f'<br><span class="note">training {_esc(_fmt_opt(r["training"]))}, then recommendation</span>' if r.get("training") is not None else "")
+            + f"{flag}</td>",
             f'<td class="num">{_esc(_fmt_opt(r["delta"]))}</td>',
             f'<td class="num">{r["records"]}</td>',
             f'<td class="num">{r["releases"]}</td>',
@@ -482,6 +490,9 @@ def _section(exp: dict, anchor: str) -> str:
     ]
     if exp.get("seconds") is not None:
         meta.append(f"{exp['seconds']:.1f} s")
+    if isinstance(exp.get("run_seconds"), (int, float)):
+        rs = exp["run_seconds"]
+        meta.append(f"runs' own time {rs:.0f} s" if rs < 120 else f"runs' own time {rs / 60:.1f} min")
     if exp.get("started"):
         meta.append(f"started {_esc(exp['started'])}" + (f", finished {_esc(exp['finished'])}" if exp.get("finished") else ", not finished"))
     meta_html = "".join(f"<span>{m}</span>" for m in meta)
@@ -528,6 +539,9 @@ def _page(title: str, experiments: list[tuple[str, dict]]) -> str:
         skipped = " <span class=\"muted\">(all cells skipped)</span>" if not exp["plot_items"] and not exp["table_items"] and exp["skipped"] else ""
         toc.append(f'<li><a href="#{_esc(anchor)}">{_esc(exp.get("title") or exp["name"])}</a>{skipped}{extra}</li>')
     body = "\n".join(_section(exp, anchor) for anchor, exp in experiments)
+    run_secs = [exp["run_seconds"] for _, exp in experiments if isinstance(exp.get("run_seconds"), (int, float))]
+    modes = sorted({"quick" if exp.get("quick") else "full" for _, exp in experiments})
+    total = f" · {'/'.join(modes)} mode · runs' own time {sum(run_secs) / 60:.1f} min" if run_secs else ""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -541,7 +555,7 @@ def _page(title: str, experiments: list[tuple[str, dict]]) -> str:
 <main>
 <header>
 <h1>{_esc(title)}</h1>
-<p class="muted">Generated {_esc(now)} · {len(experiments)} experiment{'s' if len(experiments) != 1 else ''}</p>
+<p class="muted">Generated {_esc(now)} · {len(experiments)} experiment{'s' if len(experiments) != 1 else ''}{_esc(total)}</p>
 <nav><ol>
 {chr(10).join(toc)}
 </ol></nav>

@@ -22,6 +22,7 @@ Schema of the ``grid`` kind (the others are in :mod:`fedpriv.experiments.kinds`)
 
     [search]                   # hyperparameter search on validation (random, seeded)
     trials = 6; scope = "cell"                   # or "reference": search at reference_epsilon only
+    mode = "random"                              # or "grid": every combination of the space
     reference_epsilon = 5.0; metric = "auto"     # auto: valid_rmse / valid_recall_at_20 / valid_logloss
 
     [methods.adadpals-mu0.25]
@@ -52,7 +53,7 @@ KINDS = ("grid", "time_evolution", "selection_scenarios", "selection_bandit")
 ENGINES = ("inprocess", "flower")
 PLOT_TYPES = ("curve", "sweep", "buckets", "bars", "overlap")
 _GRID_KEYS = {"datasets", "epsilons", "seeds", "delta", "params", "methods"}
-_SEARCH_KEYS = {"trials", "scope", "reference_epsilon", "metric", "seed"}
+_SEARCH_KEYS = {"trials", "scope", "reference_epsilon", "metric", "seed", "mode"}
 _QUICK_KEYS = _GRID_KEYS | _SEARCH_KEYS | {"dataset_params", "settings", "method_params"}
 
 
@@ -272,7 +273,10 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
     if not isinstance(metric, str):
         raise _err(path, "search.metric", "must be a metric name or auto")
     search_seed = _number(path, "search.seed", search.get("seed", 2024), positive=False, integer=True)
-    search_cfg = {"trials": s_trials, "scope": scope, "reference_epsilon": float(ref_eps), "metric": metric, "seed": search_seed}
+    mode = search.get("mode", "random")
+    if mode not in ("random", "grid"):
+        raise _err(path, "search.mode", f"must be random (trials draws) or grid (every combination), got {mode!r}")
+    search_cfg = {"trials": s_trials, "scope": scope, "reference_epsilon": float(ref_eps), "metric": metric, "seed": search_seed, "mode": mode}
 
     from ..algorithms import als, pam
 

@@ -72,6 +72,18 @@ def cells(exp: Experiment) -> list[Cell]:
     return out
 
 
+def candidates(space: dict, search: dict, base_name: str = "") -> list[dict]:
+    """The configurations a search tries: every combination (mode grid) or ``trials`` random
+    draws (mode random; the draws depend on the search seed and the method's base name)."""
+    keys = sorted(space)
+    if search.get("mode") == "grid":
+        import itertools
+
+        return [dict(zip(keys, combo)) for combo in itertools.product(*(space[k] for k in keys))]
+    rng = np.random.default_rng([search["seed"], int(stable_hash(base_name), 16) % (2**32)])
+    return [{k: space[k][int(rng.integers(len(space[k])))] for k in keys} for _ in range(search["trials"])]
+
+
 def cell_params(exp: Experiment, cell: Cell) -> dict:
     return {**exp.params, **cell.method.params, **cell.method.dataset_params.get(cell.dataset, {}), **cell.method.forced}
 
@@ -150,7 +162,8 @@ class GridRunner:
         t = time.perf_counter()
         overrides = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in {**params, "seed": seed}.items()}
         metrics, ledger = run(m.algorithm, spec, dataset=self.load(spec), epsilon=epsilon if m.private else None, delta=exp.delta,
-                              overrides=overrides, engine=exp.engine, progress=False, capture=capture)
+                              overrides=overrides, engine=exp.engine, progress=False, capture=capture,
+                              second_opinion=False)  # the RDP epsilon is reported; the PLD cross-check costs a second per run
         seconds = time.perf_counter() - t
         if run_dir:
             write_outputs(self.out / run_dir, metrics, ledger)
@@ -179,16 +192,14 @@ class GridRunner:
             eps = exp.search["reference_epsilon"]
         spec = ds.validation or ds.spec
         key_doc = {"spec": spec, "algorithm": m.algorithm, "base": base, "space": m.search, "trials": exp.search["trials"], "seed": exp.search["seed"],
-                   "metric": exp.search["metric"], "epsilon": eps, "delta": exp.delta, "engine": exp.engine, "draws": m.base}
+                   "metric": exp.search["metric"], "mode": exp.search["mode"], "epsilon": eps, "delta": exp.delta, "engine": exp.engine, "draws": m.base}
         key = stable_hash(key_doc)
         path = self.out / "search" / f"{key}.json"
         if path.exists():
             doc = json.loads(path.read_text())
         else:
-            rng = np.random.default_rng([exp.search["seed"], int(stable_hash(m.base), 16) % (2**32)])
             trials = []
-            for i in range(exp.search["trials"]):
-                cand = {k: v[int(rng.integers(len(v)))] for k, v in sorted(m.search.items())}
+            for i, cand in enumerate(candidates(m.search, exp.search, m.base)):
                 # a data set's own parameters win over the search space (e.g. the only feature field it has)
                 row = self.run_one(cell, {**base, **cand, **m.dataset_params.get(cell.dataset, {}), **m.forced}, BASE_SEED, spec=spec, run_dir=None, epsilon=eps)
                 row.update({"trial": i, "candidate": json.dumps(cand, sort_keys=True)})

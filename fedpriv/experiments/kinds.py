@@ -150,7 +150,7 @@ def time_evolution(exp, out: Path, cache: dict, *, log=print, require_data: bool
         png = out / "plots" / "time_evolution.png"
         _plot_curves(curves, png)
         plots.append({"file": "plots/time_evolution.png", "caption": "Test RMSE against training seconds (one line per method and seed)."})
-    return {"rows": rows, "skipped": skipped, "tables": tables, "plots": plots, "headline": headline,
+    return {"rows": rows, "skipped": skipped, "tables": tables, "plots": plots, "headline": headline, "run_seconds": sum(r["seconds"] for r in rows),
             "cells": {"total": len(todo), "done": len(todo) - len(skipped), "skipped": len(skipped)}}
 
 
@@ -237,7 +237,8 @@ def selection_scenarios(exp, out: Path, cache: dict, *, log=print, require_data:
         name = f"tables/mse_eps{e:g}.csv"
         write_csv(out / name, table, first=("scenario", "spearman"))
         tables.append({"file": name, "title": f"MSE to the optimum at ε = {e:g}", "caption": f"{trials} trials per cell; rnmh is the non-private reference."})
-    return {"rows": rows, "skipped": [], "tables": tables, "plots": plots, "headline": headline, "cells": {"total": 1, "done": 1, "skipped": 0}}
+    return {"rows": rows, "skipped": [], "tables": tables, "plots": plots, "headline": headline, "cells": {"total": 1, "done": 1, "skipped": 0},
+            "run_seconds": doc["seconds"]}
 
 
 def _scenario_caption(name: str) -> str:
@@ -283,5 +284,5 @@ def selection_bandit(exp, out: Path, cache: dict, *, log=print, require_data: bo
     s = doc["summary"]
     headline = [f"best policy {s['best']}; best private {s['best_private']}; best private after the shift {s['best_private_after_shift']}"]
     return {"rows": rows, "skipped": [], "tables": [{"file": "tables/regret.csv", "title": "Regret", "caption": f"T = {T}, {reps} repetitions; arms swap at T/2."}],
-            "plots": [{"file": "plots/bandit.png", "caption": "Cumulative regret, mean ± std over repetitions"}], "headline": headline,
+            "plots": [{"file": "plots/bandit.png", "caption": "Cumulative regret, mean ± std over repetitions"}], "headline": headline, "run_seconds": doc["seconds"],
             "cells": {"total": 1, "done": 1, "skipped": 0}}

@@ -91,11 +91,12 @@ def summary_rows(rows: list[dict], keys=("dataset", "method", "epsilon")) -> lis
 
 
 def primary_metric(exp, rows: list[dict]) -> str | None:
-    cand = [p["y"] for p in exp.plots if p["type"] == "curve" and isinstance(p.get("y"), str)] + list(SUMMARY_METRICS)
+    cand = [p["y"] for p in exp.plots if p["type"] in ("curve", "sweep") and isinstance(p.get("y"), str)] + list(SUMMARY_METRICS)
     return next((m for m in cand if any(_num(r.get(m)) is not None for r in rows)), None)
 
 
 def grid_headline(exp, summary: list[dict], metric: str | None) -> list[str]:
+    # a swept method's rows are summarised per value of the sweep (its method name carries it)
     """Per (dataset, epsilon): the best private method by the primary metric, and the
     non-private reference."""
     if metric is None:
@@ -206,13 +207,20 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
         res = kinds.run(exp, out, cache, log=log, require_data=require_data)
         rows, search_rows, skipped, tables, plots, headline = res["rows"], [], res["skipped"], res["tables"], res["plots"], res["headline"]
         meta["cells"] = res["cells"]
+    if exp.kind == "grid":
+        trials = {(r["search_key"], r["trial"]): r for r in search_rows}  # a reference search serves several cells
+        run_seconds = sum(_num(r.get("seconds")) or 0.0 for r in [*rows, *trials.values()])
+    else:
+        run_seconds = res["run_seconds"]
     write_csv(out / "results.csv", rows)
     if search_rows:
         write_csv(out / "search.csv", search_rows, first=(*FIRST_COLUMNS, "search_key", "for_epsilon", "trial", "candidate", "search_metric", "search_value", "selected"))
     elif (out / "search.csv").exists():
         (out / "search.csv").unlink()
     meta.update({"skipped": skipped, "plots": plots, "tables": tables, "headline": meta["headline"] + headline,
-                 "finished": _now(), "seconds": time.perf_counter() - t0, "runs": len(rows), "search_trials": len(search_rows)})
+                 "finished": _now(), "seconds": time.perf_counter() - t0, "runs": len(rows), "search_trials": len(search_rows),
+                 # the runs' own wall time, whether computed now or in an earlier (resumed) invocation
+                 "run_seconds": run_seconds})
     _atomic_json(out / "experiment.json", meta)
     log(f"experiment {exp.name}: {len(rows)} runs, {len(skipped)} cells skipped, {meta['seconds']:.1f} s")
     for h in headline:

@@ -51,14 +51,15 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print JSON instead of markdown tables")
     sel = sub.add_parser("selection", help="private selection with heterogeneous sensitivities: synthetic scenarios, bandit under shift")
     ssub = sel.add_subparsers(dest="selection_command", required=True)
-    from .selection import bandit, scenarios  # light modules: numpy and the ledger
-
     from .flower import deploy  # light at import: flwr and the data code load on use
+    from .selection import bandit, scenarios  # light modules: numpy and the ledger
 
     deploy.add_arguments(sub.add_parser("deploy", help="Flower deployment runtime on loopback: SuperLink + SuperNodes (TLS, node authentication, per-node data); up, run, down"))
     scenarios.add_arguments(ssub.add_parser("scenarios", help="the paper's synthetic scenarios: MSE to the optimum per mechanism and epsilon (selection.json, plots)"))
     bandit.add_arguments(ssub.add_parser("bandit", help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)"))
-    from .experiments import runner as experiments_runner  # light at import: the config parser
+    from .experiments import (
+        runner as experiments_runner,  # light at import: the config parser
+    )
 
     experiments_runner.add_arguments(sub.add_parser("experiment", help="run experiment configs (TOML) into a results folder, resumably: tidy CSV, tables, PNG plots, per-run ledgers"))
     rep = sub.add_parser("report", help="render a results folder of `fedpriv experiment` into one self-contained HTML page")

@@ -531,7 +531,7 @@ def _section(exp: dict, anchor: str) -> str:
 
 
 def _page(title: str, experiments: list[tuple[str, dict]]) -> str:
-    now = _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+    now = _dt.datetime.now(_dt.UTC).astimezone().isoformat(timespec="seconds")
     toc = []
     for anchor, exp in experiments:
         n_warn = sum(1 for r in exp["runs"] if r["warning"])

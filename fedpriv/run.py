@@ -55,7 +55,7 @@ class RunOptions:
     rec_exclude_rated: int = 1  # 1: a user's training items score lo_a (recommend unseen items)
 
     @classmethod
-    def pop_from(cls, overrides: dict) -> "RunOptions":
+    def pop_from(cls, overrides: dict) -> RunOptions:
         opts = cls()
         for key in list(overrides):
             if key in cls.__dataclass_fields__:
@@ -161,7 +161,7 @@ def run(
         **run_header(algorithm, spec, engine, cfg.seed, epsilon, delta, private, protocol),
         "n_users": int(inter.n_users),
         "n_items": int(inter.n_items),
-        "n_ratings": int(len(inter)),
+        "n_ratings": len(inter),
         "duplicates_dropped": int(ds.duplicates_dropped),
     }
 

@@ -16,7 +16,11 @@ import pytest
 from fedpriv.cli import main
 from fedpriv.errors import ConfigError
 from fedpriv.experiments import config, runner
-from fedpriv.experiments.neighbours import neighbours, overlap_by_bucket, overlap_per_item
+from fedpriv.experiments.neighbours import (
+    neighbours,
+    overlap_by_bucket,
+    overlap_per_item,
+)
 from fedpriv.privacy.accounting import epsilon_bounds
 from fedpriv.privacy.ledger import PrivacyLedger
 
@@ -282,3 +286,20 @@ def test_quick_mode_of_every_config_and_the_report(tmp_path):
 
     im = np.asarray(Image.open(png).convert("RGB")).astype(int)
     assert np.all(np.abs(im[5:30, :, :] - [0, 192, 0]).max(axis=2) <= 30)  # the green "all rendered" banner
+
+
+def test_paper_scale_datasets_by_name_or_spec(tmp_path, capsys):
+    """The shipped configs list ml-1m, ml-10m and ml-20m outside their default grid; --datasets
+    selects them and --dataset NAME=SPEC points one anywhere; unknown names are errors."""
+    curves = ROOT / "simulations/experiments/curves.toml"
+    e = config.load(curves, only_datasets=["ml-20m"], data_root="/data")
+    assert e.grid_datasets == ["ml-20m"] and e.datasets["ml-20m"].spec == "ml-20m:/data/ml-20m/ml-20m.zip"
+    e = config.load(curves, only_datasets=["ml-1m"], dataset_specs={"ml-1m": "ml-1m:/elsewhere/ml-1m"})
+    assert e.datasets["ml-1m"].spec == "ml-1m:/elsewhere/ml-1m"
+    out = tmp_path / "out"
+    assert main(["experiment", "--out", str(out), "--datasets", "ml-25m", str(curves)]) == 2
+    assert "--datasets: unknown data set 'ml-25m'" in capsys.readouterr().err and not out.exists()
+    assert main(["experiment", "--out", str(out), "--dataset", "ml-25m", str(curves)]) == 2
+    assert "--dataset: expected NAME=SPEC" in capsys.readouterr().err
+    assert main(["experiment", "--out", str(out), "--datasets", "ml-1m", "--require-data", "--data-root", str(tmp_path), str(curves)]) == 2
+    assert "datasets.ml-1m: data not found" in capsys.readouterr().err

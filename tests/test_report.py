@@ -381,7 +381,7 @@ def _chromium(html_path: Path, extra: list[str], width: int, height: int) -> sub
     with tempfile.TemporaryDirectory(prefix="fedpriv-chromium-") as profile:
         size = f"--window-size={width},{height}"
         cmd = [_browser(), *BROWSER_FLAGS, f"--user-data-dir={profile}", size, "--virtual-time-budget=5000", *extra, Path(html_path).resolve().as_uri()]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
     return proc
 

@@ -43,6 +43,7 @@ Schema of the ``grid`` kind (the others are in :mod:`fedpriv.experiments.kinds`)
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,7 +139,7 @@ def _number(path: Path, key: str, val, *, positive=True, integer=False, allow_no
     if val is None and allow_none:
         return None
     ok = isinstance(val, int if integer else (int, float)) and not isinstance(val, bool)
-    if not ok or (positive and not val > 0) or val != val:
+    if not ok or (positive and not val > 0) or not math.isfinite(val):
         kind = "a positive integer" if integer else ("a positive number" if positive else "a number")
         raise _err(path, key, f"must be {kind}, got {val!r}")
     return val
@@ -171,8 +172,11 @@ def _check_keys(path: Path, where: str, tbl: dict, allowed: set[str]) -> None:
         raise _err(path, f"{where}.{unknown[0]}" if where else unknown[0], f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
 
-def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/data", engine: str | None = None) -> Experiment:
-    """Parse and validate one config; ``quick`` applies its ``[quick]`` table."""
+def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/data", engine: str | None = None,
+         dataset_specs: dict[str, str] | None = None, only_datasets: list[str] | None = None) -> Experiment:
+    """Parse and validate one config; ``quick`` applies its ``[quick]`` table.
+    ``dataset_specs`` (``--dataset NAME=SPEC``) adds or replaces data sets; ``only_datasets``
+    (``--datasets``) replaces the grid's list (e.g. a paper-scale ``ml-20m``)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -236,6 +240,13 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
         if valid is not None and not isinstance(valid, str):
             raise _err(path, f"{key}.validation", "must be a data spec string")
         datasets[dname] = Dataset(dname, spec, valid.replace("{data}", data_root) if valid else None, str(val.get("label", dname)))
+    for dname, spec in (dataset_specs or {}).items():
+        old = datasets.get(dname)
+        datasets[dname] = Dataset(dname, spec.replace("{data}", data_root), None, old.labels if old else dname)
+    if only_datasets:
+        if kind in ("selection_scenarios", "selection_bandit"):
+            raise _err(path, "--datasets", f"a {kind} experiment has no data sets")
+        grid["datasets"] = list(only_datasets)
     for dname, spec in [(d.name, d.spec) for d in datasets.values()] + [(d.name, d.validation) for d in datasets.values() if d.validation]:
         from ..data.spec import parse_data_spec
 
@@ -249,7 +260,7 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
         raise _err(path, "grid.datasets", "must be a list of data set names")
     for d in grid_datasets:
         if d not in datasets:
-            raise _err(path, "grid.datasets", f"unknown data set {d!r} (defined in [datasets]: {', '.join(datasets) or 'none'})")
+            raise _err(path, "grid.datasets" if not only_datasets else "--datasets", f"unknown data set {d!r} (defined in [datasets]: {', '.join(datasets) or 'none'}; add one with --dataset NAME=SPEC)")
     for d, p in quick_dataset_params.items():
         if d not in datasets:
             raise _err(path, "quick.dataset_params", f"unknown data set {d!r}")
@@ -305,9 +316,8 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
         mp = _scalar_params(path, f"{key}.params", m.get("params", {}))
         ms = _lists(path, f"{key}.search", m.get("search", {}))
         mds = m.get("datasets")
-        if mds is not None:
-            if not isinstance(mds, list) or any(d not in datasets for d in mds):
-                raise _err(path, f"{key}.datasets", f"must list data sets defined in [datasets], got {mds!r}")
+        if mds is not None and (not isinstance(mds, list) or any(d not in datasets for d in mds)):
+            raise _err(path, f"{key}.datasets", f"must list data sets defined in [datasets], got {mds!r}")
         dps = _table(path, m, "dataset_params")
         for d, p in dps.items():
             if d not in datasets:

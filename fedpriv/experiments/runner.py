@@ -17,7 +17,7 @@ import math
 import sys
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,7 @@ SUMMARY_METRICS = (
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _cell_value(v):
@@ -228,11 +228,22 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
     return meta
 
 
+def parse_dataset_specs(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for it in items or []:
+        name, eq, spec = it.partition("=")
+        if not eq or not name.strip() or not spec.strip():
+            raise ConfigError(f"expected NAME=SPEC, got {it!r}", field="--dataset")
+        out[name.strip()] = spec.strip()
+    return out
+
+
 def run_configs(configs: list[str], out: str | Path, *, quick: bool = False, engine: str | None = None, data_root: str = "../shared/data",
-                require_data: bool = False, only: list[str] | None = None, log=print) -> list[dict]:
+                require_data: bool = False, only: list[str] | None = None, dataset_specs: dict[str, str] | None = None,
+                only_datasets: list[str] | None = None, log=print) -> list[dict]:
     if not configs:
         raise ConfigError("give at least one config file", field="CONFIG")
-    exps = [config_mod.load(c, quick=quick, data_root=data_root, engine=engine) for c in configs]
+    exps = [config_mod.load(c, quick=quick, data_root=data_root, engine=engine, dataset_specs=dataset_specs, only_datasets=only_datasets) for c in configs]
     seen: dict = {}
     for e in exps:
         if e.name in seen:
@@ -262,11 +273,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default=None, help="inprocess or flower: overrides every config's engine")
     p.add_argument("--data-root", default="../shared/data", help="folder of the downloaded data sets ({data} in the configs; default ../shared/data)")
     p.add_argument("--require-data", action="store_true", help="a missing data set is an error (default: its cells are skipped and listed)")
-    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these experiments (by name)")
+    p.add_argument("--only", default=None, metavar="NAME[,NAME...]", help="run only these experiments (by name, comma-separated)")
+    p.add_argument("--dataset", action="append", default=[], metavar="NAME=SPEC",
+                   help="add or replace a data set of every config, e.g. ml-20m=ml-20m:/data/ml-20m.zip (repeatable)")
+    p.add_argument("--datasets", default=None, metavar="NAME[,NAME...]", help="run these data sets (comma-separated) instead of each config's grid.datasets")
+
+
+def _names(text: str | None) -> list[str] | None:
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
 def command(args) -> int:
     metas = run_configs(args.configs, args.out, quick=args.quick, engine=args.engine, data_root=args.data_root, require_data=args.require_data,
-                        only=args.only, log=lambda s: print(s, file=sys.stderr, flush=True))
+                        only=_names(args.only), dataset_specs=parse_dataset_specs(args.dataset), only_datasets=_names(args.datasets),
+                        log=lambda s: print(s, file=sys.stderr, flush=True))
     print(json.dumps({"experiments": [{"name": m["name"], "runs": m["runs"], "skipped": len(m["skipped"]), "seconds": round(m["seconds"], 1)} for m in metas]}))
     return 0

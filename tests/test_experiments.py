@@ -303,3 +303,12 @@ def test_paper_scale_datasets_by_name_or_spec(tmp_path, capsys):
     assert "--dataset: expected NAME=SPEC" in capsys.readouterr().err
     assert main(["experiment", "--out", str(out), "--datasets", "ml-1m", "--require-data", "--data-root", str(tmp_path), str(curves)]) == 2
     assert "datasets.ml-1m: data not found" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared/data/ml-100k/ml-100k.zip").exists(), reason="ML-100K not in ../shared/data")
+def test_movie_titles_for_the_neighbours_table():
+    from fedpriv.data.spec import load_spec, parse_data_spec
+
+    ds = load_spec(parse_data_spec(f"ml-100k:{ROOT.parent / 'shared/data/ml-100k/ml-100k.zip'}"))
+    names = ds.item_features.names
+    assert len(names) == ds.interactions.n_items and "Star Wars (1977)" in names and "Toy Story (1995)" in names

@@ -175,7 +175,16 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
             meta["skipped"] = runner.skipped
             meta["seconds"] = time.perf_counter() - t0
             _atomic_json(out / "experiment.json", meta)
-        rows, search_rows, skipped = runner.rows, runner.search_rows, runner.skipped
+        rows, skipped = runner.rows, runner.skipped
+        # a reference-scope search serves several cells: list each trial once, with the epsilons it served
+        merged: dict = {}
+        for r in runner.search_rows:
+            key = (r["search_key"], r["trial"])
+            if key in merged:
+                merged[key]["for_epsilon"] = f"{merged[key]['for_epsilon']};{r['for_epsilon']}"
+            else:
+                merged[key] = dict(r)
+        search_rows = list(merged.values())
         summary = summary_rows(rows)
         tables = []
         if summary:
@@ -204,12 +213,14 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
     else:
         from . import kinds
 
+        if exp.engine != "inprocess":
+            log(f"  note: {exp.kind} runs in-process (it times or simulates on one machine); --engine {exp.engine} does not apply")
+        meta["engine"] = "inprocess"
         res = kinds.run(exp, out, cache, log=log, require_data=require_data)
         rows, search_rows, skipped, tables, plots, headline = res["rows"], [], res["skipped"], res["tables"], res["plots"], res["headline"]
         meta["cells"] = res["cells"]
     if exp.kind == "grid":
-        trials = {(r["search_key"], r["trial"]): r for r in search_rows}  # a reference search serves several cells
-        run_seconds = sum(_num(r.get("seconds")) or 0.0 for r in [*rows, *trials.values()])
+        run_seconds = sum(_num(r.get("seconds")) or 0.0 for r in [*rows, *search_rows])
     else:
         run_seconds = res["run_seconds"]
     write_csv(out / "results.csv", rows)

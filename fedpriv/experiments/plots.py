@@ -178,6 +178,8 @@ def _buckets(spec, rows, out_png, labels):
             mr = [r for r in keep if r["dataset"] == d and r["method"] == m]
             ms = [_mean_std([r.get(f"{prefix}_{b}") for r in mr]) for b in range(5)]
             ax.bar(np.arange(5) + (i - (len(methods) - 1) / 2) * width, [a or 0 for a, _ in ms], width, yerr=[s or 0 for _, s in ms], capsize=2, label=m)
+        if spec.get("chance", {}).get(d) is not None:
+            ax.axhline(spec["chance"][d], ls="--", color="0.2", lw=1.2, label="chance (random neighbours)")
         ax.set_xticks(range(5))
         ax.set_xticklabels(["0 (rarest)", "1", "2", "3", "4 (most rated)"], fontsize=8)
         ax.set_xlabel("item-frequency bucket")

@@ -90,24 +90,26 @@ def summary_rows(rows: list[dict], keys=("dataset", "method", "epsilon")) -> lis
     return out
 
 
-def primary_metric(exp, rows: list[dict]) -> str | None:
-    cand = [p["y"] for p in exp.plots if p["type"] in ("curve", "sweep") and isinstance(p.get("y"), str)] + list(SUMMARY_METRICS)
-    return next((m for m in cand if any(_num(r.get(m)) is not None for r in rows)), None)
+def primary_metrics(exp) -> list[str]:
+    """Candidate headline metrics: the plotted ones first, then the usual test metrics."""
+    return [p["y"] for p in exp.plots if p["type"] in ("curve", "sweep") and isinstance(p.get("y"), str)] + list(SUMMARY_METRICS)
 
 
-def grid_headline(exp, summary: list[dict], metric: str | None) -> list[str]:
-    # a swept method's rows are summarised per value of the sweep (its method name carries it)
-    """Per (dataset, epsilon): the best private method by the primary metric, and the
-    non-private reference."""
-    if metric is None:
-        return []
-    direction = "max" if ("recall" in metric or "hit" in metric or "overlap" in metric) else "min"
+def grid_headline(exp, summary: list[dict]) -> list[str]:
+    """Per (dataset, epsilon): the best private method by the data set's primary metric (the
+    first candidate it reports), and the non-private reference. A swept method's rows are
+    summarised per value of the sweep (its method name carries it)."""
     lines = []
     for d in dict.fromkeys(r["dataset"] for r in summary):
-        ref = [r for r in summary if r["dataset"] == d and r.get("epsilon") is None and f"{metric}_mean" in r]
-        ref_txt = "; ".join(f"non-private {r['method']} {r[f'{metric}_mean']:.4g}" for r in ref)
-        for e in sorted({r["epsilon"] for r in summary if r["dataset"] == d and r.get("epsilon") is not None}):
-            cand = [r for r in summary if r["dataset"] == d and r.get("epsilon") == e and f"{metric}_mean" in r]
+        rows_d = [r for r in summary if r["dataset"] == d]
+        metric = next((m for m in primary_metrics(exp) if any(f"{m}_mean" in r for r in rows_d)), None)
+        if metric is None:
+            continue
+        direction = "max" if ("recall" in metric or "hit" in metric or "overlap" in metric) else "min"
+        ref = [r for r in rows_d if r.get("epsilon") is None and f"{metric}_mean" in r]
+        ref_txt = "; ".join(f"{r['method']} (no ε) {r[f'{metric}_mean']:.4g}" for r in ref)
+        for e in sorted({r["epsilon"] for r in rows_d if r.get("epsilon") is not None}):
+            cand = [r for r in rows_d if r.get("epsilon") == e and f"{metric}_mean" in r]
             if not cand:
                 continue
             best = (min if direction == "min" else max)(cand, key=lambda r: r[f"{metric}_mean"])
@@ -200,12 +202,20 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
             tables.append({"file": "tables/chosen.csv", "title": "Chosen configurations", "caption": "The configuration each cell chose on its validation metric (every trial is in the search listing)."})
         if exp.analysis.get("neighbours"):
             tables += neighbours_table(exp, runner, out)
-        headline = grid_headline(exp, summary, primary_metric(exp, rows))
+        headline = grid_headline(exp, summary)
         plots = []
         labels = {d: exp.datasets[d].labels for d in exp.datasets}
         from .plots import draw
 
+        chance = {}
+        for d in exp.grid_datasets:  # overlap of k random neighbours among n - 1 items: k / (n - 1)
+            ref = out / "models" / f"{d}.npz"
+            if exp.analysis.get("neighbours") and ref.exists():
+                n = int(np.load(ref)["nn"].shape[0])
+                chance[d] = min(1.0, int(exp.analysis.get("neighbours_k", 10)) / max(1, n - 1))
         for spec in exp.plots:
+            if spec["type"] == "overlap":
+                spec = {**spec, "chance": chance}
             png = out / "plots" / f"{spec['file']}.png"
             cap = draw(spec, rows, png, labels)
             if cap is not None:

@@ -86,6 +86,21 @@ def _ylabel(spec, y):
     return spec.get("ylabel") or _LABELS.get(y, y)
 
 
+def _mean_line(ax, pts: dict, label: str) -> None:
+    """One line of mean ± std (error bars) over the values at each x of ``pts`` (x -> values)."""
+    xs = sorted(pts)
+    ms = [_mean_std(pts[v]) for v in xs]
+    ax.errorbar(xs, [a for a, _ in ms], yerr=[b for _, b in ms], marker="o", ms=3.5, capsize=2.5, lw=1.4, label=label)
+
+
+def _finish(ax, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def _datasets(rows):
     return list(dict.fromkeys(r["dataset"] for r in rows))
 
@@ -109,9 +124,7 @@ def _curve(spec, rows, out_png, labels):
             else:
                 groups[r["method"]][xv].append(r[y])
         for m, pts in groups.items():
-            xs = sorted(pts)
-            ms = [_mean_std(pts[v]) for v in xs]
-            ax.errorbar(xs, [a for a, _ in ms], yerr=[b for _, b in ms], marker="o", ms=3.5, capsize=2.5, lw=1.4, label=m)
+            _mean_line(ax, pts, m)
         for m, vals in flat.items():
             mean, _ = _mean_std(vals)
             ax.axhline(mean, ls="--", color="0.3", lw=1.2, label=f"{m} (non-private)")
@@ -123,11 +136,7 @@ def _curve(spec, rows, out_png, labels):
                 ax.set_xticklabels([f"{v:g}" for v in xs_all])
         if spec.get("logy"):
             ax.set_yscale("log")
-        ax.set_title(labels.get(d, d), fontsize=10)
-        ax.set_xlabel(_LABELS.get(x, x))
-        ax.set_ylabel(_ylabel(spec, y))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _finish(ax, labels.get(d, d), _LABELS.get(x, x), _ylabel(spec, y))
     _save(fig, plt, out_png, spec.get("title", ""))
     return spec.get("title") or f"{_ylabel(spec, y)} against {_LABELS.get(x, x)}: mean ± std over seeds"
 
@@ -147,16 +156,10 @@ def _sweep(spec, rows, out_png, labels):
                 eps = _num(r.get("epsilon"))
                 groups[(r.get("method_base") or r["method"], eps)][_num(r["sweep_value"])].append(r[y])
         for (m, eps), pts in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-            xs = sorted(pts)
-            ms = [_mean_std(pts[v]) for v in xs]
-            ax.errorbar(xs, [a for a, _ in ms], yerr=[b for _, b in ms], marker="o", ms=3.5, capsize=2.5, lw=1.4, label=f"{m}, ε={eps:g}" if eps else m)
+            _mean_line(ax, pts, f"{m}, ε={eps:g}" if eps else m)
         if spec.get("logx"):
             ax.set_xscale("log")
-        ax.set_title(labels.get(d, d), fontsize=10)
-        ax.set_xlabel(spec.get("x") or xkey)
-        ax.set_ylabel(_ylabel(spec, y))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _finish(ax, labels.get(d, d), spec.get("x") or xkey, _ylabel(spec, y))
     _save(fig, plt, out_png, spec.get("title", ""))
     return spec.get("title") or f"{_ylabel(spec, y)} against {xkey}"
 

@@ -285,7 +285,8 @@ def test_quick_mode_of_every_config_and_the_report(tmp_path):
     from PIL import Image
 
     im = np.asarray(Image.open(png).convert("RGB")).astype(int)
-    assert np.all(np.abs(im[5:30, :, :] - [0, 192, 0]).max(axis=2) <= 30)  # the green "all rendered" banner
+    green = np.abs(im[5:30, :, :] - [0, 192, 0]).max(axis=2) <= 30  # the "all rendered" banner (white text on green)
+    assert green.mean() > 0.8
 
 
 def test_paper_scale_datasets_by_name_or_spec(tmp_path, capsys):

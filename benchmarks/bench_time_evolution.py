@@ -25,36 +25,14 @@ from fedpriv.algorithms.als import ALSConfig
 from fedpriv.data.interactions import Interactions
 from fedpriv.data.splits import random_split
 from fedpriv.data.synthetic import make_mf
-from fedpriv.engine import train_inprocess
-from fedpriv.evaluation import predict_ratings
-
-
-class _Stop(Exception):
-    pass
+from fedpriv.experiments.kinds import time_curve
 
 
 def curve(algorithm: str, split, test: Interactions, features, cfg: ALSConfig, epsilon: float, eval_every: int, budget: float) -> list[dict]:
-    """(training seconds, test RMSE) points; stops once ``budget`` training seconds are spent."""
-    points: list[dict] = []
-    eval_seconds = [0.0]
-
-    def on_step(step, state, seconds):
-        if (step + 1) % eval_every and step + 1 != cfg.steps:
-            return
-        train_seconds = seconds - eval_seconds[0]  # earlier evaluations are not training
-        t = time.perf_counter()
-        pred = predict_ratings(state, split.train, test)
-        rmse = float(np.sqrt(np.mean((pred - test.ratings) ** 2)))
-        eval_seconds[0] += time.perf_counter() - t
-        points.append({"step": step + 1, "train_seconds": train_seconds, "test_rmse": rmse})
-        print(json.dumps({"algorithm": algorithm, **points[-1]}), flush=True)
-        if train_seconds > budget:
-            raise _Stop
-
-    try:
-        train_inprocess(algorithm, split.train, cfg, rating_range=(1.0, 5.0), epsilon=epsilon, item_features=features, progress=False, on_step=on_step)
-    except _Stop:
-        pass
+    """(training seconds, test RMSE) points, printed as they come; stops once ``budget`` training
+    seconds are spent (the experiments' time curve, :func:`fedpriv.experiments.kinds.time_curve`)."""
+    points, _ = time_curve(algorithm, split, test, features, cfg, epsilon, 1e-5, (1.0, 5.0), eval_every, budget,
+                           on_point=lambda p: print(json.dumps({"algorithm": algorithm, **p}), flush=True))
     return points
 
 

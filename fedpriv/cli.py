@@ -57,15 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     deploy.add_arguments(sub.add_parser("deploy", help="Flower deployment runtime on loopback: SuperLink + SuperNodes (TLS, node authentication, per-node data); up, run, down"))
     scenarios.add_arguments(ssub.add_parser("scenarios", help="the paper's synthetic scenarios: MSE to the optimum per mechanism and epsilon (selection.json, plots)"))
     bandit.add_arguments(ssub.add_parser("bandit", help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)"))
+    from . import report  # light at import: the standard library
     from .experiments import (
         runner as experiments_runner,  # light at import: the config parser
     )
 
     experiments_runner.add_arguments(sub.add_parser("experiment", help="run experiment configs (TOML) into a results folder, resumably: tidy CSV, tables, PNG plots, per-run ledgers"))
-    rep = sub.add_parser("report", help="render a results folder of `fedpriv experiment` into one self-contained HTML page")
-    rep.add_argument("results_dir", metavar="RESULTS_DIR")
-    rep.add_argument("--out", required=True, metavar="FILE.html")
-    rep.add_argument("--title", default=None)
+    report.add_arguments(sub.add_parser("report", help="render a results folder of `fedpriv experiment` into one self-contained HTML page"))
     return p
 
 

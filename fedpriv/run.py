@@ -91,12 +91,12 @@ class RunOptions:
         )
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, str]:
+def parse_overrides(pairs: list[str], field: str = "--set", form: str = "key=value") -> dict[str, str]:
     out: dict[str, str] = {}
     for p in pairs:
         key, eq, value = p.partition("=")
         if not eq or not key.strip():
-            raise ConfigError(f"expected key=value, got {p!r}", field="--set")
+            raise ConfigError(f"expected {form}, got {p!r}", field=field)
         out[key.strip()] = value.strip()
     return out
 
@@ -239,7 +239,7 @@ def run(
             )
 
     if capture is not None:
-        capture.update(state=state, train=train, item_features=ds.item_features)
+        capture.update(state=state, train=train)
     records = ledger.to_list()
     if rec_ledger is not None:
         # the recommendation phase: its own ledger, composed with training for the run's epsilon

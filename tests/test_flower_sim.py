@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
+from engine_agreement import assert_same_as_inprocess
 
 from fedpriv.algorithms.als import ALSConfig
 from fedpriv.data.splits import random_split
 from fedpriv.data.synthetic import make_mf
 from fedpriv.engine import train_inprocess
-from fedpriv.evaluation import evaluate_rmse
 from fedpriv.flower.server_app import FlowerJob
 from fedpriv.flower.simulation import simulate
 
@@ -20,12 +20,7 @@ def test_flower_and_inprocess_engines_agree(tmp_path, algorithm, n_users, users_
     job = FlowerJob(algorithm, 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), tmp_path, users_per_node=users_per_node)
     res = simulate(job, num_nodes=20)
     ref = train_inprocess(algorithm, split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=users_per_node, progress=False)
-    assert np.allclose(res.state.item_factors, ref.state.item_factors, rtol=1e-4, atol=1e-5)
-    assert np.allclose(res.state.item_bias, ref.state.item_bias, rtol=1e-4, atol=1e-5)
-    assert res.ledger.to_list() == ref.ledger.to_list()
-    valid, _ = evaluate_rmse(ref.state, split.train, split.valid, split.train.item_counts())
-    test, _ = evaluate_rmse(ref.state, split.train, split.test, split.train.item_counts())
-    assert res.valid_rmse == pytest.approx(valid, rel=1e-6) and res.test_rmse == pytest.approx(test, rel=1e-6)
+    assert_same_as_inprocess(res, ref, split)
     # protocol rounds: info + users + mean + (counts) + 2 steps; evaluation is measurement, logged apart
     assert [r["round"] for r in res.round_log][-1] == "evaluate"
     assert res.rounds == (6 if algorithm == "adadpals" else 5) and res.bytes_up > 0 and res.bytes_down > 0 and res.rejected == []

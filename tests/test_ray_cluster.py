@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
+from engine_agreement import assert_same_as_inprocess
 
 from fedpriv.errors import FedprivError
 from fedpriv.flower.simulation import OFFLINE_ENV, check_ray_address, simulate
@@ -40,7 +40,7 @@ def _free_port() -> int:
 
 
 # ------------------------------------------------------------------------------ process helpers
-from fedpriv.flower.launcher import _cmdline  # noqa: E402 - the launcher's /proc reader
+from fedpriv.flower.launcher import _cmdline
 
 
 def _ppids() -> dict[int, int]:
@@ -194,16 +194,10 @@ def _make_job(small_job, work_dir):
 
 def _assert_same_as_inprocess(res, small_job):
     from fedpriv.engine import train_inprocess
-    from fedpriv.evaluation import evaluate_rmse
 
     split, cfg = small_job
     ref = train_inprocess("adadpals", split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=1, progress=False)
-    assert np.allclose(res.state.item_factors, ref.state.item_factors, rtol=1e-4, atol=1e-5)
-    assert np.allclose(res.state.item_bias, ref.state.item_bias, rtol=1e-4, atol=1e-5)
-    assert res.ledger.to_list() == ref.ledger.to_list()
-    valid, _ = evaluate_rmse(ref.state, split.train, split.valid, split.train.item_counts())
-    test, _ = evaluate_rmse(ref.state, split.train, split.test, split.train.item_counts())
-    assert res.valid_rmse == pytest.approx(valid, rel=1e-6) and res.test_rmse == pytest.approx(test, rel=1e-6)
+    assert_same_as_inprocess(res, ref, split)
     assert res.rounds == 6 and res.rejected == []
 
 

@@ -84,8 +84,20 @@ def candidates(space: dict, search: dict, base_name: str = "") -> list[dict]:
     return [{k: space[k][int(rng.integers(len(space[k])))] for k in keys} for _ in range(search["trials"])]
 
 
-def cell_params(exp: Experiment, cell: Cell) -> dict:
-    return {**exp.params, **cell.method.params, **cell.method.dataset_params.get(cell.dataset, {}), **cell.method.forced}
+def cell_params(exp: Experiment, cell: Cell, candidate: dict | None = None) -> dict:
+    """A run's parameters: the grid's, the method's, a search candidate's, then the data set's
+    own and the quick mode's, which win (e.g. the only feature field a data set has)."""
+    m = cell.method
+    return {**exp.params, **m.params, **(candidate or {}), **m.dataset_params.get(cell.dataset, {}), **m.forced}
+
+
+def as_number(v) -> float | None:
+    """A finite float from a value or CSV cell; None for anything else (missing, text, nan)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
 
 
 def metric_direction(metric: str) -> str:
@@ -125,7 +137,6 @@ class GridRunner:
         self.skipped: list[dict] = []
         self.search_rows: list[dict] = []
         self.rows: list[dict] = []
-        self.neighbour_rows: list[dict] = []
         self._missing: dict[str, str] = {}
 
     # ------------------------------------------------------------------ data
@@ -200,8 +211,7 @@ class GridRunner:
         else:
             trials = []
             for i, cand in enumerate(candidates(m.search, exp.search, m.base)):
-                # a data set's own parameters win over the search space (e.g. the only feature field it has)
-                row = self.run_one(cell, {**base, **cand, **m.dataset_params.get(cell.dataset, {}), **m.forced}, BASE_SEED, spec=spec, run_dir=None, epsilon=eps)
+                row = self.run_one(cell, cell_params(exp, cell, cand), BASE_SEED, spec=spec, run_dir=None, epsilon=eps)
                 row.update({"trial": i, "candidate": json.dumps(cand, sort_keys=True)})
                 trials.append(row)
             metric, direction = self._search_metric(trials[0], validation=ds.validation is not None)
@@ -215,7 +225,7 @@ class GridRunner:
             doc = {"key": key, "definition": key_doc, "trials": trials, "best": best, "metric": metric, "direction": direction}
             _atomic_json(path, doc)
         best = doc["trials"][doc["best"]]
-        chosen = {**base, **json.loads(best["candidate"]), **m.dataset_params.get(cell.dataset, {}), **m.forced}
+        chosen = cell_params(exp, cell, json.loads(best["candidate"]))
         for r in doc["trials"]:
             self.search_rows.append({**r, "cell": f"{cell.dataset}|{m.name}|{cell.epsilon}", "search_key": key, "for_epsilon": cell.epsilon})
         return chosen, best
@@ -264,7 +274,6 @@ class GridRunner:
         for r in doc["rows"]:
             r["cell"] = f"{cell.dataset}|{m.name}|{cell.epsilon}"
         self.rows.extend(doc["rows"])
-        self.neighbour_rows.extend(doc.get("neighbours", []))
         return doc["rows"]
 
     # ------------------------------------------------------------------ neighbours
@@ -307,11 +316,16 @@ def _score(v, direction: str) -> float:
     return v if direction == "min" else -v
 
 
-def _atomic_json(path: Path, doc) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write through a temporary file beside ``path``, then rename: never half-written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=_json_default, allow_nan=False) + "\n")
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def _atomic_json(path: Path, doc) -> None:
+    atomic_write_text(path, json.dumps(doc, indent=1, default=_json_default, allow_nan=False) + "\n")
 
 
 def _json_default(o):

@@ -47,21 +47,22 @@ def _cached(out: Path, definition: dict, compute, log, label: str) -> dict:
     return doc
 
 
-def _setting(exp, key, default, kind=float):
+def _positive_int_setting(exp, key, default) -> int:
     val = exp.settings.get(key, default)
-    ok = isinstance(val, (int, float)) and not isinstance(val, bool) if kind in (int, float) else isinstance(val, kind)
-    if not ok or (kind in (int, float) and not val > 0):
-        raise ConfigError(f"must be a positive {kind.__name__}, got {val!r}", field=f"{exp.path}: settings.{key}")
-    return kind(val)
+    if not isinstance(val, (int, float)) or isinstance(val, bool) or not val > 0:
+        raise ConfigError(f"must be a positive int, got {val!r}", field=f"{exp.path}: settings.{key}")
+    return int(val)
 
 
 # ------------------------------------------------------------------------------ time evolution
-def _curve(algorithm, split, test, features, cfg, epsilon, delta, rating_range, eval_every: int, budget: float):
-    """(points, ledger): test RMSE after every ``eval_every`` steps; training stops once
-    ``budget`` training seconds are spent (the ledger then holds the releases made so far, and
-    the run spends less than its target epsilon)."""
+def time_curve(algorithm, split, test, features, cfg, epsilon, delta, rating_range, eval_every: int, budget: float, on_point=None):
+    """(points, ledger): test RMSE on ``test`` after every ``eval_every`` steps (and the last),
+    with the training seconds so far (evaluation time excluded); training stops after the first
+    evaluation past ``budget`` training seconds (the ledger then holds the releases made so far,
+    and the run spends less than its target epsilon). ``on_point(point)`` sees each point."""
     from ..engine import train_inprocess
     from ..evaluation import predict_ratings
+    from ..metrics import rmse
 
     points: list[dict] = []
     eval_seconds = [0.0]
@@ -71,10 +72,11 @@ def _curve(algorithm, split, test, features, cfg, epsilon, delta, rating_range, 
             return False
         train_seconds = seconds - eval_seconds[0]
         t = time.perf_counter()
-        pred = predict_ratings(state, split.train, test)
-        rmse = float(np.sqrt(np.mean((pred - test.ratings) ** 2)))
+        point = {"step": step + 1, "train_seconds": train_seconds, "test_rmse": rmse(predict_ratings(state, split.train, test), test.ratings)}
         eval_seconds[0] += time.perf_counter() - t
-        points.append({"step": step + 1, "train_seconds": round(train_seconds, 3), "test_rmse": rmse})
+        points.append(point)
+        if on_point is not None:
+            on_point(point)
         return train_seconds > budget
 
     res = train_inprocess(algorithm, split.train, cfg, rating_range=rating_range, epsilon=epsilon, delta=delta, item_features=features, progress=False, on_step=on_step)
@@ -91,7 +93,7 @@ def time_evolution(exp, out: Path, cache: dict, *, log=print, require_data: bool
     runner = GridRunner(exp, out, cache, log, require_data)
     eval_every = exp.settings.get("eval_every", {})
     budgets = exp.settings.get("budget_seconds", {})
-    n_eval = _setting(exp, "eval_ratings", 200_000, int)
+    n_eval = _positive_int_setting(exp, "eval_ratings", 200_000)
     for name, tbl in (("eval_every", eval_every), ("budget_seconds", budgets)):
         if not isinstance(tbl, dict) or any(not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0 for v in tbl.values()):
             raise ConfigError("must be a table of method = positive number", field=f"{exp.path}: settings.{name}")
@@ -115,8 +117,9 @@ def time_evolution(exp, out: Path, cache: dict, *, log=print, require_data: bool
                 test = split.test.subset(np.isin(np.arange(len(split.test)), keep))
                 cfg = ALSConfig.from_overrides({**{k: str(v) for k, v in params.items()}, "seed": str(BASE_SEED + s)})
                 t = time.perf_counter()
-                pts, ledger = _curve(c.method.algorithm, split, test, ds.item_features, cfg, c.epsilon, exp.delta, tuple(float(x) for x in ds.rating_range),
-                                     int(definition["eval_every"]), float(definition["budget"] or math.inf))
+                pts, ledger = time_curve(c.method.algorithm, split, test, ds.item_features, cfg, c.epsilon, exp.delta, tuple(float(x) for x in ds.rating_range),
+                                         int(definition["eval_every"]), float(definition["budget"] or math.inf))
+                pts = [{**p, "train_seconds": round(p["train_seconds"], 3)} for p in pts]
                 eps_spent = epsilon_bounds(ledger, exp.delta)[0] if c.method.private else None
                 metrics = {"algorithm": c.method.algorithm, "dataset": c.dataset, "epsilon": c.epsilon, "delta": exp.delta, "epsilon_spent": eps_spent,
                            "test_rmse_sample": pts[-1]["test_rmse"] if pts else None, "curve": pts, "wall_seconds": time.perf_counter() - t, "config": cfg.to_dict()}
@@ -150,7 +153,7 @@ def time_evolution(exp, out: Path, cache: dict, *, log=print, require_data: bool
         png = out / "plots" / "time_evolution.png"
         _plot_curves(curves, png)
         plots.append({"file": "plots/time_evolution.png", "caption": "Test RMSE against training seconds (one line per method and seed)."})
-    return {"rows": rows, "skipped": skipped, "tables": tables, "plots": plots, "headline": headline, "run_seconds": sum(r["seconds"] for r in rows),
+    return {"rows": rows, "search_rows": [], "skipped": skipped, "tables": tables, "plots": plots, "headline": headline, "run_seconds": sum(r["seconds"] for r in rows),
             "cells": {"total": len(todo), "done": len(todo) - len(skipped), "skipped": len(skipped)}}
 
 
@@ -237,7 +240,7 @@ def selection_scenarios(exp, out: Path, cache: dict, *, log=print, require_data:
         name = f"tables/mse_eps{e:g}.csv"
         write_csv(out / name, table, first=("scenario", "spearman"))
         tables.append({"file": name, "title": f"MSE to the optimum at ε = {e:g}", "caption": f"{trials} trials per cell; rnmh is the non-private reference."})
-    return {"rows": rows, "skipped": [], "tables": tables, "plots": plots, "headline": headline, "cells": {"total": 1, "done": 1, "skipped": 0},
+    return {"rows": rows, "search_rows": [], "skipped": [], "tables": tables, "plots": plots, "headline": headline, "cells": {"total": 1, "done": 1, "skipped": 0},
             "run_seconds": doc["seconds"]}
 
 
@@ -283,6 +286,6 @@ def selection_bandit(exp, out: Path, cache: dict, *, log=print, require_data: bo
               first=("method",))
     s = doc["summary"]
     headline = [f"best policy {s['best']}; best private {s['best_private']}; best private after the shift {s['best_private_after_shift']}"]
-    return {"rows": rows, "skipped": [], "tables": [{"file": "tables/regret.csv", "title": "Regret", "caption": f"T = {T}, {reps} repetitions; arms swap at T/2."}],
+    return {"rows": rows, "search_rows": [], "skipped": [], "tables": [{"file": "tables/regret.csv", "title": "Regret", "caption": f"T = {T}, {reps} repetitions; arms swap at T/2."}],
             "plots": [{"file": "plots/bandit.png", "caption": "Cumulative regret, mean ± std over repetitions"}], "headline": headline, "run_seconds": doc["seconds"],
             "cells": {"total": 1, "done": 1, "skipped": 0}}

@@ -13,11 +13,12 @@ Types (``[[plots]]`` in the config):
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from .grid import as_number
 
 _LABELS = {
     "test_rmse": "test RMSE", "valid_rmse": "validation RMSE", "test_recall_at_20": "test Recall@20", "test_mse": "test MSE",
@@ -26,18 +27,10 @@ _LABELS = {
 }
 
 
-def _num(v):
-    if v is None or v == "":
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _mean_std(vals):
-    vals = [v for v in (_num(x) for x in vals) if v is not None]
+    vals = [v for v in (as_number(x) for x in vals) if v is not None]
     if not vals:
         return None, None
     return float(np.mean(vals)), float(np.std(vals))
@@ -107,7 +100,7 @@ def _datasets(rows):
 
 def _curve(spec, rows, out_png, labels):
     y, x = spec["y"], spec.get("x", "epsilon")
-    rows = [r for r in rows if _num(r.get(y)) is not None]
+    rows = [r for r in rows if as_number(r.get(y)) is not None]
     if not rows:
         return None
     dsets = _datasets(rows)
@@ -118,7 +111,7 @@ def _curve(spec, rows, out_png, labels):
         for r in rows:
             if r["dataset"] != d:
                 continue
-            xv = _num(r.get(x))
+            xv = as_number(r.get(x))
             if xv is None:
                 flat[r["method"]].append(r[y])
             else:
@@ -143,7 +136,7 @@ def _curve(spec, rows, out_png, labels):
 
 def _sweep(spec, rows, out_png, labels):
     y = spec["y"]
-    rows = [r for r in rows if _num(r.get(y)) is not None and _num(r.get("sweep_value")) is not None]
+    rows = [r for r in rows if as_number(r.get(y)) is not None and as_number(r.get("sweep_value")) is not None]
     if not rows:
         return None
     dsets = _datasets(rows)
@@ -153,8 +146,8 @@ def _sweep(spec, rows, out_png, labels):
         groups = defaultdict(lambda: defaultdict(list))
         for r in rows:
             if r["dataset"] == d:
-                eps = _num(r.get("epsilon"))
-                groups[(r.get("method_base") or r["method"], eps)][_num(r["sweep_value"])].append(r[y])
+                eps = as_number(r.get("epsilon"))
+                groups[(r.get("method_base") or r["method"], eps)][as_number(r["sweep_value"])].append(r[y])
         for (m, eps), pts in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
             _mean_line(ax, pts, f"{m}, ε={eps:g}" if eps else m)
         if spec.get("logx"):
@@ -166,10 +159,10 @@ def _sweep(spec, rows, out_png, labels):
 
 def _buckets(spec, rows, out_png, labels):
     prefix = "nn_overlap_bucket" if spec["type"] == "overlap" else spec["y"]
-    eps = _num(spec.get("epsilon"))
-    keep = [r for r in rows if (eps is None or _num(r.get("epsilon")) in (eps, None)) and _num(r.get(f"{prefix}_0")) is not None]
+    eps = as_number(spec.get("epsilon"))
+    keep = [r for r in rows if (eps is None or as_number(r.get("epsilon")) in (eps, None)) and as_number(r.get(f"{prefix}_0")) is not None]
     if spec["type"] == "overlap":
-        keep = [r for r in keep if _num(r.get("epsilon")) is not None]
+        keep = [r for r in keep if as_number(r.get("epsilon")) is not None]
     if not keep:
         return None
     dsets = _datasets(keep)
@@ -196,14 +189,14 @@ def _buckets(spec, rows, out_png, labels):
 
 def _bars(spec, rows, out_png, labels):
     ys = spec["y"] if isinstance(spec["y"], list) else [spec["y"]]
-    eps = _num(spec.get("epsilon"))
-    rows = [r for r in rows if eps is None or _num(r.get("epsilon")) in (eps, None)]
-    panels = [(d, y) for d in _datasets(rows) for y in ys if any(_num(r.get(y)) is not None for r in rows if r["dataset"] == d)]
+    eps = as_number(spec.get("epsilon"))
+    rows = [r for r in rows if eps is None or as_number(r.get("epsilon")) in (eps, None)]
+    panels = [(d, y) for d in _datasets(rows) for y in ys if any(as_number(r.get(y)) is not None for r in rows if r["dataset"] == d)]
     if not panels:
         return None
     fig, axes, plt = _figure(len(panels), panel=(4.2, 3.4))
     for ax, (d, y) in zip(axes, panels):
-        methods = list(dict.fromkeys(r["method"] for r in rows if r["dataset"] == d and _num(r.get(y)) is not None))
+        methods = list(dict.fromkeys(r["method"] for r in rows if r["dataset"] == d and as_number(r.get(y)) is not None))
         ms = [_mean_std([r.get(y) for r in rows if r["dataset"] == d and r["method"] == m]) for m in methods]
         ax.bar(range(len(methods)), [a for a, _ in ms], yerr=[s for _, s in ms], capsize=3, color=[f"C{i}" for i in range(len(methods))])
         ax.set_xticks(range(len(methods)))

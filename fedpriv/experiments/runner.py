@@ -24,7 +24,15 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import config as config_mod
-from .grid import FIRST_COLUMNS, GridRunner, _atomic_json, cells
+from .grid import (
+    BASE_SEED,
+    FIRST_COLUMNS,
+    GridRunner,
+    _atomic_json,
+    as_number,
+    atomic_write_text,
+    cells,
+)
 
 SUMMARY_METRICS = (
     "test_rmse", "test_recall_at_20", "test_mse", "test_logloss", "subspace_error", "rec_mse_to_best", "rec_hit_rate", "nn_overlap",
@@ -51,18 +59,7 @@ def write_csv(path: Path, rows: list[dict], first: tuple = FIRST_COLUMNS) -> Non
     w.writeheader()
     for r in rows:
         w.writerow({c: _cell_value(r.get(c)) for c in cols})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(buf.getvalue())
-    tmp.replace(path)
-
-
-def _num(v):
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+    atomic_write_text(path, buf.getvalue())
 
 
 def summary_rows(rows: list[dict], keys=("dataset", "method", "epsilon")) -> list[dict]:
@@ -75,15 +72,15 @@ def summary_rows(rows: list[dict], keys=("dataset", "method", "epsilon")) -> lis
         row = dict(zip(keys, key))
         row["n"] = len(rs)
         for m in SUMMARY_METRICS:
-            vals = [v for v in (_num(r.get(m)) for r in rs) if v is not None]
+            vals = [v for v in (as_number(r.get(m)) for r in rs) if v is not None]
             if vals:
                 row[f"{m}_mean"] = float(np.mean(vals))
                 row[f"{m}_std"] = float(np.std(vals))
-        eps = [v for v in (_num(r.get("epsilon_spent")) for r in rs) if v is not None]
+        eps = [v for v in (as_number(r.get("epsilon_spent")) for r in rs) if v is not None]
         if eps:
             row["epsilon_spent"] = max(eps)
         for m in ("rounds", "bytes_up", "bytes_down", "seconds"):
-            vals = [v for v in (_num(r.get(m)) for r in rs) if v is not None]
+            vals = [v for v in (as_number(r.get(m)) for r in rs) if v is not None]
             if vals:
                 row[m] = float(np.mean(vals))
         out.append(row)
@@ -138,7 +135,7 @@ def neighbours_table(exp, runner: GridRunner, out: Path) -> list[dict]:
         eps_avail = sorted({r["epsilon"] for r in runner.rows if r["dataset"] == d and r["epsilon"] is not None})
         eps = eps_cfg if eps_cfg is not None else (eps_avail[-1] if eps_avail else None)
         for r in runner.rows:
-            if r["dataset"] != d or r["seed"] != 1235 or r["epsilon"] not in (None, eps):
+            if r["dataset"] != d or r["seed"] != BASE_SEED + 1 or r["epsilon"] not in (None, eps):
                 continue
             path = out / "models" / f"{Path(r['run_dir']).name.rsplit('-s', 1)[0]}-nn.npy"
             if not path.exists():
@@ -156,6 +153,65 @@ def neighbours_table(exp, runner: GridRunner, out: Path) -> list[dict]:
     return tables
 
 
+def run_grid(exp, out: Path, cache: dict, *, log=print, require_data: bool = False, progress=None) -> dict:
+    """The cells of a grid experiment, then its tables, headline and plots: the same result
+    shape as :func:`fedpriv.experiments.kinds.run`."""
+    runner = GridRunner(exp, out, cache, log, require_data)
+    todo = cells(exp)
+    counts = {"total": len(todo), "done": 0, "skipped": 0}
+    for i, c in enumerate(todo):
+        log(f" [{i + 1}/{len(todo)}] {c.label}")
+        done = runner.run_cell(c)
+        counts["done" if done is not None else "skipped"] += 1
+        if progress is not None:
+            progress(dict(counts), runner.skipped)
+    rows = runner.rows
+    # a reference-scope search serves several cells: list each trial once, with the epsilons it served
+    merged: dict = {}
+    for r in runner.search_rows:
+        key = (r["search_key"], r["trial"])
+        if key in merged:
+            merged[key]["for_epsilon"] = f"{merged[key]['for_epsilon']};{r['for_epsilon']}"
+        else:
+            merged[key] = dict(r)
+    search_rows = list(merged.values())
+    summary = summary_rows(rows)
+    tables = []
+    if summary:
+        write_csv(out / "tables/summary.csv", summary, first=("dataset", "method", "epsilon", "n"))
+        tables.append({"file": "tables/summary.csv", "title": "Summary", "caption": "Mean ± std over noise seeds of the configuration chosen on validation; epsilon_spent is the largest over the seeds, from each run's ledger."})
+    chosen = {}
+    for r in rows:
+        chosen.setdefault((r["dataset"], r["method"], r["epsilon"]), {
+            "dataset": r["dataset"], "method": r["method"], "epsilon": r["epsilon"], "search_metric": r.get("search_metric"),
+            "validation_at_selection": r.get("search_value_at_selection"), "params": r["params"]})
+    if chosen:
+        write_csv(out / "tables/chosen.csv", list(chosen.values()), first=("dataset", "method", "epsilon", "search_metric", "validation_at_selection", "params"))
+        tables.append({"file": "tables/chosen.csv", "title": "Chosen configurations", "caption": "The configuration each cell chose on its validation metric (every trial is in the search listing)."})
+    if exp.analysis.get("neighbours"):
+        tables += neighbours_table(exp, runner, out)
+    plots = []
+    labels = {d: exp.datasets[d].labels for d in exp.datasets}
+    from .plots import draw
+
+    chance = {}
+    for d in exp.grid_datasets:  # overlap of k random neighbours among n - 1 items: k / (n - 1)
+        ref = out / "models" / f"{d}.npz"
+        if exp.analysis.get("neighbours") and ref.exists():
+            n = int(np.load(ref)["nn"].shape[0])
+            chance[d] = min(1.0, int(exp.analysis.get("neighbours_k", 10)) / max(1, n - 1))
+    for spec in exp.plots:
+        if spec["type"] == "overlap":
+            spec = {**spec, "chance": chance}
+        png = out / "plots" / f"{spec['file']}.png"
+        cap = draw(spec, rows, png, labels)
+        if cap is not None:
+            plots.append({"file": f"plots/{spec['file']}.png", "caption": cap})
+    return {"rows": rows, "search_rows": search_rows, "skipped": runner.skipped, "tables": tables, "plots": plots,
+            "headline": grid_headline(exp, summary), "cells": counts,
+            "run_seconds": sum(as_number(r.get("seconds")) or 0.0 for r in [*rows, *search_rows])}
+
+
 def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, log=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -166,60 +222,13 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
         "headline": [exp.headline] if exp.headline else [], "commands": exp.commands,
     }
     log(f"experiment {exp.name} ({exp.kind}{', quick' if exp.quick else ''}) -> {out}")
-    if exp.kind == "grid":
-        runner = GridRunner(exp, out, cache, log, require_data)
-        todo = cells(exp)
-        meta["cells"]["total"] = len(todo)
-        for i, c in enumerate(todo):
-            log(f" [{i + 1}/{len(todo)}] {c.label}")
-            done = runner.run_cell(c)
-            meta["cells"]["done" if done is not None else "skipped"] += 1
-            meta["skipped"] = runner.skipped
-            meta["seconds"] = time.perf_counter() - t0
-            _atomic_json(out / "experiment.json", meta)
-        rows, skipped = runner.rows, runner.skipped
-        # a reference-scope search serves several cells: list each trial once, with the epsilons it served
-        merged: dict = {}
-        for r in runner.search_rows:
-            key = (r["search_key"], r["trial"])
-            if key in merged:
-                merged[key]["for_epsilon"] = f"{merged[key]['for_epsilon']};{r['for_epsilon']}"
-            else:
-                merged[key] = dict(r)
-        search_rows = list(merged.values())
-        summary = summary_rows(rows)
-        tables = []
-        if summary:
-            write_csv(out / "tables/summary.csv", summary, first=("dataset", "method", "epsilon", "n"))
-            tables.append({"file": "tables/summary.csv", "title": "Summary", "caption": "Mean ± std over noise seeds of the configuration chosen on validation; epsilon_spent is the largest over the seeds, from each run's ledger."})
-        chosen = {}
-        for r in rows:
-            chosen.setdefault((r["dataset"], r["method"], r["epsilon"]), {
-                "dataset": r["dataset"], "method": r["method"], "epsilon": r["epsilon"], "search_metric": r.get("search_metric"),
-                "validation_at_selection": r.get("search_value_at_selection"), "params": r["params"]})
-        if chosen:
-            write_csv(out / "tables/chosen.csv", list(chosen.values()), first=("dataset", "method", "epsilon", "search_metric", "validation_at_selection", "params"))
-            tables.append({"file": "tables/chosen.csv", "title": "Chosen configurations", "caption": "The configuration each cell chose on its validation metric (every trial is in the search listing)."})
-        if exp.analysis.get("neighbours"):
-            tables += neighbours_table(exp, runner, out)
-        headline = grid_headline(exp, summary)
-        plots = []
-        labels = {d: exp.datasets[d].labels for d in exp.datasets}
-        from .plots import draw
 
-        chance = {}
-        for d in exp.grid_datasets:  # overlap of k random neighbours among n - 1 items: k / (n - 1)
-            ref = out / "models" / f"{d}.npz"
-            if exp.analysis.get("neighbours") and ref.exists():
-                n = int(np.load(ref)["nn"].shape[0])
-                chance[d] = min(1.0, int(exp.analysis.get("neighbours_k", 10)) / max(1, n - 1))
-        for spec in exp.plots:
-            if spec["type"] == "overlap":
-                spec = {**spec, "chance": chance}
-            png = out / "plots" / f"{spec['file']}.png"
-            cap = draw(spec, rows, png, labels)
-            if cap is not None:
-                plots.append({"file": f"plots/{spec['file']}.png", "caption": cap})
+    def progress(cells_done: dict, skipped: list) -> None:  # experiment.json after every cell
+        meta.update({"cells": cells_done, "skipped": skipped, "seconds": time.perf_counter() - t0})
+        _atomic_json(out / "experiment.json", meta)
+
+    if exp.kind == "grid":
+        res = run_grid(exp, out, cache, log=log, require_data=require_data, progress=progress)
     else:
         from . import kinds
 
@@ -227,12 +236,8 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
             log(f"  note: {exp.kind} runs in-process (it times or simulates on one machine); --engine {exp.engine} does not apply")
         meta["engine"] = "inprocess"
         res = kinds.run(exp, out, cache, log=log, require_data=require_data)
-        rows, search_rows, skipped, tables, plots, headline = res["rows"], [], res["skipped"], res["tables"], res["plots"], res["headline"]
-        meta["cells"] = res["cells"]
-    if exp.kind == "grid":
-        run_seconds = sum(_num(r.get("seconds")) or 0.0 for r in [*rows, *search_rows])
-    else:
-        run_seconds = res["run_seconds"]
+    rows, search_rows, skipped, tables, plots, headline = (res[k] for k in ("rows", "search_rows", "skipped", "tables", "plots", "headline"))
+    meta["cells"] = res["cells"]
     write_csv(out / "results.csv", rows)
     if search_rows:
         write_csv(out / "search.csv", search_rows, first=(*FIRST_COLUMNS, "search_key", "for_epsilon", "trial", "candidate", "search_metric", "search_value", "selected"))
@@ -241,7 +246,7 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
     meta.update({"skipped": skipped, "plots": plots, "tables": tables, "headline": meta["headline"] + headline,
                  "finished": _now(), "seconds": time.perf_counter() - t0, "runs": len(rows), "search_trials": len(search_rows),
                  # the runs' own wall time, whether computed now or in an earlier (resumed) invocation
-                 "run_seconds": run_seconds})
+                 "run_seconds": res["run_seconds"]})
     _atomic_json(out / "experiment.json", meta)
     log(f"experiment {exp.name}: {len(rows)} runs, {len(skipped)} cells skipped, {meta['seconds']:.1f} s")
     for h in headline:
@@ -250,12 +255,12 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
 
 
 def parse_dataset_specs(items: list[str] | None) -> dict[str, str]:
-    out = {}
-    for it in items or []:
-        name, eq, spec = it.partition("=")
-        if not eq or not name.strip() or not spec.strip():
-            raise ConfigError(f"expected NAME=SPEC, got {it!r}", field="--dataset")
-        out[name.strip()] = spec.strip()
+    from ..run import parse_overrides
+
+    out = parse_overrides(items or [], field="--dataset", form="NAME=SPEC")
+    empty = next((name for name, spec in out.items() if not spec), None)
+    if empty is not None:
+        raise ConfigError(f"expected NAME=SPEC, got {empty + '='!r}", field="--dataset")
     return out
 
 

@@ -29,7 +29,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--nodes", type=int, default=None, help="flower engine: number of simulated nodes (default: ceil(training users / users-per-node))")
     r.add_argument("--users-per-node", type=int, default=None, help="flower engine: users held by each node (default 1)")
-    r.add_argument("--secure-noise", action="store_true", help="draw all noise from the OS CSPRNG (runs are then not reproducible from --set seed=...)")
+    r.add_argument(
+        "--noise-seed", type=int, default=None, metavar="N",
+        help="reproducible noise and user sampling from N (tests, debugging). By default every noise value comes from the OS CSPRNG and "
+        "every user's random choices from a secret key; with a noise seed, privacy holds only against those who do not know N "
+        "(metrics.json says so; N is written nowhere)",
+    )
     r.add_argument("--tune", action="append", default=[], metavar="KEY=V1/V2/...", help="private tuning by random stopping over these candidates (repeatable; in-process engine)")
     r.add_argument("--tune-mean", type=float, default=None, help="expected number of tuning runs (default 5)")
     r.add_argument("--tune-shape", type=float, default=None, help="truncated negative binomial shape: 1 geometric (default), 0 logarithmic")
@@ -100,8 +105,6 @@ def _run(args) -> int:
     from .run import parse_overrides, run, write_outputs
 
     overrides = parse_overrides(args.overrides)
-    if args.secure_noise:
-        overrides["secure_noise"] = "true"
     if args.tune:
         overrides["tune"] = ";".join(args.tune)
     if args.tune_mean is not None:
@@ -121,6 +124,7 @@ def _run(args) -> int:
             nodes=args.nodes,
             users_per_node=args.users_per_node,
             quiet=args.quiet,
+            noise_seed=args.noise_seed,
         )
         _print_summary(metrics)
         return 0
@@ -136,6 +140,7 @@ def _run(args) -> int:
         overrides=overrides,
         engine=args.engine,
         progress=not args.quiet,
+        noise_seed=args.noise_seed,
     )
     write_outputs(args.out, metrics, ledger)
     _print_summary(metrics)

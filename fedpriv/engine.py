@@ -14,6 +14,7 @@ from .algorithms.shards import UserShard, shard_users, split_users
 from .data.interactions import Interactions
 from .errors import ConfigError
 from .privacy.ledger import PrivacyLedger
+from .privacy.randomness import RunSecrets, user_keys
 
 
 @dataclass
@@ -23,10 +24,14 @@ class TrainResult:
     timings: dict = field(default_factory=dict)
 
 
-def make_shards(train: Interactions, users_per_shard: int | None) -> list[UserShard]:
+def make_shards(train: Interactions, users_per_shard: int | None, client_key: bytes | None = None) -> list[UserShard]:
+    """User shards of ``train``; with ``client_key``, each user carries its secret key (a PRF of
+    its raw id: :func:`fedpriv.privacy.randomness.user_keys`), the source of its own random
+    choices."""
+    keys = user_keys(client_key, train.user_ids) if client_key is not None else None
     if not users_per_shard or users_per_shard >= train.n_users:
-        return [shard_users(train)]
-    return [shard_users(train, users) for users in split_users(train.n_users, users_per_shard)]
+        return [shard_users(train, keys=keys)]
+    return [shard_users(train, users, keys) for users in split_users(train.n_users, users_per_shard)]
 
 
 def new_state(
@@ -38,8 +43,10 @@ def new_state(
     epsilon: float | None,
     delta: float,
     multipliers: dict[str, float] | None = None,
+    secrets: RunSecrets | None = None,
 ) -> tuple[als.PublicState, PrivacyLedger]:
-    """Validated public state and a ledger (with the budget for private runs).
+    """Validated public state and a ledger (with the budget for private runs). ``secrets``: the
+    run's secret randomness (default: fresh OS randomness; a noise seed makes it reproducible).
 
     ``multipliers``: noise multipliers calibrated by the caller for a plan that contains this
     run (one run of private tuning, :mod:`fedpriv.tuning`); the run's ledger then carries no
@@ -49,7 +56,9 @@ def new_state(
         algorithm=algorithm,
         config=cfg,
         n_items=train.n_items,
-        n_users=train.n_users,
+        # private runs never broadcast the exact number of users: those that use it release it
+        # (``release_user_count``), the others carry 0
+        n_users=0 if algorithm != "als" else train.n_users,
         rating_range=tuple(rating_range),
         implicit=implicit,
     )
@@ -62,7 +71,8 @@ def new_state(
     elif state.private:
         state.multipliers = als.calibrate_plan(algorithm, cfg, implicit, epsilon, delta)
         budget = (epsilon, delta)
-    return state, PrivacyLedger(seed=cfg.seed, secure=cfg.secure_noise, budget=budget)
+    secrets = secrets if secrets is not None else RunSecrets()
+    return state, PrivacyLedger(seed=secrets.ledger_seed(), budget=budget)
 
 
 def train_inprocess(
@@ -79,13 +89,19 @@ def train_inprocess(
     progress: bool = True,
     on_step=None,
     multipliers: dict[str, float] | None = None,
+    secrets: RunSecrets | None = None,
+    ledger: PrivacyLedger | None = None,
 ) -> TrainResult:
     """``item_features``: public features of the encoder algorithms; ``on_step(step, state,
     seconds)`` is called after every alternating step (measurement hooks); when it returns True,
-    training stops there (the ledger then holds the releases made so far)."""
+    training stops there (the ledger then holds the releases made so far). ``secrets``: the
+    run's secret randomness (default: fresh, from the OS); ``ledger``: a ledger to release
+    through instead of the run's own (sensitivity tests replay one run's releases in another)."""
     t0 = time.perf_counter()
-    state, ledger = new_state(algorithm, cfg, train, rating_range, implicit, epsilon, delta, multipliers)
-    shards = make_shards(train, users_per_shard)
+    secrets = secrets if secrets is not None else RunSecrets()
+    state, own = new_state(algorithm, cfg, train, rating_range, implicit, epsilon, delta, multipliers, secrets)
+    ledger = ledger if ledger is not None else own
+    shards = make_shards(train, users_per_shard, secrets.client_key())
     timings: dict = {"steps": []}
 
     if state.private and als.needs_user_count(algorithm):
@@ -116,15 +132,16 @@ def train_inprocess(
     return TrainResult(state=state, ledger=ledger, timings=timings)
 
 
-def recommend_inprocess(state: als.PublicState, train: Interactions, heldout: Interactions | None, cfg, *, users_per_shard: int | None = None, secure: bool = False):
+def recommend_inprocess(state: als.PublicState, train: Interactions, heldout: Interactions | None, cfg, *, users_per_shard: int | None = None, secrets: RunSecrets | None = None):
     """Private recommendation after training (:mod:`fedpriv.algorithms.recommend`) over the
     same user shards as training: returns (summary, recommendation ledger, reports per global
     user id). The Flower apps drive the very same functions."""
     from .algorithms import recommend
 
     cfg.validate()
-    ledger = PrivacyLedger(seed=cfg.seed, secure=secure)
-    shards = make_shards(train, users_per_shard)
+    secrets = secrets if secrets is not None else RunSecrets()
+    ledger = PrivacyLedger(seed=secrets.ledger_seed("recommend"))
+    shards = make_shards(train, users_per_shard, secrets.client_key())
     held = [shard_users(heldout, s.user_ids) for s in shards] if heldout is not None else [None] * len(shards)
     candidates = recommend.candidate_items(state, cfg.candidates)
     if cfg.sensitivity == "quantile":
@@ -135,7 +152,7 @@ def recommend_inprocess(state: als.PublicState, train: Interactions, heldout: In
     sums = None
     picks = np.full(train.n_users, -1, dtype=np.int64)
     for s, h in zip(shards, held):
-        rep = recommend.client_recommend(s, state, candidates, lo, hi, cfg, h, secure=secure)
+        rep = recommend.client_recommend(s, state, candidates, lo, hi, cfg, h, reproducible=secrets.reproducible)
         recommend.merge_records(ledger, recommend.check_report(rep.picks, rep.records, rep.sums, s.n_users, len(candidates), cfg))
         sums = recommend.add_sums(sums, rep.sums)
         picks[s.user_ids] = candidates[rep.picks]

@@ -10,7 +10,8 @@ import numpy as np
 
 from .algorithms import pam
 from .data.personal import PersonalData
-from .privacy.ledger import PrivacyLedger, public_draws
+from .privacy.ledger import PrivacyLedger
+from .privacy.randomness import PURPOSE_GROUP, RunSecrets, user_keys, user_uniform
 
 
 def blocks(n_users: int, size: int) -> list[np.ndarray]:
@@ -18,22 +19,31 @@ def blocks(n_users: int, size: int) -> list[np.ndarray]:
     return [np.arange(s, min(s + size, n_users)) for s in range(0, n_users, size)]
 
 
-def step_groups(state: pam.PAMState, n_users: int) -> list[np.ndarray | None]:
-    """Users of each alternating step: None (all users) for the full schedule; for the disjoint
-    schedule a public random permutation split into ``epochs`` groups."""
+def step_groups(state: pam.PAMState) -> list[int | None]:
+    """The group of each alternating step: None (all users) for the full schedule; for the
+    disjoint schedule group t at step t, of ``epochs`` groups (each user's group:
+    :func:`user_groups`)."""
     cfg = state.config
     if state.algorithm == "pam-nonprivate":
         return [None] * cfg.nonprivate_epochs
     if cfg.schedule == "full":
         return [None] * cfg.epochs
-    with public_draws("disjoint user groups"):
-        perm = np.random.default_rng([cfg.seed, 17]).permutation(n_users)
-    return [np.sort(g) for g in np.array_split(perm, cfg.epochs)]
+    return list(range(cfg.epochs))
 
 
-def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, epsilon: float | None, delta: float, users_per_shard: int = 4096) -> tuple[pam.PAMState, PrivacyLedger, dict]:
+def user_groups(keys: np.ndarray, groups: int) -> np.ndarray:
+    """Each user's group of the disjoint schedule, drawn by the user from its secret key: known
+    to nobody else, and unmoved when another user joins or leaves (parallel composition holds)."""
+    return np.minimum((user_uniform(keys, PURPOSE_GROUP) * groups).astype(np.int64), groups - 1)
+
+
+def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, epsilon: float | None, delta: float, users_per_shard: int = 4096, secrets: RunSecrets | None = None, ledger: PrivacyLedger | None = None) -> tuple[pam.PAMState, PrivacyLedger, dict]:
+    """``secrets``: the run's secret randomness (default fresh); ``ledger``: release through this
+    ledger instead of the run's own (sensitivity tests replay one run's releases in another)."""
     t0 = time.perf_counter()
-    state, ledger = pam.new_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta)
+    secrets = secrets if secrets is not None else RunSecrets()
+    state, own = pam.new_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta, secrets.ledger_seed())
+    ledger = ledger if ledger is not None else own
     parts = blocks(data.n_users, users_per_shard)
     timings: dict = {"steps": []}
     if algorithm == "pam-single-model":
@@ -49,9 +59,10 @@ def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, e
     elif algorithm in ("pam", "pam-nonprivate"):
         total = sum(pam.client_init_stats(data.X[u], data.y[u], state) for u in parts)
         pam.server_init(pam.release_init(total, state, ledger), state)
-        for group in step_groups(state, data.n_users):
+        group_of = user_groups(user_keys(secrets.client_key(), data.user_ids), cfg.epochs) if cfg.schedule == "disjoint" else None
+        for group in step_groups(state):
             ts = time.perf_counter()
-            users = np.arange(data.n_users) if group is None else group
+            users = np.arange(data.n_users) if group is None else np.flatnonzero(group_of == group)
             A = b = 0.0
             for u in blocks(len(users), users_per_shard):
                 a_, b_ = pam.client_am_stats(data.X[users[u]], data.y[users[u]], state)
@@ -69,7 +80,7 @@ def evaluate(state: pam.PAMState, data: PersonalData, users_per_shard: int = 409
     return out
 
 
-def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | None, delta: float, overrides: dict, engine: str, work_dir=None, flower_runner=None) -> tuple[dict, list[dict]]:
+def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | None, delta: float, overrides: dict, engine: str, work_dir=None, flower_runner=None, secrets: RunSecrets | None = None) -> tuple[dict, list[dict]]:
     """One run of a personalization algorithm: (metrics, ledger records), the CLI contract."""
     from .metrics import run_header
     from .privacy.accounting import zcdp_rho
@@ -80,18 +91,19 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
     users_per_shard = int(float(overrides.pop("users_per_shard", 0))) or 4096
     nodes = int(float(overrides.pop("nodes", 0)))
     cfg = pam.PAMConfig.from_overrides(overrides)
+    secrets = secrets if secrets is not None else RunSecrets()
     private = algorithm in pam.PRIVATE  # run() has checked the algorithm, epsilon and data kind
     extra: dict = {}
     if engine == "flower":
         from .flower.pam_server import PamJob, run_pam_job_local
 
-        job = PamJob(algorithm, epsilon, delta, cfg, data, work_dir, users_per_node=users_per_node)
+        job = PamJob(algorithm, epsilon, delta, cfg, data, work_dir, users_per_node=users_per_node, secrets=secrets)
         res = run_pam_job_local(job, nodes, flower_runner)
         state, ledger, timings = res.state, res.ledger, res.timings
         ev = res.evaluation
         extra = {"rounds": res.rounds, "bytes_up": res.bytes_up, "bytes_down": res.bytes_down, "round_log": res.round_log, "rejected_replies": res.rejected, "nodes": res.nodes, "users_per_node": users_per_node}
     else:
-        state, ledger, timings = train_inprocess(algorithm, data, cfg, epsilon=epsilon if private else None, delta=delta, users_per_shard=users_per_shard)
+        state, ledger, timings = train_inprocess(algorithm, data, cfg, epsilon=epsilon if private else None, delta=delta, users_per_shard=users_per_shard, secrets=secrets)
         ev = evaluate(state, data, users_per_shard)
     metrics = {
         **run_header(algorithm, spec, engine, cfg.seed, epsilon, delta, private, "personalization"),

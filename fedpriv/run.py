@@ -22,6 +22,7 @@ from .engine import train_inprocess
 from .errors import ConfigError
 from .metrics import run_header
 from .privacy.accounting import epsilon_bounds, epsilon_pld, pld_supported
+from .privacy.randomness import RunSecrets
 
 ENGINES = ("inprocess", "flower")
 
@@ -32,7 +33,7 @@ class RunOptions:
 
     split: str = "auto"  # 'random' (RMSE), 'heldout' (Recall@k) or 'auto' (by data set)
     split_seed: int = 1234
-    heldout_users: int = 0  # per held-out group; 0 = 10,000 for ML-20M/25M, else 10% of users
+    heldout_fraction: float = 0.0  # share of users per held-out group (a public hash of the raw user id decides); 0 = 0.0722 for ML-20M/25M (about 10,000 users), else 0.1
     users_per_shard: int = 0  # in-process engine: 0 = one shard with every user
     users_per_node: int = 1  # flower engine: users held by each node
     nodes: int = 0  # flower engine: number of nodes (0 = as many as the users need)
@@ -68,10 +69,10 @@ class RunOptions:
         if opts.split not in ("auto", "random", "heldout"):
             raise ConfigError(f"must be auto, random or heldout, got {opts.split!r}", field="split")
         if opts.recommend:
-            opts.recommend_config(0).validate()
+            opts.recommend_config().validate()
         return opts
 
-    def recommend_config(self, seed: int):
+    def recommend_config(self):
         """The :class:`~fedpriv.algorithms.recommend.RecommendConfig` of ``recommend`` and ``rec_*``."""
         from .algorithms.recommend import RecommendConfig
 
@@ -87,7 +88,7 @@ class RunOptions:
         return RecommendConfig(
             mechanism=self.recommend, epsilon=self.rec_epsilon, candidates=self.rec_candidates, sensitivity=self.rec_sensitivity,
             bins=self.rec_bins, hist_epsilon=self.rec_hist_epsilon, hist_delta=self.rec_hist_delta, user_clip=self.rec_user_clip,
-            seed=seed, params=params, exclude_rated=bool(self.rec_exclude_rated),
+            params=params, exclude_rated=bool(self.rec_exclude_rated),
         )
 
 
@@ -99,6 +100,19 @@ def parse_overrides(pairs: list[str], field: str = "--set", form: str = "key=val
             raise ConfigError(f"expected {form}, got {p!r}", field=field)
         out[key.strip()] = value.strip()
     return out
+
+
+REPRODUCIBLE_WARNING = (
+    "reproducible noise: every noise value and every user's random choice of this run can be "
+    "regenerated from the noise seed; its privacy holds only against those who do not hold that seed"
+)
+
+
+def noise_statement(secrets: RunSecrets) -> dict:
+    """What ``metrics.json`` says about the run's randomness (never the seed itself)."""
+    if secrets.reproducible:
+        return {"noise": "reproducible", "noise_warning": REPRODUCIBLE_WARNING}
+    return {"noise": "secret (OS CSPRNG; users' choices from their own secret keys)"}
 
 
 def _finite_or_none(x: float | None):
@@ -119,8 +133,12 @@ def run(
     flower_runner=None,
     capture: dict | None = None,
     second_opinion: bool = True,
+    noise_seed: int | None = None,
 ) -> tuple[dict, list[dict]]:
-    """Train and evaluate; returns (metrics, ledger records). ``dataset`` skips loading;
+    """Train and evaluate; returns (metrics, ledger records). ``noise_seed``: None (the default)
+    draws every noise value and every user's random choice from secret OS randomness; a number
+    makes them reproducible (privacy then holds only against those who do not know it; the
+    seed is not written anywhere and ``metrics.json`` says the noise was reproducible). ``dataset`` skips loading;
     ``flower_runner(job, n_nodes)`` runs a Flower job (default: a new simulation); ``capture``
     (a dict) receives the trained public ``state`` and the ``train`` interactions (analyses of
     the released model, e.g. item neighbours); ``second_opinion=False`` skips the PLD
@@ -135,6 +153,9 @@ def run(
     private = algorithm in pam.PRIVATE if algorithm in pam.PAM_ALGORITHMS else algorithm != "als"
     if private and epsilon is None:
         raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
+    if noise_seed is not None and not isinstance(noise_seed, int):
+        raise ConfigError(f"must be an integer, got {noise_seed!r}", field="--noise-seed")
+    secrets = RunSecrets(noise_seed)
     if algorithm in pam.PAM_ALGORITHMS:
         from .personalization import run_personal
 
@@ -142,7 +163,8 @@ def run(
         if spec.kind != "synthetic-personal":
             raise ConfigError(f"{algorithm} needs --data synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R", field="--data")
         ds = dataset if dataset is not None else load_spec(spec)
-        metrics, records = run_personal(algorithm, spec, ds, epsilon=epsilon, delta=delta, overrides=dict(overrides or {}), engine=engine, work_dir=work_dir, flower_runner=flower_runner)
+        metrics, records = run_personal(algorithm, spec, ds, epsilon=epsilon, delta=delta, overrides=dict(overrides or {}), engine=engine, work_dir=work_dir, flower_runner=flower_runner, secrets=secrets)
+        metrics.update(noise_statement(secrets))
         return _clean(metrics), records
     overrides = dict(overrides or {})
     opts = RunOptions.pop_from(overrides)
@@ -163,6 +185,7 @@ def run(
         "n_items": int(inter.n_items),
         "n_ratings": len(inter),
         "duplicates_dropped": int(ds.duplicates_dropped),
+        **noise_statement(secrets),
     }
 
     if protocol == "random":
@@ -170,9 +193,9 @@ def run(
         train = split.train
         implicit = ds.implicit
     else:
-        n_h = opts.heldout_users or (10_000 if spec.kind in ("ml-20m", "ml-25m") else max(1, inter.n_users // 10))
+        frac = opts.heldout_fraction or (0.0722 if spec.kind in ("ml-20m", "ml-25m") else 0.1)
         threshold = None if ds.implicit else 3.5
-        split = heldout_users_split(inter, n_valid_users=n_h, n_test_users=n_h, positive_threshold=threshold, seed=opts.split_seed)
+        split = heldout_users_split(inter, valid_fraction=frac, test_fraction=frac, positive_threshold=threshold, seed=opts.split_seed)
         train = split.train
         implicit = True
         if cfg.gravity == 0 and "gravity" not in overrides:
@@ -180,7 +203,7 @@ def run(
 
     rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
     tuning_report = None
-    rec_cfg = opts.recommend_config(cfg.seed) if opts.recommend else None
+    rec_cfg = opts.recommend_config() if opts.recommend else None
     rec_ledger = None
     if rec_cfg is not None and (protocol != "random" or opts.tune):
         raise ConfigError("private recommendation runs after training on the random split (hits on held-out ratings), without tuning", field="recommend")
@@ -194,7 +217,7 @@ def run(
         result, ledger, tuning_report, _ = tuning_mod.tune(
             algorithm, split, base, tuning_mod.parse_grid(opts.tune),
             TuningPlan(opts.tune_mean, opts.tune_shape, opts.tune_share, opts.tune_score_clip),
-            rating_range=rating_range, epsilon=epsilon, delta=delta, item_features=ds.item_features, progress=progress,
+            rating_range=rating_range, epsilon=epsilon, delta=delta, item_features=ds.item_features, progress=progress, secrets=secrets,
         )
         state, timings = result.state, result.timings
         cfg = state.config
@@ -203,7 +226,7 @@ def run(
         metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
         metrics["tuning"] = tuning_report
     elif engine == "flower":
-        state, ledger, timings, rec_ledger = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, flower_runner, ds.item_features, rec_cfg)
+        state, ledger, timings, rec_ledger = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, flower_runner, ds.item_features, rec_cfg, secrets)
         if protocol == "heldout":
             _recall_metrics(metrics, state, train, split, cfg.eval_k)
     else:
@@ -218,6 +241,7 @@ def run(
             users_per_shard=opts.users_per_shard or None,
             item_features=ds.item_features,
             progress=progress,
+            secrets=secrets,
         )
         state, ledger, timings = result.state, result.ledger, result.timings
         item_counts = train.item_counts()
@@ -235,7 +259,7 @@ def run(
             from .engine import recommend_inprocess
 
             metrics["recommendation"], rec_ledger, _ = recommend_inprocess(
-                state, train, split.test, rec_cfg, users_per_shard=opts.users_per_shard or opts.users_per_node, secure=cfg.secure_noise
+                state, train, split.test, rec_cfg, users_per_shard=opts.users_per_shard or opts.users_per_node, secrets=secrets
             )
 
     if capture is not None:
@@ -261,7 +285,8 @@ def run(
     metrics["released_mean"] = state.mean
     metrics["released_n_users"] = int(state.n_users) if private and als.needs_user_count(algorithm) else None
     metrics["timings"] = timings
-    metrics["wall_seconds"] = time.perf_counter() - t0
+    # a tuned run's total time would tell how many runs K were drawn: K stays hidden
+    metrics["wall_seconds"] = None if opts.tune else time.perf_counter() - t0
     metrics["config"] = {
         "algorithm": algorithm,
         "data": str(spec),
@@ -288,7 +313,7 @@ def _recall_metrics(metrics: dict, state, train, split, k: int) -> None:
     )
 
 
-def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None, item_features=None, rec_cfg=None):
+def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None, item_features=None, rec_cfg=None, secrets=None):
     """Train over Flower (by default a new simulation); adds rounds, bytes and (random split)
     the node-side RMSE evaluation to ``metrics``."""
     from .flower.server_app import FlowerJob
@@ -303,6 +328,7 @@ def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, 
     job = FlowerJob(
         algorithm, epsilon, delta, cfg, split.train, valid, test, rating_range, tmp, users_per_node=upn, implicit=implicit,
         item_features=item_features, recommend=rec_cfg, round_timeout=opts.round_timeout or None, node_wait_seconds=opts.node_wait,
+        secrets=secrets if secrets is not None else RunSecrets(),
     )
     try:
         res = runner(job, n_nodes)

@@ -9,7 +9,9 @@ Trying candidates of mu, lambda, d or a clipping norm and keeping the best costs
    every user with validation ratings contributes min(own mean squared error, clip), summed and
    noised through the run's ledger (L2 sensitivity clip). The validation users are the same in
    every run, so the sum ranks the runs as their mean would, without a noisy denominator;
-3. the run with the lowest noised score is kept; only its model and metrics are reported.
+3. the run with the lowest noised score is kept; only its model, its metrics and its noised
+   score are reported. K, the other runs and their scores stay inside this function: the
+   accounted event (repeat-and-select) covers releasing the best run only, with K hidden.
 
 The whole is one ``repeat_and_select`` ledger record, accounted by dp-accounting's RDP
 accountant (``RepeatAndSelectDpEvent``); calibration targets its epsilon. Every candidate must
@@ -19,8 +21,6 @@ otherwise one calibration would not cover them all; the grid is checked before a
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from .algorithms import als
@@ -28,6 +28,7 @@ from .engine import train_inprocess
 from .errors import ConfigError
 from .evaluation import predict_ratings
 from .privacy.ledger import PrivacyLedger, public_draws
+from .privacy.randomness import RunSecrets
 from .privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, budget_plan, score_sensitivity
 
 PLAN_KEYS = ("steps", "share_users", "share_mean", "share_counts", "share_b", "share_gravity", "gravity", "ssp_resamples", "ssp_steps", "sgd_sampling_rate")
@@ -90,9 +91,10 @@ def tune(
     delta: float,
     item_features=None,
     progress: bool = False,
+    secrets: RunSecrets | None = None,
 ) -> tuple[object, PrivacyLedger, dict, BudgetPlan]:
     """Run private tuning; returns (train result of the selected run, the tuning ledger, a
-    report of the runs, the budget plan)."""
+    report of the selected run only, the budget plan)."""
     if algorithm == "als":
         raise ConfigError("tuning is for private algorithms (als is not private)", field="tune")
     if algorithm == "am-ssp-convex":
@@ -101,28 +103,30 @@ def tune(
     check_same_plan(algorithm, configs, False, grid)
     plan = budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)
     clip = tuning.clip(rating_range)
-    base_cfg = als.ALSConfig.from_overrides(base_overrides)
-    parent = PrivacyLedger(seed=base_cfg.seed, secure=base_cfg.secure_noise, budget=(epsilon, delta))
+    secrets = secrets if secrets is not None else RunSecrets()
+    parent = PrivacyLedger(seed=secrets.ledger_seed("tuning"), budget=(epsilon, delta))
     k_runs = parent.repetitions("tuning_runs", shape=tuning.shape, mean=tuning.mean)
-    pick_rng = np.random.default_rng([base_cfg.seed, 91])
-    runs, ledgers, best = [], [], None
-    t0 = time.perf_counter()
+    # the candidate of each run is drawn from secret randomness: a public sequence of candidates
+    # would tell how many runs it took to reach the selected one (a bound on K)
+    pick_rng = np.random.default_rng(int.from_bytes(secrets.derive("tuning-candidates")[:16], "little"))
+    ledgers, best = [], None
     for r in range(k_runs):
         with public_draws("tuning candidate"):
             c = int(pick_rng.integers(len(configs)))
-        cfg = als.ALSConfig(**{**configs[c].to_dict(), "seed": base_cfg.seed + 1000 * (r + 1)})
+        cfg = configs[c]  # same public seed in every run: a per-run seed in the output would reveal the run's index
         res = train_inprocess(
             algorithm, split.train, cfg, rating_range=rating_range, epsilon=epsilon, delta=delta,
-            item_features=item_features, progress=progress, multipliers=plan.multipliers,
+            item_features=item_features, progress=progress, multipliers=plan.multipliers, secrets=secrets.child(f"run{r}"),
         )
         total = private_score(res.state, split.train, split.valid, clip)
         noisy = res.ledger.gaussian(SCORE_RELEASE, total, sensitivity=score_sensitivity(clip), noise_multiplier=plan.multipliers[SCORE_RELEASE])
         score = float(noisy[0])
         ledgers.append(res.ledger)
-        runs.append({"run": r, "candidate": {k: getattr(cfg, k) for k in grid}, "noised_score_sum": score})
         if best is None or score < best[0]:
-            best = (score, r, res)
-    rec = parent.repeat_and_select("tuning", ledgers, shape=tuning.shape, mean=tuning.mean)
+            best = (score, {k: getattr(cfg, k) for k in grid}, res)
+    parent.repeat_and_select("tuning", ledgers, shape=tuning.shape, mean=tuning.mean)
+    # only what the accounted event releases: the selected run (its candidate and noised score);
+    # neither K, nor the other runs, nor the time they took
     report = {
         "grid": grid,
         "candidates": len(configs),
@@ -130,10 +134,7 @@ def tune(
         "shape": tuning.shape,
         "score_share": tuning.share,
         "score_clip": clip,
-        "runs_drawn": rec.runs,
-        "runs": runs,
-        "selected_run": best[1],
-        "selected": runs[best[1]]["candidate"],
-        "seconds": time.perf_counter() - t0,
+        "selected": best[1],
+        "selected_noised_score_sum": best[0],
     }
     return best[2], parent, report, plan

@@ -82,7 +82,7 @@ def run(a):
                 per_seed = []
                 for seed in range(a.seeds):
                     rcfg = recommend.RecommendConfig(mechanism=mech, epsilon=eps, candidates=a.candidates, sensitivity=source,
-                                                     hist_epsilon=a.hist_epsilon, hist_delta=a.delta, user_clip=a.user_clip, seed=seed,
+                                                     hist_epsilon=a.hist_epsilon, hist_delta=a.delta, user_clip=a.user_clip,
                                                      exclude_rated=not a.include_rated)
                     summary, rec_ledger, _ = recommend_inprocess(res.state, split.train, split.test, rcfg)
                     if seed == 0:  # the same releases for every seed: account once

@@ -110,3 +110,12 @@ def strictly_guarded_rng(monkeypatch):
     """Every numpy draw, uniform ones included, outside the ledger or a declared public draw fails."""
     legacy = ("normal", "standard_normal", "randn", "rand", "random", "laplace", "exponential", "gumbel", "randint", "choice", "uniform")
     return install_rng_guard(monkeypatch, ALL_DRAWS, legacy, torch_guard=False)
+
+
+def keyed_shard(inter, users=None, seed: int = 0):
+    """A user shard whose users carry secret keys (from a reproducible RunSecrets(seed)), keyed
+    by their raw ids: what the engines build for client steps that make random choices."""
+    from fedpriv.algorithms.shards import shard_users
+    from fedpriv.privacy.randomness import RunSecrets, user_keys
+
+    return shard_users(inter, users, user_keys(RunSecrets(seed).client_key(), inter.user_ids))

@@ -4,6 +4,7 @@ import pytest
 from fedpriv.algorithms.als import ALSConfig
 from fedpriv.data.interactions import Interactions
 from fedpriv.engine import train_inprocess
+from fedpriv.privacy.randomness import RunSecrets
 from fedpriv.errors import ConfigError
 from fedpriv.evaluation import evaluate_rmse
 
@@ -47,8 +48,8 @@ def test_shards_give_the_same_model(small_mf, algorithm):
     cfg = ALSConfig(rank=3, steps=2)
     eps = None if algorithm == "als" else 3.0
     kw = dict(rating_range=(1, 5), epsilon=eps, progress=False)
-    one = train_inprocess(algorithm, small_mf.interactions, cfg, **kw)
-    many = train_inprocess(algorithm, small_mf.interactions, cfg, users_per_shard=7, **kw)
+    one = train_inprocess(algorithm, small_mf.interactions, cfg, secrets=RunSecrets(3), **kw)
+    many = train_inprocess(algorithm, small_mf.interactions, cfg, users_per_shard=7, secrets=RunSecrets(3), **kw)
     assert np.allclose(one.state.item_factors, many.state.item_factors, rtol=1e-4, atol=1e-5)
     assert one.ledger.to_list() == many.ledger.to_list()
 

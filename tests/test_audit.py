@@ -1,5 +1,7 @@
 """Empirical privacy audit: Clopper-Pearson bounds, the epsilon lower bound, and the audit of the
-real releases of adadpals and am-ssp (sound when calibrated, powerful when the noise is cut)."""
+real releases of adadpals, dpals-uniform / -tail and am-ssp (sound when calibrated, powerful when
+the noise is cut), on neighbouring data sets written and read back through the real loader (the
+audited user's removal renumbers every other user; only the secret randomness is fixed)."""
 
 from __future__ import annotations
 
@@ -36,8 +38,13 @@ def ds():
     return load_spec(parse_data_spec(DATA))
 
 
-def _cfg(script) -> ALSConfig:
-    return ALSConfig.from_overrides({**script.AUDIT_OVERRIDES, "rank": 2, "steps": 2})
+def _cfg(script, **more) -> ALSConfig:
+    return ALSConfig.from_overrides({**script.AUDIT_OVERRIDES, "rank": 2, "steps": 2, **more})
+
+
+# DPALS keeps k items per user: with k = 5 (the users of DATA rate about 17 items) the sampling
+# is active for most of them, so their keys decide their contributions
+SAMPLING = {"k": 5}
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -138,7 +145,62 @@ def test_calibrated_releases_pass_the_audit(script, ds, algorithm):
         floor = 0.8 if name == "item_stats_A" else 0.999  # A: the fixed bias coordinate caps the upper triangle (<= 0.901)
         assert e["difference_over_sensitivity"] > floor, name
         assert e["empirical_separation"] == pytest.approx(e["expected_separation"], abs=0.15), name
+        # D' = D minus the audited user, both read back by the loader: everybody else renumbered
+        assert e["renumbered_users"] == ds.interactions.n_users > 0, name
+        assert e["n_items"] == ds.interactions.n_items, name
     assert entries["item_stats_b"]["user_vector_norm"] == pytest.approx(cfg.user_clip)
+
+
+@pytest.mark.parametrize("algorithm", ["dpals-uniform", "dpals-tail"])
+def test_audit_of_keyed_sampling_algorithms_runs(script, ds, algorithm):
+    """DPALS's users sample their items with their secret keys: the audit keys every user of D
+    and D' from one set of secrets, by raw id, so the renumbered users sample the same items."""
+    entries = script.audit_setting(algorithm, 2.0, ds, _cfg(script, **SAMPLING), trials=2000, seed=5)
+    assert {"mean", "item_stats_A", "item_stats_b"} <= set(entries)
+    for name, e in entries.items():
+        assert e["sensitivity_ok"] and e["difference_norm"] > 0, name
+        assert e["ok"] and e["lower_bound"] <= e["accounted_epsilon"], name
+        assert e["renumbered_users"] > 0 and e["renumbered_users"] == ds.interactions.n_users, name
+        assert e["n_items"] == ds.interactions.n_items and e["n_users_with"] == e["n_users_without"] + 1, name
+    assert entries["item_stats_b"]["difference_over_sensitivity"] > 0.999
+
+
+def test_audit_catches_choices_keyed_by_dense_index(script, ds, monkeypatch):
+    """Power against the bug the raw-id keys prevent: keyed by dense index, the renumbered users
+    of D' sample other items than on D, and the difference exceeds the sensitivity."""
+    real = script.user_keys
+    monkeypatch.setattr(script, "user_keys", lambda key, raw_ids: real(key, np.arange(len(raw_ids))))
+    entries = script.audit_setting("dpals-uniform", 2.0, ds, _cfg(script, **SAMPLING), trials=400, seed=5, releases=("item_stats_b",))
+    assert not entries["item_stats_b"]["sensitivity_ok"]
+    assert entries["item_stats_b"]["difference_over_sensitivity"] > 2
+
+
+def test_neighbours_renumber_every_other_user_and_keep_their_contributions(script, ds, tmp_path):
+    """The audited user gets the smallest raw id (dense id 0 in D, every other user moves by one);
+    the other users' exact item statistics are bit for bit the same on D and D' (same raw id,
+    same key, same sampled items), so the difference is the audited user's alone."""
+    from fedpriv.algorithms import protocol
+    from fedpriv.engine import new_state
+    from fedpriv.privacy.randomness import RunSecrets
+
+    cfg = _cfg(script, **SAMPLING)
+    state, _ = new_state("dpals-uniform", cfg, ds.interactions, ds.rating_range, ds.implicit, 2.0, 1e-5)
+    state.mean = 3.0
+    protocol.server_setup(state, ds.item_features)
+    user = script.stats_user(0, state)
+    raw = script.audited_raw_id(ds.interactions)
+    assert raw < ds.interactions.user_ids.min()
+    d = script.write_and_load(tmp_path / "d", ds, user, raw)
+    d_prime = script.write_and_load(tmp_path / "d-prime", ds)
+    assert d_prime.interactions.n_items == d.interactions.n_items == ds.interactions.n_items
+    assert np.array_equal(d_prime.interactions.user_ids, ds.interactions.user_ids)
+    pair = script.neighbours(d, d_prime, raw, user, RunSecrets(7))
+    assert pair.user == 0 and pair.renumbered_users == d_prime.interactions.n_users
+    others, everyone = pair.shards[1], pair.shards_prime[0]
+    assert np.array_equal(others.user_keys, everyone.user_keys)
+    assert not np.array_equal(others.user_ids, everyone.user_ids)  # renumbered
+    a, b = protocol.client_step(others, state, 0), protocol.client_step(everyone, state, 0)
+    assert np.array_equal(a.item_ids, b.item_ids) and np.array_equal(a.A, b.A) and np.array_equal(a.b, b.b)
 
 
 @pytest.mark.parametrize("algorithm", ["adadpals", "am-ssp"])

@@ -79,15 +79,24 @@ def test_ml100k_als_reaches_the_reference_rmse(shared_data, tmp_path):
     assert m["test_rmse"] <= 0.935
 
 
-def test_secure_noise_flag_draws_unseeded_noise_with_the_same_accounting(tmp_path):
+def test_default_noise_is_secret_and_a_noise_seed_reproduces(tmp_path):
+    """Two default runs with identical arguments release different noised values; a noise seed
+    reproduces a run, says so in metrics.json, and is written nowhere."""
     def once(name, *extra):
         out = tmp_path / name
-        assert main(["run", "adadpals", "--data", SYN, "--epsilon", "2", "--out", str(out), "--quiet", "--set", "rank=3", *extra]) == 0
-        return json.loads((out / "metrics.json").read_text()), json.loads((out / "ledger.json").read_text())
+        data = "synthetic-mf:users=2000,items=100,ratings=60000,seed=1"  # large enough for a mean inside the range
+        assert main(["run", "adadpals", "--data", data, "--epsilon", "8", "--out", str(out), "--quiet", "--set", "rank=3", "--set", "steps=2", *extra]) == 0
+        return json.loads((out / "metrics.json").read_text()), json.loads((out / "ledger.json").read_text()), out
 
-    (m1, l1), (m2, l2) = once("a"), once("b")
-    (s1, k1), (s2, k2) = once("c", "--secure-noise"), once("d", "--secure-noise")
-    assert m1["test_rmse"] == m2["test_rmse"]  # seeded by default: reproducible
-    assert s1["test_rmse"] != s2["test_rmse"] and s1["config"]["secure_noise"] is True
+    (m1, l1, _), (m2, l2, _) = once("a"), once("b")
+    assert 1.0 < m1["released_mean"] < 5.0
+    for key in ("released_n_users", "released_mean", "test_rmse"):
+        assert m1[key] != m2[key], key  # secret noise: a default run cannot be reproduced
+    assert m1["noise"].startswith("secret") and "noise_warning" not in m1
+    (s1, k1, o1), (s2, k2, _) = once("c", "--noise-seed", "918273645"), once("d", "--noise-seed", "918273645")
+    assert s1["test_rmse"] == s2["test_rmse"] and s1["released_mean"] == s2["released_mean"]
+    assert s1["noise"] == "reproducible" and "only against those who do not hold" in s1["noise_warning"]
+    for path in o1.iterdir():  # the seed is not written anywhere
+        assert "918273645" not in path.read_text()
     assert l1 == l2 == k1 == k2 and s1["epsilon_spent"] == m1["epsilon_spent"]
     assert m1["released_n_users"] > 0 and {r["name"] for r in l1} >= {"users", "mean", "counts"}

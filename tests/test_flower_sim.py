@@ -10,6 +10,7 @@ from fedpriv.data.synthetic import make_mf
 from fedpriv.engine import train_inprocess
 from fedpriv.flower.server_app import FlowerJob
 from fedpriv.flower.simulation import simulate
+from fedpriv.privacy.randomness import RunSecrets
 
 
 @pytest.mark.parametrize("algorithm,n_users,users_per_node", [("adadpals", 20, 1), ("adadpals", 200, 10), ("dpsgd", 200, 10)])
@@ -17,9 +18,10 @@ def test_flower_and_inprocess_engines_agree(tmp_path, algorithm, n_users, users_
     syn = make_mf(n_users, 60, n_users * 25, seed=4)
     split = random_split(syn.interactions, seed=1234)
     cfg = ALSConfig(rank=3, steps=2, sgd_sampling_rate=0.5)
-    job = FlowerJob(algorithm, 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), tmp_path, users_per_node=users_per_node)
+    # the engines agree under the reproducible-noise option (one noise seed for both)
+    job = FlowerJob(algorithm, 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), tmp_path, users_per_node=users_per_node, secrets=RunSecrets(31))
     res = simulate(job, num_nodes=20)
-    ref = train_inprocess(algorithm, split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=users_per_node, progress=False)
+    ref = train_inprocess(algorithm, split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=users_per_node, progress=False, secrets=RunSecrets(31))
     assert_same_as_inprocess(res, ref, split)
     # protocol rounds: info + users + mean + (counts) + 2 steps; evaluation is measurement, logged apart
     assert [r["round"] for r in res.round_log][-1] == "evaluate"
@@ -54,9 +56,9 @@ def test_heldout_users_protocol_on_both_engines(tmp_path):
     from fedpriv.run import run
 
     data = "synthetic-mf:users=200,items=60,ratings=5000,seed=6"
-    common = {"split": "heldout", "rank": "3", "steps": "2", "heldout_users": "20"}
-    fl, fl_ledger = run("adadpals", data, epsilon=4.0, overrides={**common, "users_per_node": "10"}, engine="flower", progress=False, work_dir=tmp_path)
-    ip, ip_ledger = run("adadpals", data, epsilon=4.0, overrides={**common, "users_per_shard": "10"}, progress=False)
+    common = {"split": "heldout", "rank": "3", "steps": "2", "heldout_fraction": "0.1"}
+    fl, fl_ledger = run("adadpals", data, epsilon=4.0, overrides={**common, "users_per_node": "10"}, engine="flower", progress=False, work_dir=tmp_path, noise_seed=5)
+    ip, ip_ledger = run("adadpals", data, epsilon=4.0, overrides={**common, "users_per_shard": "10"}, progress=False, noise_seed=5)
     assert fl["protocol"] == ip["protocol"] == "heldout" and fl["nodes"] >= 16
     assert fl_ledger == ip_ledger and "gravity" in {r["name"] for r in fl_ledger} and "mean" not in {r["name"] for r in fl_ledger}
     assert fl["test_recall_at_20"] == pytest.approx(ip["test_recall_at_20"], rel=1e-6) and fl["test_recall_at_20"] > 0

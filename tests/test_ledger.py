@@ -119,7 +119,10 @@ def test_private_tuning_draws_only_through_the_ledger(small_mf, guarded_rng):
     split = random_split(small_mf.interactions, seed=1)
     res, parent, report, _ = tune("adadpals", split, {"rank": "2", "steps": "1"}, {"mu": ["0", "0.5"]}, TuningPlan(mean=2.0), rating_range=(1, 5), epsilon=2.0, delta=1e-5)
     assert guarded_rng == []
-    assert len(parent.releases) == 1 and parent.releases[0].runs == report["runs_drawn"] == len(report["runs"])
+    assert len(parent.releases) == 1 and parent.releases[0].runs >= 1
+    # the report holds the selected run only: no K, no other run
+    assert set(report) == {"grid", "candidates", "mean_runs", "shape", "score_share", "score_clip", "selected", "selected_noised_score_sum"}
+    assert "runs" not in parent.to_list()[0]
     assert epsilon_rdp(parent, 1e-5) == pytest.approx(2.0, rel=1e-3)
 
 
@@ -241,7 +244,7 @@ def test_recommendation_draws_only_through_the_ledger(small_mf, guarded_rng, mec
 
     split = random_split(small_mf.interactions, seed=1234)
     res = train_inprocess("adadpals", split.train, ALSConfig(rank=3, steps=1), rating_range=(1.0, 5.0), epsilon=2.0, progress=False)
-    cfg = RecommendConfig(mechanism=mechanism, epsilon=1.0, candidates=12, sensitivity="quantile", seed=1)
+    cfg = RecommendConfig(mechanism=mechanism, epsilon=1.0, candidates=12, sensitivity="quantile")
     summary, led, picks = recommend_inprocess(res.state, split.train, split.test, cfg, users_per_shard=7)
     assert guarded_rng == []
     assert {r.name for r in led.releases} == {"recommendation", "rec_score_hist"}

@@ -19,6 +19,11 @@ from fedpriv.data.loaders import ML100K_GENRES, Dataset, load_dataset, load_jest
 from fedpriv.errors import ConfigError, DataError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+NO_CATALOGUE = "item catalogue is taken from the ratings"
+
+# Several fixtures hold only a ratings file: the loader then warns that the item catalogue comes
+# from the ratings (tested in test_ratings_only_gives_no_features and tests/test_catalogue.py).
+pytestmark = pytest.mark.filterwarnings(f"ignore:.*{NO_CATALOGUE}:UserWarning")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -151,9 +156,15 @@ def mlcsv_files(eol: str = "\r\n") -> dict[str, bytes]:
 
 
 def lastfm_files(eol: str = "\r\n") -> dict[str, bytes]:
-    """HetRec 2011 Last.fm layout (tab separated, headers, CRLF, latin-1 tags.dat)."""
+    """HetRec 2011 Last.fm layout (tab separated, headers, CRLF, latin-1 tags.dat); artist 53
+    has no listener."""
     return {
         "user_artists.dat": text(["userID\tartistID\tweight", "2\t51\t13883", "2\t52\t11690", "3\t51\t7"], eol),
+        "artists.dat": text(
+            ["id\tname\turl\tpictureURL"]
+            + [f"{a}\tArtist {a}\thttp://www.last.fm/music/{a}\thttp://x/{a}.jpg" for a in (51, 52, 53)],
+            eol,
+        ),
         "user_taggedartists.dat": text(
             ["userID\tartistID\ttagID\tday\tmonth\tyear"] + [f"{u}\t51\t1\t1\t4\t2009" for u in range(2, 7)]
             + ["2\t52\t2\t1\t4\t2009"],
@@ -172,19 +183,23 @@ def test_ml100k(tmp_path: Path, layout: str, eol: str) -> None:
     with pytest.warns(UserWarning, match="u.data: dropped 1 duplicate"):
         ds = load_dataset("ml-100k", make_source(tmp_path, "ml-100k", ml100k_files(eol), layout))
     inter = ds.interactions
-    assert (len(inter), inter.n_users, inter.n_items) == (4, 3, 3)
-    assert inter.user_ids.tolist() == [22, 186, 196] and inter.item_ids.tolist() == [242, 302, 377]
+    assert (len(inter), inter.n_users, inter.n_items) == (4, 3, 4)  # 999 is in u.item, unrated
+    assert inter.user_ids.tolist() == [22, 186, 196] and inter.item_ids.tolist() == [242, 302, 377, 999]
+    assert inter.meta["catalogue"] == "metadata" and inter.item_counts().tolist() == [1, 2, 1, 0]
     assert inter.users.tolist() == [2, 1, 0, 2] and inter.items.tolist() == [0, 1, 2, 1]  # dense ids
     assert triples(ds) == {(196, 242): 3.0, (186, 302): 3.0, (22, 377): 1.0, (196, 302): 5.0}  # keeps the last
     assert ds.duplicates_dropped == 1 and ds.rating_range == (1.0, 5.0) and not ds.implicit
     f = ds.item_features
-    assert f.matrix.shape[0] == 3 and f.fields["genre"] == slice(0, 19)
+    assert f.matrix.shape[0] == 4 and f.fields["genre"] == slice(0, 19)
     assert f.columns[:19] == [f"genre={g}" for g in ML100K_GENRES]
     assert active(ds, "genre", 302) == ["genre=Crime", "genre=Mystery", "genre=Thriller"]
     assert active(ds, "genre", 377) == ["genre=unknown"]
     assert active(ds, "year", 242) == ["year=1995-1999"]  # release date 24-Jan-1997
     assert active(ds, "year", 377) == ["year=1990-1994"]  # no release date: title year
-    assert f.columns[f.fields["year"]] == ["year=1990-1994", "year=1995-1999", "year=unknown"]
+    assert active(ds, "genre", 999) == ["genre=Drama"] and active(ds, "year", 999) == ["year=1980-1984"]
+    assert f.columns[f.fields["year"]] == [
+        "year=1980-1984", "year=1985-1989", "year=1990-1994", "year=1995-1999", "year=unknown"
+    ]  # fmt: skip
 
 
 @pytest.mark.filterwarnings("ignore:.*duplicate")
@@ -200,13 +215,15 @@ def test_ml100k_without_u_genre_uses_standard_names(tmp_path: Path) -> None:
 def test_ml1m(tmp_path: Path, layout: str, eol: str) -> None:
     ds = load_dataset("ml-1m", make_source(tmp_path, "ml-1m", ml1m_files(eol), layout))
     assert triples(ds) == {(1, 10): 5.0, (1, 20): 3.0, (2, 10): 4.0}
-    assert ds.interactions.item_ids.tolist() == [10, 20]  # movie 30 has no rating: not added
+    assert ds.interactions.item_ids.tolist() == [10, 20, 30]  # movie 30 has no rating: still an item
+    assert ds.interactions.n_items == 3 and ds.interactions.meta["catalogue"] == "metadata"
     f = ds.item_features
     assert f.columns == [
-        "genre=Action", "genre=Adventure", "genre=Comedy", "genre=Thriller",
-        "year=1995-1999", "year=unknown",
+        "genre=Action", "genre=Adventure", "genre=Comedy", "genre=Drama", "genre=Thriller",
+        "year=1995-1999", "year=2000-2004", "year=unknown",
     ]  # fmt: skip
     assert active(ds, "genre", 20) == ["genre=Comedy"] and "tag" not in f.fields
+    assert active(ds, "genre", 30) == ["genre=Drama"] and f.matrix.shape[0] == 3
     assert ds.duplicates_dropped == 0
 
 
@@ -227,6 +244,7 @@ def test_ml_csv(tmp_path: Path, layout: str, eol: str, kind: str) -> None:
     ds = load_dataset(kind, make_source(tmp_path, "ml-latest-small", mlcsv_files(eol), layout))
     assert triples(ds) == {(1, 1): 4.0, (1, 3): 0.5, (6, 1): 5.0}
     assert ds.interactions.user_ids.tolist() == [1, 6]
+    assert ds.interactions.item_ids.tolist() == [1, 3, 5]  # 5 (Hyena Road) is unrated
     f = ds.item_features
     assert active(ds, "genre", 3) == ["genre=Comedy", "genre=Drama", "genre=Romance"]  # quoted title
     assert active(ds, "year", 3) == ["year=1995-1999"]
@@ -238,6 +256,8 @@ def test_ml_csv(tmp_path: Path, layout: str, eol: str, kind: str) -> None:
 def test_lastfm(tmp_path: Path, layout: str, eol: str) -> None:
     ds = load_dataset("lastfm", make_source(tmp_path, "hetrec2011-lastfm-2k", lastfm_files(eol), layout))
     assert triples(ds) == {(2, 51): 13883.0, (2, 52): 11690.0, (3, 51): 7.0}
+    assert ds.interactions.item_ids.tolist() == [51, 52, 53]  # every artist of artists.dat
+    assert ds.item_features.matrix.shape[0] == 3
     assert ds.implicit and ds.rating_range == (0.0, math.inf)
     assert list(ds.item_features.fields) == ["tag"]
     assert active(ds, "tag", 51) == ["tag=metal"] and active(ds, "tag", 52) == []
@@ -245,8 +265,10 @@ def test_lastfm(tmp_path: Path, layout: str, eol: str) -> None:
 
 def test_ratings_only_gives_no_features(tmp_path: Path) -> None:
     files = {"ratings.csv": mlcsv_files()["ratings.csv"]}
-    ds = load_dataset("ml-latest", make_source(tmp_path, "ml", files, "zip"))
+    with pytest.warns(UserWarning, match=f"has no movies.csv: the {NO_CATALOGUE}"):
+        ds = load_dataset("ml-latest", make_source(tmp_path, "ml", files, "zip"))
     assert ds.item_features is None and len(ds.interactions) == 3
+    assert ds.interactions.item_ids.tolist() == [1, 3] and ds.interactions.meta["catalogue"] == "ratings"
     assert ds.source == str(tmp_path / "ml.zip")
 
 
@@ -441,6 +463,8 @@ def test_jester(tmp_path: Path) -> None:
     files = {"jester-data-1.csv": text([jester_line(-7.82, 99, 10), jester_line(99, 0.5)], "\r\n")}
     ds = load_jester(make_source(tmp_path, "jester", files, "zip"))
     assert triples(ds) == {(1, 1): pytest.approx(-7.82), (1, 3): 10.0, (2, 2): 0.5}
+    assert ds.interactions.item_ids.tolist() == list(range(1, 101))  # all 100 jokes, rated or not
+    assert ds.interactions.meta["catalogue"] == "metadata"
     assert ds.rating_range == (-10.0, 10.0) and ds.item_features is None and not ds.implicit
 
 
@@ -487,7 +511,8 @@ def test_real_ml100k() -> None:
 def test_real_ml_latest_small() -> None:
     ds = load_dataset("ml-latest", shared("ml-latest-small", "ml-latest-small.zip"))
     inter = ds.interactions
-    assert (len(inter), inter.n_users) == (100_836, 610)
+    assert (len(inter), inter.n_users, inter.n_items) == (100_836, 610, 9_742)  # 18 movies are unrated
+    assert np.count_nonzero(inter.item_counts()) == 9_724 and ds.item_features.matrix.shape[0] == 9_742
     assert set(ds.item_features.fields) == {"genre", "year", "tag"}
     assert "genre=(no genres listed)" not in ds.item_features.columns
 

@@ -127,8 +127,8 @@ def test_cli_contract_and_bad_input(tmp_path, capsys):
 @pytest.mark.parametrize("algorithm,schedule", [("pam", "full"), ("pam", "disjoint"), ("pam-exp", "full")])
 def test_flower_and_inprocess_engines_agree(algorithm, schedule):
     over = {"epochs": "3", "schedule": schedule, "net_size": "200"}
-    mi, li = run(algorithm, SPEC, epsilon=2.0, overrides=dict(over), progress=False)
-    mf, lf = run(algorithm, SPEC, epsilon=2.0, overrides={**over, "users_per_node": "40"}, engine="flower", progress=False)
+    mi, li = run(algorithm, SPEC, epsilon=2.0, overrides=dict(over), progress=False, noise_seed=13)
+    mf, lf = run(algorithm, SPEC, epsilon=2.0, overrides={**over, "users_per_node": "40"}, engine="flower", progress=False, noise_seed=13)
     assert mf["test_mse"] == pytest.approx(mi["test_mse"], rel=1e-6)
     assert mf["subspace_error"] == pytest.approx(mi["subspace_error"], rel=1e-6, abs=1e-9)
     assert lf == li and mf["rejected_replies"] == []

@@ -26,6 +26,7 @@ from engine_agreement import assert_same_as_inprocess
 
 from fedpriv.errors import FedprivError
 from fedpriv.flower.simulation import OFFLINE_ENV, check_ray_address, simulate
+from fedpriv.privacy.randomness import RunSecrets
 
 pytestmark = pytest.mark.deployment
 
@@ -189,14 +190,14 @@ def _make_job(small_job, work_dir):
     from fedpriv.flower.server_app import FlowerJob
 
     split, cfg = small_job
-    return FlowerJob("adadpals", 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), work_dir, users_per_node=1)
+    return FlowerJob("adadpals", 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), work_dir, users_per_node=1, secrets=RunSecrets(31))
 
 
 def _assert_same_as_inprocess(res, small_job):
     from fedpriv.engine import train_inprocess
 
     split, cfg = small_job
-    ref = train_inprocess("adadpals", split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=1, progress=False)
+    ref = train_inprocess("adadpals", split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=1, progress=False, secrets=RunSecrets(31))
     assert_same_as_inprocess(res, ref, split)
     assert res.rounds == 6 and res.rejected == []
 

@@ -18,7 +18,7 @@ from fedpriv.privacy.ledger import PrivacyLedger
 
 @pytest.fixture(scope="module")
 def trained():
-    syn = make_mf(200, 80, 200 * 30, seed=7)
+    syn = make_mf(200, 80, 200 * 30)
     split = random_split(syn.interactions, seed=1234)
     res = train_inprocess("adadpals", split.train, ALSConfig(rank=3, steps=2), rating_range=(1.0, 5.0), epsilon=4.0, progress=False)
     return split, res
@@ -64,7 +64,7 @@ def test_quantile_ranges_read_off_a_histogram():
 @pytest.mark.parametrize("source", ["quantile", "norm"])
 def test_recommendation_is_accounted_and_reports_only_candidates(trained, source):
     split, res = trained
-    cfg = recommend.RecommendConfig(mechanism="mgem", epsilon=1.0, candidates=30, sensitivity=source, seed=3)
+    cfg = recommend.RecommendConfig(mechanism="mgem", epsilon=1.0, candidates=30, sensitivity=source)
     summary, ledger, picks = recommend_inprocess(res.state, split.train, split.test, cfg, users_per_shard=25)
     cand = recommend.candidate_items(res.state, 30)
     assert np.all(np.isin(picks, cand))
@@ -85,7 +85,7 @@ def test_the_private_report_approaches_the_argmax_as_epsilon_grows(trained):
     split, res = trained
     out = {}
     for eps in (0.05, 50.0):
-        cfg = recommend.RecommendConfig(mechanism="rnm", epsilon=eps, candidates=30, sensitivity="norm", seed=1)
+        cfg = recommend.RecommendConfig(mechanism="rnm", epsilon=eps, candidates=30, sensitivity="norm")
         out[eps] = recommend_inprocess(res.state, split.train, split.test, cfg, users_per_shard=50)[0]
     assert out[50.0]["mse_to_best"] < 0.2 * out[0.05]["mse_to_best"]
     assert out[50.0]["hit_rate"] == pytest.approx(out[50.0]["argmax_hit_rate"], abs=0.05)
@@ -93,7 +93,7 @@ def test_the_private_report_approaches_the_argmax_as_epsilon_grows(trained):
 
 def test_malformed_or_overclaiming_reports_are_rejected(trained):
     split, res = trained
-    cfg = recommend.RecommendConfig(mechanism="gem", epsilon=1.0, candidates=10, sensitivity="range", seed=0)
+    cfg = recommend.RecommendConfig(mechanism="gem", epsilon=1.0, candidates=10, sensitivity="range")
     cand = recommend.candidate_items(res.state, 10)
     lo, hi = recommend.public_ranges(res.state, cand, cfg)
     shard = shard_users(split.train, np.arange(5))
@@ -163,14 +163,16 @@ def test_flower_and_inprocess_recommendations_agree(tmp_path):
     from fedpriv.flower.server_app import FlowerJob
     from fedpriv.flower.simulation import simulate
 
-    syn = make_mf(60, 40, 60 * 20, seed=4)
+    syn = make_mf(60, 40, 60 * 20)
     split = random_split(syn.interactions, seed=1234)
     cfg = ALSConfig(rank=3, steps=1)
-    rcfg = recommend.RecommendConfig(mechanism="cgem", epsilon=2.0, candidates=15, sensitivity="quantile", seed=5)
-    job = FlowerJob("adadpals", 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), tmp_path, users_per_node=6, recommend=rcfg)
+    rcfg = recommend.RecommendConfig(mechanism="cgem", epsilon=2.0, candidates=15, sensitivity="quantile")
+    from fedpriv.privacy.randomness import RunSecrets
+
+    job = FlowerJob("adadpals", 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), tmp_path, users_per_node=6, recommend=rcfg, secrets=RunSecrets(11))
     res = simulate(job, num_nodes=10)
-    ref = train_inprocess("adadpals", split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=6, progress=False)
-    summary, ledger, picks = recommend_inprocess(ref.state, split.train, split.test, rcfg, users_per_shard=6)
+    ref = train_inprocess("adadpals", split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=6, progress=False, secrets=RunSecrets(11))
+    summary, ledger, picks = recommend_inprocess(ref.state, split.train, split.test, rcfg, users_per_shard=6, secrets=RunSecrets(11))
     assert np.array_equal(res.rec_picks, picks)
     assert res.rec_ledger.to_list() == ledger.to_list()
     assert res.recommendation["mse_to_best"] == pytest.approx(summary["mse_to_best"], rel=1e-9)

@@ -34,6 +34,7 @@ from fedpriv.data.features import ItemFeatures
 from fedpriv.data.interactions import Interactions
 from fedpriv.errors import DataError
 from fedpriv.flower import codec
+from fedpriv.privacy.randomness import RunSecrets, user_keys
 
 RANGE = (1.0, 5.0)
 PRIVATE = tuple(a for a in als.ALGORITHMS if a != "als")
@@ -137,8 +138,9 @@ def moves(inter: Interactions, user: int, state, table, users_per_shard: int | N
     """Per release: L2 norm of (release with ``user``) - (release without ``user``), as a
     fraction of the sensitivity the aggregator declares; also checks that declaration."""
     blocks = [np.arange(inter.n_users)] if not users_per_shard else split_users(inter.n_users, users_per_shard)
-    with_ = [shard_users(inter, b) for b in blocks]
-    without = [shard_users(inter, b[b != user]) for b in blocks if len(b[b != user])]
+    keys = user_keys(RunSecrets(0).client_key(), inter.user_ids)  # the same secret choices in both
+    with_ = [shard_users(inter, b, keys) for b in blocks]
+    without = [shard_users(inter, b[b != user], keys) for b in blocks if len(b[b != user])]
     r1, r0 = releases(with_, state, table), releases(without, state, table)
     out: dict[str, float] = {}
     for a, b in zip(r1, r0, strict=True):
@@ -457,7 +459,7 @@ def test_codec_accepts_a_genuine_adversarial_node_and_rejects_non_finite_or_infl
     inter = with_adversary(rng, N_USERS, N_ITEMS, 0, np.arange(20), np.where(np.arange(20) % 2, 1e6, -1e6))
     state, table = public_state(algorithm, cfg, inter, FEATURES)
     n_params = protocol.client_encoder(state, table).n_params() if algorithm == "am-dpsgd" else 0
-    node = shard_users(inter, np.array([0]))
+    node = shard_users(inter, np.array([0]), user_keys(RunSecrets(0).client_key(), inter.user_ids))
     plan = als.plan_releases(algorithm, cfg, False)
     for encode, decode in {id(NODE_REPLY[p.name][0]): NODE_REPLY[p.name] for p in plan}.values():
         rd = encode(node, state, table)

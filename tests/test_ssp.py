@@ -8,11 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import adversarial_interactions
+from conftest import keyed_shard, adversarial_interactions
 from fedpriv.algorithms import als, ssp
 from fedpriv.algorithms.encoder import FeatureTable, ItemEncoder, per_user_clipped_gradient
 from fedpriv.algorithms.kernels import project_psd, solve_spd, upper
-from fedpriv.algorithms.shards import shard_users
+from fedpriv.privacy.randomness import RunSecrets
 from fedpriv.data.interactions import Interactions
 from fedpriv.errors import ConfigError
 from fedpriv.privacy.accounting import epsilon_rdp
@@ -49,7 +49,7 @@ def test_encoder_gradient_from_noised_statistics_touches_only_active_feature_row
     cfg = als.ALSConfig(rank=3, features="genre,year,id")
     inter = small_mf.interactions
     state, server = _state("am-ssp", inter, cfg, small_mf.item_features)
-    parts = als.client_item_stats(shard_users(inter), state)
+    parts = als.client_item_stats(keyed_shard(inter), state)
     A, b, _ = als.sum_item_stats([parts], inter.n_items, 4)
     A, b, _ = als.release_item_stats(A, b, None, state, PrivacyLedger(seed=1))
     batch = torch.tensor([3, 40, 77])
@@ -116,8 +116,8 @@ def test_one_user_moves_the_convex_statistics_by_at_most_their_sensitivity(n_rat
     cfg = als.ALSConfig(rank=3, user_clip=1.5, beta=2.0, features="genre,year")
     state, _ = _state("am-ssp-convex", inter, cfg, feats)
     state.item_factors = state.item_factors * 30  # large embeddings: users hit the clip
-    full = ssp.client_convex_stats(shard_users(inter), state)
-    without = ssp.client_convex_stats(shard_users(inter.subset(inter.users != inter.n_users - 1)), state)
+    full = ssp.client_convex_stats(keyed_shard(inter), state)
+    without = ssp.client_convex_stats(keyed_shard(inter.subset(inter.users != inter.n_users - 1)), state)
     H1, g1, _ = als.sum_item_stats([full], inter.n_items, 4)
     H0, g0, _ = als.sum_item_stats([without], inter.n_items, 4)
     assert np.linalg.norm(upper(H1) - upper(H0)) <= als.sensitivity("item_stats_H", cfg, (1, 5)) * (1 + 1e-5)
@@ -136,7 +136,7 @@ def test_am_dpsgd_user_gradient_is_clipped(n_ratings, rating, seed):
     feats = make_mf(20, 120, 600, seed=1).item_features
     cfg = als.ALSConfig(rank=3, sgd_clip=0.7, sgd_sampling_rate=1.0, features="genre,year,id")
     state, server = _state("am-dpsgd", inter, cfg, feats)
-    g = protocol.client_step(shard_users(inter), state, 0, server.encoder.table)
+    g = protocol.client_step(keyed_shard(inter), state, 0, server.encoder.table)
     assert g.shape == (server.encoder.n_params(),) and 0 < np.linalg.norm(g) <= 0.7 * (1 + 1e-6)
 
 
@@ -205,9 +205,9 @@ def test_flower_and_inprocess_agree_for_encoder_algorithms(tmp_path, algorithm):
     syn = make_mf(200, 60, 5000, seed=4)
     split = random_split(syn.interactions, seed=1234)
     cfg = als.ALSConfig(rank=3, steps=2, sgd_sampling_rate=0.5, ssp_steps=20, features="genre,year,id")
-    job = FlowerJob(algorithm, 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), tmp_path, users_per_node=10, item_features=syn.item_features)
+    job = FlowerJob(algorithm, 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), tmp_path, users_per_node=10, item_features=syn.item_features, secrets=RunSecrets(31))
     res = simulate(job, num_nodes=20)
-    ref = train_inprocess(algorithm, split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=10, item_features=syn.item_features, progress=False)
+    ref = train_inprocess(algorithm, split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=10, item_features=syn.item_features, progress=False, secrets=RunSecrets(31))
     assert np.allclose(res.state.item_factors, ref.state.item_factors, rtol=1e-4, atol=1e-5)
     assert res.ledger.to_list() == ref.ledger.to_list() and res.rejected == []
     if algorithm == "am-ssp-convex":
@@ -260,7 +260,7 @@ def test_ssp_convex_on_a_quadratic_loss_equals_ssp2(small_mf):
         servers.append((state, server))
     (s1, ssp2), (s2, convex) = servers
     assert np.array_equal(ssp2.encoder.outputs(), convex.encoder.outputs())  # same public init
-    A, b, _ = als.sum_item_stats([als.client_item_stats(shard_users(inter), s1)], inter.n_items, 4)
+    A, b, _ = als.sum_item_stats([als.client_item_stats(keyed_shard(inter), s1)], inter.n_items, 4)
     A, b, _ = als.release_item_stats(A, b, None, s1, PrivacyLedger(seed=3))  # noised: PSD projection matters
     ssp2.ssp_update([(A, b, None)])
     E0 = ssp.item_outputs(s2)

@@ -69,6 +69,20 @@ def test_users_get_at_least_one_rating_when_ratings_equal_users():
     assert np.array_equal(inter.user_counts(), np.ones(300))
 
 
+def test_catalogue_keeps_unrated_items_and_fixed_raw_ids():
+    """Exactly ``items`` items whatever the ratings (most of the 1,000 items here are unrated),
+    with raw ids equal to the dense ids, so a neighbouring data set keeps the same id spaces."""
+    syn = make_mf(30, 1_000, 150, seed=4)
+    inter = syn.interactions
+    assert np.count_nonzero(inter.item_counts()) < 1_000  # some items have no rating ...
+    assert inter.n_items == 1_000 and np.array_equal(inter.item_ids, np.arange(1_000))  # ... yet are items
+    assert inter.n_users == 30 and np.array_equal(inter.user_ids, np.arange(30))
+    assert syn.item_features.n_items == 1_000 and syn.item_factors.shape[0] == 1_000
+    assert inter.meta["catalogue"] == "metadata"
+    other = make_mf(30, 1_000, 300, seed=5).interactions
+    assert np.array_equal(other.item_ids, inter.item_ids) and np.array_equal(other.user_ids, inter.user_ids)
+
+
 def test_user_activity_heavy_tailed(mf):
     counts = mf.interactions.user_counts()
     assert counts.max() > 5 * np.median(counts)

@@ -8,13 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import adversarial_interactions
+from conftest import keyed_shard, adversarial_interactions
 from fedpriv.algorithms import als
 from fedpriv.algorithms.kernels import upper
-from fedpriv.algorithms.shards import shard_users
 from fedpriv.data.interactions import Interactions
 from fedpriv.errors import ConfigError
-from fedpriv.privacy.weights import adaptive_omega, clip_user_weights, hash_uniform, sampled_user_weights
+from fedpriv.data.ids import mix_uniform
+from fedpriv.privacy.randomness import RunSecrets, user_keys, user_uniform
+from fedpriv.privacy.weights import adaptive_omega, clip_user_weights, sampled_user_weights
 
 
 def _per_user_sq(w, indptr):
@@ -60,7 +61,8 @@ def test_sampling_weights_keep_k_items(mode):
     items, indptr = _adversarial_csr()
     users = np.repeat(np.arange(4), np.diff(indptr))
     counts = np.arange(2000, dtype=float)
-    w = sampled_user_weights(users, items, indptr, 25, 1.0, mode=mode, seed=3, counts_hat=counts)
+    keys = user_keys(RunSecrets().client_key(), np.arange(4))[users]
+    w = sampled_user_weights(user_uniform(keys, 2, items.astype(np.uint64)), items, indptr, 25, 1.0, mode=mode, counts_hat=counts)
     kept = np.add.reduceat((w > 0).astype(int), indptr[:-1])
     assert list(kept) == [1, 25, 25, 25]
     assert np.all(_per_user_sq(w, indptr) <= 1.0 + 1e-12)
@@ -69,10 +71,21 @@ def test_sampling_weights_keep_k_items(mode):
         assert set(items[s:e][w[s:e] > 0]) == set(range(25))
 
 
-def test_hash_uniform_is_deterministic_and_uniform():
-    a = hash_uniform(7, np.arange(100_000), np.arange(100_000) % 13)
-    assert np.array_equal(a, hash_uniform(7, np.arange(100_000), np.arange(100_000) % 13))
+def test_mix_uniform_is_deterministic_and_uniform():
+    a = mix_uniform(np.uint64(7), np.arange(100_000), np.arange(100_000) % 13)
+    assert np.array_equal(a, mix_uniform(np.uint64(7), np.arange(100_000), np.arange(100_000) % 13))
     assert 0 <= a.min() and a.max() < 1 and abs(a.mean() - 0.5) < 0.01
+
+
+def test_user_keys_follow_the_raw_id_not_the_position():
+    """A user's secret key is a function of its raw id: renumbering moves no one's choices."""
+    key = RunSecrets().client_key()
+    raw = np.array([3, 10, 42, 97])
+    k_all = user_keys(key, raw)
+    k_less = user_keys(key, raw[[0, 2, 3]])  # raw user 10 removed, the others renumbered
+    assert np.array_equal(k_all[[0, 2, 3]], k_less)
+    assert len(set(user_keys(RunSecrets().client_key(), raw).tolist()) & set(k_all.tolist())) == 0  # fresh secrets differ
+    assert np.array_equal(user_keys(RunSecrets(5).client_key(), raw), user_keys(RunSecrets(5).client_key(), raw))
 
 
 # ------------------------------------------------------------------ release-level sensitivity
@@ -89,7 +102,7 @@ def _state(algorithm, inter, cfg):
 
 def _stats_without(inter, user, state):
     keep = inter.users != user
-    parts = als.client_item_stats(shard_users(inter.subset(keep)), state)
+    parts = als.client_item_stats(keyed_shard(inter.subset(keep)), state)
     return als.sum_item_stats([parts], inter.n_items, parts.A.shape[-1])
 
 
@@ -106,14 +119,14 @@ def test_one_user_moves_each_release_by_at_most_its_sensitivity(algorithm, n_rat
     inter = adversarial_interactions(np.random.default_rng(seed), n_users, n_items, 1500, n_ratings, rating)
     cfg = als.ALSConfig(rank=3, user_clip=1.5, rating_clip=2.0, beta=2.0, k=7, weight_mode=weight_mode, mu=0.5)
     state = _state(algorithm, inter, cfg)
-    A1, b1, _ = als.sum_item_stats([als.client_item_stats(shard_users(inter), state)], n_items, cfg.rank + 1)
+    A1, b1, _ = als.sum_item_stats([als.client_item_stats(keyed_shard(inter), state)], n_items, cfg.rank + 1)
     A0, b0, _ = _stats_without(inter, n_users - 1, state)
     sA = als.sensitivity("item_stats_A", cfg, state.rating_range)
     sb = als.sensitivity("item_stats_b", cfg, state.rating_range)
     assert np.linalg.norm(upper(A1) - upper(A0)) <= sA * (1 + 1e-5)
     assert np.linalg.norm(b1 - b0) <= sb * (1 + 1e-5)
     # mean and counts contributions of that user
-    one = shard_users(inter, np.array([n_users - 1]))
+    one = keyed_shard(inter, np.array([n_users - 1]))
     assert np.linalg.norm(als.client_mean(one, cfg, (1.0, 5.0), True)) <= als.sensitivity("mean", cfg, (1.0, 5.0)) * (1 + 1e-9)
     assert np.linalg.norm(als.client_counts(one, cfg, n_items, True)) <= als.sensitivity("counts", cfg, (1.0, 5.0)) * (1 + 1e-9)
 
@@ -128,6 +141,6 @@ def test_dpsgd_user_gradient_is_clipped(n_ratings, rating, seed):
     inter = Interactions(np.zeros(n_ratings, int), items, np.full(n_ratings, rating), 1, 400)
     cfg = als.ALSConfig(rank=3, sgd_clip=0.7, sgd_sampling_rate=1.0)
     state = _state("dpsgd", inter, cfg)
-    g = dpsgd.client_gradient(shard_users(inter), state, round_index=0)
+    g = dpsgd.client_gradient(keyed_shard(inter), state, round_index=0)
     assert np.linalg.norm(g.b) <= 0.7 * (1 + 1e-9)
     assert len(g.item_ids) <= n_ratings

@@ -34,6 +34,7 @@ from ..errors import ConfigError
 from ..privacy.accounting import PlannedRelease, calibrate
 from ..privacy.clipping import clip_rows, clip_values
 from ..privacy.ledger import PrivacyLedger, public_gaussian
+from ..privacy.randomness import PURPOSE_ITEM_SUBSET, require_keys, user_uniform
 from ..privacy.weights import adaptive_omega, clip_user_weights, sampled_user_weights
 from .kernels import project_psd, segment_stats, solve_spd
 from .shards import UserShard
@@ -74,8 +75,7 @@ class ALSConfig:
     psd_floor: float = 0.0
     init_scale: float = 0.1
     eval_k: int = 20
-    seed: int = 1234
-    secure_noise: bool = False  # draw all noise from the OS CSPRNG (not reproducible from seed)
+    seed: int = 1234  # public seed: initialisations only (noise and users' choices come from secret randomness)
     # federated DP-SGD baseline (algorithm 'dpsgd'): one round per step
     sgd_lr: float = 0.5
     sgd_sampling_rate: float = 0.1
@@ -385,14 +385,15 @@ def client_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
     if state.algorithm == "adadpals" or state.algorithm in ENCODER_ALGORITHMS:
         return clip_user_weights(state.omega, shard.items, shard.indptr, cfg.beta, cfg.weight_mode)
     mode = "uniform" if state.algorithm == "dpals-uniform" else "tail"
+    # each user's own random subset: keyed by its secret key and the (public, stable) item ids
+    keys = require_keys(shard)[shard.local_user_of_rating]
     return sampled_user_weights(
-        shard.global_user_of_rating,
+        user_uniform(keys, PURPOSE_ITEM_SUBSET, shard.items.astype(np.uint64)),
         shard.items,
         shard.indptr,
         cfg.k,
         cfg.beta,
         mode=mode,
-        seed=cfg.seed,
         counts_hat=state.counts_hat,
     )
 

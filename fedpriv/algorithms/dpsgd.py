@@ -2,8 +2,9 @@
 
 Each round:
 
-- client: every user joins with probability ``sgd_sampling_rate`` (Poisson sampling, decided
-  locally by a per-(round, user) hash). A sampled user solves its own vector from the current
+- client: every user joins with probability ``sgd_sampling_rate`` (Poisson sampling: each user
+  flips its own coin from its secret key, :mod:`fedpriv.privacy.randomness`; nobody else can
+  tell who was sampled, and the sample is never published). A sampled user solves its own vector from the current
   item parameters (as in ALS; never sent), computes the gradient of its squared error with
   respect to the item parameters theta_i = [v_i, bias_i], and clips that whole gradient to L2
   norm ``sgd_clip``;
@@ -19,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..privacy.ledger import PrivacyLedger
-from ..privacy.weights import hash_uniform
+from ..privacy.randomness import PURPOSE_DPSGD_SAMPLE, require_keys, user_uniform
 from . import als
 from .shards import UserShard
 
@@ -33,9 +34,10 @@ def theta(state: als.PublicState) -> np.ndarray:
 
 
 def sampled_users(shard: UserShard, state: als.PublicState, round_index: int) -> np.ndarray:
-    """Poisson sample of the shard's users for one round (boolean per local user)."""
-    seed = state.config.seed * 1_000_003 + round_index
-    return hash_uniform(seed, shard.user_ids, np.zeros(shard.n_users, dtype=np.int64)) < state.config.sgd_sampling_rate
+    """Poisson sample of the shard's users for one round (boolean per local user): each user's
+    own coin, from its secret key and the round."""
+    u = user_uniform(require_keys(shard), PURPOSE_DPSGD_SAMPLE, np.uint64(round_index))
+    return u < state.config.sgd_sampling_rate
 
 
 def client_gradient(shard: UserShard, state: als.PublicState, round_index: int) -> als.ItemStats:

@@ -66,8 +66,7 @@ class PAMConfig:
     net_size: int = 1000  # pam-exp: candidates in the net
     exp_radius: float = 0.0  # pam-exp: C, bound on |v| (0: 2.5 sqrt(k))
     exp_clip: float = 0.0  # pam-exp: L_f, bound on |U^T x| (0: 2 sqrt(k))
-    seed: int = 1234
-    secure_noise: bool = False
+    seed: int = 1234  # public seed (the pam-exp net); noise and user groups come from secret randomness
 
     @classmethod
     def from_overrides(cls, overrides: dict) -> "PAMConfig":
@@ -204,7 +203,9 @@ def plan_releases(algorithm: str, cfg: PAMConfig) -> list[PlannedRelease]:
     return [PlannedRelease("init_M", 1, cfg.share_init), PlannedRelease("am_b", per_user, rest / 2), PlannedRelease("am_A", per_user, rest / 2)]
 
 
-def new_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsilon: float | None, delta: float) -> tuple[PAMState, PrivacyLedger]:
+def new_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsilon: float | None, delta: float, ledger_seed: int | None = None) -> tuple[PAMState, PrivacyLedger]:
+    """Validated state and the run's ledger; ``ledger_seed``: None (noise from the OS CSPRNG)
+    unless the run asked for reproducible noise."""
     if algorithm not in PAM_ALGORITHMS:
         raise ConfigError(f"unknown algorithm {algorithm!r} (known: {', '.join(PAM_ALGORITHMS)})", field="algorithm")
     k = cfg.rank or k
@@ -224,7 +225,7 @@ def new_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsi
         else:
             state.multipliers = calibrate(plan_releases(algorithm, cfg), epsilon, delta).multipliers
         budget = (epsilon, delta)  # the ledger refuses any release beyond it (pure bound included)
-    return state, PrivacyLedger(seed=cfg.seed, secure=cfg.secure_noise, budget=budget)
+    return state, PrivacyLedger(seed=ledger_seed, budget=budget)
 
 
 # ---------------------------------------------------------------------------- client side

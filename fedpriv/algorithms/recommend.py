@@ -33,7 +33,6 @@ party like every algorithm here, so both engines run the same code:
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -41,6 +40,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..privacy.ledger import PrivacyLedger, Release
+from ..privacy.randomness import PURPOSE_RECOMMEND, require_keys, seed_from_keys
 from . import als
 from .shards import UserShard
 
@@ -59,7 +59,6 @@ class RecommendConfig:
     hist_epsilon: float = 1.0  # (epsilon, delta) of the histogram release (quantile source)
     hist_delta: float = 1e-6
     user_clip: float = 1.0  # norm source
-    seed: int = 0
     exclude_rated: bool = True  # score the user's training items lo_a (recommend unseen items)
     params: dict = field(default_factory=dict)  # mechanism parameters (beta, lam, eta, ...)
 
@@ -163,14 +162,6 @@ def client_histogram(shard: UserShard, state: als.PublicState, candidates: np.nd
     return np.bincount(flat, minlength=k * cfg.bins).reshape(k, cfg.bins).astype(np.float64)
 
 
-def shard_seed(cfg: RecommendConfig, shard: UserShard) -> int:
-    """The client's ledger seed: a function of the run seed and the shard's users (the same on
-    both engines, independent of node ids)."""
-    first = int(shard.user_ids[0]) if shard.n_users else -1
-    digest = hashlib.sha256(f"fedpriv-recommend:{cfg.seed}:{first}:{shard.n_users}".encode()).digest()
-    return int.from_bytes(digest[:8], "little")
-
-
 @dataclass
 class ClientReport:
     picks: np.ndarray  # (n_users,) index into the candidates
@@ -186,17 +177,18 @@ def client_recommend(
     hi: np.ndarray,
     cfg: RecommendConfig,
     heldout: UserShard | None = None,
-    secure: bool = False,
+    reproducible: bool = False,
 ) -> ClientReport:
     """One private report per user of the shard, plus evaluation sums (``heldout``: the same
-    users' held-out ratings, for the hit rate)."""
+    users' held-out ratings, for the hit rate). The picks are drawn from the OS CSPRNG, or with
+    ``reproducible=True`` from the users' secret keys (reproducible-noise runs only)."""
 
     user_clip = cfg.user_clip if cfg.sensitivity == "norm" else None
     q = np.clip(client_scores(shard, state, candidates, user_clip), lo, hi)
     if cfg.exclude_rated:
         q = np.where(rated_mask(shard, candidates), lo[None, :], q)
     sens = hi - lo
-    ledger = PrivacyLedger(seed=None if secure else shard_seed(cfg, shard), secure=secure)
+    ledger = PrivacyLedger(seed=seed_from_keys(require_keys(shard), PURPOSE_RECOMMEND) if reproducible else None)
     picks = ledger.select("recommendation", cfg.mechanism, q, sens, epsilon=cfg.epsilon, **cfg.params) if shard.n_users else np.zeros(0, np.int64)
     sums = evaluation_sums(q, sens, picks, shard, candidates, heldout)
     return ClientReport(picks=np.asarray(picks, np.int64), records=ledger.to_list(), sums=sums)

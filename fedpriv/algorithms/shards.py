@@ -20,6 +20,9 @@ class UserShard:
     indptr: np.ndarray  # (n_local + 1,) int64
     items: np.ndarray  # (N,) int32
     ratings: np.ndarray  # (N,) float32
+    # (n_local,) uint64: each user's secret key (fedpriv.privacy.randomness.user_keys of the raw
+    # user id), the source of the user's own random choices; None for shards that make none
+    user_keys: np.ndarray | None = None
 
     @property
     def n_users(self) -> int:
@@ -59,8 +62,9 @@ class UserShard:
         return present, indptr
 
 
-def shard_users(inter: Interactions, users: np.ndarray | None = None) -> UserShard:
-    """One shard holding ``users`` (default: every user id of the interactions)."""
+def shard_users(inter: Interactions, users: np.ndarray | None = None, keys: np.ndarray | None = None) -> UserShard:
+    """One shard holding ``users`` (default: every user id of the interactions); ``keys``: the
+    secret keys of every user of ``inter`` (indexed by dense id), sliced to the shard's users."""
     csr = inter.by_user
     if users is None:
         users = np.arange(inter.n_users)
@@ -72,7 +76,10 @@ def shard_users(inter: Interactions, users: np.ndarray | None = None) -> UserSha
     # positions of the selected users' ratings in the user-grouped CSR, vectorized
     pos = np.repeat(starts - indptr[:-1], counts) + np.arange(indptr[-1])
     items, ratings = csr.indices[pos], csr.data[pos]
-    return UserShard(user_ids=users, indptr=indptr, items=np.asarray(items, np.int32), ratings=np.asarray(ratings, np.float32))
+    return UserShard(
+        user_ids=users, indptr=indptr, items=np.asarray(items, np.int32), ratings=np.asarray(ratings, np.float32),
+        user_keys=None if keys is None else np.asarray(keys, dtype=np.uint64)[users],
+    )
 
 
 def split_users(n_users: int, users_per_shard: int) -> list[np.ndarray]:

@@ -244,7 +244,8 @@ def _subshard(shard: UserShard, keep: np.ndarray) -> UserShard:
     lengths = np.diff(shard.indptr)
     sel = np.repeat(keep, lengths)
     indptr = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(shard.indptr.dtype)
-    return UserShard(shard.user_ids[keep], indptr, shard.items[sel], shard.ratings[sel])
+    keys = None if shard.user_keys is None else shard.user_keys[keep]
+    return UserShard(shard.user_ids[keep], indptr, shard.items[sel], shard.ratings[sel], keys)
 
 
 def client_encoder_gradient(shard: UserShard, state: als.PublicState, round_index: int, encoder: ItemEncoder) -> np.ndarray:

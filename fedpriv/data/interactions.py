@@ -135,9 +135,12 @@ def from_raw_ids(
 ) -> tuple[Interactions, int]:
     """Remap raw ids to dense ids and drop duplicate (user, item) pairs, keeping the last one.
 
-    ``item_universe``: optional array of all raw item ids (e.g. from a metadata file), so items
-    without ratings still get a dense id. Returns the interactions and the number of duplicate
-    pairs that were dropped.
+    Users are the users with ratings, dense ids in sorted raw id order. ``item_universe``:
+    optional array of all raw item ids (the public catalogue, e.g. from a metadata file), so
+    items without ratings still get a dense id and ``n_items`` / ``item_ids`` do not depend on
+    the ratings (dense item ids follow the sorted raw ids). Without it the items are the rated
+    ones. ``meta["catalogue"]`` records which: ``"metadata"`` or ``"ratings"``. Returns the
+    interactions and the number of duplicate pairs that were dropped.
     """
     import pandas as pd  # factorize and duplicated are several times faster than np.unique here
 
@@ -163,6 +166,6 @@ def from_raw_ids(
         user_ids=user_ids,
         item_ids=item_ids,
         name=name,
-        meta={"duplicates_dropped": int(n_dup)},
+        meta={"duplicates_dropped": int(n_dup), "catalogue": "ratings" if item_universe is None else "metadata"},
     )
     return inter, int(n_dup)

@@ -8,6 +8,15 @@ Parsing has a fast path (pandas C parser with explicit dtypes). When it fails, t
 again in chunks of lines, and a chunk the fast parser rejects is scanned line by line to report
 its first bad line; so every :class:`DataError` names the file and, where one applies, the
 1-based line number (the header counts as line 1) without slowing the happy path.
+
+Item catalogue: the items of a data set are those listed in its public metadata (ML-100K
+``u.item``; ML-1M/10M ``movies.dat``; ML-20M/25M/latest ``movies.csv``; Last.fm ``artists.dat``;
+Jester: jokes 1..100), whether rated or not, so ``n_items`` and the dense item ids do not depend
+on the ratings: removing one user (a neighbouring data set) leaves them unchanged. A rated item
+missing from the metadata is a :class:`DataError` naming the ratings file and line. Without the
+metadata file the rated items are used, with a warning, and ``interactions.meta["catalogue"]``
+is ``"ratings"`` instead of ``"metadata"``. Users are the users with ratings, renumbered densely
+in raw id order.
 """
 
 from __future__ import annotations
@@ -116,6 +125,12 @@ _LASTFM_TAGGED = _Table(
     "user_taggedartists.dat", "\t", ("userID", "artistID", "tagID", "day", "month", "year"), ("int",) * 6, header=True
 )
 _LASTFM_TAGS = _Table("tags.dat", "\t", ("tagID", "tagValue"), ("int", "str"), header=True)
+_LASTFM_ARTISTS = _Table(
+    "artists.dat", "\t", ("id", "name", "url", "pictureURL"), ("int", "str", "str", "str"), header=True
+)
+
+#: Joke ids of Jester: the catalogue is always the 100 jokes.
+JESTER_JOKES = np.arange(1, 101, dtype=np.int64)
 
 
 # --------------------------------------------------------------------------- folder or zip
@@ -128,6 +143,7 @@ class _Source:
     def __init__(self, path: Path):
         self.path = path
         self._zip: zipfile.ZipFile | None = None
+        self.parsed: dict[_Table, _Parsed] = {}  # tables already parsed (metadata is read twice)
         if path.is_dir():
             self._members = {p.name: [p.name] for p in path.iterdir() if p.is_file()}
         elif path.is_file():
@@ -198,8 +214,10 @@ def _index_zip(archive: zipfile.ZipFile) -> dict[str, list[str]]:
 
 
 def _read_table(source: _Source, table: _Table) -> _Parsed:
-    """Read and parse one table of a source."""
-    return _parse_table(source.read(table.name), table, source.where(table.name))
+    """Read and parse one table of a source (once: later calls reuse the parse)."""
+    if table not in source.parsed:
+        source.parsed[table] = _parse_table(source.read(table.name), table, source.where(table.name))
+    return source.parsed[table]
 
 
 def _parse_table(blob: bytes, table: _Table, where: str) -> _Parsed:
@@ -386,10 +404,9 @@ def _check_values(parsed: _Parsed, column: int, low: float, high: float) -> None
 # --------------------------------------------------------------------------- item features
 
 
-def _ml100k_features(source: _Source, item_ids: np.ndarray) -> ItemFeatures | None:
-    """Genres and release year from ``u.item`` (genre names from ``u.genre`` when present)."""
-    if not source.has("u.item"):
-        return None
+def _ml100k_items(source: _Source) -> _Parsed:
+    """``u.item``, with one genre flag column (0 or 1) per genre of ``u.genre`` (the standard 19
+    without it)."""
     genre_names = _ml100k_genre_names(source)
     table = _Table(
         "u.item",
@@ -398,10 +415,21 @@ def _ml100k_features(source: _Source, item_ids: np.ndarray) -> ItemFeatures | No
         ("int", "str", "str", "str", "str", *("int",) * len(genre_names)),
     )
     parsed = _read_table(source, table)
+    if genre_names:
+        flags = np.column_stack(parsed.columns[5:])
+        bad = ((flags != 0) & (flags != 1)).any(axis=1)
+        if bad.any():
+            raise parsed.error_at(int(np.flatnonzero(bad)[0]), "genre flags must be 0 or 1")
+    return parsed
+
+
+def _ml100k_features(source: _Source, item_ids: np.ndarray) -> ItemFeatures | None:
+    """Genres and release year from ``u.item`` (genre names from ``u.genre`` when present)."""
+    if not source.has("u.item"):
+        return None
+    parsed = _ml100k_items(source)
+    genre_names = parsed.table.columns[5:]
     flags = np.column_stack(parsed.columns[5:]) if genre_names else np.zeros((len(parsed), 0), dtype=np.int64)
-    bad = ((flags != 0) & (flags != 1)).any(axis=1)
-    if bad.any():
-        raise parsed.error_at(int(np.flatnonzero(bad)[0]), "genre flags must be 0 or 1")
     ids, titles, dates = parsed.columns[0].tolist(), parsed.columns[1], parsed.columns[2]
     genres = {m: [g for g, f in zip(genre_names, row) if f] for m, row in zip(ids, flags.tolist())}
     years = {m: parse_release_year(d) or parse_title_year(t) for m, t, d in zip(ids, titles, dates)}
@@ -474,11 +502,17 @@ def _group(keys: list, values: list) -> dict:
 
 @dataclass(frozen=True)
 class _Format:
-    """How to load one data set kind."""
+    """How to load one data set kind.
+
+    ``catalogue`` parses the metadata file named ``catalogue_file``, whose first column holds
+    the raw id of every item of the data set.
+    """
 
     ratings: _Table
     rating_range: tuple[float, float]
     features: Callable[[_Source, np.ndarray], ItemFeatures | None]
+    catalogue_file: str
+    catalogue: Callable[[_Source], _Parsed]
     implicit: bool = False
 
 
@@ -492,14 +526,25 @@ def _csv_features(source: _Source, item_ids: np.ndarray) -> ItemFeatures | None:
     return _movie_features(source, item_ids, _ML_CSV_MOVIES, _ML_CSV_TAGS)
 
 
+def _table_reader(table: _Table) -> Callable[[_Source], _Parsed]:
+    """A catalogue reader parsing ``table``."""
+    return lambda source: _read_table(source, table)
+
+
+_DAT_CATALOGUE = ("movies.dat", _table_reader(_ML_DAT_MOVIES))
+_CSV_CATALOGUE = ("movies.csv", _table_reader(_ML_CSV_MOVIES))
+
 _FORMATS: dict[str, _Format] = {
-    "ml-100k": _Format(_ML100K_RATINGS, (1.0, 5.0), _ml100k_features),
-    "ml-1m": _Format(_ML_DAT_RATINGS, (1.0, 5.0), _dat_features),
-    "ml-10m": _Format(_ML_DAT_RATINGS, (0.5, 5.0), _dat_features),
-    "ml-20m": _Format(_ML_CSV_RATINGS, (0.5, 5.0), _csv_features),
-    "ml-25m": _Format(_ML_CSV_RATINGS, (0.5, 5.0), _csv_features),
-    "ml-latest": _Format(_ML_CSV_RATINGS, (0.5, 5.0), _csv_features),
-    "lastfm": _Format(_LASTFM_RATINGS, (0.0, math.inf), _lastfm_features, implicit=True),
+    "ml-100k": _Format(_ML100K_RATINGS, (1.0, 5.0), _ml100k_features, "u.item", _ml100k_items),
+    "ml-1m": _Format(_ML_DAT_RATINGS, (1.0, 5.0), _dat_features, *_DAT_CATALOGUE),
+    "ml-10m": _Format(_ML_DAT_RATINGS, (0.5, 5.0), _dat_features, *_DAT_CATALOGUE),
+    "ml-20m": _Format(_ML_CSV_RATINGS, (0.5, 5.0), _csv_features, *_CSV_CATALOGUE),
+    "ml-25m": _Format(_ML_CSV_RATINGS, (0.5, 5.0), _csv_features, *_CSV_CATALOGUE),
+    "ml-latest": _Format(_ML_CSV_RATINGS, (0.5, 5.0), _csv_features, *_CSV_CATALOGUE),
+    "lastfm": _Format(
+        _LASTFM_RATINGS, (0.0, math.inf), _lastfm_features, "artists.dat", _table_reader(_LASTFM_ARTISTS),
+        implicit=True,
+    ),
 }
 
 #: Data set kinds accepted by :func:`load_dataset`.
@@ -514,6 +559,11 @@ def load_dataset(
     ``rating_range`` overrides the declared range (ML-100K/1M: [1, 5]; ML-10M/20M/25M/latest:
     [0.5, 5]; Last.fm: [0, inf)); every rating must lie within it. Duplicate (user, item) pairs
     keep the last rating; their count is warned about and kept in ``duplicates_dropped``.
+
+    Items are the public catalogue of the metadata file (``u.item``, ``movies.dat``,
+    ``movies.csv``, ``artists.dat``), rated or not; a rated item it does not list is a
+    :class:`DataError` at that rating's line. Without the metadata file the rated items are used
+    (with a warning; ``interactions.meta["catalogue"] == "ratings"``).
     Raises :class:`DataError` on an unknown kind, a missing path or member, or bad data.
     """
     fmt = _FORMATS.get(kind)
@@ -525,7 +575,8 @@ def load_dataset(
         if not len(parsed):
             raise DataError("no ratings (the file has no data rows)", path=parsed.where)
         _check_values(parsed, 2, low, high)
-        interactions, n_dup = _interactions(parsed, kind)
+        catalogue = _item_catalogue(source, fmt, parsed)
+        interactions, n_dup = _interactions(parsed, kind, catalogue)
         features = fmt.features(source, interactions.item_ids)
     return Dataset(interactions, features, (low, high), fmt.implicit, str(path), n_dup)
 
@@ -534,7 +585,8 @@ def load_jester(path: str | os.PathLike) -> Dataset:
     """Load Jester (``jester-data-*.csv``, from a folder or the official zip).
 
     Each line is one user: the number of rated jokes, then 100 ratings in [-10, 10] where 99
-    means "not rated". User ids are the 1-based data row numbers, item ids the joke numbers.
+    means "not rated". User ids are the 1-based data row numbers, item ids the joke numbers;
+    the item catalogue is always the 100 jokes, rated or not.
     """
     with _Source(Path(os.fspath(path))) as source:
         names = source.matching("jester-data-*.csv")
@@ -548,7 +600,9 @@ def load_jester(path: str | os.PathLike) -> Dataset:
     scores = np.column_stack(parsed.columns[1:])
     _check_jester(parsed, scores)
     users, jokes = np.nonzero(scores != JESTER_NOT_RATED)
-    interactions, n_dup = from_raw_ids(users + 1, jokes + 1, scores[users, jokes], name="jester")
+    interactions, n_dup = from_raw_ids(
+        users + 1, jokes + 1, scores[users, jokes], name="jester", item_universe=JESTER_JOKES
+    )
     return Dataset(interactions, None, JESTER_RANGE, False, str(path), n_dup)
 
 
@@ -577,10 +631,35 @@ def _check_range(rating_range: tuple[float, float]) -> tuple[float, float]:
     return low, high
 
 
-def _interactions(parsed: _Parsed, name: str) -> tuple[Interactions, int]:
-    """Remap ids, keep the last of duplicate pairs, and warn about them."""
+def _item_catalogue(source: _Source, fmt: _Format, ratings: _Parsed) -> np.ndarray | None:
+    """Sorted raw ids of the items listed in the metadata file, checking that it lists every
+    rated item; None (with a warning) when the source has no metadata file."""
+    if not source.has(fmt.catalogue_file):
+        warnings.warn(
+            f"{source.path} has no {fmt.catalogue_file}: the item catalogue is taken from the ratings "
+            f"({ratings.table.name}), so n_items depends on the ratings (removing a user can remove items)",
+            stacklevel=3,
+        )
+        return None
+    metadata = fmt.catalogue(source)
+    catalogue = np.unique(metadata.columns[0])
+    items = ratings.columns[1]
+    listed = np.zeros(len(items), dtype=bool)
+    if len(catalogue):
+        listed = catalogue[np.minimum(np.searchsorted(catalogue, items), len(catalogue) - 1)] == items
+    if not listed.all():
+        row = int(np.flatnonzero(~listed)[0])
+        raise ratings.error_at(
+            row, f"{ratings.table.columns[1]} {items[row]} is not listed in the item catalogue {metadata.where}"
+        )
+    return catalogue
+
+
+def _interactions(parsed: _Parsed, name: str, catalogue: np.ndarray | None) -> tuple[Interactions, int]:
+    """Remap ids (items over ``catalogue`` when given), keep the last of duplicate pairs, and
+    warn about them."""
     users, items, ratings = parsed.columns[:3]
-    interactions, n_dup = from_raw_ids(users, items, ratings.astype(np.float32), name=name)
+    interactions, n_dup = from_raw_ids(users, items, ratings.astype(np.float32), name=name, item_universe=catalogue)
     if n_dup:
         warnings.warn(
             f"{parsed.where}: dropped {n_dup} duplicate (user, item) pairs, keeping the last rating of each",

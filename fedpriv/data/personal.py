@@ -21,6 +21,17 @@ class PersonalData:
     U_star: np.ndarray  # (d, k) orthonormal ground-truth subspace
     V_star: np.ndarray  # (n, k) ground-truth user models (measurement only: never used by training)
     noise: float
+    user_ids: np.ndarray | None = None  # raw user ids (the generator's index unless a subset)
+
+    def __post_init__(self) -> None:
+        if self.user_ids is None:
+            self.user_ids = np.arange(self.X.shape[0], dtype=np.int64)
+
+    def without(self, index: int) -> "PersonalData":
+        """The neighbouring data set: one user (dense index) removed, the others renumbered
+        densely but keeping their raw ids."""
+        keep = np.arange(self.n_users) != index
+        return PersonalData(self.X[keep], self.y[keep], self.U_star, self.V_star[keep], self.noise, self.user_ids[keep])
 
     @property
     def n_users(self) -> int:

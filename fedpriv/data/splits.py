@@ -5,15 +5,21 @@
   of Liang et al., "Variational Autoencoders for Collaborative Filtering" (WWW 2018).
 
 Every part keeps the id space (``n_users``, ``n_items``, raw ids) of the input.
+
+Neighbour stability: the randomness is keyed by *raw* ids (:mod:`fedpriv.data.ids`), never by a
+dense index or a shared random stream. A rating's part depends only on the seed and its (raw
+user, raw item) pair, a user's held-out group only on the seed and its raw id, and a held-out
+user's history / targets only on the seed and that user's own positives. So removing one user
+(a neighbouring data set, renumbered densely) moves no other user's rating to another part.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from fedpriv.data.ids import id_keys, mix_uniform, public_key
 from fedpriv.data.interactions import Interactions
 from fedpriv.errors import ConfigError
 
@@ -34,8 +40,9 @@ class HeldoutSplit:
     """Implicit positives (rating 1.0) split by users.
 
     ``train`` holds all positives of the training users; each held-out user's positives are
-    split into ``*_history`` (the model's input) and ``*_targets`` (to be predicted). Only
-    ``items`` (the items with a training positive) appear in any part.
+    split into ``*_history`` (the model's input) and ``*_targets`` (to be predicted).
+    ``items`` is the whole item catalogue ``0..n_items-1``: no item is dropped (choosing items
+    from the training counts would make the item set depend on private data).
     """
 
     train: Interactions
@@ -46,7 +53,14 @@ class HeldoutSplit:
     train_users: np.ndarray  # sorted user ids
     valid_users: np.ndarray
     test_users: np.ndarray
-    items: np.ndarray  # sorted ids of the items kept
+    items: np.ndarray  # all item ids, np.arange(n_items)
+
+
+def rating_uniforms(inter: Interactions, key: bytes) -> np.ndarray:
+    """One uniform in [0, 1) per rating, a keyed function of its (raw user id, raw item id)."""
+    user_keys = id_keys(key, "user", inter.user_ids)[inter.users]
+    item_keys = id_keys(key, "item", inter.item_ids)[inter.items]
+    return mix_uniform(user_keys, item_keys)
 
 
 def random_split(
@@ -54,16 +68,17 @@ def random_split(
 ) -> RatingSplit:
     """Assign each rating to train / valid / test at random, in the given proportions.
 
-    Part sizes are ``floor(fraction * n)`` for train and valid (test takes the rest), so the
-    split is exact, deterministic for a seed, and covers every rating exactly once.
+    Each rating draws its own uniform ``u`` keyed by the seed and its (raw user id, raw item id):
+    train when ``u < fractions[0]``, valid when ``u < fractions[0] + fractions[1]``, else test.
+    So the split covers every rating exactly once, is deterministic for a seed, and a rating's
+    part does not depend on the other ratings (removing a user moves nobody else's ratings).
+    Part sizes are binomial: about ``fraction * n``, within a few ``sqrt(n f (1 - f))``.
     """
     _check_fractions(fractions)
-    n = len(inter)
-    order = np.random.default_rng(seed).permutation(n)
-    n_train = int(math.floor(fractions[0] * n))
-    n_valid = min(int(math.floor(fractions[1] * n)), n - n_train)
-    parts = np.split(order, [n_train, n_train + n_valid])
-    train, valid, test = (inter.subset(np.sort(p)) for p in parts)
+    u = rating_uniforms(inter, public_key(seed, "split"))
+    f_train, f_valid = float(fractions[0]), float(fractions[1])
+    part = np.where(u < f_train, 0, np.where(u < f_train + f_valid, 1, 2))
+    train, valid, test = (inter.subset(np.flatnonzero(part == k)) for k in range(3))
     return RatingSplit(train=train, valid=valid, test=test)
 
 
@@ -80,45 +95,47 @@ def _check_fractions(fractions: tuple[float, float, float]) -> None:
 def heldout_users_split(
     inter: Interactions,
     *,
-    n_valid_users: int,
-    n_test_users: int,
+    valid_fraction: float,
+    test_fraction: float,
     positive_threshold: float | None = 3.5,
     min_ratings: int = 5,
     history_fraction: float = 0.8,
-    top_items_fraction: float | None = None,
     seed: int = 98765,
 ) -> HeldoutSplit:
     """Split positives by user, as Liang et al. do for ML-20M.
 
     1. Positives are ratings ``> positive_threshold`` (every pair when it is None); they get
        rating 1.0. Users with fewer than ``min_ratings`` positives are dropped.
-    2. ``n_valid_users`` and ``n_test_users`` disjoint users are drawn at random; all other
-       kept users are training users, whose positives form ``train``.
-    3. With ``top_items_fraction``, only that fraction of the training items, the most
-       frequent in ``train``, is kept (ties broken by item id).
-    4. Held-out positives on items absent from ``train`` are removed; then each held-out
-       user's positives are split at random: ``floor((1 - history_fraction) * n)`` targets
-       (at least 1, and at least one history item), the rest history. A held-out user left
-       with a single positive keeps it as history (no target), as in Liang et al.
+    2. Each kept user draws a uniform ``u`` keyed by the seed and its raw id: a validation user
+       when ``u < valid_fraction``, a test user when ``u < valid_fraction + test_fraction``,
+       else a training user. All positives of the training users form ``train``. The group
+       sizes are binomial (about the fractions of the kept users).
+    3. Each held-out user's positives are ordered by a uniform keyed by the seed and the (raw
+       user, raw item) pair; the first ``floor((1 - history_fraction) * n)`` (at least 1, and
+       at least one history item) are targets, the rest history. A held-out user with a single
+       positive keeps it as history (no target), as in Liang et al.
+
+    Every item is kept (``items`` is the whole catalogue), including held-out positives on items
+    no training user likes. A user's group and its history / targets depend only on the seed
+    and that user's own ratings. Raises :class:`ConfigError` (naming the field) on bad settings
+    or when no training user would remain.
     """
-    _check_heldout_args(n_valid_users, n_test_users, min_ratings, history_fraction, top_items_fraction)
-    rng = np.random.default_rng(seed)
+    _check_heldout_args(valid_fraction, test_fraction, min_ratings, history_fraction)
     positives = _positives(inter, positive_threshold)
     eligible = np.flatnonzero(positives.user_counts() >= min_ratings)
-    _check_user_counts(n_valid_users, n_test_users, len(eligible))
-    chosen = rng.permutation(eligible)
-    valid_users = np.sort(chosen[:n_valid_users])
-    test_users = np.sort(chosen[n_valid_users:n_valid_users + n_test_users])
-    train_users = np.sort(chosen[n_valid_users + n_test_users:])
-    train = positives.subset(np.isin(positives.users, train_users))
-    items = _train_items(train, top_items_fraction)
-    train = train.subset(np.isin(train.items, items))
-    on_train_items = np.isin(positives.items, items)
+    u = mix_uniform(id_keys(public_key(seed, "heldout"), "user", inter.user_ids[eligible]))
+    is_valid = u < valid_fraction
+    is_test = ~is_valid & (u < valid_fraction + test_fraction)
+    train_users = eligible[~is_valid & ~is_test]
+    _check_train_users(len(train_users), len(eligible), int(is_valid.sum()), min_ratings)
+    valid_users, test_users = eligible[is_valid], eligible[is_test]
+    train = positives.subset(np.flatnonzero(np.isin(positives.users, train_users)))
+    history_key = public_key(seed, "heldout-history")
     valid_history, valid_targets = _history_targets(
-        rng, positives, on_train_items & np.isin(positives.users, valid_users), history_fraction
+        history_key, positives, np.isin(positives.users, valid_users), history_fraction
     )
     test_history, test_targets = _history_targets(
-        rng, positives, on_train_items & np.isin(positives.users, test_users), history_fraction
+        history_key, positives, np.isin(positives.users, test_users), history_fraction
     )
     return HeldoutSplit(
         train=train,
@@ -129,40 +146,38 @@ def heldout_users_split(
         train_users=train_users,
         valid_users=valid_users,
         test_users=test_users,
-        items=items,
+        items=np.arange(inter.n_items),
     )
 
 
 def _check_heldout_args(
-    n_valid_users: int,
-    n_test_users: int,
-    min_ratings: int,
-    history_fraction: float,
-    top_items_fraction: float | None,
+    valid_fraction: float, test_fraction: float, min_ratings: int, history_fraction: float
 ) -> None:
     """Reject out-of-range settings of :func:`heldout_users_split`."""
-    if n_valid_users < 0:
-        raise ConfigError(f"must be >= 0, got {n_valid_users}", field="n_valid_users")
-    if n_test_users < 0:
-        raise ConfigError(f"must be >= 0, got {n_test_users}", field="n_test_users")
+    for name, value in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
+        if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
+            raise ConfigError(f"must be a number in [0, 1), got {value!r}", field=name)
+        if not 0 <= value < 1:
+            raise ConfigError(f"must be in [0, 1), got {value}", field=name)
+    if not valid_fraction + test_fraction < 1:
+        raise ConfigError(f"valid_fraction + test_fraction must be < 1 (training users must remain), got "
+                          f"{valid_fraction} + {test_fraction}", field="test_fraction")
     if min_ratings < 2:
         raise ConfigError(f"must be >= 2 (one history and one target item), got {min_ratings}",
                           field="min_ratings")
     if not 0 < history_fraction < 1:
         raise ConfigError(f"must be in (0, 1), got {history_fraction}", field="history_fraction")
-    if top_items_fraction is not None and not 0 < top_items_fraction <= 1:
-        raise ConfigError(f"must be in (0, 1], got {top_items_fraction}", field="top_items_fraction")
 
 
-def _check_user_counts(n_valid_users: int, n_test_users: int, n_eligible: int) -> None:
+def _check_train_users(n_train: int, n_eligible: int, n_valid: int, min_ratings: int) -> None:
     """Held-out users must leave at least one training user."""
-    if n_valid_users >= n_eligible:
-        raise ConfigError(f"{n_valid_users} validation users leave no training user: only "
-                          f"{n_eligible} users have enough positives", field="n_valid_users")
-    if n_valid_users + n_test_users >= n_eligible:
-        raise ConfigError(f"{n_valid_users} validation + {n_test_users} test users leave no "
-                          f"training user: only {n_eligible} users have enough positives",
-                          field="n_test_users")
+    if n_eligible == 0:
+        raise ConfigError(f"no user has {min_ratings} positives, so no training user remains",
+                          field="min_ratings")
+    if n_train == 0:
+        field = "valid_fraction" if n_valid == n_eligible else "test_fraction"
+        raise ConfigError(f"every one of the {n_eligible} users with enough positives is held out: no "
+                          "training user remains", field=field)
 
 
 def _positives(inter: Interactions, threshold: float | None) -> Interactions:
@@ -172,24 +187,15 @@ def _positives(inter: Interactions, threshold: float | None) -> Interactions:
     return replace(positives, ratings=np.ones(len(positives), dtype=np.float32))
 
 
-def _train_items(train: Interactions, top_items_fraction: float | None) -> np.ndarray:
-    """Sorted ids of the items in ``train``; only the most frequent fraction if one is given."""
-    counts = train.item_counts()
-    present = np.flatnonzero(counts)
-    if top_items_fraction is None:
-        return present
-    n_keep = max(1, math.ceil(top_items_fraction * len(present)))
-    by_count = present[np.argsort(-counts[present], kind="stable")]
-    return np.sort(by_count[:n_keep])
-
-
 def _history_targets(
-    rng: np.random.Generator, positives: Interactions, mask: np.ndarray, history_fraction: float
+    key: bytes, positives: Interactions, mask: np.ndarray, history_fraction: float
 ) -> tuple[Interactions, Interactions]:
-    """Split the selected positives of each user at random into history and targets."""
+    """Split the selected positives of each user into history and targets, in the order of a
+    uniform keyed by (raw user id, raw item id)."""
     index = np.flatnonzero(mask)
-    users = positives.users[index]
-    order = np.lexsort((rng.random(len(index)), users))  # by user, random within a user
+    selected = positives.subset(index)
+    users = selected.users
+    order = np.lexsort((rating_uniforms(selected, key), users))  # by user, keyed order within
     index, users = index[order], users[order]
     counts = np.bincount(users, minlength=positives.n_users)
     starts = np.cumsum(counts) - counts

@@ -70,6 +70,10 @@ def make_mf(
     (popular items saturate naturally, as no item can have more than ``users`` raters); every
     user first gets ``min(5, ratings // users)`` items drawn by popularity.
 
+    The id spaces are fixed by the arguments, not by the ratings: exactly ``users`` users and
+    ``items`` items (an item without ratings is still an item), raw ids ``0..users-1`` and
+    ``0..items-1`` equal to the dense ids (``meta["catalogue"] == "metadata"``).
+
     Item features: ``n_genres`` multi-hot genres (about 2 per item, at least 1) and
     ``n_year_buckets`` one-hot year buckets, thresholds / quantiles of random projections of
     the true item factors. Raises :class:`ConfigError` (naming the field) on impossible input,
@@ -93,9 +97,11 @@ def make_mf(
         ratings=values,
         n_users=users,
         n_items=items,
+        user_ids=np.arange(users, dtype=np.int64),
+        item_ids=np.arange(items, dtype=np.int64),
         name="synthetic-mf",
         meta={"generator": "make_mf", "rank": rank, "skew": skew, "user_skew": user_skew,
-              "noise": noise, "seed": seed},
+              "noise": noise, "seed": seed, "catalogue": "metadata"},
     )
     return SyntheticMF(
         interactions=inter,

@@ -13,6 +13,7 @@ from ..algorithms import als, protocol
 from . import codec
 from .pam_server import register as register_pam_handlers
 from .recommend_handlers import register as register_recommend_handlers
+from .node_secrets import with_keys
 from .partition import data_dir_of, load_feature_table, load_shard
 
 app = ClientApp()
@@ -62,7 +63,9 @@ def train(msg: Message, context: Context) -> Message:
     (ALS family, AM-SSP), logistic statistics (AM-SSP-convex) or the sampled users' clipped
     gradients (DP-SGD, AM-DPSGD)."""
     state, data_dir, upn = codec.decode_state(msg.content)
-    shard = load_shard(data_dir_of(context.node_config, data_dir), "train", _partition_id(context), upn)
+    folder = data_dir_of(context.node_config, data_dir)
+    shard = load_shard(folder, "train", _partition_id(context), upn)
+    shard, _ = with_keys(shard, folder, msg.content.config_records["cfg"], context)  # the users' own randomness
     table = load_feature_table(data_dir) if state.algorithm == "am-dpsgd" else None  # public: from the server's folder
     contribution = protocol.client_step(shard, state, codec.round_of(msg.content), table)
     return Message(codec.encode_contribution(contribution, state, shard.n_users), reply_to=msg)

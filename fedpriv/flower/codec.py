@@ -34,7 +34,9 @@ def _arr(x) -> Array:
 STATE_ARRAYS = ("item_factors", "item_bias", "counts_hat", "omega", "encoder_params")
 
 
-def encode_state(state: als.PublicState, data_dir: str, users_per_node: int, round_index: int = 0) -> RecordDict:
+def encode_state(state: als.PublicState, data_dir: str, users_per_node: int, round_index: int = 0, key_file: str | None = None) -> RecordDict:
+    """The broadcast: released values and public choices only. ``key_file``: reproducible-noise
+    runs only, the path of the clients' key file (:mod:`fedpriv.flower.node_secrets`)."""
     arrays = {}
     for key in STATE_ARRAYS:
         value = getattr(state, key)
@@ -57,6 +59,8 @@ def encode_state(state: als.PublicState, data_dir: str, users_per_node: int, rou
             "state_id": uuid.uuid4().hex,
         }
     )
+    if key_file:
+        cfg["client_key_file"] = str(key_file)
     rd = RecordDict({"state": ArrayRecord(arrays), "cfg": cfg})
     return rd
 

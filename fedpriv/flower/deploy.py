@@ -67,7 +67,7 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost")
 STOP_SECONDS = 15.0  # SIGTERM, then SIGKILL after this long
 CLI_SECONDS = 60.0  # one `flwr supernode ...` call
 # `--set` keys that would change the split or the node count fixed by `deploy up`
-FIXED_BY_UP = ("split", "split_seed", "heldout_users", "users_per_node", "nodes")
+FIXED_BY_UP = ("split", "split_seed", "heldout_fraction", "users_per_node", "nodes")
 
 
 # ------------------------------------------------------------------------------ configuration

@@ -153,6 +153,7 @@ out = ""
 round-timeout = 0.0
 node-wait = 120.0
 work-dir = ""
+noise-seed-file = ""
 """
     )
 
@@ -341,6 +342,25 @@ def _run_streaming(cmd: list[str], *, cwd: Path, env: dict, quiet: bool, timeout
 
 
 # ------------------------------------------------------------------------------ the launcher
+def write_noise_seed_file(path: Path, seed: int) -> str:
+    """The noise seed of a reproducible run, in a file only its owner can read."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{int(seed)}\n")
+    return str(path)
+
+
+def read_noise_seed_file(path: str) -> int:
+    """The seed of ``noise-seed-file`` (a single integer); errors name the file."""
+    try:
+        text = Path(path).read_text().strip()
+        return int(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the noise seed file: {exc}", field="noise-seed-file") from None
+    except ValueError:
+        raise ConfigError(f"{path}: expected one integer", field="noise-seed-file") from None
+
+
 def flwr_run(
     algorithm: str,
     data: str,
@@ -354,13 +374,17 @@ def flwr_run(
     quiet: bool = False,
     flwr_home: str | os.PathLike | None = None,
     timeout: float | None = None,
+    noise_seed: int | None = None,
 ) -> dict:
     """Run one job with ``flwr run`` on ``nodes`` simulated nodes (default: one per partition
     of ``users_per_node`` users, default 1) and write ``out/metrics.json`` and
     ``out/ledger.json`` (both or neither); returns the metrics.
 
     ``flwr_home`` (an empty or missing folder) replaces the temporary FLWR_HOME, e.g. to find
-    the SuperLink from outside; it is not removed. ``timeout`` bounds the ``flwr run`` call."""
+    the SuperLink from outside; it is not removed. ``timeout`` bounds the ``flwr run`` call.
+    ``noise_seed``: reproducible noise; the seed goes to the ServerApp in a file readable by
+    this user only (run-config key ``noise-seed-file``), never in the run config itself, which
+    every node can read."""
     from ..run import write_outputs
 
     t0 = time.perf_counter()
@@ -393,6 +417,8 @@ def flwr_run(
         app_dir, job_out = work / "app", work / "out"
         _write_app(app_dir)
         run_config["out"] = str(job_out)
+        if noise_seed is not None:
+            run_config["noise-seed-file"] = write_noise_seed_file(work / "noise-seed", noise_seed)
         _write_run_config(work / "run-config.toml", run_config)
         env = _flwr_env(home)
         cmd = [

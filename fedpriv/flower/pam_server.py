@@ -19,8 +19,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..algorithms import pam
 from ..privacy.ledger import PrivacyLedger
+from ..privacy.randomness import RunSecrets
 from . import codec
 from .counters import RoundCounters
+from .node_secrets import write_raw_ids
 from .partition import node_users
 
 log = logging.getLogger("fedpriv.flower")
@@ -37,6 +39,7 @@ class PamJob:
     users_per_node: int = 1
     round_timeout: float | None = None
     node_wait_seconds: float = 120.0
+    secrets: RunSecrets = field(default_factory=RunSecrets, repr=False)  # never sent to a node
 
     def n_parts(self) -> int:
         return -(-self.data.n_users // self.users_per_node)
@@ -64,6 +67,7 @@ def write_pam_partitions(folder: Path, data) -> str:
     np.save(folder / "pam_V_star.npy", data.V_star)
     np.save(folder / "pam_U_star.npy", data.U_star)
     (folder / "pam_meta.json").write_text(json.dumps({"n_users": data.n_users, "noise": data.noise}))
+    write_raw_ids(folder, data.user_ids)
     return str(folder)
 
 
@@ -92,14 +96,14 @@ def load_block(folder: str, partition_id: int, users_per_node: int):
 
 
 # ------------------------------------------------------------------ messages
-def encode_state(state: pam.PAMState, data_dir: str, users_per_node: int, group: np.ndarray | None = None) -> RecordDict:
+def encode_state(state: pam.PAMState, data_dir: str, users_per_node: int, group: int | None = None, key_file: str | None = None) -> RecordDict:
+    """``group``: the disjoint schedule's group of this step (each node's users know their own
+    groups; the server never learns them); ``key_file``: reproducible-noise runs only."""
     arrays = {}
     if state.U is not None:
         arrays["U"] = codec._arr(state.U)  # noqa: SLF001
     if state.theta is not None:
         arrays["theta"] = codec._arr(state.theta)  # noqa: SLF001
-    if group is not None:
-        arrays["group"] = codec._arr(group.astype(np.int64))  # noqa: SLF001 - public: users of this step
     cfg = ConfigRecord(
         {
             "algorithm": state.algorithm,
@@ -109,8 +113,11 @@ def encode_state(state: pam.PAMState, data_dir: str, users_per_node: int, group:
             "samples": state.samples,
             "data_dir": data_dir,
             "users_per_node": int(users_per_node),
+            "group": -1 if group is None else int(group),
         }
     )
+    if key_file:
+        cfg["client_key_file"] = str(key_file)
     return RecordDict({"state": ArrayRecord(arrays), "cfg": cfg})
 
 
@@ -120,8 +127,8 @@ def decode_state(content: RecordDict):
     state = pam.PAMState(str(cfg["algorithm"]), pam.PAMConfig(**json.loads(str(cfg["config"]))), int(cfg["d"]), int(cfg["k"]), int(cfg["samples"]), {})
     state.U = arrays["U"].numpy() if "U" in arrays else None
     state.theta = arrays["theta"].numpy() if "theta" in arrays else None
-    group = arrays["group"].numpy() if "group" in arrays else None
-    return state, str(cfg["data_dir"]), int(cfg["users_per_node"]), group
+    group = int(cfg.get("group", -1))
+    return state, str(cfg["data_dir"]), int(cfg["users_per_node"]), None if group < 0 else group
 
 
 def _reply(msg: Message, arrays: dict, n_users: int) -> Message:
@@ -137,10 +144,15 @@ def register(app) -> None:
         return int(context.node_config.get("partition-id", 0))
 
     def block(msg: Message, context: Context):
+        from ..personalization import user_groups
+        from ..privacy.randomness import user_keys
+        from .node_secrets import node_key, raw_user_ids
+
         state, data_dir, upn, group = decode_state(msg.content)
         users, X, y, V, U, meta = load_block(data_dir, pid(context), upn)
-        if group is not None:  # disjoint schedule: only this step's users contribute
-            keep = np.isin(users, group)
+        if group is not None:  # disjoint schedule: only the users of this step's group contribute
+            key, _ = node_key(msg.content.config_records["cfg"], context)
+            keep = user_groups(user_keys(key, raw_user_ids(data_dir, users)), state.config.epochs) == group
             users, X, y, V = users[keep], X[keep], y[keep], V[keep]
         return state, users, X, y, V, U, meta
 
@@ -203,10 +215,15 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
 
     t0 = time.perf_counter()
     data = job.data
-    state, ledger = pam.new_state(job.algorithm, job.cfg, data.d, data.k, data.samples, job.epsilon, job.delta)
+    state, ledger = pam.new_state(job.algorithm, job.cfg, data.d, data.k, data.samples, job.epsilon, job.delta, job.secrets.ledger_seed())
     result = PamResult(state=state, ledger=ledger)
     n_parts = job.n_parts()
     data_dir = write_pam_partitions(Path(job.work_dir) / "node-data", data)
+    key_file = None
+    if job.secrets.reproducible:
+        from .node_secrets import write_key_file
+
+        key_file = write_key_file(job.work_dir, job.secrets.client_key())
     nodes = _wait_for_nodes(grid, n_parts, job.node_wait_seconds)
     if len(nodes) < n_parts:
         from ..errors import ConfigError
@@ -227,7 +244,7 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
 
     def collect(kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None, ranges=None) -> dict[str, np.ndarray]:
         total = {key: np.zeros(n) for key, n in keys.items()}
-        replies = dict(rounds.ask(f"query.{kind}", encode_state(state, data_dir, upn, group), name))
+        replies = dict(rounds.ask(f"query.{kind}", encode_state(state, data_dir, upn, group, key_file), name))
         for nid in rounds.nodes:
             if nid not in replies:
                 continue
@@ -257,7 +274,7 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
         pam.server_init(pam.release_init(tot["values"], state, ledger), state)
         dk = d * k
         bounds = {"A_upper": pam.sensitivity("am_A", state), "b": pam.sensitivity("am_b", state)}
-        for t, group in enumerate(step_groups(state, data.n_users)):
+        for t, group in enumerate(step_groups(state)):
             ts = time.perf_counter()
             tot = collect("pam_step", f"step{t + 1}", {"A_upper": dk * (dk + 1) // 2, "b": dk}, bounds, group)
             pam.server_am_update(*pam.release_am(tot["A_upper"], tot["b"], state, ledger), state)

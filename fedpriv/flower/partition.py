@@ -12,6 +12,7 @@ import numpy as np
 
 from ..algorithms.shards import UserShard, shard_users
 from ..data.interactions import Interactions
+from .node_secrets import write_raw_ids
 
 PARTS = ("train", "valid", "test")
 
@@ -25,6 +26,7 @@ def write_partitions(folder: str | Path, parts: dict[str, Interactions], meta: d
         np.save(folder / f"{name}_indptr.npy", shard.indptr)
         np.save(folder / f"{name}_items.npy", shard.items)
         np.save(folder / f"{name}_ratings.npy", shard.ratings)
+    write_raw_ids(folder, next(iter(parts.values())).user_ids)
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
 
@@ -39,7 +41,13 @@ def write_user_partitions(folder: str | Path, parts: dict[str, Interactions], me
         if not 0 <= start <= stop <= inter.n_users:
             raise ValueError(f"user range {start}..{stop} outside 0..{inter.n_users}")
         kept[name] = inter.subset((inter.users >= start) & (inter.users < stop))
-    return write_partitions(folder, kept, meta)
+    out = write_partitions(folder, kept, meta)
+    # the node learns the raw ids of its own users only (the others' are blanked)
+    ids = np.asarray(next(iter(parts.values())).user_ids)
+    own = np.zeros(len(ids), dtype=bool)
+    own[start:stop] = True
+    write_raw_ids(out, np.where(own, ids, -1) if ids.dtype.kind in "iu" else np.where(own, ids.astype(str), ""))
+    return out
 
 
 def data_dir_of(node_config, broadcast_dir: str) -> str:

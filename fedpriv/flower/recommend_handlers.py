@@ -18,31 +18,31 @@ from .codec import _arr, decode_state
 log = logging.getLogger("fedpriv.flower")
 
 
-def _cfg_record(cfg: recommend.RecommendConfig, secure: bool, has_test: bool) -> ConfigRecord:
-    return ConfigRecord({"json": json.dumps({**dataclasses.asdict(cfg), "secure": bool(secure), "has_test": bool(has_test)})})
+def _cfg_record(cfg: recommend.RecommendConfig, has_test: bool) -> ConfigRecord:
+    return ConfigRecord({"json": json.dumps({**dataclasses.asdict(cfg), "has_test": bool(has_test)})})
 
 
-def _cfg_of(content: RecordDict) -> tuple[recommend.RecommendConfig, bool, bool]:
+def _cfg_of(content: RecordDict) -> tuple[recommend.RecommendConfig, bool]:
     d = json.loads(str(content.config_records["rec_cfg"]["json"]))
-    secure = bool(d.pop("secure", False))
     has_test = bool(d.pop("has_test", False))
     d["quantiles"] = tuple(d["quantiles"])
     cfg = recommend.RecommendConfig(**d)
     cfg.validate()
-    return cfg, secure, has_test
+    return cfg, has_test
 
 
 def register(app) -> None:
     """Add the recommendation handlers to fedpriv's ClientApp."""
+    from .node_secrets import with_keys
     from .partition import data_dir_of, load_shard
 
     def setup(msg: Message, context: Context):
         state, data_dir, upn = decode_state(msg.content)
         data_dir = data_dir_of(context.node_config, data_dir)  # a deployed node's own folder, if any
         pid = int(context.node_config.get("partition-id", 0))
-        cfg, secure, has_test = _cfg_of(msg.content)
+        cfg, has_test = _cfg_of(msg.content)
         rec = msg.content.array_records["rec"]
-        return state, data_dir, upn, pid, cfg, (secure, has_test), rec["candidates"].numpy().astype(np.int64)
+        return state, data_dir, upn, pid, cfg, has_test, rec["candidates"].numpy().astype(np.int64)
 
     @app.query("rec_hist")
     def rec_hist(msg: Message, context: Context) -> Message:
@@ -53,28 +53,29 @@ def register(app) -> None:
 
     @app.query("recommend")
     def recommend_(msg: Message, context: Context) -> Message:
-        state, data_dir, upn, pid, cfg, (secure, has_test), cand = setup(msg, context)
+        state, data_dir, upn, pid, cfg, has_test, cand = setup(msg, context)
         rec = msg.content.array_records["rec"]
-        shard = load_shard(data_dir, "train", pid, upn)
+        shard, reproducible = with_keys(load_shard(data_dir, "train", pid, upn), data_dir, msg.content.config_records["cfg"], context)
         held = load_shard(data_dir, "test", pid, upn) if has_test else None
-        rep = recommend.client_recommend(shard, state, cand, rec["lo"].numpy(), rec["hi"].numpy(), cfg, held, secure=secure)
+        rep = recommend.client_recommend(shard, state, cand, rec["lo"].numpy(), rec["hi"].numpy(), cfg, held, reproducible=reproducible)
         arrays = {"picks": _arr(rep.picks.astype(np.int64)), **{k: _arr(np.asarray(v, np.float64)) for k, v in rep.sums.items()}}
         return Message(RecordDict({"rec": ArrayRecord(arrays), "meta": ConfigRecord({"records": json.dumps(rep.records)})}), reply_to=msg)
 
 
-def run_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, secure: bool, has_test: bool):
+def run_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, ledger_seed: int | None, has_test: bool):
     """The server's recommendation rounds over the nodes of ``rounds`` (a
     :class:`fedpriv.flower.server_app._Rounds`): returns (summary, recommendation ledger,
-    {node: reports as candidate item ids})."""
+    {node: reports as candidate item ids}). ``ledger_seed``: None (OS randomness) unless the
+    run asked for reproducible noise."""
     cfg.validate()
-    ledger = PrivacyLedger(seed=cfg.seed, secure=secure)
+    ledger = PrivacyLedger(seed=ledger_seed)
     candidates = recommend.candidate_items(state, cfg.candidates)
     k = len(candidates)
 
     def content(extra: dict) -> RecordDict:
         c = RecordDict(dict(base_content.items()))
         c["rec"] = ArrayRecord({"candidates": _arr(candidates), **{n: _arr(v) for n, v in extra.items()}})
-        c["rec_cfg"] = _cfg_record(cfg, secure, has_test)
+        c["rec_cfg"] = _cfg_record(cfg, has_test)
         return c
 
     if cfg.sensitivity == "quantile":

@@ -24,8 +24,10 @@ from ..algorithms import als, protocol
 from ..engine import new_state
 from ..errors import ConfigError, FedprivError, PrivacyError
 from ..privacy.ledger import PrivacyLedger
+from ..privacy.randomness import RunSecrets
 from . import codec
 from .counters import RoundCounters
+from .node_secrets import write_key_file
 from .partition import write_feature_table, write_partitions
 
 log = logging.getLogger("fedpriv.flower")
@@ -54,6 +56,9 @@ class FlowerJob:
     recommend: object = None  # RecommendConfig: private recommendation rounds after training
     checkpoint: bool = True  # write work_dir/checkpoint.pkl after every step; resume from it
     interrupt_after: int | None = None  # testing hook: stop (as if killed) after this step's checkpoint
+    # the run's secret randomness: fresh OS randomness unless a noise seed asked for reproducible
+    # noise (never sent to a node; a reproducible run's nodes read the clients' key from a file)
+    secrets: RunSecrets = field(default_factory=RunSecrets, repr=False)
 
 
 @dataclass
@@ -126,10 +131,11 @@ class _Checkpoint:
     ledger (its records and its generator's state), the encoder server, the next step and the
     round counters. A job resumes from it when the checkpoint's fingerprint (algorithm, budget,
     hyperparameters, data shape) matches. Before each step's release ``release.marker`` notes
-    the step: a seeded ledger redraws the very same noise after a restart (its generator state
-    is restored), so a release interrupted before the checkpoint is released again bit for bit
-    and recorded once; a secure ledger (OS randomness) cannot, so resuming such a job past an
-    interrupted release is refused rather than releasing twice under one record."""
+    the step. A job that stopped between that marker and the step's checkpoint may already have
+    released noised values; releasing the step again would add fresh noise to a possibly
+    different sum (OS randomness) or, worse, the very same noise to a different sum (a seeded
+    ledger restored from the checkpoint: the difference of the two releases would be exact). So
+    resuming past an interrupted release is refused in both modes; start a new job."""
 
     def __init__(self, job: FlowerJob):
         import hashlib
@@ -141,24 +147,23 @@ class _Checkpoint:
                "n_users": int(job.train.n_users), "n_items": int(job.train.n_items), "n_ratings": int(len(job.train)),
                "users_per_node": job.users_per_node, "rating_range": list(job.rating_range)}
         self.fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
-        self.secure = bool(job.cfg.secure_noise)
 
     def load(self):
         import pickle
 
         if not self.path.exists():
-            if self.marker.exists() and self.secure:
-                raise PrivacyError(f"{self.marker}: the job stopped during its first releases with secure noise; resuming would release twice. Start a new job.")
+            if self.marker.exists():
+                raise PrivacyError(f"{self.marker}: the job stopped during its first releases; resuming would release them twice. Start a new job.")
             return None
         with open(self.path, "rb") as f:
             saved = pickle.load(f)
         if saved.get("fingerprint") != self.fingerprint:
             log.warning("checkpoint %s belongs to another job: starting afresh", self.path)
             return None
-        if self.marker.exists() and self.secure and int(self.marker.read_text() or -1) >= saved["step"]:
+        if self.marker.exists() and int(self.marker.read_text() or -1) >= saved["step"]:
             raise PrivacyError(
-                f"{self.marker}: the job stopped during the release of step {int(self.marker.read_text()) + 1} with secure "
-                "noise; it cannot be redrawn identically, so resuming would release twice. Start a new job."
+                f"{self.marker}: the job stopped during the release of step {int(self.marker.read_text()) + 1}; "
+                "releasing it again (new noise, or a seeded ledger's same noise on another sum) would release twice. Start a new job."
             )
         return saved
 
@@ -202,8 +207,10 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     n_parts = -(-n_users // job.users_per_node)
     parts = {"train": job.train, "valid": job.valid, "test": job.test}
     data_dir = str(write_partitions(job.work_dir / "node-data", {k: v for k, v in parts.items() if v is not None}, {"n_users": n_users}))
-    state, ledger = new_state(job.algorithm, cfg, job.train, job.rating_range, job.implicit, job.epsilon, job.delta)
+    state, ledger = new_state(job.algorithm, cfg, job.train, job.rating_range, job.implicit, job.epsilon, job.delta, secrets=job.secrets)
     result = FlowerResult(state=state, ledger=ledger)
+    # reproducible runs only: the nodes read the clients' key (derived from the noise seed) from a file
+    key_file = write_key_file(job.work_dir, job.secrets.client_key()) if job.secrets.reproducible else None
 
     nodes = _wait_for_nodes(grid, n_parts, job.node_wait_seconds)
     if len(nodes) < n_parts:
@@ -211,7 +218,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     rounds = _Rounds(grid, nodes, result, job.round_timeout)
     def down(round_index: int = 0):
         """The broadcast public state of this round, encoded once for every node."""
-        return codec.encode_state(state, data_dir, job.users_per_node, round_index)
+        return codec.encode_state(state, data_dir, job.users_per_node, round_index, key_file)
 
     # node -> partition (each node maps its own data; the server learns only ids and sizes)
     partition_of: dict[int, int] = {}
@@ -366,7 +373,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
         users_of = {nid: node_users(partition_of[nid], job.users_per_node, n_users) for nid in rounds.nodes}
         summary, result.rec_ledger, reports = run_rounds(
-            rounds, state, down(), {nid: len(u) for nid, u in users_of.items()}, job.recommend, cfg.secure_noise, job.test is not None
+            rounds, state, down(), {nid: len(u) for nid, u in users_of.items()}, job.recommend, job.secrets.ledger_seed("recommend"), job.test is not None
         )
         result.recommendation = summary
         result.rec_picks = np.full(n_users, -1, dtype=np.int64)
@@ -414,6 +421,13 @@ def main(grid: Grid, context: Context) -> None:
     overrides["round_timeout"] = str(rc.get("round-timeout", 0.0))
     overrides["node_wait"] = str(rc.get("node-wait", 120.0))
     work_dir = str(rc.get("work-dir", "") or "") or None  # a work dir keeps the checkpoint: rerun to resume
+    seed_file = str(rc.get("noise-seed-file", "") or "")  # reproducible noise (a file, never the seed in the run config)
+    if seed_file:
+        from .launcher import read_noise_seed_file
+
+        noise_seed = read_noise_seed_file(seed_file)
+    else:
+        noise_seed = None
     out = Path(str(rc.get("out", "runs/flwr"))).expanduser()
     metrics_, ledger = run(
         algorithm,
@@ -425,6 +439,7 @@ def main(grid: Grid, context: Context) -> None:
         progress=False,
         work_dir=work_dir,
         flower_runner=lambda job, n_nodes: run_job(grid, job),
+        noise_seed=noise_seed,
     )
     write_outputs(out, metrics_, ledger)
     log.info("fedpriv: wrote %s and %s", out / "metrics.json", out / "ledger.json")

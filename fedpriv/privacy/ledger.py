@@ -155,12 +155,13 @@ class RepeatAndSelect:
         return (self.name, self.mechanism, self.mean, self.shape, tuple(r.key() + (r.count,) for r in self.releases))
 
     def to_dict(self) -> dict:
+        """The record as written to ``ledger.json``: without ``runs`` (K is part of what the
+        repeat-and-select guarantee keeps hidden)."""
         return {
             "name": self.name,
             "mechanism": self.mechanism,
             "mean": self.mean,
             "shape": self.shape,
-            "runs": self.runs,
             "count": self.count,
             "releases": [r.to_dict() for r in self.releases],
         }
@@ -170,21 +171,32 @@ class RepeatAndSelect:
 class PrivacyLedger:
     """Draws the noise of every release and records it.
 
-    ``seed``: seeds the noise generator (reproducible runs, the default). ``secure=True``
-    ignores ``seed`` and draws every noise value from the operating system's cryptographically
-    secure generator (``os.urandom``), turned into Gaussians by the Box-Muller transform: the
-    noise cannot be predicted from a seed or from earlier draws. (Like every floating-point
-    sampler, it does not address the floating-point attacks of Mironov 2012.)
+    By default (``seed=None``) every noise value comes from the operating system's
+    cryptographically secure generator (``os.urandom``, turned into Gaussians by the Box-Muller
+    transform): nobody can regenerate it, from a seed or from earlier draws. ``seed=N`` asks for
+    reproducible noise from ``PCG64(N)``: its privacy holds only against those who do not know
+    N (engine-agreement tests, :class:`fedpriv.privacy.randomness.RunSecrets` with a noise
+    seed); the seed is never written out (``repr`` hides it, records do not hold it).
+    ``secure=True`` forces the OS generator even when a seed is given. (Like every
+    floating-point sampler, neither addresses the floating-point attacks of Mironov 2012.)
     ``budget``: optional (epsilon, delta); a release that would exceed it is refused.
     """
 
-    seed: int | None = None
+    seed: int | None = field(default=None, repr=False)
     secure: bool = False
     budget: tuple[float, float] | None = None
     releases: list[Release | RepeatAndSelect] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._rng = None if self.secure else np.random.Generator(np.random.PCG64(self.seed))
+        if self.secure or self.seed is None:
+            self.secure, self.seed, self._rng = True, None, None
+        else:
+            self._rng = np.random.Generator(np.random.PCG64(self.seed))
+
+    @property
+    def reproducible(self) -> bool:
+        """True when the noise comes from a seed (anyone holding it can regenerate the noise)."""
+        return self._rng is not None
 
     # ------------------------------------------------------------------ recording
     def _record(self, rel: Release) -> None:
@@ -403,7 +415,7 @@ class PrivacyLedger:
         for it in items:
             if it.get("mechanism") == "repeat_and_select":
                 inner = PrivacyLedger.releases_from_list(it["releases"])
-                out.append(RepeatAndSelect(it["name"], it["mean"], it["shape"], it["runs"], inner))  # type: ignore[arg-type]
+                out.append(RepeatAndSelect(it["name"], it["mean"], it["shape"], int(it.get("runs", 0)), inner))  # type: ignore[arg-type]
             else:
                 out.append(Release(**{k: it[k] for k in keys if k in it}))
         return out

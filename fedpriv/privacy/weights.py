@@ -59,40 +59,26 @@ def clip_user_weights(omega: np.ndarray, items: np.ndarray, indptr: np.ndarray, 
     return w
 
 
-def hash_uniform(seed: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Deterministic uniform [0, 1) numbers from (seed, a, b) by splitmix64: the same for a
-    (user, item) pair whichever shard or engine computes it."""
-    with np.errstate(over="ignore"):
-        x = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
-        x = x ^ (np.asarray(a, dtype=np.uint64) * np.uint64(0xBF58476D1CE4E5B9))
-        x = x ^ (np.asarray(b, dtype=np.uint64) * np.uint64(0x94D049BB133111EB))
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-
-
 def sampled_user_weights(
-    users: np.ndarray,
+    key: np.ndarray,
     items: np.ndarray,
     indptr: np.ndarray,
     k: int,
     beta: float,
     *,
     mode: str,
-    seed: int,
     counts_hat: np.ndarray | None = None,
 ) -> np.ndarray:
     """DPALS sampling: keep at most ``k`` items per user, weight sqrt(beta / k) each.
 
-    ``users``: global user id per rating (for the per-pair random key); ``items``/``indptr``: the
-    user-grouped CSR. ``mode="uniform"``: a uniformly random subset; ``mode="tail"``: the k items
-    with the smallest released counts (ties broken at random).
+    ``key``: one uniform per rating drawn by the rating's user from its own secret randomness
+    (:func:`fedpriv.privacy.randomness.user_uniform`): never a function of public values or of
+    dense ids; ``items``/``indptr``: the user-grouped CSR. ``mode="uniform"``: a uniformly random
+    subset; ``mode="tail"``: the k items with the smallest released counts (ties broken at random).
     """
     if k < 1:
         raise ConfigError(f"must be >= 1, got {k}", field="k")
-    key = hash_uniform(seed, users, items)
+    key = np.asarray(key, dtype=np.float64)
     if mode == "tail":
         if counts_hat is None:
             raise ConfigError("tail-biased sampling needs released counts", field="counts")

@@ -1,0 +1,65 @@
+"""An in-process stand-in for Flower's Grid: every message is handled at once by fedpriv's
+ClientApp, in this process, as the node of its partition would (each node keeps its own
+``context.state`` across messages, as a SuperNode does). Nodes can be killed (they stop replying
+but stay listed, as on a SuperLink until their heartbeat expires) and can rejoin under a new
+node id. Used to test the ServerApp's loop (resume, rejoin) without Ray or processes, and by the
+red-team check (``observer`` sees every message a node receives)."""
+
+from __future__ import annotations
+
+from flwr.app import Context
+from flwr.common import RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+
+class LocalGrid:
+    def __init__(self, n_nodes: int, client_app=None, on_round=None, observer=None):
+        if client_app is None:
+            from fedpriv.flower.client_app import app as client_app
+        for key in ("run_id", "node_id", "task_id"):  # Message() needs a task identity
+            try:
+                getattr(TaskIdentity, key)
+            except RuntimeError:
+                setattr(TaskIdentity, key, 1)
+        self.app = client_app
+        self.partition = {1000 + i: i for i in range(n_nodes)}  # node id -> partition id
+        self.n_partitions = n_nodes
+        self.dead: set[int] = set()
+        self.on_round = on_round  # called with (grid, message_type or "get_node_ids") before each round / node listing
+        self.message_types: list[str] = []
+        self.observer = observer  # called with (node id, message) for every message a node receives
+        self.states: dict[int, RecordDict] = {}  # each node's own context.state, kept across messages (as a SuperNode does)
+
+    def get_node_ids(self) -> list[int]:
+        if self.on_round is not None:
+            self.on_round(self, "get_node_ids")
+        return sorted(self.partition)
+
+    def kill(self, partition: int) -> int:
+        nid = next(n for n, p in self.partition.items() if p == partition and n not in self.dead)
+        self.dead.add(nid)
+        return nid
+
+    def rejoin(self, partition: int) -> int:
+        """The node of ``partition`` comes back under a new node id."""
+        nid = max(self.partition) + 1
+        self.partition[nid] = partition
+        return nid
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        if messages:
+            self.message_types.append(messages[0].metadata.message_type)
+            if self.on_round is not None:
+                self.on_round(self, messages[0].metadata.message_type)
+        replies = []
+        for msg in messages:
+            nid = msg.metadata.dst_node_id
+            if nid not in self.partition or nid in self.dead:
+                continue  # no reply before the timeout
+            if self.observer is not None:
+                self.observer(nid, msg)
+            state = self.states.setdefault(nid, RecordDict())
+            ctx = Context(run_id=1, node_id=nid, node_config={"partition-id": self.partition[nid], "num-partitions": self.n_partitions}, state=state, run_config={})
+            replies.append(self.app(msg, ctx))
+        return replies

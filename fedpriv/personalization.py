@@ -9,14 +9,10 @@ import time
 import numpy as np
 
 from .algorithms import pam
+from .algorithms.shards import split_users
 from .data.personal import PersonalData
 from .privacy.ledger import PrivacyLedger
 from .privacy.randomness import PURPOSE_GROUP, RunSecrets, user_keys, user_uniform
-
-
-def blocks(n_users: int, size: int) -> list[np.ndarray]:
-    size = max(1, int(size))
-    return [np.arange(s, min(s + size, n_users)) for s in range(0, n_users, size)]
 
 
 def step_groups(state: pam.PAMState) -> list[int | None]:
@@ -44,7 +40,7 @@ def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, e
     secrets = secrets if secrets is not None else RunSecrets()
     state, own = pam.new_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta, secrets.ledger_seed())
     ledger = ledger if ledger is not None else own
-    parts = blocks(data.n_users, users_per_shard)
+    parts = split_users(data.n_users, users_per_shard)
     timings: dict = {"steps": []}
     if algorithm == "pam-single-model":
         A = b = 0.0
@@ -64,7 +60,7 @@ def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, e
             ts = time.perf_counter()
             users = np.arange(data.n_users) if group is None else np.flatnonzero(group_of == group)
             A = b = 0.0
-            for u in blocks(len(users), users_per_shard):
+            for u in split_users(len(users), users_per_shard):
                 a_, b_ = pam.client_am_stats(data.X[users[u]], data.y[users[u]], state)
                 A, b = A + a_, b + b_
             pam.server_am_update(*pam.release_am(A, b, state, ledger), state)
@@ -74,7 +70,7 @@ def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, e
 
 
 def evaluate(state: pam.PAMState, data: PersonalData, users_per_shard: int = 4096) -> dict:
-    sums = sum(pam.client_eval_sums(data.X[u], data.y[u], data.V_star[u], data.U_star, state, data.noise) for u in blocks(data.n_users, users_per_shard))
+    sums = sum(pam.client_eval_sums(data.X[u], data.y[u], data.V_star[u], data.U_star, state, data.noise) for u in split_users(data.n_users, users_per_shard))
     out = {"test_mse": float(sums[0] / max(sums[1], 1.0) + data.noise**2)}
     out["subspace_error"] = pam.subspace_error(state.U, data.U_star) if state.U is not None else None
     return out

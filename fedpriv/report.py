@@ -25,9 +25,9 @@ import json
 import os
 import re
 import struct
-import tempfile
 from pathlib import Path
 
+from . import atomic
 from .errors import ConfigError
 
 DEFAULT_TITLE = "fedpriv experiments"
@@ -568,19 +568,6 @@ def _page(title: str, experiments: list[tuple[str, dict]]) -> str:
 """
 
 
-def _write_atomic(out: Path, text: str) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def render(results_dir: str | os.PathLike, out_file: str | os.PathLike, *, title: str | None = None) -> dict:
     """Render; returns {"experiments": n, "plots": n, "tables": n, "runs": n}.
 
@@ -599,7 +586,7 @@ def render(results_dir: str | os.PathLike, out_file: str | os.PathLike, *, title
             anchor, k = f"{exp['name']}-{k}", k + 1
         used.add(anchor)
         experiments.append((anchor, exp))
-    _write_atomic(Path(out_file), _page(title or DEFAULT_TITLE, experiments))
+    atomic.write_text(Path(out_file), _page(title or DEFAULT_TITLE, experiments))
     return {
         "experiments": len(experiments),
         "plots": sum(len(e["plot_items"]) for e in loaded),

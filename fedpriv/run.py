@@ -16,6 +16,7 @@ import numpy as np
 
 from . import evaluation
 from .algorithms import als
+from .algorithms.names import is_private
 from .data.spec import HELDOUT_KINDS, DataSpec, load_spec, parse_data_spec
 from .data.splits import HeldoutSplit, heldout_users_split, random_split
 from .engine import train_inprocess
@@ -150,7 +151,7 @@ def run(
         raise ConfigError(f"unknown algorithm {algorithm!r} (known: {', '.join((*als.ALGORITHMS, *pam.PAM_ALGORITHMS))})", field="algorithm")
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", field="--engine")
-    private = algorithm in pam.PRIVATE if algorithm in pam.PAM_ALGORITHMS else algorithm != "als"
+    private = is_private(algorithm)
     if private and epsilon is None:
         raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
     if noise_seed is not None and not isinstance(noise_seed, int):

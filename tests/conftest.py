@@ -119,3 +119,14 @@ def keyed_shard(inter, users=None, seed: int = 0):
     from fedpriv.privacy.randomness import RunSecrets, user_keys
 
     return shard_users(inter, users, user_keys(RunSecrets(seed).client_key(), inter.user_ids))
+
+
+def load_script(name: str):
+    """A script of ``simulations/`` loaded as a module (scripts are not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "simulations" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

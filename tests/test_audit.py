@@ -5,10 +5,8 @@ audited user's removal renumbers every other user; only the secret randomness is
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,21 +14,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binomtest
 
+from conftest import load_script
 from fedpriv.algorithms.als import ALSConfig
 from fedpriv.data.spec import load_spec, parse_data_spec
 from fedpriv.privacy.audit import audit_gaussian_release, clopper_pearson, epsilon_lower_bound, select_threshold
 from fedpriv.privacy.ledger import PrivacyLedger
 
-SCRIPT = Path(__file__).resolve().parents[1] / "simulations" / "audit.py"
 DATA = "synthetic-mf:users=150,items=60,ratings=2500,seed=3"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("audit_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("audit")
 
 
 @pytest.fixture(scope="module")

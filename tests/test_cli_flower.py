@@ -72,3 +72,24 @@ def test_flower_engine_bad_input_exits_2_before_starting_flower(tmp_path, monkey
     assert time.perf_counter() - t0 < 30
     assert not out.exists() and list(tmp_path.iterdir()) == []
     assert launcher.superlink_pids() == before
+
+
+def test_flower_engine_runs_a_non_private_personalization_baseline_without_epsilon(tmp_path, monkeypatch, capsys):
+    """`fedpriv run pam-own-data --engine flower` without --epsilon used to crash with a
+    TypeError: the launcher decided privacy by `algorithm != "als"`. One rule now decides it,
+    and the ServerApp reads the run config's placeholder back as no epsilon."""
+    import tomllib
+
+    captured = {}
+
+    def fake_flwr(cmd, **kwargs):  # read the run config flwr would get, then fail as flwr would
+        captured.update(tomllib.loads(open(cmd[cmd.index("--run-config") + 1]).read()))
+        return 1, ["no flwr in this test"]
+
+    monkeypatch.setattr(launcher, "_run_streaming", fake_flwr)
+    out = tmp_path / "out"
+    code = main(["run", "pam-own-data", "--data", "synthetic-personal:users=40,samples=4,d=3,k=1", "--engine", "flower", "--out", str(out), "--quiet"])
+    assert code == 2 and "no flwr in this test" in capsys.readouterr().err  # a clean error, no TypeError
+    assert captured["algorithm"] == "pam-own-data" and launcher.epsilon_of_run_config(captured) is None
+    assert launcher.epsilon_of_run_config({"algorithm": "pam", "epsilon": 2.0}) == 2.0
+    assert launcher.epsilon_of_run_config({"algorithm": "als", "epsilon": 1.0}) is None

@@ -313,3 +313,25 @@ def test_movie_titles_for_the_neighbours_table():
     ds = load_spec(parse_data_spec(f"ml-100k:{ROOT.parent / 'shared/data/ml-100k/ml-100k.zip'}"))
     names = ds.item_features.names
     assert len(names) == ds.interactions.n_items and "Star Wars (1977)" in names and "Toy Story (1995)" in names
+
+
+def test_search_summaries_and_headlines_share_one_direction_per_metric():
+    """One rule for "higher is better" (it used to differ between the search and the headline:
+    accuracy was maximised by one and minimised by the other, overlap the other way round)."""
+    from fedpriv.experiments import grid, runner
+
+    assert runner.metric_direction is grid.metric_direction
+    for metric in ("valid_recall_at_20", "valid_accuracy", "rec_hit_rate", "nn_overlap", "test_accuracy"):
+        assert grid.metric_direction(metric) == "max", metric
+    for metric in ("valid_rmse", "test_mse", "valid_logloss", "subspace_error", "rec_mse_to_best"):
+        assert grid.metric_direction(metric) == "min", metric
+    summary = [{"dataset": "d", "method": m, "epsilon": 1.0, "n": 1, "test_accuracy_mean": v, "test_accuracy_std": 0.0} for m, v in (("a", 0.6), ("b", 0.9))]
+
+    class _Exp:
+        kind, datasets = "grid", ["d"]
+
+    import unittest.mock as mock
+
+    with mock.patch.object(runner, "primary_metrics", lambda exp: ["test_accuracy"]):
+        (line,) = runner.grid_headline(_Exp(), summary)
+    assert "best b" in line

@@ -4,21 +4,15 @@ published number) the same attacks do recover the noise and the samples (they ha
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from conftest import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "simulations" / "red_team.py"
 DATA = "synthetic-mf:users=200,items=80,ratings=5000,seed=3"
 
 
 @pytest.fixture(scope="module")
 def red_team():
-    spec = importlib.util.spec_from_file_location("red_team_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.red_team
+    return load_script("red_team").red_team
 
 
 def test_default_outputs_give_nothing_away(red_team):

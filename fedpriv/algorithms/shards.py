@@ -82,6 +82,15 @@ def shard_users(inter: Interactions, users: np.ndarray | None = None, keys: np.n
     )
 
 
+def user_block(index: int, size: int, n_users: int) -> np.ndarray:
+    """Block ``index`` of contiguous user ids, ``size`` each (the last may be smaller, and a block
+    past the end is empty): the users of shard or node ``index``."""
+    size = max(1, int(size))
+    start = min(int(index) * size, n_users)
+    return np.arange(start, min(start + size, n_users), dtype=np.int64)
+
+
 def split_users(n_users: int, users_per_shard: int) -> list[np.ndarray]:
-    """Contiguous blocks of user ids, ``users_per_shard`` each (the last may be smaller)."""
-    return [np.arange(s, min(s + users_per_shard, n_users)) for s in range(0, n_users, users_per_shard)]
+    """Every block of :func:`user_block` (the one rule of shards, nodes and deployment folders)."""
+    size = max(1, int(users_per_shard))
+    return [user_block(i, size, n_users) for i in range(-(-n_users // size))]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 
-FILE_KINDS = ("ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ml-latest", "lastfm")
+FILE_KINDS = ("ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ml-latest", "lastfm", "jester")
 SYNTHETIC_KINDS = {
     "synthetic-mf": {"users": int, "items": int, "ratings": int, "seed": int, "rank": int, "skew": float, "noise": float},
     "synthetic-personal": {"users": int, "samples": int, "d": int, "k": int, "noise": float, "seed": int},
@@ -55,8 +55,10 @@ def parse_data_spec(spec: str) -> DataSpec:
 
 def load_spec(spec: DataSpec):
     """Load or generate the data set of a spec: a :class:`fedpriv.data.loaders.Dataset`."""
-    from .loaders import Dataset, load_dataset
+    from .loaders import Dataset, load_dataset, load_jester
 
+    if spec.kind == "jester":
+        return load_jester(spec.path)
     if spec.path is not None:
         return load_dataset(spec.kind, spec.path)
     if spec.kind == "synthetic-personal":

@@ -290,6 +290,7 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
     search_cfg = {"trials": s_trials, "scope": scope, "reference_epsilon": float(ref_eps), "metric": metric, "seed": search_seed, "mode": mode}
 
     from ..algorithms import als, pam
+    from ..algorithms.names import is_private
 
     known_algs = (*als.ALGORITHMS, *pam.PAM_ALGORITHMS)
     methods: list[Method] = []
@@ -326,7 +327,7 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
         dps = {d: dict(p) for d, p in dps.items()}
         for d, p in quick_dataset_params.items():
             dps[d] = {**dps.get(d, {}), **p}
-        private = alg in pam.PRIVATE if alg in pam.PAM_ALGORITHMS else alg != "als"
+        private = is_private(alg)
         label = str(m.get("label", mname))
         if only is not None and mname not in only:
             continue

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import atomic
 from ..errors import ConfigError
 from .config import Experiment, Method
 
@@ -100,8 +101,15 @@ def as_number(v) -> float | None:
     return f if math.isfinite(f) else None
 
 
+#: Metrics where higher is better (recall, accuracy, hit rates, neighbour overlap); every other
+#: metric (RMSE, MSE, log-loss, subspace error) is better when lower. The one rule of the search,
+#: the summaries and the headlines.
+HIGHER_IS_BETTER = ("recall", "accuracy", "hit", "overlap")
+
+
 def metric_direction(metric: str) -> str:
-    return "max" if "recall" in metric or "accuracy" in metric or "hit" in metric else "min"
+    """"max" for a metric where higher is better, else "min"."""
+    return "max" if any(word in metric for word in HIGHER_IS_BETTER) else "min"
 
 
 def flatten_metrics(metrics: dict) -> dict:
@@ -316,16 +324,8 @@ def _score(v, direction: str) -> float:
     return v if direction == "min" else -v
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write through a temporary file beside ``path``, then rename: never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def _atomic_json(path: Path, doc) -> None:
-    atomic_write_text(path, json.dumps(doc, indent=1, default=_json_default, allow_nan=False) + "\n")
+    atomic.write_text(path, json.dumps(doc, indent=1, default=_json_default, allow_nan=False) + "\n")
 
 
 def _json_default(o):

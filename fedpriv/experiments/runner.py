@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import atomic
 from ..errors import ConfigError
 from . import config as config_mod
 from .grid import (
@@ -30,8 +31,8 @@ from .grid import (
     GridRunner,
     _atomic_json,
     as_number,
-    atomic_write_text,
     cells,
+    metric_direction,
 )
 
 SUMMARY_METRICS = (
@@ -59,7 +60,7 @@ def write_csv(path: Path, rows: list[dict], first: tuple = FIRST_COLUMNS) -> Non
     w.writeheader()
     for r in rows:
         w.writerow({c: _cell_value(r.get(c)) for c in cols})
-    atomic_write_text(path, buf.getvalue())
+    atomic.write_text(path, buf.getvalue())
 
 
 def summary_rows(rows: list[dict], keys=("dataset", "method", "epsilon")) -> list[dict]:
@@ -102,7 +103,7 @@ def grid_headline(exp, summary: list[dict]) -> list[str]:
         metric = next((m for m in primary_metrics(exp) if any(f"{m}_mean" in r for r in rows_d)), None)
         if metric is None:
             continue
-        direction = "max" if ("recall" in metric or "hit" in metric or "overlap" in metric) else "min"
+        direction = metric_direction(metric)
         ref = [r for r in rows_d if r.get("epsilon") is None and f"{metric}_mean" in r]
         ref_txt = "; ".join(f"{r['method']} (no ε) {r[f'{metric}_mean']:.4g}" for r in ref)
         for e in sorted({r["epsilon"] for r in rows_d if r.get("epsilon") is not None}):

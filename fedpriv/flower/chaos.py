@@ -36,6 +36,22 @@ def _malformed(reply: Message) -> Message:
     return reply
 
 
+class _Wrapping:
+    """Registers each handler on ``app`` wrapped by ``wrap`` (the ClientApp decorator interface)."""
+
+    def __init__(self, app: ClientApp, wrap):
+        self.app, self.wrap = app, wrap
+
+    def query(self, *args, **kwargs):
+        return lambda handler: self.app.query(*args, **kwargs)(self.wrap(handler))
+
+    def train(self, *args, **kwargs):
+        return lambda handler: self.app.train(*args, **kwargs)(self.wrap(handler))
+
+    def evaluate(self, *args, **kwargs):
+        return lambda handler: self.app.evaluate(*args, **kwargs)(self.wrap(handler))
+
+
 def make_chaos_app(fault_rate: float, *, modes=("raise", "timeout", "garbage"), stall_seconds: float = 12.0) -> ClientApp:
     """A ClientApp where each message fails with probability ``fault_rate`` in one of ``modes``."""
     app = ClientApp()
@@ -55,9 +71,5 @@ def make_chaos_app(fault_rate: float, *, modes=("raise", "timeout", "garbage"), 
 
         return run
 
-    app.query("info")(wrap(real.info))
-    app.query("mean")(wrap(real.mean))
-    app.query("counts")(wrap(real.counts))
-    app.train()(wrap(real.train))
-    app.evaluate()(wrap(real.evaluate))
+    real.register_handlers(_Wrapping(app, wrap))  # every handler of the real app, each wrapped
     return app

@@ -16,10 +16,6 @@ from .recommend_handlers import register as register_recommend_handlers
 from .node_secrets import with_keys
 from .partition import data_dir_of, load_feature_table, load_shard
 
-app = ClientApp()
-register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_server)
-register_recommend_handlers(app)  # private recommendation (fedpriv.flower.recommend_handlers)
-
 
 def _partition_id(context: Context) -> int:
     return int(context.node_config.get("partition-id", 0))
@@ -30,34 +26,29 @@ def _shard(msg: Message, context: Context, part: str = "train"):
     return state, load_shard(data_dir_of(context.node_config, data_dir), part, _partition_id(context), upn)
 
 
-@app.query("info")
 def info(msg: Message, context: Context) -> Message:
     state, shard = _shard(msg, context)
     meta = ConfigRecord({"partition_id": _partition_id(context), "n_users": shard.n_users, "n_ratings": shard.n_ratings})
     return Message(RecordDict({"meta": meta}), reply_to=msg)
 
 
-@app.query("users")
 def users(msg: Message, context: Context) -> Message:
     state, shard = _shard(msg, context)
     return Message(codec.encode_vector(als.client_user_count(shard), shard.n_users), reply_to=msg)
 
 
-@app.query("mean")
 def mean(msg: Message, context: Context) -> Message:
     state, shard = _shard(msg, context)
     total = als.client_mean(shard, state.config, state.rating_range, state.private)
     return Message(codec.encode_vector(total, shard.n_users), reply_to=msg)
 
 
-@app.query("counts")
 def counts(msg: Message, context: Context) -> Message:
     state, shard = _shard(msg, context)
     total = als.client_counts(shard, state.config, state.n_items, state.private)
     return Message(codec.encode_vector(total, shard.n_users), reply_to=msg)
 
 
-@app.train()
 def train(msg: Message, context: Context) -> Message:
     """Local user update, then the shard's clipped contribution: weighted per-item statistics
     (ALS family, AM-SSP), logistic statistics (AM-SSP-convex) or the sampled users' clipped
@@ -71,7 +62,6 @@ def train(msg: Message, context: Context) -> Message:
     return Message(codec.encode_contribution(contribution, state, shard.n_users), reply_to=msg)
 
 
-@app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Per-bucket squared errors on the node's validation and test ratings."""
     state, data_dir, upn = codec.decode_state(msg.content)
@@ -90,3 +80,18 @@ def evaluate(msg: Message, context: Context) -> Message:
         out[f"{part}_sse"] = codec._arr(sse)  # noqa: SLF001
         out[f"{part}_n"] = codec._arr(cnt)  # noqa: SLF001
     return Message(RecordDict({"eval": ArrayRecord(out)}), reply_to=msg)
+
+
+def register_handlers(app) -> None:
+    """Every handler of a fedpriv node on ``app``: a ClientApp, or anything with its ``query``,
+    ``train`` and ``evaluate`` decorators (the fault injector wraps each handler this way)."""
+    for name, handler in (("info", info), ("users", users), ("mean", mean), ("counts", counts)):
+        app.query(name)(handler)
+    app.train()(train)
+    app.evaluate()(evaluate)
+    register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_server)
+    register_recommend_handlers(app)  # private recommendation (fedpriv.flower.recommend_handlers)
+
+
+app = ClientApp()
+register_handlers(app)

@@ -54,6 +54,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import atomic
 from ..errors import ConfigError, FedprivError
 from . import launcher
 
@@ -421,13 +422,14 @@ def n_partitions(job) -> int:
 
 def write_node_data(cfg: DeployConfig, job, root: Path | None = None) -> None:
     """Node i's folder under ``root`` (default: the run folder) with only its users' ratings."""
+    from ..algorithms.shards import user_block
     from .partition import write_user_partitions
 
     n_users = job.train.n_users
     parts = {k: v for k, v in (("train", job.train), ("valid", job.valid), ("test", job.test)) if v is not None}
     for i in range(cfg.nodes):
-        lo = min(i * job.users_per_node, n_users)
-        hi = min(lo + job.users_per_node, n_users)
+        block = user_block(i, job.users_per_node, n_users)
+        lo, hi = (int(block[0]), int(block[-1]) + 1) if len(block) else (n_users, n_users)
         rel = cfg.node_data_dir(i).relative_to(cfg.run_dir)
         write_user_partitions((root or cfg.run_dir) / rel, parts, {"n_users": n_users, "partition_id": i, "users": [lo, hi]}, (lo, hi))
 
@@ -527,10 +529,7 @@ def _read_pids(cfg: DeployConfig) -> list[dict]:
 
 
 def _write_pids(cfg: DeployConfig, entries: list[dict]) -> None:
-    path = cfg.run_dir / PIDS_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"processes": entries}, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic.write_text(cfg.run_dir / PIDS_FILE, json.dumps({"processes": entries}, indent=2) + "\n")
 
 
 def running(cfg: DeployConfig) -> list[dict]:
@@ -627,9 +626,7 @@ def write_connection(cfg: DeployConfig) -> Path:
     path = cfg.flwr_home / "config.toml"
     text = connection_toml(cfg)
     if not path.is_file() or path.read_text() != text:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic.write_text(path, text)
     return path
 
 
@@ -838,7 +835,7 @@ def run_job(
     run_config = {
         "algorithm": algorithm,
         "data": launcher._absolute_data(data),  # noqa: SLF001
-        "epsilon": float(epsilon) if algorithm != "als" and epsilon is not None else 1.0,
+        "epsilon": launcher.run_config_epsilon_value(algorithm, epsilon),
         "delta": float(delta),
         "users-per-node": cfg.users_per_node,
         "set": ",".join([*(f"{k}={v}" for k, v in overrides.items()), f"nodes={cfg.nodes}"]),

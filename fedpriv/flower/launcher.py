@@ -32,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 
+from .. import atomic
+from ..algorithms.names import is_private
 from ..errors import ConfigError, FedprivError
 
 HOME_PREFIX = "fedpriv-flwr-"  # temporary folders of this module: marks our SuperLinks
@@ -342,12 +344,21 @@ def _run_streaming(cmd: list[str], *, cwd: Path, env: dict, quiet: bool, timeout
 
 
 # ------------------------------------------------------------------------------ the launcher
+def run_config_epsilon_value(algorithm: str, epsilon: float | None) -> float:
+    """The run config's ``epsilon``: the target of a private algorithm; a placeholder (1.0, which
+    :func:`epsilon_of_run_config` reads back as None) for the others, since a run config holds
+    no null."""
+    return float(epsilon) if is_private(algorithm) and epsilon is not None else 1.0
+
+
+def epsilon_of_run_config(run_config) -> float | None:
+    """The epsilon a ServerApp runs with: None for a non-private algorithm."""
+    return float(run_config["epsilon"]) if is_private(str(run_config.get("algorithm", "adadpals"))) else None
+
+
 def write_noise_seed_file(path: Path, seed: int) -> str:
     """The noise seed of a reproducible run, in a file only its owner can read."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{int(seed)}\n")
-    return str(path)
+    return str(atomic.write_text(path, f"{int(seed)}\n", mode=0o600))
 
 
 def read_noise_seed_file(path: str) -> int:
@@ -399,11 +410,10 @@ def flwr_run(
         n_nodes = n_parts
     elif n_nodes < n_parts:
         raise ConfigError(f"{n_parts} partitions of {upn} users need at least {n_parts} nodes, got {n_nodes}", field="--nodes")
-    private = algorithm != "als"
     run_config = {
         "algorithm": algorithm,
         "data": _absolute_data(data),
-        "epsilon": float(epsilon) if private else 1.0,
+        "epsilon": run_config_epsilon_value(algorithm, epsilon),
         "delta": float(delta),
         "users-per-node": upn,
         # the ServerApp reports this many nodes (all of them are registered and polled)

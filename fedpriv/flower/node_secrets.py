@@ -12,13 +12,13 @@ read that file can reproduce the users' choices, which is what a reproducible ru
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from flwr.app import ConfigRecord, Context
 
+from .. import atomic
 from ..algorithms.shards import UserShard
 from ..privacy.randomness import new_client_key, user_keys
 
@@ -29,11 +29,7 @@ RAW_IDS_FILE = "user_ids.npy"
 
 def write_key_file(folder: str | Path, key: bytes) -> str:
     """The clients' key of a reproducible run, readable by its owner only."""
-    path = Path(folder) / "clients.key"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key)
-    return str(path)
+    return str(atomic.write_bytes(Path(folder) / "clients.key", key, mode=0o600))
 
 
 def node_key(cfg_record, context: Context) -> tuple[bytes, bool]:

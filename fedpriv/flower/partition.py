@@ -10,12 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..algorithms.shards import UserShard, shard_users
+from ..algorithms.shards import UserShard, shard_users, user_block
 from ..data.interactions import Interactions
 from .node_secrets import write_raw_ids
-
-PARTS = ("train", "valid", "test")
-
 
 def write_partitions(folder: str | Path, parts: dict[str, Interactions], meta: dict) -> Path:
     """Write each part as a by-user CSR (indptr, items, ratings) of .npy files plus meta.json."""
@@ -67,14 +64,9 @@ def _mapped(folder: str, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     )
 
 
-@lru_cache(maxsize=8)
-def read_meta(folder: str) -> dict:
-    return json.loads((Path(folder) / "meta.json").read_text())
-
-
 def node_users(partition_id: int, users_per_node: int, n_users: int) -> np.ndarray:
-    start = partition_id * users_per_node
-    return np.arange(start, min(start + users_per_node, n_users), dtype=np.int64)
+    """The users of node ``partition_id`` (:func:`~fedpriv.algorithms.shards.user_block`)."""
+    return user_block(partition_id, users_per_node, n_users)
 
 
 @lru_cache(maxsize=64)

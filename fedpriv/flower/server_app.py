@@ -19,7 +19,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from .. import evaluation, metrics
+from .. import atomic, evaluation, metrics
 from ..algorithms import als, protocol
 from ..engine import new_state
 from ..errors import ConfigError, FedprivError, PrivacyError
@@ -171,17 +171,13 @@ class _Checkpoint:
         self.marker.write_text(str(step))
 
     def save(self, step: int, state, ledger, server, result) -> None:
-        import os
         import pickle
 
         counters = {"rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down,
                     "round_log": list(result.round_log), "rejected": list(result.rejected)}
         blob = {"fingerprint": self.fingerprint, "step": step, "state": state, "ledger": ledger, "server": server,
                 "counters": counters, "curve": list(result.curve)}
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump(blob, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, self.path)
+        atomic.write_bytes(self.path, pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
         if self.marker.exists():
             self.marker.unlink()
 
@@ -415,7 +411,9 @@ def main(grid: Grid, context: Context) -> None:
 
     rc = context.run_config
     algorithm = str(rc.get("algorithm", "adadpals"))
-    epsilon = float(rc["epsilon"]) if algorithm != "als" else None
+    from .launcher import epsilon_of_run_config
+
+    epsilon = epsilon_of_run_config(rc)
     overrides = _overrides(rc.get("set", ""))
     overrides["users_per_node"] = str(rc.get("users-per-node", 1))
     overrides["round_timeout"] = str(rc.get("round-timeout", 0.0))

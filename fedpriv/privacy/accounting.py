@@ -217,15 +217,6 @@ def _plan_releases(plan: Sequence[PlannedRelease], scale: float) -> list[Release
     ]
 
 
-def planned_releases(plan: Sequence[PlannedRelease], calibration: "Calibration", repeat: tuple[float, float] | None = None) -> list:
-    """The ledger records the calibrated plan will produce (unit sensitivity), wrapped in one
-    repeat-and-select record with ``repeat=(mean, shape)``."""
-    rels = _plan_releases(plan, calibration.scale)
-    if repeat is None:
-        return rels
-    return [RepeatAndSelect("tuning", float(repeat[0]), float(repeat[1]), 0, rels)]
-
-
 def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-4, repeat: tuple[float, float] | None = None) -> Calibration:
     """Find the noise multipliers so that the composed plan spends ``epsilon`` at ``delta``.
 

@@ -88,13 +88,13 @@ import json
 import math
 import os
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from .. import atomic
 from ..errors import ConfigError
 from ..privacy.ledger import PrivacyLedger, public_draws
 
@@ -458,17 +458,6 @@ def _run_private(policy: str, rewards: np.ndarray, ledger: PrivacyLedger, eps_se
 
 
 # ---------------------------------------------------------------------- experiment, outputs, CLI
-def _atomic_write(path: Path, write) -> None:
-    """``write(tmp)`` to a temporary file next to ``path``, then rename it onto ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        write(str(tmp))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def _plot(results: list[dict], path: Path, shift_at: int, title: str) -> None:
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
@@ -487,7 +476,7 @@ def _plot(results: list[dict], path: Path, shift_at: int, title: str) -> None:
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    _atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    atomic.write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
 
 def _ucb_label(c: float) -> str:
@@ -582,7 +571,7 @@ def run_bandit(
     title = f"Two-armed bandit, arms swap at t={shift_at} ({reps} reps)\neps per action {eps_select:g}, eps means {eps_mean:g}, eps quantile pair {eps_quantile:g}, W={window}"
     _plot(results, out / "bandit.png", shift_at, title)
     text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
-    _atomic_write(out / "bandit.json", lambda tmp: Path(tmp).write_text(text))
+    atomic.write_text(out / "bandit.json", text)
     return doc
 
 

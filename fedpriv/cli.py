@@ -150,14 +150,15 @@ def _run(args) -> int:
 def _privacy_plan(args) -> int:
     from .algorithms.als import ALSConfig
     from .errors import ConfigError
-    from .privacy.plan import TuningPlan, budget_plan
+    from .algorithms.plans import budget_plan
+    from .privacy.plan import TuningPlan
     from .run import parse_overrides
 
     try:
         lo, hi = (float(x) for x in args.rating_range.split(","))
     except ValueError:
         raise ConfigError(f"expected LO,HI, got {args.rating_range!r}", field="--rating-range") from None
-    cfg = ALSConfig.from_overrides(parse_overrides(args.overrides))
+    cfg = ALSConfig.from_overrides(parse_overrides(args.overrides), args.algorithm)
     tuning = None if args.tune_mean is None else TuningPlan(args.tune_mean, args.tune_shape, args.tune_share)
     plan = budget_plan(args.algorithm, cfg, args.epsilon, args.delta, implicit=args.implicit, rating_range=(lo, hi), tuning=tuning)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.to_markdown(), end="" if not args.json else "\n")

@@ -13,6 +13,7 @@ from .algorithms import als, protocol
 from .algorithms.shards import UserShard, shard_users, split_users
 from .data.interactions import Interactions
 from .errors import ConfigError
+from .privacy.accounting import BestOfAccountant
 from .privacy.ledger import PrivacyLedger
 from .privacy.randomness import RunSecrets, user_keys
 
@@ -72,7 +73,7 @@ def new_state(
         state.multipliers = als.calibrate_plan(algorithm, cfg, implicit, epsilon, delta)
         budget = (epsilon, delta)
     secrets = secrets if secrets is not None else RunSecrets()
-    return state, PrivacyLedger(seed=secrets.ledger_seed(), budget=budget)
+    return state, PrivacyLedger(seed=secrets.ledger_seed(), budget=budget, accountant=BestOfAccountant() if budget else None)
 
 
 def train_inprocess(

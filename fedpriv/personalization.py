@@ -5,6 +5,7 @@ engine: the in-process driver over user blocks here, the Flower driver in
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -12,25 +13,7 @@ from .algorithms import pam
 from .algorithms.shards import split_users
 from .data.personal import PersonalData
 from .privacy.ledger import PrivacyLedger
-from .privacy.randomness import PURPOSE_GROUP, RunSecrets, user_keys, user_uniform
-
-
-def step_groups(state: pam.PAMState) -> list[int | None]:
-    """The group of each alternating step: None (all users) for the full schedule; for the
-    disjoint schedule group t at step t, of ``epochs`` groups (each user's group:
-    :func:`user_groups`)."""
-    cfg = state.config
-    if state.algorithm == "pam-nonprivate":
-        return [None] * cfg.nonprivate_epochs
-    if cfg.schedule == "full":
-        return [None] * cfg.epochs
-    return list(range(cfg.epochs))
-
-
-def user_groups(keys: np.ndarray, groups: int) -> np.ndarray:
-    """Each user's group of the disjoint schedule, drawn by the user from its secret key: known
-    to nobody else, and unmoved when another user joins or leaves (parallel composition holds)."""
-    return np.minimum((user_uniform(keys, PURPOSE_GROUP) * groups).astype(np.int64), groups - 1)
+from .privacy.randomness import RunSecrets, user_keys
 
 
 def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, epsilon: float | None, delta: float, users_per_shard: int = 4096, secrets: RunSecrets | None = None, ledger: PrivacyLedger | None = None) -> tuple[pam.PAMState, PrivacyLedger, dict]:
@@ -55,8 +38,8 @@ def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, e
     elif algorithm in ("pam", "pam-nonprivate"):
         total = sum(pam.client_init_stats(data.X[u], data.y[u], state) for u in parts)
         pam.server_init(pam.release_init(total, state, ledger), state)
-        group_of = user_groups(user_keys(secrets.client_key(), data.user_ids), cfg.epochs) if cfg.schedule == "disjoint" else None
-        for group in step_groups(state):
+        group_of = pam.user_groups(user_keys(secrets.client_key(), data.user_ids), cfg.epochs) if cfg.schedule == "disjoint" else None
+        for group in pam.step_groups(state):
             ts = time.perf_counter()
             users = np.arange(data.n_users) if group is None else np.flatnonzero(group_of == group)
             A = b = 0.0
@@ -91,7 +74,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
     private = algorithm in pam.PRIVATE  # run() has checked the algorithm, epsilon and data kind
     extra: dict = {}
     if engine == "flower":
-        from .flower.pam_server import PamJob, run_pam_job_local
+        from .flower.pam_server import PamJob
 
         job = PamJob(algorithm, epsilon, delta, cfg, data, work_dir, users_per_node=users_per_node, secrets=secrets)
         res = run_pam_job_local(job, nodes, flower_runner)
@@ -132,3 +115,21 @@ def _spent(ledger, delta, private) -> dict:
     if pure is not None:
         out["epsilon_pure"] = pure
     return out
+
+
+def run_pam_job_local(job, nodes: int, runner=None):
+    """Run ``job`` with ``runner(job, n_nodes)`` (default: a new Flower simulation)."""
+    import shutil
+    import tempfile
+
+    if runner is None:
+        from .flower.simulation import simulate as runner
+    own_dir = job.work_dir is None
+    if own_dir:
+        job.work_dir = Path(tempfile.mkdtemp(prefix="fedpriv-pam-"))
+    try:
+        return runner(job, nodes or job.n_parts())
+    finally:
+        if own_dir:
+            shutil.rmtree(job.work_dir, ignore_errors=True)
+

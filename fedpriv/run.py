@@ -53,7 +53,7 @@ class RunOptions:
     rec_hist_delta: float = 1e-6
     rec_bins: int = 40
     rec_user_clip: float = 1.0
-    rec_params: str = ""  # mechanism parameters "beta:0.1;lam:0.25" (fedpriv.selection.mechanisms)
+    rec_params: str = ""  # mechanism parameters "beta:0.1;lam:0.25" (fedpriv.privacy.selection)
     rec_exclude_rated: int = 1  # 1: a user's training items score lo_a (recommend unseen items)
 
     @classmethod
@@ -169,7 +169,7 @@ def run(
         return _clean(metrics), records
     overrides = dict(overrides or {})
     opts = RunOptions.pop_from(overrides)
-    cfg = als.ALSConfig.from_overrides(overrides)
+    cfg = als.ALSConfig.from_overrides(overrides, algorithm)
 
     spec = parse_data_spec(data) if isinstance(data, str) else data
     if spec.kind == "synthetic-personal":

@@ -27,9 +27,11 @@ from .algorithms import als
 from .engine import train_inprocess
 from .errors import ConfigError
 from .evaluation import predict_ratings
+from .privacy.accounting import BestOfAccountant
 from .privacy.ledger import PrivacyLedger, public_draws
 from .privacy.randomness import RunSecrets
-from .privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, budget_plan, score_sensitivity
+from .algorithms.plans import budget_plan
+from .privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, score_sensitivity
 
 PLAN_KEYS = ("steps", "share_users", "share_mean", "share_counts", "share_b", "share_gravity", "gravity", "ssp_resamples", "ssp_steps", "sgd_sampling_rate")
 
@@ -51,13 +53,14 @@ def parse_grid(text: str) -> dict[str, list[str]]:
     return grid
 
 
-def candidate_configs(base: dict, grid: dict[str, list[str]]) -> list[als.ALSConfig]:
-    """Every grid point as a validated config (errors name the key)."""
+def candidate_configs(base: dict, grid: dict[str, list[str]], algorithm: str | None = None) -> list[als.ALSConfig]:
+    """Every grid point as a validated config (errors name the key; with ``algorithm``, a key
+    it does not read is an error)."""
     keys = list(grid)
     out = []
     for idx in np.ndindex(*[len(grid[k]) for k in keys]):
         over = {**base, **{k: grid[k][i] for k, i in zip(keys, idx)}}
-        out.append(als.ALSConfig.from_overrides(over))
+        out.append(als.ALSConfig.from_overrides(over, algorithm))
     return out
 
 
@@ -99,12 +102,12 @@ def tune(
         raise ConfigError("tuning is for private algorithms (als is not private)", field="tune")
     if algorithm == "am-ssp-convex":
         raise ConfigError("private tuning scores validation MSE; am-ssp-convex (logistic) is not supported yet", field="tune")
-    configs = candidate_configs(base_overrides, grid)
+    configs = candidate_configs(base_overrides, grid, algorithm)
     check_same_plan(algorithm, configs, False, grid)
     plan = budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)
     clip = tuning.clip(rating_range)
     secrets = secrets if secrets is not None else RunSecrets()
-    parent = PrivacyLedger(seed=secrets.ledger_seed("tuning"), budget=(epsilon, delta))
+    parent = PrivacyLedger(seed=secrets.ledger_seed("tuning"), budget=(epsilon, delta), accountant=BestOfAccountant())
     k_runs = parent.repetitions("tuning_runs", shape=tuning.shape, mean=tuning.mean)
     # the candidate of each run is drawn from secret randomness: a public sequence of candidates
     # would tell how many runs it took to reach the selected one (a bound on K)

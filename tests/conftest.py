@@ -130,3 +130,12 @@ def load_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print what the import-layer contract checked (tests/test_layers.py), pass or fail."""
+    import sys
+
+    mod = sys.modules.get("test_layers")
+    for line in getattr(mod, "SUMMARY", []):
+        terminalreporter.write_line(line)

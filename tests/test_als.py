@@ -62,3 +62,24 @@ def test_bad_config_names_the_field():
     with pytest.raises(ConfigError, match="reg_item_private"):
         ALSConfig.from_overrides({"reg_item_private": "abc"})
     assert ALSConfig.from_overrides({"rank": "4", "user_bias": "false"}).rank == 4
+
+
+def test_keys_an_algorithm_does_not_read_are_errors_that_name_the_field():
+    """`--set ssp_lr=...` on dpals-tail used to be accepted and do nothing; a bad bool or a
+    truncated number is an error too, naming the field."""
+    from fedpriv.run import run
+
+    spec = "synthetic-mf:users=30,items=20,ratings=300,seed=1"
+    for algorithm, key, value in (("dpals-tail", "ssp_lr", "0.1"), ("adadpals", "k", "10"), ("als", "mu", "0.5"),
+                                  ("am-dpsgd", "ssp_steps", "5"), ("dpsgd", "features", "id"), ("adadpals", "reg_item", "0.2")):
+        with pytest.raises(ConfigError, match=f"does not use") as info:
+            run(algorithm, spec, epsilon=1.0, overrides={key: value}, progress=False)
+        assert info.value.field == key
+    for key, value in (("weighted_reg", "ture"), ("rank", "2.5"), ("steps", "two")):
+        with pytest.raises(ConfigError) as info:
+            ALSConfig.from_overrides({key: value}, "adadpals")
+        assert info.value.field == key
+    # the keys each algorithm does read stay accepted
+    assert ALSConfig.from_overrides({"k": "10"}, "dpals-uniform").k == 10
+    assert ALSConfig.from_overrides({"ssp_lr": "0.2", "mu": "0.25"}, "am-ssp").ssp_lr == 0.2
+    assert ALSConfig.from_overrides({"sgd_clip": "0.5", "encoder_sgd_lr": "0.1"}, "am-dpsgd").sgd_clip == 0.5

@@ -5,7 +5,7 @@ import pytest
 
 from fedpriv.algorithms.als import ALGORITHMS
 from fedpriv.errors import PrivacyError
-from fedpriv.privacy.accounting import epsilon_rdp
+from fedpriv.privacy.accounting import BestOfAccountant, epsilon_rdp
 from fedpriv.privacy.ledger import PrivacyLedger, Release
 
 
@@ -49,7 +49,7 @@ def test_secure_noise_is_gaussian_with_the_calibrated_scale():
 
 
 def test_budget_refuses_a_release_before_drawing():
-    led = PrivacyLedger(seed=0, budget=(1.0, 1e-5))
+    led = PrivacyLedger(seed=0, budget=(1.0, 1e-5), accountant=BestOfAccountant())
     led.gaussian("x", np.zeros(3), sensitivity=1.0, noise_multiplier=10.0)
     with pytest.raises(PrivacyError, match="budget"):
         led.gaussian("y", np.zeros(3), sensitivity=1.0, noise_multiplier=0.5)
@@ -190,7 +190,7 @@ def test_exponential_mechanism_samples_the_softmax_and_is_recorded():
     led.gaussian("g", np.zeros(2), sensitivity=1.0, noise_multiplier=5.0)
     assert epsilon_pure(led) is None  # a Gaussian release is not pure
     # secure sampler, the budget check, bad input
-    led = PrivacyLedger(secure=True, budget=(1.0, 1e-6))
+    led = PrivacyLedger(secure=True, budget=(1.0, 1e-6), accountant=BestOfAccountant())
     assert led.exponential("sel", scores, epsilon=0.5, sensitivity=1.0) in (0, 1, 2)
     with pytest.raises(PrivacyError, match="budget"):
         for _ in range(100):
@@ -230,7 +230,7 @@ def test_laplace_release_is_recorded_and_disjoint_calls_are_accounted_once():
     with pytest.raises(PrivacyError, match="non-finite"):
         led.laplace("x", np.array([np.inf]), sensitivity=1.0, epsilon=1.0)
     with pytest.raises(PrivacyError, match="budget"):
-        PrivacyLedger(seed=0, budget=(1.0, 1e-6)).laplace("x", np.zeros(1), sensitivity=1.0, epsilon=2.0)
+        PrivacyLedger(seed=0, budget=(1.0, 1e-6), accountant=BestOfAccountant()).laplace("x", np.zeros(1), sensitivity=1.0, epsilon=2.0)
 
 
 @pytest.mark.parametrize("mechanism", ["rnm", "em", "gem", "mgem", "cgem", "rs", "krr"])
@@ -249,3 +249,76 @@ def test_recommendation_draws_only_through_the_ledger(small_mf, guarded_rng, mec
     assert guarded_rng == []
     assert {r.name for r in led.releases} == {"recommendation", "rec_score_hist"}
     assert summary["users"] == split.train.n_users
+
+
+# ---------------------------------------------------------------- the privacy core's interfaces
+def test_records_are_frozen_values_with_their_event():
+    import dataclasses
+
+    import dp_accounting
+
+    from fedpriv.privacy.accounting import release_event
+    from fedpriv.privacy.records import Release, RepeatAndSelect
+
+    rel = Release("x", "gaussian", 1.0, 2.0, count=3, sampling_rate=0.1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rel.count = 4  # type: ignore[misc]
+    assert rel.merged(rel).count == 6 and rel.count == 3
+    event = rel.to_event()
+    assert isinstance(event, dp_accounting.SelfComposedDpEvent) and event == release_event(rel)
+    ras = RepeatAndSelect("t", 3.0, 1.0, 2, [rel])
+    assert isinstance(ras.releases, tuple) and isinstance(ras.to_event(), dp_accounting.dp_event.RepeatAndSelectDpEvent)
+
+
+def test_a_budget_needs_an_accountant_object_which_decides():
+    from fedpriv.privacy.accounting import BestOfAccountant, PureAccountant, RdpAccountant
+
+    with pytest.raises(PrivacyError, match="accountant"):
+        PrivacyLedger(budget=(1.0, 1e-5))
+
+    class Counting:  # any object with epsilon(records, delta) can be the accountant
+        def __init__(self):
+            self.calls = 0
+
+        def epsilon(self, records, delta):
+            self.calls += 1
+            return RdpAccountant().epsilon(records, delta)
+
+    acc = Counting()
+    led = PrivacyLedger(seed=0, budget=(1.0, 1e-5), accountant=acc)
+    led.gaussian("x", np.zeros(2), sensitivity=1.0, noise_multiplier=10.0)
+    assert acc.calls == 1
+    pure = PrivacyLedger(seed=0, budget=(0.6, 1e-5), accountant=PureAccountant())
+    pure.laplace("a", np.zeros(1), sensitivity=1.0, epsilon=0.5)
+    with pytest.raises(PrivacyError, match="budget"):
+        pure.laplace("b", np.zeros(1), sensitivity=1.0, epsilon=0.5)
+    assert BestOfAccountant().epsilon(pure.releases, 1e-5) == pytest.approx(0.5, rel=1e-6)
+
+
+def test_merge_goes_through_the_budget_check_all_or_nothing():
+    from fedpriv.privacy.accounting import BestOfAccountant
+    from fedpriv.privacy.records import Release
+
+    led = PrivacyLedger(seed=0, budget=(1.0, 1e-6), accountant=BestOfAccountant())
+    ok = [Release("rec", "selection", 1.0, 2.0, 10, None, 5, 10, 0.5, True)]
+    led.merge(ok)
+    assert led.releases[0].count == 10
+    too_much = [Release("rec", "selection", 1.0, 1.0, 10, None, 5, 10, 0.5, True), Release("more", "selection", 1.0, 1.0, 10, None, 5, 10, 0.9, True)]
+    before = led.to_list()
+    with pytest.raises(PrivacyError, match="budget"):
+        led.merge(too_much)
+    assert led.to_list() == before  # nothing of a refused merge is recorded
+
+
+def test_state_dict_restores_records_and_the_noise_stream():
+    a = PrivacyLedger(seed=7)
+    a.gaussian("x", np.zeros(3), sensitivity=1.0, noise_multiplier=1.0)
+    state = a.state_dict()
+    next_a = a.gaussian("y", np.zeros(3), sensitivity=1.0, noise_multiplier=1.0)
+    b = PrivacyLedger(seed=123)
+    b.load_state_dict(state)
+    assert b.to_list() == state["records"]
+    assert np.array_equal(b.gaussian("y", np.zeros(3), sensitivity=1.0, noise_multiplier=1.0), next_a)
+    assert "seed" not in state and "7" not in str(state["records"])
+    with pytest.raises(PrivacyError, match="OS"):
+        PrivacyLedger().load_state_dict(state)  # a secret ledger cannot take a seeded stream

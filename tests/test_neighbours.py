@@ -97,7 +97,7 @@ def test_pam_removing_a_user_moves_each_release_within_its_sensitivity(schedule)
 def test_user_choices_do_not_move_when_another_user_leaves():
     """The users' secret choices (pam's group) are keyed by raw ids: removing one user and
     renumbering the rest leaves every other user's group as it was."""
-    from fedpriv.personalization import user_groups
+    from fedpriv.algorithms.pam import user_groups
     from fedpriv.privacy.randomness import user_keys
 
     data = make_personal(1000, 4, 3, 1, 0.01, seed=1)

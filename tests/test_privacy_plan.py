@@ -13,7 +13,8 @@ from fedpriv.errors import ConfigError
 from fedpriv.privacy import tnb
 from fedpriv.privacy.accounting import PlannedRelease, calibrate, epsilon_pld, epsilon_rdp, rdp_curve
 from fedpriv.privacy.ledger import PrivacyLedger, Release, RepeatAndSelect
-from fedpriv.privacy.plan import TuningPlan, budget_plan
+from fedpriv.algorithms.plans import budget_plan
+from fedpriv.privacy.plan import TuningPlan
 from fedpriv.run import run
 
 SYN = "synthetic-mf:users=300,items=80,ratings=6000,seed=1"

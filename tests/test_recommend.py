@@ -12,7 +12,7 @@ from fedpriv.data.splits import random_split
 from fedpriv.data.synthetic import make_mf
 from fedpriv.engine import recommend_inprocess, train_inprocess
 from fedpriv.errors import ConfigError
-from fedpriv.privacy.accounting import epsilon_bounds
+from fedpriv.privacy.accounting import BestOfAccountant, epsilon_bounds
 from fedpriv.privacy.ledger import PrivacyLedger
 
 
@@ -117,7 +117,7 @@ def test_malformed_or_overclaiming_reports_are_rejected(trained):
 def test_ledger_select_refuses_the_non_private_reference_and_bad_budgets():
     from fedpriv.errors import PrivacyError
 
-    led = PrivacyLedger(seed=0, budget=(1.0, 1e-6))
+    led = PrivacyLedger(seed=0, budget=(1.0, 1e-6), accountant=BestOfAccountant())
     q = np.zeros((3, 4))
     with pytest.raises(PrivacyError, match="not a private"):
         led.select("x", "rnmh", q, np.ones(4), epsilon=1.0)

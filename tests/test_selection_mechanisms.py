@@ -17,7 +17,7 @@ import pytest
 from fedpriv.errors import ConfigError
 from fedpriv.privacy import tnb
 from fedpriv.selection import exact as X
-from fedpriv.selection import mechanisms as M
+from fedpriv.privacy import selection as M
 
 
 def mc_law(name, scores, sens, eps, n, seed, **params):

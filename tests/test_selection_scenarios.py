@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from fedpriv.errors import ConfigError
-from fedpriv.selection import mechanisms, scenarios as sc
+from fedpriv.privacy import selection as mechanisms
+from fedpriv.selection import scenarios as sc
 
 TRIALS = 600
 EPS = (0.1, 1.0)

@@ -44,6 +44,33 @@ ALGORITHMS = ("als", "dpals-uniform", "dpals-tail", "adadpals", "dpsgd", "am-ssp
 ENCODER_ALGORITHMS = ("am-ssp", "am-ssp1", "am-ssp-convex", "am-dpsgd")
 
 
+_ADAPTIVE = ("adadpals", *ENCODER_ALGORITHMS)
+_SSP = ("am-ssp", "am-ssp1", "am-ssp-convex")
+#: Keys that only some algorithms read: any other algorithm refuses them (``--set ssp_lr=...`` on
+#: dpals-tail used to be accepted and do nothing). The other keys are shared by the family.
+ONLY_FOR: dict[str, tuple[str, ...]] = {
+    "k": ("dpals-uniform", "dpals-tail"),
+    "mu": _ADAPTIVE,
+    "beta_bar_ratio": _ADAPTIVE,
+    "weight_mode": _ADAPTIVE,
+    "sgd_lr": ("dpsgd",),
+    "sgd_weight_decay": ("dpsgd",),
+    "sgd_sampling_rate": ("dpsgd", "am-dpsgd"),
+    "sgd_clip": ("dpsgd", "am-dpsgd"),
+    "features": ENCODER_ALGORITHMS,
+    "enc_hidden": ENCODER_ALGORITHMS,
+    "enc_weight_decay": ENCODER_ALGORITHMS,
+    "ssp_steps": _SSP,
+    "ssp_lr": _SSP,
+    "ssp_batch_items": _SSP,
+    "ssp_resamples": ("am-ssp", "am-ssp1"),
+    "convex_threshold": ("am-ssp-convex",),
+    "newton_steps": ("am-ssp-convex",),
+    "encoder_sgd_lr": ("am-dpsgd",),
+    "reg_item": ("als",),  # the private runs solve items with reg_item_private
+}
+
+
 @dataclass
 class ALSConfig:
     """Hyperparameters of the ALS family (every field can be set with ``--set key=value``)."""
@@ -94,12 +121,16 @@ class ALSConfig:
     encoder_sgd_lr: float = 0.01  # am-dpsgd: Adam learning rate on the noised gradient
 
     @classmethod
-    def from_overrides(cls, overrides: dict[str, str | float | int | bool]) -> "ALSConfig":
+    def from_overrides(cls, overrides: dict[str, str | float | int | bool], algorithm: str | None = None) -> "ALSConfig":
+        """A validated config from ``key=value`` overrides; with ``algorithm``, a key that
+        algorithm does not read (:data:`ONLY_FOR`) is an error naming it."""
         known = {f.name: f for f in fields(cls)}
         cfg = cls()
         for key, raw in overrides.items():
             if key not in known:
                 raise ConfigError(f"unknown key (known: {', '.join(sorted(known))})", field=key)
+            if algorithm is not None and key in ONLY_FOR and algorithm not in ONLY_FOR[key]:
+                raise ConfigError(f"{algorithm} does not use this key (it is read by {', '.join(ONLY_FOR[key])})", field=key)
             default = getattr(cfg, key)
             setattr(cfg, key, _coerce(key, raw, type(default)))
         cfg.validate()

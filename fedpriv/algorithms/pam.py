@@ -39,9 +39,10 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import ConfigError
-from ..privacy.accounting import PlannedRelease, calibrate
+from ..privacy.accounting import BestOfAccountant, PlannedRelease, calibrate
 from ..privacy.clipping import clip_rows
 from ..privacy.ledger import PrivacyLedger
+from ..privacy.randomness import PURPOSE_GROUP, user_uniform
 from .kernels import from_upper, upper
 
 PAM_ALGORITHMS = ("pam", "pam-own-data", "pam-single-model", "pam-nonprivate", "pam-exp")
@@ -225,7 +226,7 @@ def new_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsi
         else:
             state.multipliers = calibrate(plan_releases(algorithm, cfg), epsilon, delta).multipliers
         budget = (epsilon, delta)  # the ledger refuses any release beyond it (pure bound included)
-    return state, PrivacyLedger(seed=ledger_seed, budget=budget)
+    return state, PrivacyLedger(seed=ledger_seed, budget=budget, accountant=BestOfAccountant() if budget else None)
 
 
 # ---------------------------------------------------------------------------- client side
@@ -431,3 +432,22 @@ def client_eval_sums(X: np.ndarray, y: np.ndarray, V_star: np.ndarray, U_star: n
 def subspace_error(U: np.ndarray, U_star: np.ndarray) -> float:
     """|(I - U* U*^T) U|_F for orthonormal U."""
     return float(np.linalg.norm(U - U_star @ (U_star.T @ U)))
+
+
+# ---------------------------------------------------------------------------- schedule
+def step_groups(state: PAMState) -> list[int | None]:
+    """The group of each alternating step: None (all users) for the full schedule; for the
+    disjoint schedule group t at step t, of ``epochs`` groups (each user's group:
+    :func:`user_groups`)."""
+    cfg = state.config
+    if state.algorithm == "pam-nonprivate":
+        return [None] * cfg.nonprivate_epochs
+    if cfg.schedule == "full":
+        return [None] * cfg.epochs
+    return list(range(cfg.epochs))
+
+
+def user_groups(keys: np.ndarray, groups: int) -> np.ndarray:
+    """Each user's group of the disjoint schedule, drawn by the user from its secret key: known
+    to nobody else, and unmoved when another user joins or leaves (parallel composition holds)."""
+    return np.minimum((user_uniform(keys, PURPOSE_GROUP) * groups).astype(np.int64), groups - 1)

@@ -2,7 +2,7 @@
 
 After training, every client scores a public candidate set with the released item embeddings
 and its local user vector (never released), and reports ONE item chosen by a private selection
-mechanism (:mod:`fedpriv.selection.mechanisms`); the server sees only the reports. Split by
+mechanism (:mod:`fedpriv.privacy.selection`); the server sees only the reports. Split by
 party like every algorithm here, so both engines run the same code:
 
 - public setup (:func:`candidate_items`, :func:`public_ranges`): the candidates are the ``k``
@@ -63,7 +63,7 @@ class RecommendConfig:
     params: dict = field(default_factory=dict)  # mechanism parameters (beta, lam, eta, ...)
 
     def validate(self) -> None:
-        from ..selection import mechanisms
+        from ..privacy import selection as mechanisms
 
         if self.mechanism not in mechanisms.PRIVATE:
             raise ConfigError(f"must be one of {', '.join(mechanisms.PRIVATE)}, got {self.mechanism!r}", field="rec_mechanism")
@@ -199,7 +199,7 @@ def evaluation_sums(q: np.ndarray, sens: np.ndarray, picks: np.ndarray, shard: U
     report / of the non-private argmax / expected hits of a uniform pick on held-out items
     (users with at least one held-out candidate count in ``n_eval``), and the histogram of
     per-user Spearman correlations of (scores, sensitivities)."""
-    from ..selection import mechanisms
+    from ..privacy import selection as mechanisms
 
     n = len(picks)
     rows = np.arange(n)
@@ -297,9 +297,9 @@ def check_report(picks, records, sums, n_users: int, k: int, cfg: RecommendConfi
 
 
 def merge_records(ledger: PrivacyLedger, rels: list[Release]) -> None:
-    """Merge a checked client's selection records into the run's recommendation ledger."""
-    for r in rels:
-        ledger._record(Release(**{k: getattr(r, k) for k in r.__dataclass_fields__}))  # noqa: SLF001
+    """Merge a checked client's selection records into the run's recommendation ledger
+    (through its budget check, when it has a budget)."""
+    ledger.merge(rels)
 
 
 def summarize(total: dict[str, np.ndarray] | None, lo: np.ndarray, hi: np.ndarray) -> dict:

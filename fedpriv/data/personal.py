@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
-from ..privacy.ledger import public_draws
+from ..draws import public_draws
 
 
 @dataclass

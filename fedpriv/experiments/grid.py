@@ -22,7 +22,9 @@ what is missing.
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import math
 import time
@@ -334,3 +336,21 @@ def _json_default(o):
     if isinstance(o, np.floating):
         return float(o)
     raise TypeError(type(o).__name__)
+
+
+def _cell_value(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "" if not math.isfinite(v) else repr(v)
+    return v
+
+
+def write_csv(path: Path, rows: list[dict], first: tuple = FIRST_COLUMNS) -> None:
+    cols = list(first) + sorted({k for r in rows for k in r} - set(first))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: _cell_value(r.get(c)) for c in cols})
+    atomic.write_text(path, buf.getvalue())

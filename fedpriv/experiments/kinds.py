@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from .grid import BASE_SEED, _atomic_json, stable_hash
+from .grid import BASE_SEED, _atomic_json, stable_hash, write_csv
 
 
 def run(exp, out: Path, cache: dict, *, log=print, require_data: bool = False) -> dict:
@@ -115,7 +115,7 @@ def time_evolution(exp, out: Path, cache: dict, *, log=print, require_data: bool
                 split = random_split(ds.interactions, seed=1234)
                 keep = np.sort(np.random.default_rng(0).choice(len(split.test), size=min(n_eval, len(split.test)), replace=False))
                 test = split.test.subset(np.isin(np.arange(len(split.test)), keep))
-                cfg = ALSConfig.from_overrides({**{k: str(v) for k, v in params.items()}, "seed": str(BASE_SEED + s)})
+                cfg = ALSConfig.from_overrides({**{k: str(v) for k, v in params.items()}, "seed": str(BASE_SEED + s)}, c.method.algorithm)
                 t = time.perf_counter()
                 pts, ledger = time_curve(c.method.algorithm, split, test, ds.item_features, cfg, c.epsilon, exp.delta, tuple(float(x) for x in ds.rating_range),
                                          int(definition["eval_every"]), float(definition["budget"] or math.inf))
@@ -135,7 +135,6 @@ def time_evolution(exp, out: Path, cache: dict, *, log=print, require_data: bool
                          "test_rmse": pts[-1]["test_rmse"] if pts else None, "best_test_rmse": min(p["test_rmse"] for p in pts) if pts else None})
             curves += [{"dataset": c.dataset, "method": c.method.name, "epsilon": c.epsilon, "seed": BASE_SEED + s, **p} for p in pts]
 
-    from .runner import write_csv
 
     tables, plots, headline = [], [], []
     if curves:
@@ -222,7 +221,6 @@ def selection_scenarios(exp, out: Path, cache: dict, *, log=print, require_data:
              # fedpriv.selection.scenarios, so no spent epsilon is claimed here
              "epsilon_spent": None, "mse": r["mse"], "mse_se": r["mse_se"], "spearman": r["spearman"],
              "weighted_correlation": r["weighted_correlation"]} for r in srows]
-    from .runner import write_csv
 
     tables, headline = [], []
     for e in [x for x in (0.1, 1.0, 8.0) if any(math.isclose(x, r["epsilon"]) for r in srows)]:
@@ -282,7 +280,6 @@ def selection_bandit(exp, out: Path, cache: dict, *, log=print, require_data: bo
                      "epsilon": r.get("epsilon_total"), "seed": kw.get("seed", bd.DEFAULTS["seed"]), "engine": "inprocess", "params": json.dumps({"T": T, "reps": reps}),
                      "run_dir": "", "epsilon_spent": r.get("epsilon_total"), "seconds": r.get("seconds"),
                      **{k: r.get(k) for k in ("final_regret_mean", "final_regret_std", "post_shift_regret_mean", "post_shift_regret_std", "epsilon_per_action")}})
-    from .runner import write_csv
 
     write_csv(out / "tables/regret.csv", [{k: r.get(k) for k in ("method", "epsilon_spent", "final_regret_mean", "final_regret_std", "post_shift_regret_mean", "post_shift_regret_std")} for r in rows],
               first=("method",))

@@ -10,10 +10,7 @@ validated before anything runs. ``fedpriv report DIR --out FILE.html`` renders t
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
-import math
 import sys
 import time
 from collections import defaultdict
@@ -22,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import atomic
 from ..errors import ConfigError
 from . import config as config_mod
 from .grid import (
@@ -33,6 +29,7 @@ from .grid import (
     as_number,
     cells,
     metric_direction,
+    write_csv,
 )
 
 SUMMARY_METRICS = (
@@ -43,24 +40,6 @@ SUMMARY_METRICS = (
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _cell_value(v):
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return "" if not math.isfinite(v) else repr(v)
-    return v
-
-
-def write_csv(path: Path, rows: list[dict], first: tuple = FIRST_COLUMNS) -> None:
-    cols = list(first) + sorted({k for r in rows for k in r} - set(first))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({c: _cell_value(r.get(c)) for c in cols})
-    atomic.write_text(path, buf.getvalue())
 
 
 def summary_rows(rows: list[dict], keys=("dataset", "method", "epsilon")) -> list[dict]:

@@ -11,7 +11,7 @@ from flwr.clientapp import ClientApp
 from .. import evaluation
 from ..algorithms import als, protocol
 from . import codec
-from .pam_server import register as register_pam_handlers
+from .pam_client import register as register_pam_handlers
 from .recommend_handlers import register as register_recommend_handlers
 from .node_secrets import with_keys
 from .partition import data_dir_of, load_feature_table, load_shard
@@ -89,7 +89,7 @@ def register_handlers(app) -> None:
         app.query(name)(handler)
     app.train()(train)
     app.evaluate()(evaluate)
-    register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_server)
+    register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_client)
     register_recommend_handlers(app)  # private recommendation (fedpriv.flower.recommend_handlers)
 
 

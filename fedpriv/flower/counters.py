@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 @dataclass(kw_only=True)
 class RoundCounters:
     """Protocol counters of a Flower run: rounds, bytes measured from the serialized messages,
-    the per-round log and the rejected replies (filled by ``_Rounds``)."""
+    the per-round log and the rejected replies (filled by ``fedpriv.flower.rounds.Rounds``)."""
 
     rounds: int = 0
     bytes_up: int = 0

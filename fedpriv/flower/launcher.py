@@ -141,7 +141,7 @@ packages = ["."]
 publisher = "fedpriv"
 
 [tool.flwr.app.components]
-serverapp = "fedpriv.flower.server_app:app"
+serverapp = "fedpriv.flower.app:app"
 clientapp = "fedpriv.flower.client_app:app"
 
 [tool.flwr.app.config]

@@ -11,19 +11,18 @@ import math
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from ..algorithms import pam
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RunSecrets
 from . import codec
 from .counters import RoundCounters
+from .rounds import Rounds, wait_for_nodes
 from .node_secrets import write_raw_ids
-from .partition import node_users
 
 log = logging.getLogger("fedpriv.flower")
 
@@ -71,30 +70,6 @@ def write_pam_partitions(folder: Path, data) -> str:
     return str(folder)
 
 
-@lru_cache(maxsize=4)
-def _mapped(folder: str):
-    f = Path(folder)
-    return (
-        np.load(f / "pam_X.npy", mmap_mode="r"),
-        np.load(f / "pam_y.npy", mmap_mode="r"),
-        np.load(f / "pam_V_star.npy", mmap_mode="r"),
-        np.load(f / "pam_U_star.npy"),
-        json.loads((f / "pam_meta.json").read_text()),
-    )
-
-
-@lru_cache(maxsize=64)
-def load_block(folder: str, partition_id: int, users_per_node: int):
-    """The block of one node (cached per worker process, like the rating shards): its users and
-    their samples, ground truth and the data's metadata, read-only."""
-    X, y, V, U, meta = _mapped(folder)
-    users = node_users(partition_id, users_per_node, meta["n_users"])
-    block = (users, np.asarray(X[users]), np.asarray(y[users]), np.asarray(V[users]))
-    for a in block:
-        a.setflags(write=False)
-    return (*block, U, meta)
-
-
 # ------------------------------------------------------------------ messages
 def encode_state(state: pam.PAMState, data_dir: str, users_per_node: int, group: int | None = None, key_file: str | None = None) -> RecordDict:
     """``group``: the disjoint schedule's group of this step (each node's users know their own
@@ -121,75 +96,6 @@ def encode_state(state: pam.PAMState, data_dir: str, users_per_node: int, group:
     return RecordDict({"state": ArrayRecord(arrays), "cfg": cfg})
 
 
-def decode_state(content: RecordDict):
-    cfg = content.config_records["cfg"]
-    arrays = content.array_records["state"]
-    state = pam.PAMState(str(cfg["algorithm"]), pam.PAMConfig(**json.loads(str(cfg["config"]))), int(cfg["d"]), int(cfg["k"]), int(cfg["samples"]), {})
-    state.U = arrays["U"].numpy() if "U" in arrays else None
-    state.theta = arrays["theta"].numpy() if "theta" in arrays else None
-    group = int(cfg.get("group", -1))
-    return state, str(cfg["data_dir"]), int(cfg["users_per_node"]), None if group < 0 else group
-
-
-def _reply(msg: Message, arrays: dict, n_users: int) -> Message:
-    rd = RecordDict({"contrib": ArrayRecord({k: codec._arr(np.asarray(v, np.float64)) for k, v in arrays.items()}), "meta": ConfigRecord({"n_users": int(n_users)})})  # noqa: SLF001
-    return Message(rd, reply_to=msg)
-
-
-# ------------------------------------------------------------------ client handlers
-def register(app) -> None:
-    """Add the personalization handlers to fedpriv's ClientApp."""
-
-    def pid(context: Context) -> int:
-        return int(context.node_config.get("partition-id", 0))
-
-    def block(msg: Message, context: Context):
-        from ..personalization import user_groups
-        from ..privacy.randomness import user_keys
-        from .node_secrets import node_key, raw_user_ids
-
-        state, data_dir, upn, group = decode_state(msg.content)
-        users, X, y, V, U, meta = load_block(data_dir, pid(context), upn)
-        if group is not None:  # disjoint schedule: only the users of this step's group contribute
-            key, _ = node_key(msg.content.config_records["cfg"], context)
-            keep = user_groups(user_keys(key, raw_user_ids(data_dir, users)), state.config.epochs) == group
-            users, X, y, V = users[keep], X[keep], y[keep], V[keep]
-        return state, users, X, y, V, U, meta
-
-    @app.query("pam_info")
-    def pam_info(msg: Message, context: Context) -> Message:
-        state, users, *_ = block(msg, context)
-        return Message(RecordDict({"meta": ConfigRecord({"partition_id": pid(context), "n_users": len(users)})}), reply_to=msg)
-
-    @app.query("pam_init")
-    def pam_init(msg: Message, context: Context) -> Message:
-        state, users, X, y, *_ = block(msg, context)
-        return _reply(msg, {"values": pam.client_init_stats(X, y, state)}, len(users))
-
-    @app.query("pam_step")
-    def pam_step(msg: Message, context: Context) -> Message:
-        state, users, X, y, *_ = block(msg, context)
-        if state.algorithm == "pam-single-model":
-            A, b = pam.client_single_stats(X, y, state)
-        elif len(users):
-            A, b = pam.client_am_stats(X, y, state)
-        else:
-            dk = state.d * state.k
-            A, b = np.zeros(dk * (dk + 1) // 2), np.zeros(dk)
-        return _reply(msg, {"A_upper": A, "b": b}, len(users))
-
-    @app.query("pam_exp")
-    def pam_exp(msg: Message, context: Context) -> Message:
-        state, users, X, y, *_ = block(msg, context)
-        return _reply(msg, {"scores": pam.client_exp_scores(X, y, state)}, len(users))
-
-    @app.query("pam_eval")
-    def pam_eval(msg: Message, context: Context) -> Message:
-        state, users, X, y, V, U, meta = block(msg, context)
-        return _reply(msg, {"values": pam.client_eval_sums(X, y, V, U, state, meta["noise"])}, len(users))
-
-
-# ------------------------------------------------------------------ server loop
 def _decode(content: RecordDict, keys: dict[str, int], bounds: dict[str, float], max_users: int, ranges: dict[str, float] | None = None) -> dict[str, np.ndarray]:
     """Validated arrays of a reply: lengths, dtypes, finite values, L2 norms within ``n`` times
     the per-user ``bounds``, and entries within [0, n * ranges[key]] for the keys in ``ranges``
@@ -209,10 +115,6 @@ def _decode(content: RecordDict, keys: dict[str, int], bounds: dict[str, float],
 
 
 def run_pam_job(grid, job: PamJob) -> PamResult:
-    from .server_app import _Rounds, _wait_for_nodes  # noqa: PLC0415 - shared round machinery
-
-    from ..personalization import step_groups
-
     t0 = time.perf_counter()
     data = job.data
     state, ledger = pam.new_state(job.algorithm, job.cfg, data.d, data.k, data.samples, job.epsilon, job.delta, job.secrets.ledger_seed())
@@ -224,12 +126,12 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
         from .node_secrets import write_key_file
 
         key_file = write_key_file(job.work_dir, job.secrets.client_key())
-    nodes = _wait_for_nodes(grid, n_parts, job.node_wait_seconds)
+    nodes = wait_for_nodes(grid, n_parts, job.node_wait_seconds)
     if len(nodes) < n_parts:
         from ..errors import ConfigError
 
         raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(nodes)} registered", field="users-per-node")
-    rounds = _Rounds(grid, nodes, result, job.round_timeout)
+    rounds = Rounds(grid, nodes, result, job.round_timeout)
     upn = job.users_per_node
 
     partition_of: dict[int, int] = {}
@@ -274,7 +176,7 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
         pam.server_init(pam.release_init(tot["values"], state, ledger), state)
         dk = d * k
         bounds = {"A_upper": pam.sensitivity("am_A", state), "b": pam.sensitivity("am_b", state)}
-        for t, group in enumerate(step_groups(state)):
+        for t, group in enumerate(pam.step_groups(state)):
             ts = time.perf_counter()
             tot = collect("pam_step", f"step{t + 1}", {"A_upper": dk * (dk + 1) // 2, "b": dk}, bounds, group)
             pam.server_am_update(*pam.release_am(tot["A_upper"], tot["b"], state, ledger), state)
@@ -287,20 +189,3 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
     result.evaluation = {"test_mse": float(tot["values"][0] / max(tot["values"][1], 1.0) + data.noise**2)}
     result.evaluation["subspace_error"] = pam.subspace_error(state.U, data.U_star) if state.U is not None else None
     return result
-
-
-def run_pam_job_local(job: PamJob, nodes: int, runner=None) -> PamResult:
-    """Run ``job`` with ``runner(job, n_nodes)`` (default: a new Flower simulation)."""
-    import shutil
-    import tempfile
-
-    if runner is None:
-        from .simulation import simulate as runner
-    own_dir = job.work_dir is None
-    if own_dir:
-        job.work_dir = Path(tempfile.mkdtemp(prefix="fedpriv-pam-"))
-    try:
-        return runner(job, nodes or job.n_parts())
-    finally:
-        if own_dir:
-            shutil.rmtree(job.work_dir, ignore_errors=True)

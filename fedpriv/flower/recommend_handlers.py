@@ -64,7 +64,7 @@ def register(app) -> None:
 
 def run_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, ledger_seed: int | None, has_test: bool):
     """The server's recommendation rounds over the nodes of ``rounds`` (a
-    :class:`fedpriv.flower.server_app._Rounds`): returns (summary, recommendation ledger,
+    :class:`fedpriv.flower.rounds.Rounds`): returns (summary, recommendation ledger,
     {node: reports as candidate item ids}). ``ledger_seed``: None (OS randomness) unless the
     run asked for reproducible noise."""
     cfg.validate()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from .. import atomic, evaluation, metrics
@@ -27,6 +27,7 @@ from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RunSecrets
 from . import codec
 from .counters import RoundCounters
+from .rounds import Rounds, wait_for_nodes
 from .node_secrets import write_key_file
 from .partition import write_feature_table, write_partitions
 
@@ -75,51 +76,6 @@ class FlowerResult(RoundCounters):
     rec_ledger: PrivacyLedger | None = None
     rec_picks: np.ndarray | None = None  # reported item per global user id (-1: no report)
     resumed_from: int | None = None  # the step a resumed job restarted after
-
-
-class _Rounds:
-    """Sends one message per node and collects replies, with byte counting and rejection log."""
-
-    def __init__(self, grid: Grid, nodes: list[int], result: FlowerResult, timeout: float | None):
-        self.grid, self.nodes, self.result, self.timeout = grid, nodes, result, timeout
-
-    def ask(self, message_type: str, content, name: str, timeout: float | None = ...) -> list[tuple[int, Message]]:
-        """One message per node, all with the same (broadcast) ``content``; ``timeout`` defaults
-        to the job's round timeout."""
-        t0 = time.perf_counter()
-        per_node = codec.payload_bytes(content)
-        msgs = [Message(content=content, dst_node_id=nid, message_type=message_type) for nid in self.nodes]
-        down = per_node * len(msgs)
-        replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout if timeout is ... else timeout))
-        up = 0
-        ok = []
-        asked = set(self.nodes)
-        # error replies about an unavailable node come from the SuperLink: attribute them to the
-        # node the message was for (by the id of the message they answer)
-        dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
-        answered = set()
-        for rep in replies:
-            src = rep.metadata.src_node_id
-            if src not in asked:
-                src = dst_of.get(rep.metadata.reply_to_message_id, src)
-            answered.add(src)
-            if rep.has_error():
-                self.reject(name, src, f"node error: {rep.error.reason}")
-                continue
-            up += codec.payload_bytes(rep.content)
-            ok.append((src, rep))
-        missing = asked - answered
-        for nid in sorted(missing):
-            self.reject(name, nid, "no reply before the round timeout")
-        self.result.rounds += 1
-        self.result.bytes_down += down
-        self.result.bytes_up += up
-        self.result.round_log.append({"round": name, "seconds": time.perf_counter() - t0, "bytes_down": down, "bytes_up": up, "replies": len(ok), "nodes": len(self.nodes)})
-        return ok
-
-    def reject(self, name: str, node: int, reason: str) -> None:
-        log.warning("round %s: reply of node %s rejected: %s", name, node, reason)
-        self.result.rejected.append({"round": name, "node": int(node), "reason": reason})
 
 
 class JobInterrupted(FedprivError):
@@ -182,15 +138,6 @@ class _Checkpoint:
             self.marker.unlink()
 
 
-def _wait_for_nodes(grid: Grid, n: int, seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while True:
-        nodes = sorted(grid.get_node_ids())
-        if len(nodes) >= n or time.monotonic() > deadline:
-            return nodes
-        time.sleep(0.5)
-
-
 def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     """The alternating loop of one job over the nodes of ``grid``."""
     from .pam_server import PamJob, run_pam_job
@@ -208,10 +155,10 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     # reproducible runs only: the nodes read the clients' key (derived from the noise seed) from a file
     key_file = write_key_file(job.work_dir, job.secrets.client_key()) if job.secrets.reproducible else None
 
-    nodes = _wait_for_nodes(grid, n_parts, job.node_wait_seconds)
+    nodes = wait_for_nodes(grid, n_parts, job.node_wait_seconds)
     if len(nodes) < n_parts:
         raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(nodes)} registered", field="users-per-node")
-    rounds = _Rounds(grid, nodes, result, job.round_timeout)
+    rounds = Rounds(grid, nodes, result, job.round_timeout)
     def down(round_index: int = 0):
         """The broadcast public state of this round, encoded once for every node."""
         return codec.encode_state(state, data_dir, job.users_per_node, round_index, key_file)
@@ -392,52 +339,3 @@ def make_server_app(job: FlowerJob, sink: dict) -> ServerApp:
             log.error("fedpriv job failed: %s", exc)
 
     return server
-
-
-# ``flwr run .``: the job comes from the run config ([tool.flwr.app.config] in pyproject.toml,
-# overridable with ``flwr run . --run-config "key=value ..."``)
-app = ServerApp()
-
-
-def _overrides(spec: str) -> dict[str, str]:
-    from ..run import parse_overrides
-
-    return parse_overrides([p for p in str(spec).replace(";", ",").split(",") if p.strip()])
-
-
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    from ..run import run, write_outputs
-
-    rc = context.run_config
-    algorithm = str(rc.get("algorithm", "adadpals"))
-    from .launcher import epsilon_of_run_config
-
-    epsilon = epsilon_of_run_config(rc)
-    overrides = _overrides(rc.get("set", ""))
-    overrides["users_per_node"] = str(rc.get("users-per-node", 1))
-    overrides["round_timeout"] = str(rc.get("round-timeout", 0.0))
-    overrides["node_wait"] = str(rc.get("node-wait", 120.0))
-    work_dir = str(rc.get("work-dir", "") or "") or None  # a work dir keeps the checkpoint: rerun to resume
-    seed_file = str(rc.get("noise-seed-file", "") or "")  # reproducible noise (a file, never the seed in the run config)
-    if seed_file:
-        from .launcher import read_noise_seed_file
-
-        noise_seed = read_noise_seed_file(seed_file)
-    else:
-        noise_seed = None
-    out = Path(str(rc.get("out", "runs/flwr"))).expanduser()
-    metrics_, ledger = run(
-        algorithm,
-        str(rc["data"]),
-        epsilon=epsilon,
-        delta=float(rc.get("delta", 1e-5)),
-        overrides=overrides,
-        engine="flower",
-        progress=False,
-        work_dir=work_dir,
-        flower_runner=lambda job, n_nodes: run_job(grid, job),
-        noise_seed=noise_seed,
-    )
-    write_outputs(out, metrics_, ledger)
-    log.info("fedpriv: wrote %s and %s", out / "metrics.json", out / "ledger.json")

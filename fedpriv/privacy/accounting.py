@@ -18,7 +18,7 @@ from dp_accounting.pld import common, pld_privacy_accountant, privacy_loss_distr
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from ..errors import ConfigError, PrivacyError
-from .ledger import Release, RepeatAndSelect
+from .records import Release, RepeatAndSelect
 
 # dp-accounting logs (through absl) every fractional order it excludes for lack of convergence;
 # the excluded orders only make epsilon more conservative
@@ -38,28 +38,9 @@ def _orders(rels) -> np.ndarray:
     return SAMPLED_RDP_ORDERS if any(r.sampling_rate not in (None, 1.0) for r in rels) else RDP_ORDERS
 
 
-def _self_composed(event: dp_accounting.DpEvent, count: int) -> dp_accounting.DpEvent:
-    return event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count)
-
-
 def release_event(rel: Release | RepeatAndSelect) -> dp_accounting.DpEvent:
-    """The dp-accounting event of one ledger record."""
-    if isinstance(rel, RepeatAndSelect):
-        return dp_accounting.dp_event.RepeatAndSelectDpEvent(ledger_event(rel.releases), rel.mean, rel.shape)
-    if rel.mechanism == "exponential":
-        # epsilon-bounded range => epsilon^2 / 8 zCDP (Cesar and Rogers 2021, Lemma 3.2)
-        return _self_composed(dp_accounting.dp_event.ZCDpEvent(rel.pure_epsilon**2 / 8.0), rel.accounted_count)
-    if rel.mechanism == "selection":
-        # pure epsilon-DP => epsilon^2 / 2 zCDP (Bun and Steinke 2016, Prop. 1.4)
-        return _self_composed(dp_accounting.dp_event.ZCDpEvent(rel.pure_epsilon**2 / 2.0), rel.accounted_count)
-    if rel.mechanism == "laplace":
-        return _self_composed(dp_accounting.LaplaceDpEvent(rel.noise_multiplier), rel.accounted_count)
-    if rel.mechanism != "gaussian":
-        raise PrivacyError(f"release {rel.name!r}: no accountant event for mechanism {rel.mechanism!r}")
-    event: dp_accounting.DpEvent = dp_accounting.GaussianDpEvent(rel.noise_multiplier)
-    if rel.sampling_rate is not None and rel.sampling_rate < 1:
-        event = dp_accounting.PoissonSampledDpEvent(rel.sampling_rate, event)
-    return _self_composed(event, rel.accounted_count)
+    """The dp-accounting event of one ledger record (:meth:`Release.to_event`)."""
+    return rel.to_event()
 
 
 def ledger_event(releases: Iterable[Release]) -> dp_accounting.DpEvent:
@@ -184,6 +165,42 @@ def epsilon_bounds(releases, delta: float) -> tuple[float, float, float | None]:
         return min(rdp, pure), rdp, pure
     mixed = epsilon_mixed_pld(releases, delta)
     return (rdp if mixed is None else min(rdp, mixed)), rdp, None
+
+
+# ---------------------------------------------------------------------- accountants
+class RdpAccountant:
+    """Epsilon by dp-accounting's RDP accountant."""
+
+    def epsilon(self, records, delta: float) -> float:
+        return epsilon_rdp(records, delta)
+
+
+class PldAccountant:
+    """Epsilon by privacy loss distributions (Gaussian, sampled Gaussian and Laplace records)."""
+
+    def __init__(self, discretization: float = 1e-4):
+        self.discretization = discretization
+
+    def epsilon(self, records, delta: float) -> float:
+        return epsilon_pld(records, delta, self.discretization)
+
+
+class PureAccountant:
+    """Pure epsilon of records that are all pure (exponential, Laplace, selection)."""
+
+    def epsilon(self, records, delta: float) -> float:
+        eps = epsilon_pure(records)
+        if eps is None and _as_releases(records):
+            raise PrivacyError("the pure accountant takes pure releases only (exponential, laplace, selection)")
+        return 0.0 if eps is None else eps
+
+
+class BestOfAccountant:
+    """The smallest of the applicable bounds (:func:`epsilon_bounds`): the one rule of every
+    reported or budgeted epsilon."""
+
+    def epsilon(self, records, delta: float) -> float:
+        return epsilon_bounds(records, delta)[0]
 
 
 # ---------------------------------------------------------------------- calibration

@@ -16,53 +16,18 @@ A ledger may carry a budget: a release that would take the accounted epsilon pas
 
 from __future__ import annotations
 
-import contextvars
 import json
 import math
 import os
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
+from ..draws import _sanctioned, drawing_context, public_draws, public_gaussian  # noqa: F401 - re-exported
 from ..errors import PrivacyError
-
-# True while the ledger (or public_gaussian) is drawing: lets tests detect draws made elsewhere.
-_DRAWING: contextvars.ContextVar[str | None] = contextvars.ContextVar("fedpriv_drawing", default=None)
-
-
-def drawing_context() -> str | None:
-    """Name of the sanctioned draw in progress ('ledger:<release>' or 'public:<why>'), else None."""
-    return _DRAWING.get()
-
-
-@contextmanager
-def _sanctioned(tag: str) -> Iterator[None]:
-    token = _DRAWING.set(tag)
-    try:
-        yield
-    finally:
-        _DRAWING.reset(token)
-
-
-@contextmanager
-def public_draws(why: str) -> Iterator[None]:
-    """Sanction draws (numpy or torch) that depend on no private data, e.g. the initialisation
-    of a model; ``why`` is visible to the ledger-completeness test."""
-    with _sanctioned(f"public:{why}"):
-        yield
-
-
-def public_gaussian(rng: np.random.Generator, shape, *, why: str, scale: float = 1.0) -> np.ndarray:
-    """A Gaussian draw that depends on no private data (initialisations, synthetic data).
-
-    ``why`` documents the use; it is visible to the ledger-completeness test.
-    """
-    with _sanctioned(f"public:{why}"):
-        return rng.normal(0.0, scale, size=shape)
-
+from . import selection as mech
+from .records import Release, RepeatAndSelect, records_from_list
 
 def _secure_uniform(n: int) -> np.ndarray:
     """n uniforms in (0, 1] with 53 random bits each, from the operating system's CSPRNG."""
@@ -79,92 +44,10 @@ def secure_standard_normal(shape) -> np.ndarray:
     return np.concatenate([r * np.cos(t), r * np.sin(t)])[:n].reshape(shape)
 
 
-@dataclass
-class Release:
-    """One kind of noisy release, released ``count`` times with identical parameters."""
-
-    name: str
-    mechanism: str
-    sensitivity: float
-    noise_std: float
-    count: int = 1
-    sampling_rate: float | None = None
-    dim: int = 0
-    groups: int = 1  # the count is spread over this many disjoint user groups (parallel composition)
-    pure_epsilon: float | None = None  # pure mechanisms (exponential, laplace, selection): their epsilon
-    disjoint: bool = False  # every call under this name concerned new, distinct users: count and groups grow together
-
-    @property
-    def noise_multiplier(self) -> float:
-        return self.noise_std / self.sensitivity
-
-    @property
-    def accounted_count(self) -> int:
-        """Releases each user took part in: ceil(count / groups)."""
-        return -(-int(self.count) // int(self.groups))
-
-    def key(self) -> tuple:
-        if self.disjoint:
-            # calls on disjoint users under one name merge whatever their sensitivity, noise
-            # scale (same epsilon) and size: each user is accounted once, by the pure epsilon
-            return (self.name, self.mechanism, self.sampling_rate, self.pure_epsilon, True)
-        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim, self.groups, self.pure_epsilon, False)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["noise_multiplier"] = self.noise_multiplier
-        return d
-
-
 def _positive(name: str, what: str, value: float) -> None:
     """Refuse a release whose ``what`` (sensitivity, epsilon, ...) is not finite and > 0."""
     if not (math.isfinite(value) and value > 0):
         raise PrivacyError(f"release {name!r}: {what} must be finite and > 0, got {value}")
-
-
-def _merge(into: Release, rel: Release) -> None:
-    into.count += rel.count
-    if into.disjoint:  # informational fields keep the largest call's values
-        into.groups += rel.groups
-        if rel.sensitivity > into.sensitivity:
-            into.sensitivity, into.noise_std = rel.sensitivity, rel.noise_std
-        into.dim = max(into.dim, rel.dim)
-
-
-@dataclass
-class RepeatAndSelect:
-    """Private tuning by random stopping (Papernot and Steinke 2022): a run whose releases are
-    ``releases`` was repeated a random number of times K ~ D_{shape, gamma(mean)} (``runs`` is
-    the K drawn) and only the best run's output was kept. Accounted as dp-accounting's
-    ``RepeatAndSelectDpEvent`` over one run's releases: the guarantee is over the random K."""
-
-    name: str
-    mean: float
-    shape: float
-    runs: int
-    releases: list[Release]
-    mechanism: str = "repeat_and_select"
-    count: int = 1
-
-    @property
-    def sampling_rate(self) -> float | None:
-        rates = [r.sampling_rate for r in self.releases if r.sampling_rate not in (None, 1.0)]
-        return rates[0] if rates else None
-
-    def key(self) -> tuple:
-        return (self.name, self.mechanism, self.mean, self.shape, tuple(r.key() + (r.count,) for r in self.releases))
-
-    def to_dict(self) -> dict:
-        """The record as written to ``ledger.json``: without ``runs`` (K is part of what the
-        repeat-and-select guarantee keeps hidden)."""
-        return {
-            "name": self.name,
-            "mechanism": self.mechanism,
-            "mean": self.mean,
-            "shape": self.shape,
-            "count": self.count,
-            "releases": [r.to_dict() for r in self.releases],
-        }
 
 
 @dataclass
@@ -179,15 +62,21 @@ class PrivacyLedger:
     seed); the seed is never written out (``repr`` hides it, records do not hold it).
     ``secure=True`` forces the OS generator even when a seed is given. (Like every
     floating-point sampler, neither addresses the floating-point attacks of Mironov 2012.)
-    ``budget``: optional (epsilon, delta); a release that would exceed it is refused.
+    ``budget``: optional (epsilon, delta); a release that would take ``accountant``'s epsilon
+    of the records past it is refused before anything is drawn. The accountant is an object
+    with ``epsilon(records, delta)`` (:mod:`fedpriv.privacy.accounting`: RDP, PLD, pure,
+    best-of), given by the caller: the ledger imports no accounting.
     """
 
     seed: int | None = field(default=None, repr=False)
     secure: bool = False
     budget: tuple[float, float] | None = None
     releases: list[Release | RepeatAndSelect] = field(default_factory=list)
+    accountant: object = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.budget is not None and self.accountant is None:
+            raise PrivacyError("a ledger with a budget needs an accountant (fedpriv.privacy.accounting.BestOfAccountant(), ...)")
         if self.secure or self.seed is None:
             self.secure, self.seed, self._rng = True, None, None
         else:
@@ -199,30 +88,60 @@ class PrivacyLedger:
         return self._rng is not None
 
     # ------------------------------------------------------------------ recording
-    def _record(self, rel: Release) -> None:
-        for r in self.releases:
-            if r.key() == rel.key():
-                _merge(r, rel)
-                return
-        self.releases.append(rel)
+    @staticmethod
+    def _with(records: list, rel: Release | RepeatAndSelect) -> list:
+        """``records`` with ``rel`` recorded: merged into the record of the same key, or added."""
+        out = list(records)
+        if isinstance(rel, Release):
+            for i, r in enumerate(out):
+                if isinstance(r, Release) and r.key() == rel.key():
+                    out[i] = r.merged(rel)
+                    return out
+        out.append(rel)
+        return out
+
+    def _record(self, rel: Release | RepeatAndSelect) -> None:
+        self.releases[:] = self._with(self.releases, rel)
+
+    def merge(self, records) -> None:
+        """Record releases made elsewhere (e.g. the clients' private selections of a
+        recommendation), after the same budget check as a release of this ledger: all of them
+        or none."""
+        records = list(records)
+        after = list(self.releases)
+        for rel in records:
+            if not isinstance(rel, (Release, RepeatAndSelect)):
+                raise PrivacyError(f"not a ledger record: {rel!r}")
+            after = self._with(after, rel)
+        self._check_total(after, records[-1].name if records else "merge")
+        self.releases[:] = after
+
+    def state_dict(self) -> dict:
+        """The records and the generator's state (a checkpoint of this ledger)."""
+        return {"records": self.to_list(), "budget": self.budget,
+                "rng": None if self._rng is None else self._rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (a reproducible ledger continues its stream)."""
+        self.releases[:] = records_from_list(state["records"])
+        self.budget = tuple(state["budget"]) if state.get("budget") is not None else None
+        if state.get("rng") is not None:
+            if self._rng is None:
+                raise PrivacyError("a seeded ledger's state cannot be loaded into a ledger that draws from the OS")
+            self._rng.bit_generator.state = state["rng"]
 
     def _check_budget(self, rel: Release | RepeatAndSelect) -> None:
+        if self.budget is not None:
+            self._check_total(self._with(self.releases, rel), rel.name)
+
+    def _check_total(self, records: list, name: str) -> None:
         if self.budget is None:
             return
-        from .accounting import epsilon_bounds  # local import: accounting depends on Release only
-
         eps_budget, delta = self.budget
-        merged = [replace(r) if isinstance(r, Release) else r for r in self.releases]  # as _record would leave them
-        for r in merged:
-            if isinstance(r, Release) and isinstance(rel, Release) and r.key() == rel.key():
-                _merge(r, rel)
-                break
-        else:
-            merged.append(rel)
-        eps = epsilon_bounds(merged, delta)[0]
+        eps = self.accountant.epsilon(records, delta)
         if eps > eps_budget * (1 + 1e-3):
             raise PrivacyError(
-                f"release {rel.name!r} would bring epsilon to {eps:.4f} > budget {eps_budget:.4f} "
+                f"release {name!r} would bring epsilon to {eps:.4f} > budget {eps_budget:.4f} "
                 f"(delta={delta:g}); nothing was released"
             )
 
@@ -325,15 +244,13 @@ class PrivacyLedger:
         return value + noise
 
     def select(self, name: str, mechanism: str, scores: np.ndarray, sensitivities: np.ndarray, *, epsilon: float, **params) -> np.ndarray:
-        """Private selection (:mod:`fedpriv.selection.mechanisms`): one candidate index per row of
+        """Private selection (:mod:`fedpriv.privacy.selection`): one candidate index per row of
         ``scores`` (n users x k candidates), each row a *different user's own* scores with
         per-candidate sensitivities ``sensitivities`` ((k,) or (n, k)). Every private mechanism
         there is pure ``epsilon``-DP for the user of its row (local DP of the report), so the
         release is recorded once per user (parallel composition over the rows). Repeated calls
         under one name are declared to concern new, distinct users; select again for the same
         users under another name. The non-private reference ``rnmh`` is refused."""
-        from ..selection import mechanisms as mech  # local import: selection depends on errors only
-
         if mechanism not in mech.PRIVATE:
             raise PrivacyError(f"release {name!r}: {mechanism!r} is not a private selection mechanism (private: {', '.join(mech.PRIVATE)})")
         _positive(name, "epsilon", epsilon)
@@ -381,7 +298,7 @@ class PrivacyLedger:
                 raise PrivacyError(f"release {name!r}: run {i} made other releases than run 0; tuning needs one plan for every candidate")
         if any(isinstance(r, RepeatAndSelect) for r in runs[0].releases):
             raise PrivacyError(f"release {name!r}: nested tuning is not supported")
-        rec = RepeatAndSelect(name, float(mean), float(shape), len(runs), [Release(**{k: v for k, v in asdict(r).items()}) for r in runs[0].releases])
+        rec = RepeatAndSelect(name, float(mean), float(shape), len(runs), tuple(runs[0].releases))
         self._check_budget(rec)
         self.releases.append(rec)
         return rec
@@ -410,12 +327,5 @@ class PrivacyLedger:
 
     @staticmethod
     def releases_from_list(items: list[dict]) -> list[Release | RepeatAndSelect]:
-        keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim", "groups", "pure_epsilon", "disjoint")
-        out: list[Release | RepeatAndSelect] = []
-        for it in items:
-            if it.get("mechanism") == "repeat_and_select":
-                inner = PrivacyLedger.releases_from_list(it["releases"])
-                out.append(RepeatAndSelect(it["name"], it["mean"], it["shape"], int(it.get("runs", 0)), inner))  # type: ignore[arg-type]
-            else:
-                out.append(Release(**{k: it[k] for k in keys if k in it}))
-        return out
+        """Records from ``ledger.json`` (:func:`fedpriv.privacy.records.records_from_list`)."""
+        return records_from_list(items)

@@ -145,24 +145,21 @@ class BudgetPlan:
         return "\n".join(lines) + "\n"
 
 
-def budget_plan(
+def calibrated_plan(
     algorithm: str,
-    cfg,
+    planned: list[PlannedRelease],
+    sensitivities: dict[str, float],
     epsilon: float,
     delta: float,
     *,
-    implicit: bool = False,
     rating_range: tuple[float, float] = (1.0, 5.0),
     tuning: TuningPlan | None = None,
 ) -> BudgetPlan:
-    """Calibrate ``algorithm``'s release plan (config ``cfg``) to (epsilon, delta)."""
-    from ..algorithms import als
-
-    als.validate_algorithm(algorithm)
-    planned = als.plan_releases(algorithm, cfg, implicit)
+    """Calibrate a release plan (the algorithm's releases and their L2 sensitivities, from the
+    algorithm layer: :func:`fedpriv.algorithms.plans.budget_plan`) to (epsilon, delta)."""
     if not planned:
         raise ConfigError(f"algorithm {algorithm!r} is not private: it has no releases to plan", field="algorithm")
-    sens = {p.name: als.sensitivity(p.name, cfg, rating_range) for p in planned}
+    sens = dict(sensitivities)
     repeat = None
     if tuning is not None:
         tuning.validate()

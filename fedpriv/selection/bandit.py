@@ -76,7 +76,7 @@ What the paper says vs what is chosen here
 * Selection. Paper: eps per action (value lost); kRR spends nothing on quantiles. Chosen:
   eps_select = 1 per action; mechanism hyper-parameters (GEM / mGEM beta = 0.1 with the
   exponential-noise selector, RS eta = 1 and gamma = 1/k) are
-  :data:`fedpriv.selection.mechanisms.DEFAULTS`.
+  :data:`fedpriv.privacy.selection.DEFAULTS`.
 * Regret: pseudo-regret sum_t (max_i m_i(t) - m_{a_t}(t)) with m the clipped means; mean and
   standard deviation over the repetitions.
 """
@@ -576,7 +576,7 @@ def run_bandit(
 
 
 def _mech_defaults(policy: str) -> dict:
-    from . import mechanisms
+    from ..privacy import selection as mechanisms
 
     return dict(mechanisms.DEFAULTS.get(policy, {}))
 

@@ -1,4 +1,4 @@
-"""Exact output laws of the selection mechanisms of :mod:`fedpriv.selection.mechanisms` for ONE
+"""Exact output laws of the selection mechanisms of :mod:`fedpriv.privacy.selection` for ONE
 score vector (k,) — test oracles and small-k analysis (spec §9 of
 ``/work/shared/specs/private_selection.md``).
 
@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..privacy import tnb
-from . import mechanisms as M
+from ..privacy import selection as M
 
 
 # ------------------------------------------------------------------------------------ base laws

@@ -2,7 +2,7 @@
 Sensitivities* (SaTML 2025), §VI "Analysing Correlation as a Heuristic" (scenarios 1–6 and the
 increasing-correlation family), §VII "Choosing a Mechanism Adaptively" with Appendix -F (the two
 polarised scenarios 7–8), and the runner that evaluates every selection mechanism of
-:mod:`fedpriv.selection.mechanisms` on them (``fedpriv selection scenarios``).
+:mod:`fedpriv.privacy.selection` on them (``fedpriv selection scenarios``).
 
 Protocol (paper §VI "Experimental Design"; spec §8)
 ----------------------------------------------------
@@ -147,7 +147,7 @@ ROW_KEYS = ("scenario", "mechanism", "epsilon", "mse", "mse_se", "spearman", "we
 
 
 def _mech():
-    from . import mechanisms  # imported lazily: written concurrently, and only needed to run
+    from ..privacy import selection as mechanisms
 
     return mechanisms
 

@@ -36,7 +36,7 @@ import numbers
 import numpy as np
 
 from ..errors import ConfigError
-from ..privacy import tnb
+from . import tnb
 
 NAMES = ("rnm", "em", "gem", "mgem", "rs", "krr", "uniform", "cgem", "rnmh")
 PRIVATE = tuple(n for n in NAMES if n != "rnmh")

@@ -1,0 +1,69 @@
+"""The round machinery of the ServerApps (alternating loop, personalization): one message per
+node, replies collected with byte counting, and every rejected reply logged with its reason."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from . import codec
+from .counters import RoundCounters
+
+log = logging.getLogger("fedpriv.flower")
+
+
+class Rounds:
+    """Sends one message per node and collects replies, with byte counting and rejection log."""
+
+    def __init__(self, grid: Grid, nodes: list[int], result: RoundCounters, timeout: float | None):
+        self.grid, self.nodes, self.result, self.timeout = grid, nodes, result, timeout
+
+    def ask(self, message_type: str, content, name: str, timeout: float | None = ...) -> list[tuple[int, Message]]:
+        """One message per node, all with the same (broadcast) ``content``; ``timeout`` defaults
+        to the job's round timeout."""
+        t0 = time.perf_counter()
+        per_node = codec.payload_bytes(content)
+        msgs = [Message(content=content, dst_node_id=nid, message_type=message_type) for nid in self.nodes]
+        down = per_node * len(msgs)
+        replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout if timeout is ... else timeout))
+        up = 0
+        ok = []
+        asked = set(self.nodes)
+        # error replies about an unavailable node come from the SuperLink: attribute them to the
+        # node the message was for (by the id of the message they answer)
+        dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
+        answered = set()
+        for rep in replies:
+            src = rep.metadata.src_node_id
+            if src not in asked:
+                src = dst_of.get(rep.metadata.reply_to_message_id, src)
+            answered.add(src)
+            if rep.has_error():
+                self.reject(name, src, f"node error: {rep.error.reason}")
+                continue
+            up += codec.payload_bytes(rep.content)
+            ok.append((src, rep))
+        missing = asked - answered
+        for nid in sorted(missing):
+            self.reject(name, nid, "no reply before the round timeout")
+        self.result.rounds += 1
+        self.result.bytes_down += down
+        self.result.bytes_up += up
+        self.result.round_log.append({"round": name, "seconds": time.perf_counter() - t0, "bytes_down": down, "bytes_up": up, "replies": len(ok), "nodes": len(self.nodes)})
+        return ok
+
+    def reject(self, name: str, node: int, reason: str) -> None:
+        log.warning("round %s: reply of node %s rejected: %s", name, node, reason)
+        self.result.rejected.append({"round": name, "node": int(node), "reason": reason})
+
+
+def wait_for_nodes(grid: Grid, n: int, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= n or time.monotonic() > deadline:
+            return nodes
+        time.sleep(0.5)

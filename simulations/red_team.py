@@ -128,7 +128,9 @@ def noise_regeneration(pub: dict, train, cfg: als.ALSConfig, candidates: list[in
 def renumbering(ds_d, folder: Path, algorithms: list[str], epsilon: float) -> dict:
     inter = ds_d.interactions
     target = int(np.min(inter.user_ids[np.unique(inter.users)]))
-    ds_p = load_dataset("ml-100k", write_interactions_ml100k(folder / "D_prime", inter, without_user=target))
+    # both sides written in the same layout (the same public item metadata) and read back
+    ds_d = load_dataset("ml-100k", write_interactions_ml100k(folder / "D_full", inter), rating_range=ds_d.rating_range)
+    ds_p = load_dataset("ml-100k", write_interactions_ml100k(folder / "D_prime", inter, without_user=target), rating_range=ds_d.rating_range)
     out: dict = {"removed_raw_user": target, "n_items": [int(inter.n_items), int(ds_p.interactions.n_items)]}
     cfg = als.ALSConfig(rank=4, steps=2, sgd_sampling_rate=0.2)
     secrets_seed = int.from_bytes(np.random.bytes(8), "little")  # only the secret randomness is fixed

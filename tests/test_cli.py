@@ -88,10 +88,12 @@ def test_default_noise_is_secret_and_a_noise_seed_reproduces(tmp_path):
         assert main(["run", "adadpals", "--data", data, "--epsilon", "8", "--out", str(out), "--quiet", "--set", "rank=3", "--set", "steps=2", *extra]) == 0
         return json.loads((out / "metrics.json").read_text()), json.loads((out / "ledger.json").read_text()), out
 
-    (m1, l1, _), (m2, l2, _) = once("a"), once("b")
+    (m1, l1, _), (m2, l2, _), (m3, _, _) = once("a"), once("b"), once("e")
     assert 1.0 < m1["released_mean"] < 5.0
-    for key in ("released_n_users", "released_mean", "test_rmse"):
+    for key in ("released_mean", "test_rmse"):
         assert m1[key] != m2[key], key  # secret noise: a default run cannot be reproduced
+    # the released user count is rounded: two runs agree by chance about 1 time in 20 here (noise std 6.4), three about 1 in 500
+    assert len({m["released_n_users"] for m in (m1, m2, m3)}) > 1
     assert m1["noise"].startswith("secret") and "noise_warning" not in m1
     (s1, k1, o1), (s2, k2, _) = once("c", "--noise-seed", "918273645"), once("d", "--noise-seed", "918273645")
     assert s1["test_rmse"] == s2["test_rmse"] and s1["released_mean"] == s2["released_mean"]

@@ -16,7 +16,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpriv", description="Federated user-level DP recommendation.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train and evaluate one algorithm on one data set")
-    r.add_argument("algorithm", help="als, dpals-uniform, dpals-tail, adadpals, dpsgd, am-ssp, am-ssp1, am-ssp-convex, am-dpsgd; on synthetic-personal data: pam, pam-exp, pam-own-data, pam-single-model, pam-nonprivate")
+    from .algorithms import registry
+
+    r.add_argument("algorithm", help=f"{', '.join(registry.names())}; on synthetic-personal data: pam, pam-exp, pam-own-data, pam-single-model, pam-nonprivate")
     r.add_argument("--data", required=True, help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, jester:PATH, synthetic-mf:users=N,items=M,ratings=R,seed=S or synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R")
     r.add_argument("--epsilon", type=float, default=None, help="target epsilon (private algorithms)")
     r.add_argument("--delta", type=float, default=1e-5)

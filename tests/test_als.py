@@ -83,3 +83,42 @@ def test_keys_an_algorithm_does_not_read_are_errors_that_name_the_field():
     assert ALSConfig.from_overrides({"k": "10"}, "dpals-uniform").k == 10
     assert ALSConfig.from_overrides({"ssp_lr": "0.2", "mu": "0.25"}, "am-ssp").ssp_lr == 0.2
     assert ALSConfig.from_overrides({"sgd_clip": "0.5", "encoder_sgd_lr": "0.1"}, "am-dpsgd").sgd_clip == 0.5
+
+
+def test_dpals_uniform_lives_in_its_own_module():
+    """Adding an algorithm is one module plus its registration: no other file of the package
+    names dpals-uniform (the engines look it up in the registry)."""
+    from pathlib import Path
+
+    import fedpriv
+
+    pkg = Path(fedpriv.__file__).parent
+    naming = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if "dpals-uniform" in p.read_text())
+    assert naming == ["algorithms/dpals_uniform.py"]
+    from fedpriv.algorithms import als, registry
+
+    assert "dpals-uniform" in als.ALGORITHMS and registry.get("dpals-uniform").keys == ("k",)
+
+
+def test_a_new_algorithm_is_one_registration(small_mf):
+    """A made-up member of the family (each user keeps its first k ratings) registered from
+    here trains, is accounted, and gets its own config keys, with no engine change."""
+    from fedpriv.algorithms import registry
+
+    def first_k(shard, state):
+        cfg = state.config
+        rank = np.arange(shard.n_ratings) - np.repeat(shard.indptr[:-1], np.diff(shard.indptr))
+        return np.where(rank < cfg.k, np.sqrt(cfg.beta / cfg.k), 0.0)
+
+    registry.register(registry.AlgorithmSpec("test-first-k", first_k, keys=("k",)))
+    try:
+        cfg = ALSConfig.from_overrides({"k": "5", "rank": "2", "steps": "1"}, "test-first-k")
+        res = train_inprocess("test-first-k", small_mf.interactions, cfg, rating_range=(1, 5), epsilon=2.0, progress=False, secrets=RunSecrets(1))
+        assert {r.name for r in res.ledger.releases} == {"mean", "item_stats_A", "item_stats_b"}
+        assert np.all(np.isfinite(res.state.item_factors))
+        with pytest.raises(ConfigError, match="does not use"):
+            ALSConfig.from_overrides({"mu": "0.5"}, "test-first-k")
+    finally:
+        registry._SPECS.pop("test-first-k")  # noqa: SLF001 - the test's own registration
+    with pytest.raises(ConfigError, match="unknown algorithm"):
+        registry.get("test-first-k")

@@ -36,39 +36,12 @@ from ..privacy.clipping import clip_rows, clip_values
 from ..privacy.ledger import PrivacyLedger, public_gaussian
 from ..privacy.randomness import PURPOSE_ITEM_SUBSET, require_keys, user_uniform
 from ..privacy.weights import adaptive_omega, clip_user_weights, sampled_user_weights
+from . import registry
 from .kernels import project_psd, segment_stats, solve_spd
 from .shards import UserShard
 
-ALGORITHMS = ("als", "dpals-uniform", "dpals-tail", "adadpals", "dpsgd", "am-ssp", "am-ssp1", "am-ssp-convex", "am-dpsgd")
 # item encoder over public features (fedpriv.algorithms.ssp); adaptive weights like adadpals
 ENCODER_ALGORITHMS = ("am-ssp", "am-ssp1", "am-ssp-convex", "am-dpsgd")
-
-
-_ADAPTIVE = ("adadpals", *ENCODER_ALGORITHMS)
-_SSP = ("am-ssp", "am-ssp1", "am-ssp-convex")
-#: Keys that only some algorithms read: any other algorithm refuses them (``--set ssp_lr=...`` on
-#: dpals-tail used to be accepted and do nothing). The other keys are shared by the family.
-ONLY_FOR: dict[str, tuple[str, ...]] = {
-    "k": ("dpals-uniform", "dpals-tail"),
-    "mu": _ADAPTIVE,
-    "beta_bar_ratio": _ADAPTIVE,
-    "weight_mode": _ADAPTIVE,
-    "sgd_lr": ("dpsgd",),
-    "sgd_weight_decay": ("dpsgd",),
-    "sgd_sampling_rate": ("dpsgd", "am-dpsgd"),
-    "sgd_clip": ("dpsgd", "am-dpsgd"),
-    "features": ENCODER_ALGORITHMS,
-    "enc_hidden": ENCODER_ALGORITHMS,
-    "enc_weight_decay": ENCODER_ALGORITHMS,
-    "ssp_steps": _SSP,
-    "ssp_lr": _SSP,
-    "ssp_batch_items": _SSP,
-    "ssp_resamples": ("am-ssp", "am-ssp1"),
-    "convex_threshold": ("am-ssp-convex",),
-    "newton_steps": ("am-ssp-convex",),
-    "encoder_sgd_lr": ("am-dpsgd",),
-    "reg_item": ("als",),  # the private runs solve items with reg_item_private
-}
 
 
 @dataclass
@@ -123,14 +96,15 @@ class ALSConfig:
     @classmethod
     def from_overrides(cls, overrides: dict[str, str | float | int | bool], algorithm: str | None = None) -> "ALSConfig":
         """A validated config from ``key=value`` overrides; with ``algorithm``, a key that
-        algorithm does not read (:data:`ONLY_FOR`) is an error naming it."""
+        algorithm does not read (:func:`fedpriv.algorithms.registry.readers`) is an error naming it."""
         known = {f.name: f for f in fields(cls)}
         cfg = cls()
         for key, raw in overrides.items():
             if key not in known:
                 raise ConfigError(f"unknown key (known: {', '.join(sorted(known))})", field=key)
-            if algorithm is not None and key in ONLY_FOR and algorithm not in ONLY_FOR[key]:
-                raise ConfigError(f"{algorithm} does not use this key (it is read by {', '.join(ONLY_FOR[key])})", field=key)
+            readers = registry.readers(key) if algorithm is not None else None
+            if readers is not None and algorithm not in readers:
+                raise ConfigError(f"{algorithm} does not use this key (it is read by {', '.join(readers)})", field=key)
             default = getattr(cfg, key)
             setattr(cfg, key, _coerce(key, raw, type(default)))
         cfg.validate()
@@ -218,18 +192,17 @@ class PublicState:
 
 
 def validate_algorithm(name: str) -> None:
-    if name not in ALGORITHMS:
-        raise ConfigError(f"unknown algorithm {name!r} (known: {', '.join(ALGORITHMS)})", field="algorithm")
+    registry.get(name)
 
 
 def needs_counts(algorithm: str) -> bool:
-    return algorithm in ("dpals-tail", "adadpals", "als", *ENCODER_ALGORITHMS)
+    return registry.get(algorithm).needs_counts
 
 
 def needs_user_count(algorithm: str) -> bool:
     """The server step uses the number of users n (eq. 16's normalisation, DP-SGD's expected
     batch q*n): private runs release it (sensitivity 1) instead of reading it off the data."""
-    return algorithm in ("adadpals", "dpsgd", *ENCODER_ALGORITHMS)
+    return registry.get(algorithm).needs_user_count
 
 
 def needs_mean(algorithm: str, implicit: bool) -> bool:
@@ -409,13 +382,30 @@ def split_user_vectors(U: np.ndarray, state: PublicState) -> tuple[np.ndarray, n
 
 
 def client_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
-    """Per-rating weights with sum_i w_ij^2 <= beta for every user (ALS: all ones)."""
+    """Per-rating weights with sum_i w_ij^2 <= beta for every user: the algorithm's own rule
+    (:attr:`fedpriv.algorithms.registry.AlgorithmSpec.rating_weights`)."""
+    return registry.get(state.algorithm).rating_weights(shard, state)
+
+
+def unit_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
+    """Non-private ALS: every rating weighs 1."""
+    return np.ones(shard.n_ratings)
+
+
+def adaptive_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
+    """Eq. 12: omega from the released counts, clipped per user (AdaDPALS, the encoder family)."""
     cfg = state.config
-    if state.algorithm == "als":
-        return np.ones(shard.n_ratings)
-    if state.algorithm == "adadpals" or state.algorithm in ENCODER_ALGORITHMS:
-        return clip_user_weights(state.omega, shard.items, shard.indptr, cfg.beta, cfg.weight_mode)
-    mode = "uniform" if state.algorithm == "dpals-uniform" else "tail"
+    return clip_user_weights(state.omega, shard.items, shard.indptr, cfg.beta, cfg.weight_mode)
+
+
+def tail_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
+    """DPALS tail-biased: the k least counted items of each user (ties broken by the user)."""
+    return sampled_rating_weights(shard, state, "tail")
+
+
+def sampled_rating_weights(shard: UserShard, state: PublicState, mode: str) -> np.ndarray:
+    """DPALS sampling weights, ``mode`` uniform or tail."""
+    cfg = state.config
     # each user's own random subset: keyed by its secret key and the (public, stable) item ids
     keys = require_keys(shard)[shard.local_user_of_rating]
     return sampled_user_weights(
@@ -539,3 +529,26 @@ def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state
         state.item_bias = theta[:, -1] * bias_coordinate(state)
         theta = theta[:, :-1]
     state.item_factors = theta.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- registration
+_ADAPTIVE_KEYS = ("mu", "beta_bar_ratio", "weight_mode")
+_ENCODER_KEYS = ("features", "enc_hidden", "enc_weight_decay")
+_SSP_KEYS = ("ssp_steps", "ssp_lr", "ssp_batch_items")
+for _spec in (
+    registry.AlgorithmSpec("als", unit_rating_weights, private=False, needs_counts=True, keys=("reg_item",), summary="non-private weighted-lambda ALS"),
+    registry.AlgorithmSpec("dpals-tail", tail_rating_weights, needs_counts=True, keys=("k",), summary="DPALS, the k least popular items per user"),
+    registry.AlgorithmSpec("adadpals", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=_ADAPTIVE_KEYS, summary="adaptive weights from private counts"),
+    registry.AlgorithmSpec("dpsgd", unit_rating_weights, needs_user_count=True, keys=("sgd_lr", "sgd_weight_decay", "sgd_sampling_rate", "sgd_clip"), summary="federated DP-SGD baseline"),
+    registry.AlgorithmSpec("am-ssp", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"), summary="SSP2 with a public-feature encoder"),
+    registry.AlgorithmSpec("am-ssp1", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"), summary="SSP1 with a public-feature encoder"),
+    registry.AlgorithmSpec("am-ssp-convex", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "convex_threshold", "newton_steps"), summary="logistic SSP with a public-feature encoder"),
+    registry.AlgorithmSpec("am-dpsgd", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, "sgd_sampling_rate", "sgd_clip", "encoder_sgd_lr"), summary="AM-DPSGD baseline with a public-feature encoder"),
+):
+    registry.register(_spec)
+
+
+def __getattr__(name: str):
+    if name == "ALGORITHMS":  # every registered algorithm of the family (a view of the registry)
+        return registry.names()
+    raise AttributeError(name)

@@ -1,0 +1,20 @@
+"""DPALS with uniform sampling (Chien et al. 2021): each user keeps at most ``k`` of its rated
+items, a uniformly random subset that the user draws from its own secret key (never a public or
+dense-index hash), each kept rating weighted sqrt(beta / k). Everything else is the ALS family's
+alternating step (:mod:`fedpriv.algorithms.als`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import als
+from .registry import AlgorithmSpec, register
+from .shards import UserShard
+
+
+def rating_weights(shard: UserShard, state: als.PublicState) -> np.ndarray:
+    """At most ``k`` items per user, chosen uniformly at random by the user."""
+    return als.sampled_rating_weights(shard, state, "uniform")
+
+
+SPEC = register(AlgorithmSpec("dpals-uniform", rating_weights, keys=("k",), summary="DPALS, k items sampled per user"))

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
-from .algorithms import als, protocol
+from .algorithms import als, protocol, registry
 from .algorithms.shards import UserShard, shard_users, split_users
 from .data.interactions import Interactions
 from .errors import ConfigError
+from .loop import CentralAggregator, Hooks, train_rounds
 from .privacy.accounting import BestOfAccountant
 from .privacy.ledger import PrivacyLedger
 from .privacy.randomness import RunSecrets, user_keys
@@ -59,7 +60,7 @@ def new_state(
         n_items=train.n_items,
         # private runs never broadcast the exact number of users: those that use it release it
         # (``release_user_count``), the others carry 0
-        n_users=0 if algorithm != "als" else train.n_users,
+        n_users=0 if registry.get(algorithm).private else train.n_users,
         rating_range=tuple(rating_range),
         implicit=implicit,
     )
@@ -102,35 +103,45 @@ def train_inprocess(
     secrets = secrets if secrets is not None else RunSecrets()
     state, own = new_state(algorithm, cfg, train, rating_range, implicit, epsilon, delta, multipliers, secrets)
     ledger = ledger if ledger is not None else own
-    shards = make_shards(train, users_per_shard, secrets.client_key())
-    timings: dict = {"steps": []}
+    transport = ShardTransport(make_shards(train, users_per_shard, secrets.client_key()))
+    timings: dict = {}
 
-    if state.private and als.needs_user_count(algorithm):
-        total = np.sum([als.client_user_count(s) for s in shards], axis=0)
-        state.n_users = als.release_user_count(total, state, ledger)
-    if als.needs_mean(algorithm, implicit):
-        total = np.sum([als.client_mean(s, cfg, state.rating_range, state.private) for s in shards], axis=0)
-        state.mean = als.release_mean(total, state, ledger)
-    if als.needs_counts(algorithm):
-        total = np.sum([als.client_counts(s, cfg, state.n_items, state.private) for s in shards], axis=0)
-        state.counts_hat = als.release_counts(total, state, ledger)
-    server = protocol.server_setup(state, item_features)
-    table = server.encoder.table if server is not None else None
-    timings["setup_seconds"] = time.perf_counter() - t0
+    def after_setup(state, server):
+        timings["setup_seconds"] = time.perf_counter() - t0
 
-    for step in tqdm(range(cfg.steps), desc=algorithm, disable=not progress, leave=False):
-        ts = time.perf_counter()
-        parts = [protocol.client_step(s, state, step, table) for s in shards]
-        tc = time.perf_counter()
-        release = protocol.aggregate(parts, state, ledger)
-        ta = time.perf_counter()
-        protocol.server_step(release, state, server)
-        te = time.perf_counter()
-        timings["steps"].append({"client_seconds": tc - ts, "aggregate_seconds": ta - tc, "server_seconds": te - ta})
-        if on_step is not None and on_step(step, state, te - t0):
-            break
+    def after_step(step, state, server, seconds):
+        return on_step is not None and on_step(step, state, time.perf_counter() - t0)
+
+    hooks = Hooks(after_setup=after_setup, after_step=after_step)
+    train_rounds(transport, CentralAggregator(ledger), state, item_features=item_features, hooks=hooks,
+                 progress=lambda steps: tqdm(steps, desc=algorithm, disable=not progress, leave=False))
+    timings["steps"] = hooks.timings
     timings["train_seconds"] = time.perf_counter() - t0
     return TrainResult(state=state, ledger=ledger, timings=timings)
+
+
+class ShardTransport:
+    """The in-process engine's clients: the client functions called on user shards."""
+
+    def __init__(self, shards: list[UserShard]):
+        self.shards, self.table = shards, None
+
+    def vector(self, kind: str, length: int, state: als.PublicState) -> np.ndarray:
+        cfg = state.config
+        if kind == "users":
+            return np.sum([als.client_user_count(s) for s in self.shards], axis=0)
+        if kind == "mean":
+            return np.sum([als.client_mean(s, cfg, state.rating_range, state.private) for s in self.shards], axis=0)
+        return np.sum([als.client_counts(s, cfg, state.n_items, state.private) for s in self.shards], axis=0)
+
+    def start(self, state: als.PublicState, server) -> None:
+        self.table = server.encoder.table if server is not None else None
+
+    def prepare(self, step: int) -> None:
+        pass
+
+    def step(self, state: als.PublicState, step: int) -> list:
+        return [protocol.client_step(s, state, step, self.table) for s in self.shards]
 
 
 def recommend_inprocess(state: als.PublicState, train: Interactions, heldout: Interactions | None, cfg, *, users_per_shard: int | None = None, secrets: RunSecrets | None = None):

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import evaluation
 from .algorithms import als
+from .algorithms import protocol as algorithm_protocol
 from .algorithms.names import is_private
 from .data.spec import HELDOUT_KINDS, DataSpec, load_spec, parse_data_spec
 from .data.splits import HeldoutSplit, heldout_users_split, random_split
@@ -246,7 +247,7 @@ def run(
         )
         state, ledger, timings = result.state, result.ledger, result.timings
         item_counts = train.item_counts()
-        if protocol == "random" and algorithm == "am-ssp-convex":
+        if protocol == "random" and algorithm_protocol.is_logistic(algorithm):
             for part in ("valid", "test"):
                 loss, acc, sliced = evaluation.evaluate_logistic(state, train, getattr(split, part), item_counts)
                 metrics[f"{part}_logloss"], metrics[f"{part}_accuracy"] = loss, acc

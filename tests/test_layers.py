@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("fedpriv.data.",)),
     ("privacy", ("fedpriv.privacy.",)),
     ("algorithms", ("fedpriv.algorithms.", "fedpriv.selection.", "fedpriv.metrics", "fedpriv.evaluation")),
-    ("engines", ("fedpriv.engine", "fedpriv.personalization", "fedpriv.flower.")),
+    ("engines", ("fedpriv.loop", "fedpriv.engine", "fedpriv.personalization", "fedpriv.flower.")),
     ("run", ("fedpriv.run", "fedpriv.tuning")),
     ("operations", ("fedpriv.experiments.", "fedpriv.report", "fedpriv.flower.app", "fedpriv.flower.launcher", "fedpriv.flower.deploy")),
     ("cli", ("fedpriv.cli", "fedpriv.__main__")),

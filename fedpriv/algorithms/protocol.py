@@ -35,6 +35,17 @@ def contribution_kind(algorithm: str) -> str:
     return "stats"
 
 
+def clients_need_encoder(algorithm: str) -> bool:
+    """True when the clients rebuild the encoder from the public feature table (their
+    contribution is a gradient of its parameters)."""
+    return contribution_kind(algorithm) == "flat"
+
+
+def is_logistic(algorithm: str) -> bool:
+    """True for the logistic model (binarised ratings; evaluated by log-loss and accuracy)."""
+    return contribution_kind(algorithm) == "convex"
+
+
 def client_encoder(state: als.PublicState, table: FeatureTable):
     """The broadcast encoder, rebuilt on a client from public features and parameters."""
     enc = ssp.build_encoder(table, state.config)

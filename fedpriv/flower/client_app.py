@@ -57,7 +57,7 @@ def train(msg: Message, context: Context) -> Message:
     folder = data_dir_of(context.node_config, data_dir)
     shard = load_shard(folder, "train", _partition_id(context), upn)
     shard, _ = with_keys(shard, folder, msg.content.config_records["cfg"], context)  # the users' own randomness
-    table = load_feature_table(data_dir) if state.algorithm == "am-dpsgd" else None  # public: from the server's folder
+    table = load_feature_table(data_dir) if protocol.clients_need_encoder(state.algorithm) else None  # public: from the server's folder
     contribution = protocol.client_step(shard, state, codec.round_of(msg.content), table)
     return Message(codec.encode_contribution(contribution, state, shard.n_users), reply_to=msg)
 
@@ -70,7 +70,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     item_bucket = msg.content.array_records["eval"]["item_bucket"].numpy()
     history = load_shard(data_dir, "train", pid, upn)
     out = {}
-    if state.algorithm == "am-ssp-convex":
+    if protocol.is_logistic(state.algorithm):
         for part in ("valid", "test"):
             sums = evaluation.shard_logistic_sums(state, history, load_shard(data_dir, part, pid, upn), item_bucket)
             out.update({f"{part}_{k}": codec._arr(v) for k, v in sums.items()})  # noqa: SLF001

@@ -18,7 +18,7 @@ from dataclasses import asdict
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from ..algorithms import als
+from ..algorithms import als, protocol
 from ..algorithms.kernels import from_upper, upper
 
 
@@ -232,7 +232,7 @@ def decode_item_stats(
     if tri.shape != (k, dim * (dim + 1) // 2) or b.shape != (k, dim):
         raise RejectedReply(f"malformed: shapes {tri.shape}, {b.shape} for {k} items of dimension {dim}")
     gravity = None
-    if state.config.gravity > 0 and state.algorithm != "am-ssp-convex":  # the logistic statistics have no gravity term
+    if state.config.gravity > 0 and not protocol.is_logistic(state.algorithm):  # the logistic statistics have no gravity term
         g = _get(arrays, "gravity_upper", 1, "f")
         if g.shape != (dim * (dim + 1) // 2,):
             raise RejectedReply(f"malformed: gravity has shape {g.shape}")

@@ -28,6 +28,7 @@ from ..privacy.randomness import RunSecrets
 from . import codec
 from .counters import RoundCounters
 from .rounds import Rounds, wait_for_nodes
+from ..loop import CentralAggregator, Hooks, train_rounds
 from .node_secrets import write_key_file
 from .partition import write_feature_table, write_partitions
 
@@ -138,16 +139,138 @@ class _Checkpoint:
             self.marker.unlink()
 
 
+class _Nodes:
+    """Which node serves which partition: asked in the info round, refreshed before every step
+    (a node that rejoins under a new id takes its partition over from its old id)."""
+
+    def __init__(self, grid: Grid, job: FlowerJob, rounds: Rounds, down):
+        self.grid, self.job, self.rounds, self.down = grid, job, rounds, down
+        self.n_parts = -(-job.train.n_users // job.users_per_node)
+        self.partition_of: dict[int, int] = {}
+        self.retired: set[int] = set()  # ids whose partition moved to a new id, or that never answered a rejoin query
+
+    def ask_info(self, ids: list[int], name: str, timeout) -> None:
+        self.rounds.nodes = ids
+        answered = set()
+        for nid, rep in self.rounds.ask("query.info", self.down(), name, timeout=timeout):
+            answered.add(nid)
+            try:
+                pid = int(rep.content.config_records["meta"]["partition_id"])
+            except (KeyError, TypeError, ValueError) as exc:
+                self.rounds.reject(name, nid, f"malformed info reply ({exc})")
+                continue
+            for old in [n for n, p in self.partition_of.items() if p == pid and n != nid]:
+                log.info("partition %d moved from node %s to node %s (rejoined)", pid, old, nid)
+                del self.partition_of[old]
+                self.retired.add(old)
+            self.partition_of[nid] = pid
+        if name != "info":
+            self.retired.update(set(ids) - answered)
+
+    def serving(self) -> list[int]:
+        order = sorted(self.partition_of, key=self.partition_of.get)  # sum in partition order: deterministic
+        return [n for n in order if 0 <= self.partition_of[n] < self.n_parts]
+
+    def first_info(self, nodes: list[int]) -> None:
+        for _ in range(self.job.info_attempts):  # nodes that fail the info round are asked again
+            # the first round also starts the workers (imports, data mapping): no round timeout
+            pending = [n for n in nodes if n not in self.partition_of]
+            if not pending:
+                break
+            self.ask_info(pending, "info", None)
+        left = [n for n in nodes if n not in self.partition_of]
+        if left:
+            log.warning("nodes without a known partition are left out of the run: %s", left)
+        self.rounds.nodes = self.serving()
+
+    def refresh(self) -> None:
+        new = sorted(set(self.grid.get_node_ids()) - set(self.partition_of) - self.retired)
+        if new:
+            self.ask_info(new, "rejoin", self.job.round_timeout)
+        self.rounds.nodes = self.serving()
+
+
+class _GridTransport:
+    """The loop's clients over a Flower Grid (:class:`fedpriv.loop.Transport`): one message per
+    serving node; every reply is validated (:mod:`fedpriv.flower.codec`) before it is summed,
+    a rejected one is logged and left out."""
+
+    def __init__(self, job: FlowerJob, rounds: Rounds, nodes: _Nodes, down, data_dir: str):
+        self.job, self.rounds, self.nodes, self.down, self.data_dir = job, rounds, nodes, down, data_dir
+        self.n_params = 0
+
+    def vector(self, kind: str, length: int, state: als.PublicState) -> np.ndarray:
+        total = np.zeros(length)
+        replies = dict(self.rounds.ask(f"query.{kind}", self.down(), kind))
+        for nid in self.rounds.nodes:
+            if nid not in replies:
+                continue
+            try:
+                total += codec.decode_vector(replies[nid].content, kind, length, state, self.job.users_per_node)
+            except codec.RejectedReply as exc:
+                self.rounds.reject(kind, nid, str(exc))
+        return total
+
+    def start(self, state: als.PublicState, server) -> None:
+        if server is not None and protocol.clients_need_encoder(state.algorithm):
+            write_feature_table(self.data_dir, server.encoder.table)  # public: clients rebuild the encoder
+            self.n_params = server.encoder.n_params()
+
+    def prepare(self, step: int) -> None:
+        self.nodes.refresh()
+
+    def step(self, state: als.PublicState, step: int) -> list:
+        name = f"step{step + 1}"
+        replies = dict(self.rounds.ask("train", self.down(step), name))
+        dim = protocol.stats_dim(state)
+        parts = []
+        for nid in self.rounds.nodes:
+            if nid not in replies:
+                continue
+            try:
+                parts.append(codec.decode_contribution(replies[nid].content, state, dim, self.job.users_per_node, self.n_params))
+            except codec.RejectedReply as exc:
+                self.rounds.reject(name, nid, str(exc))
+        return parts
+
+
+def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content) -> tuple:
+    """Evaluation on the nodes: per-bucket sums only. Its rounds and bytes are measurement,
+    kept out of the protocol's counters. Returns (valid, valid sliced, test, test sliced)."""
+    before = (result.rounds, result.bytes_up, result.bytes_down)
+    item_counts = job.train.item_counts()
+    content["eval"] = ArrayRecord({"item_bucket": codec._arr(metrics.frequency_buckets(item_counts))})  # noqa: SLF001
+    convex = protocol.is_logistic(job.algorithm)
+    keys = [f"{p}_{k}" for p in ("valid", "test") for k in (("logloss", "correct", "n") if convex else ("sse", "n"))]
+    sums = {k: np.zeros(5) for k in keys}
+    for nid, rep in rounds.ask("evaluate", content, "evaluate"):
+        try:
+            vals = codec.decode_eval_sums(rep.content, tuple(sums))
+        except codec.RejectedReply as exc:
+            rounds.reject("evaluate", nid, str(exc))
+            continue
+        for k in sums:
+            sums[k] += vals[k]
+    result.rounds, result.bytes_up, result.bytes_down = before
+    if convex:
+        for part in ("valid", "test"):
+            loss, acc, sliced = evaluation.logistic_from_sums({k: sums[f"{part}_{k}"] for k in ("logloss", "correct", "n")}, item_counts)
+            result.logistic[part] = {"logloss": loss, "accuracy": acc, "sliced": sliced}
+        return (result.logistic["valid"]["logloss"], result.logistic["valid"]["sliced"], result.logistic["test"]["logloss"], result.logistic["test"]["sliced"])
+    valid = evaluation.rmse_from_sums(sums["valid_sse"], sums["valid_n"], item_counts)
+    test = evaluation.rmse_from_sums(sums["test_sse"], sums["test_n"], item_counts)
+    return (*valid, *test)
+
+
 def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
-    """The alternating loop of one job over the nodes of ``grid``."""
+    """One job over the nodes of ``grid``: the info round, then the loop of
+    :func:`fedpriv.loop.train_rounds` (checkpointed after every step), the evaluation and the
+    private recommendation."""
     from .pam_server import PamJob, run_pam_job
 
     if isinstance(job, PamJob):  # DP model personalization: its own rounds
         return run_pam_job(grid, job)
-    t_start = time.perf_counter()  # protocol time (evaluation rounds are subtracted)
-    cfg = job.cfg
-    n_users = job.train.n_users
-    n_parts = -(-n_users // job.users_per_node)
+    cfg, n_users = job.cfg, job.train.n_users
     parts = {"train": job.train, "valid": job.valid, "test": job.test}
     data_dir = str(write_partitions(job.work_dir / "node-data", {k: v for k, v in parts.items() if v is not None}, {"n_users": n_users}))
     state, ledger = new_state(job.algorithm, cfg, job.train, job.rating_range, job.implicit, job.epsilon, job.delta, secrets=job.secrets)
@@ -155,74 +278,21 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     # reproducible runs only: the nodes read the clients' key (derived from the noise seed) from a file
     key_file = write_key_file(job.work_dir, job.secrets.client_key()) if job.secrets.reproducible else None
 
-    nodes = wait_for_nodes(grid, n_parts, job.node_wait_seconds)
-    if len(nodes) < n_parts:
-        raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(nodes)} registered", field="users-per-node")
-    rounds = Rounds(grid, nodes, result, job.round_timeout)
     def down(round_index: int = 0):
         """The broadcast public state of this round, encoded once for every node."""
-        return codec.encode_state(state, data_dir, job.users_per_node, round_index, key_file)
+        return codec.encode_state(result.state, data_dir, job.users_per_node, round_index, key_file)
 
-    # node -> partition (each node maps its own data; the server learns only ids and sizes)
-    partition_of: dict[int, int] = {}
-    retired: set[int] = set()  # ids whose partition moved to a new id, or that never answered a rejoin query
-
-    def ask_info(ids: list[int], name: str, timeout) -> None:
-        rounds.nodes = ids
-        answered = set()
-        for nid, rep in rounds.ask("query.info", down(), name, timeout=timeout):
-            answered.add(nid)
-            try:
-                pid = int(rep.content.config_records["meta"]["partition_id"])
-            except (KeyError, TypeError, ValueError) as exc:
-                rounds.reject(name, nid, f"malformed info reply ({exc})")
-                continue
-            for old in [n for n, p in partition_of.items() if p == pid and n != nid]:
-                log.info("partition %d moved from node %s to node %s (rejoined)", pid, old, nid)
-                del partition_of[old]
-                retired.add(old)
-            partition_of[nid] = pid
-        if name != "info":
-            retired.update(set(ids) - answered)
-
-    def serving_nodes() -> list[int]:
-        order = sorted(partition_of, key=partition_of.get)  # sum in partition order: deterministic
-        return [n for n in order if 0 <= partition_of[n] < n_parts]
-
-    for _ in range(job.info_attempts):  # nodes that fail the info round are asked again
-        # the first round also starts the workers (imports, data mapping): no round timeout
-        pending = [n for n in nodes if n not in partition_of]
-        if not pending:
-            break
-        ask_info(pending, "info", None)
-    left = [n for n in nodes if n not in partition_of]
-    if left:
-        log.warning("nodes without a known partition are left out of the run: %s", left)
-    rounds.nodes = serving_nodes()
-    max_users = job.users_per_node
-
-    def refresh_nodes() -> None:
-        """Nodes that (re)joined since the last round are asked for their partition; a node that
-        rejoins under a new id takes its partition over from its old id."""
-        new = sorted(set(grid.get_node_ids()) - set(partition_of) - retired)
-        if new:
-            ask_info(new, "rejoin", job.round_timeout)
-        rounds.nodes = serving_nodes()
-
-    def collect_vectors(message_type: str, release: str, length: int) -> np.ndarray:
-        total = np.zeros(length)
-        replies = dict(rounds.ask(message_type, down(), release))
-        for nid in rounds.nodes:
-            if nid not in replies:
-                continue
-            try:
-                total += codec.decode_vector(replies[nid].content, release, length, state, max_users)
-            except codec.RejectedReply as exc:
-                rounds.reject(release, nid, str(exc))
-        return total
+    n_parts = -(-n_users // job.users_per_node)
+    registered = wait_for_nodes(grid, n_parts, job.node_wait_seconds)
+    if len(registered) < n_parts:
+        raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(registered)} registered", field="users-per-node")
+    rounds = Rounds(grid, registered, result, job.round_timeout)
+    nodes = _Nodes(grid, job, rounds, down)
+    nodes.first_info(registered)
 
     ckpt = _Checkpoint(job) if job.checkpoint else None
     saved = ckpt.load() if ckpt is not None else None
+    server, first_step = None, 0
     if saved is not None:  # resume: the model, the next step, the ledger (with its generator), the counters
         state, ledger, server, first_step = saved["state"], saved["ledger"], saved["server"], saved["step"]
         result.state, result.ledger = state, ledger
@@ -233,88 +303,39 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
         result.curve = saved["curve"]
         result.resumed_from = first_step
         log.info("resumed from %s after step %d", ckpt.path, first_step)
-    else:
-        first_step = 0
-        if ckpt is not None:
-            ckpt.mark_release(-1)
-        if state.private and als.needs_user_count(job.algorithm):
-            state.n_users = als.release_user_count(collect_vectors("query.users", "users", 1), state, ledger)
-        if als.needs_mean(job.algorithm, state.implicit):
-            state.mean = als.release_mean(collect_vectors("query.mean", "mean", 2), state, ledger)
-        if als.needs_counts(job.algorithm):
-            state.counts_hat = als.release_counts(collect_vectors("query.counts", "counts", state.n_items), state, ledger)
-        server = protocol.server_setup(state, job.item_features)
-        if ckpt is not None:
-            ckpt.save(0, state, ledger, server, result)
-    n_params = 0
-    if server is not None and job.algorithm == "am-dpsgd":
-        write_feature_table(data_dir, server.encoder.table)  # public: clients rebuild the encoder
-        n_params = server.encoder.n_params()
+    elif ckpt is not None:
+        ckpt.mark_release(-1)
 
-    item_counts = job.train.item_counts()
-    bucket = metrics.frequency_buckets(item_counts)
+    t_start = [time.perf_counter()]  # protocol time (evaluation rounds are subtracted)
 
-    def evaluate():
-        """Evaluation on the nodes: per-bucket sums only. Its rounds and bytes are measurement,
-        kept out of the protocol's counters."""
-        before = (result.rounds, result.bytes_up, result.bytes_down)
-
-        content = down()
-        content["eval"] = ArrayRecord({"item_bucket": codec._arr(bucket)})  # noqa: SLF001
-        convex = job.algorithm == "am-ssp-convex"
-        keys = [f"{p}_{k}" for p in ("valid", "test") for k in (("logloss", "correct", "n") if convex else ("sse", "n"))]
-        sums = {k: np.zeros(5) for k in keys}
-        for nid, rep in rounds.ask("evaluate", content, "evaluate"):
-            try:
-                vals = codec.decode_eval_sums(rep.content, tuple(sums))
-            except codec.RejectedReply as exc:
-                rounds.reject("evaluate", nid, str(exc))
-                continue
-            for k in sums:
-                sums[k] += vals[k]
-        result.rounds, result.bytes_up, result.bytes_down = before
-        if convex:
-            for part in ("valid", "test"):
-                loss, acc, sliced = evaluation.logistic_from_sums({k: sums[f"{part}_{k}"] for k in ("logloss", "correct", "n")}, item_counts)
-                result.logistic[part] = {"logloss": loss, "accuracy": acc, "sliced": sliced}
-            return (result.logistic["valid"]["logloss"], result.logistic["valid"]["sliced"], result.logistic["test"]["logloss"], result.logistic["test"]["sliced"])
-        valid = evaluation.rmse_from_sums(sums["valid_sse"], sums["valid_n"], item_counts)
-        test = evaluation.rmse_from_sums(sums["test_sse"], sums["test_n"], item_counts)
-        return (*valid, *test)
-
-    dim = protocol.stats_dim(state)
-    for step in range(first_step, cfg.steps):
-        name = f"step{step + 1}"
-        refresh_nodes()
-        if ckpt is not None:
-            ckpt.mark_release(step)
-        replies = dict(rounds.ask("train", down(step), name))
-        parts = []
-        for nid in rounds.nodes:
-            if nid not in replies:
-                continue
-            try:
-                parts.append(codec.decode_contribution(replies[nid].content, state, dim, max_users, n_params))
-            except codec.RejectedReply as exc:
-                rounds.reject(name, nid, str(exc))
-        protocol.server_step(protocol.aggregate(parts, state, ledger), state, server)
+    def after_step(step, state, server, seconds):
         if job.valid is not None and job.eval_every and ((step + 1) % job.eval_every == 0 or step + 1 == cfg.steps):
-            seconds = time.perf_counter() - t_start  # protocol time, before the measurement
-            valid = evaluate()[0]
-            result.curve.append({"step": step + 1, "rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down, "seconds": seconds, "valid_rmse": valid})
-            t_start += time.perf_counter() - t_start - seconds  # exclude evaluation time
+            spent = time.perf_counter() - t_start[0]  # protocol time, before the measurement
+            valid = _evaluate(job, rounds, result, down())[0]
+            result.curve.append({"step": step + 1, "rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down, "seconds": spent, "valid_rmse": valid})
+            t_start[0] += time.perf_counter() - t_start[0] - spent  # exclude evaluation time
         if ckpt is not None:
             ckpt.save(step + 1, state, ledger, server, result)
             if job.interrupt_after == step + 1:
                 raise JobInterrupted(f"interrupted after step {step + 1} (checkpoint {ckpt.path})")
+        return False
+
+    hooks = Hooks(
+        after_setup=(lambda state, server: ckpt.save(0, state, ledger, server, result)) if ckpt is not None else None,
+        before_step=ckpt.mark_release if ckpt is not None else None,
+        after_step=after_step,
+    )
+    transport = _GridTransport(job, rounds, nodes, down, data_dir)
+    train_rounds(transport, CentralAggregator(ledger), state, item_features=job.item_features, server=server,
+                 first_step=first_step, resumed=saved is not None, hooks=hooks)
 
     if job.valid is not None:
-        result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = evaluate()
+        result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = _evaluate(job, rounds, result, down())
     if job.recommend is not None:
         from .partition import node_users
         from .recommend_handlers import run_rounds
 
-        users_of = {nid: node_users(partition_of[nid], job.users_per_node, n_users) for nid in rounds.nodes}
+        users_of = {nid: node_users(nodes.partition_of[nid], job.users_per_node, n_users) for nid in rounds.nodes}
         summary, result.rec_ledger, reports = run_rounds(
             rounds, state, down(), {nid: len(u) for nid, u in users_of.items()}, job.recommend, job.secrets.ledger_seed("recommend"), job.test is not None
         )

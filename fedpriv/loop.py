@@ -1,0 +1,114 @@
+"""The one alternating loop of the rating algorithms (ALS and encoder families), for both engines.
+
+The round order is written here once: the private user count, the mean and the item counts
+(each as the algorithm needs them), the server's setup, then one round per alternating step:
+clients' contributions, the aggregator's release, the server's step. What differs between the
+engines is passed in:
+
+- a *transport* brings the clients' contributions: :class:`fedpriv.engine.ShardTransport` calls
+  the client functions on in-process user shards; the Flower ServerApp's transport
+  (:mod:`fedpriv.flower.server_app`) sends messages over a Grid (Ray simulation, gRPC
+  deployment or the in-process LocalGrid) and validates every reply;
+- an *aggregator* sums and noises the declared releases: :class:`CentralAggregator` (the
+  trusted aggregator: the only code that sees exact sums; it adds the noise through the ledger);
+- *hooks* for what the engine does around the steps (checkpoints, measurement curves, progress).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from .algorithms import als, protocol
+from .privacy.ledger import PrivacyLedger
+
+
+class Transport(Protocol):
+    """How the loop reaches the clients."""
+
+    def vector(self, kind: str, length: int, state: als.PublicState) -> np.ndarray:
+        """The sum of the clients' clipped contributions to a pre-processing release
+        ('users', 'mean' or 'counts'), each checked by the transport."""
+
+    def start(self, state: als.PublicState, server) -> None:
+        """Called once the server is set up (or restored), before the first step."""
+
+    def prepare(self, step: int) -> None:
+        """Called before each step's release (e.g. to take in nodes that rejoined)."""
+
+    def step(self, state: als.PublicState, step: int) -> list:
+        """The clients' contributions of one alternating step."""
+
+
+class CentralAggregator:
+    """Central mode: sums the clients' contributions and noises each declared release once,
+    through the ledger (:func:`fedpriv.algorithms.als.release_user_count` and friends,
+    :func:`fedpriv.algorithms.protocol.aggregate`)."""
+
+    def __init__(self, ledger: PrivacyLedger | None):
+        self.ledger = ledger
+
+    def users(self, total: np.ndarray, state: als.PublicState) -> int:
+        return als.release_user_count(total, state, self.ledger)
+
+    def mean(self, total: np.ndarray, state: als.PublicState) -> float:
+        return als.release_mean(total, state, self.ledger)
+
+    def counts(self, total: np.ndarray, state: als.PublicState) -> np.ndarray:
+        return als.release_counts(total, state, self.ledger)
+
+    def step(self, parts: list, state: als.PublicState):
+        return protocol.aggregate(parts, state, self.ledger)
+
+
+@dataclass
+class Hooks:
+    """Optional callbacks around the loop: ``after_setup(state, server)`` once the
+    pre-processing releases are made, ``before_step(step)`` before each step's release,
+    ``after_step(step, state, server, seconds)`` after it (returns True to stop there)."""
+
+    after_setup: Callable | None = None
+    before_step: Callable | None = None
+    after_step: Callable | None = None
+    timings: list = field(default_factory=list)  # per step: client, aggregate and server seconds
+
+
+def train_rounds(transport: Transport, aggregator: CentralAggregator, state: als.PublicState, *, item_features=None,
+                 server=None, first_step: int = 0, resumed: bool = False, hooks: Hooks | None = None, progress=None):
+    """Run the algorithm's releases and steps; returns the server (the encoder server of the
+    encoder family, else None). ``resumed``: the state, ledger and server come from a checkpoint
+    taken after step ``first_step`` (the pre-processing releases are not made again).
+    ``progress``: wraps the step range (e.g. tqdm)."""
+    hooks = hooks or Hooks()
+    alg, cfg = state.algorithm, state.config
+    t0 = time.perf_counter()
+    if not resumed:
+        if state.private and als.needs_user_count(alg):
+            state.n_users = aggregator.users(transport.vector("users", 1, state), state)
+        if als.needs_mean(alg, state.implicit):
+            state.mean = aggregator.mean(transport.vector("mean", 2, state), state)
+        if als.needs_counts(alg):
+            state.counts_hat = aggregator.counts(transport.vector("counts", state.n_items, state), state)
+        server = protocol.server_setup(state, item_features)
+        if hooks.after_setup is not None:
+            hooks.after_setup(state, server)
+    transport.start(state, server)
+    steps = range(first_step, cfg.steps)
+    for step in (progress(steps) if progress is not None else steps):
+        transport.prepare(step)
+        if hooks.before_step is not None:
+            hooks.before_step(step)
+        ts = time.perf_counter()
+        parts = transport.step(state, step)
+        tc = time.perf_counter()
+        release = aggregator.step(parts, state)
+        ta = time.perf_counter()
+        protocol.server_step(release, state, server)
+        te = time.perf_counter()
+        hooks.timings.append({"client_seconds": tc - ts, "aggregate_seconds": ta - tc, "server_seconds": te - ta})
+        if hooks.after_step is not None and hooks.after_step(step, state, server, te - t0):
+            break
+    return server

@@ -13,7 +13,7 @@ from .algorithms import als, protocol, registry
 from .algorithms.shards import UserShard, shard_users, split_users
 from .data.interactions import Interactions
 from .errors import ConfigError
-from .loop import CentralAggregator, Hooks, train_rounds
+from .loop import CentralAggregator, Hooks, recommend_rounds, train_rounds
 from .privacy.accounting import BestOfAccountant
 from .privacy.ledger import PrivacyLedger
 from .privacy.randomness import RunSecrets, user_keys
@@ -145,28 +145,37 @@ class ShardTransport:
 
 
 def recommend_inprocess(state: als.PublicState, train: Interactions, heldout: Interactions | None, cfg, *, users_per_shard: int | None = None, secrets: RunSecrets | None = None):
-    """Private recommendation after training (:mod:`fedpriv.algorithms.recommend`) over the
+    """Private recommendation after training (:func:`fedpriv.loop.recommend_rounds`) over the
     same user shards as training: returns (summary, recommendation ledger, reports per global
-    user id). The Flower apps drive the very same functions."""
-    from .algorithms import recommend
-
-    cfg.validate()
+    user id). The Flower apps run the very same rounds."""
     secrets = secrets if secrets is not None else RunSecrets()
     ledger = PrivacyLedger(seed=secrets.ledger_seed("recommend"))
     shards = make_shards(train, users_per_shard, secrets.client_key())
     held = [shard_users(heldout, s.user_ids) for s in shards] if heldout is not None else [None] * len(shards)
-    candidates = recommend.candidate_items(state, cfg.candidates)
-    if cfg.sensitivity == "quantile":
-        total = np.sum([recommend.client_histogram(s, state, candidates, cfg) for s in shards], axis=0)
-        lo, hi = recommend.release_ranges(total, state, cfg, ledger)
-    else:
-        lo, hi = recommend.public_ranges(state, candidates, cfg)
-    sums = None
+    summary, reports = recommend_rounds(_ShardRecommendTransport(shards, held, secrets.reproducible), state, cfg, ledger)
     picks = np.full(train.n_users, -1, dtype=np.int64)
-    for s, h in zip(shards, held):
-        rep = recommend.client_recommend(s, state, candidates, lo, hi, cfg, h, reproducible=secrets.reproducible)
-        recommend.merge_records(ledger, recommend.check_report(rep.picks, rep.records, rep.sums, s.n_users, len(candidates), cfg))
-        sums = recommend.add_sums(sums, rep.sums)
-        picks[s.user_ids] = candidates[rep.picks]
-    summary = recommend.summarize(sums, lo, hi)
+    for i, items in reports.items():
+        picks[shards[i].user_ids] = items
     return summary, ledger, picks
+
+
+class _ShardRecommendTransport:
+    """The recommendation rounds' clients in process: the client functions on user shards."""
+
+    def __init__(self, shards: list[UserShard], held: list, reproducible: bool):
+        self.shards, self.held, self.reproducible = shards, held, reproducible
+
+    def histogram(self, state, candidates, cfg) -> np.ndarray:
+        from .algorithms import recommend
+
+        return np.sum([recommend.client_histogram(s, state, candidates, cfg) for s in self.shards], axis=0)
+
+    def reports(self, state, candidates, lo, hi, cfg):
+        from .algorithms import recommend
+
+        for i, (s, h) in enumerate(zip(self.shards, self.held)):
+            rep = recommend.client_recommend(s, state, candidates, lo, hi, cfg, h, reproducible=self.reproducible)
+            yield i, s.n_users, rep.picks, rep.records, rep.sums
+
+    def reject(self, key, reason: str) -> None:
+        raise ValueError(f"shard {key}: {reason}")  # in process, the client code is ours: a bug

@@ -112,3 +112,43 @@ def train_rounds(transport: Transport, aggregator: CentralAggregator, state: als
         if hooks.after_step is not None and hooks.after_step(step, state, server, te - t0):
             break
     return server
+
+
+# ---------------------------------------------------------------------------- recommendation
+class RecommendTransport(Protocol):
+    """How the recommendation rounds reach the clients."""
+
+    def histogram(self, state: als.PublicState, candidates: np.ndarray, cfg) -> np.ndarray:
+        """The summed (candidates x bins) score histograms, each checked by the transport."""
+
+    def reports(self, state: als.PublicState, candidates: np.ndarray, lo: np.ndarray, hi: np.ndarray, cfg):
+        """Yields (client key, users, picks, ledger records, evaluation sums) per client."""
+
+    def reject(self, key, reason: str) -> None:
+        """A client's report failed the checks."""
+
+
+def recommend_rounds(transport: RecommendTransport, state: als.PublicState, cfg, ledger: PrivacyLedger) -> tuple[dict, dict]:
+    """The private recommendation after training (:mod:`fedpriv.algorithms.recommend`), for both
+    engines: per-candidate ranges (a private histogram, or public), then one private pick per
+    user on every client; each client's report and ledger records are checked before they are
+    merged (through the ledger's budget check). Returns (summary, {client key: reported items})."""
+    from .algorithms import recommend
+
+    cfg.validate()
+    candidates = recommend.candidate_items(state, cfg.candidates)
+    if cfg.sensitivity == "quantile":
+        lo, hi = recommend.release_ranges(transport.histogram(state, candidates, cfg), state, cfg, ledger)
+    else:
+        lo, hi = recommend.public_ranges(state, candidates, cfg)
+    sums, reports = None, {}
+    for key, n_users, picks, records, part in transport.reports(state, candidates, lo, hi, cfg):
+        try:
+            rels = recommend.check_report(picks, records, part, n_users, len(candidates), cfg)
+        except (KeyError, ValueError, TypeError) as exc:  # RejectedReport is a ValueError
+            transport.reject(key, f"recommendation reply rejected: {exc}")
+            continue
+        recommend.merge_records(ledger, rels)
+        sums = recommend.add_sums(sums, part)
+        reports[key] = candidates[np.asarray(picks, dtype=np.int64)]
+    return recommend.summarize(sums, lo, hi), reports

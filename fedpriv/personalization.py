@@ -23,33 +23,42 @@ def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, e
     secrets = secrets if secrets is not None else RunSecrets()
     state, own = pam.new_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta, secrets.ledger_seed())
     ledger = ledger if ledger is not None else own
-    parts = split_users(data.n_users, users_per_shard)
-    timings: dict = {"steps": []}
-    if algorithm == "pam-single-model":
-        A = b = 0.0
-        for u in parts:
-            a_, b_ = pam.client_single_stats(data.X[u], data.y[u], state)
-            A, b = A + a_, b + b_
-        pam.server_single_update(*pam.release_single(A, b, state, ledger), state)
-    elif algorithm == "pam-exp":
-        net = pam.exp_net(state)
-        scores = sum(pam.client_exp_scores(data.X[u], data.y[u], state, net) for u in parts)
-        pam.server_exp_select(pam.release_exp(scores, state, ledger), state, net)
-    elif algorithm in ("pam", "pam-nonprivate"):
-        total = sum(pam.client_init_stats(data.X[u], data.y[u], state) for u in parts)
-        pam.server_init(pam.release_init(total, state, ledger), state)
-        group_of = pam.user_groups(user_keys(secrets.client_key(), data.user_ids), cfg.epochs) if cfg.schedule == "disjoint" else None
-        for group in pam.step_groups(state):
-            ts = time.perf_counter()
-            users = np.arange(data.n_users) if group is None else np.flatnonzero(group_of == group)
-            A = b = 0.0
-            for u in split_users(len(users), users_per_shard):
-                a_, b_ = pam.client_am_stats(data.X[users[u]], data.y[users[u]], state)
-                A, b = A + a_, b + b_
-            pam.server_am_update(*pam.release_am(A, b, state, ledger), state)
-            timings["steps"].append({"seconds": time.perf_counter() - ts})
+    group_of = pam.user_groups(user_keys(secrets.client_key(), data.user_ids), cfg.epochs) if cfg.schedule == "disjoint" else None
+    timings: dict = {"steps": pam.run_rounds(_BlockTransport(data, users_per_shard, group_of), state, ledger)}
     timings["train_seconds"] = time.perf_counter() - t0
     return state, ledger, timings
+
+
+class _BlockTransport:
+    """The personalization rounds' clients in process: the client functions on user blocks."""
+
+    def __init__(self, data: PersonalData, users_per_shard: int, group_of: np.ndarray | None):
+        self.data, self.size, self.group_of = data, users_per_shard, group_of
+
+    def _sum(self, fn, users=None) -> tuple:
+        users = np.arange(self.data.n_users) if users is None else users
+        total = None
+        for u in split_users(len(users), self.size):
+            part = fn(self.data.X[users[u]], self.data.y[users[u]])
+            part = part if isinstance(part, tuple) else (part,)
+            total = part if total is None else tuple(a + b for a, b in zip(total, part))
+        if total is None:  # no user (an empty group): the statistics of no one
+            part = fn(self.data.X[:0], self.data.y[:0])
+            total = part if isinstance(part, tuple) else (part,)
+        return total
+
+    def single_stats(self, state):
+        return self._sum(lambda X, y: pam.client_single_stats(X, y, state))
+
+    def exp_scores(self, state, net):
+        return self._sum(lambda X, y: pam.client_exp_scores(X, y, state, net))[0]
+
+    def init_stats(self, state):
+        return self._sum(lambda X, y: pam.client_init_stats(X, y, state))[0]
+
+    def step_stats(self, state, t, group):
+        users = None if group is None else np.flatnonzero(self.group_of == group)
+        return self._sum(lambda X, y: pam.client_am_stats(X, y, state), users)
 
 
 def evaluate(state: pam.PAMState, data: PersonalData, users_per_shard: int = 4096) -> dict:

@@ -33,6 +33,7 @@ init P zeta^2; A M eta^2 (upper triangle); b M zeta eta; single model A M g_x^2,
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 
@@ -451,3 +452,25 @@ def user_groups(keys: np.ndarray, groups: int) -> np.ndarray:
     """Each user's group of the disjoint schedule, drawn by the user from its secret key: known
     to nobody else, and unmoved when another user joins or leaves (parallel composition holds)."""
     return np.minimum((user_uniform(keys, PURPOSE_GROUP) * groups).astype(np.int64), groups - 1)
+
+
+# ---------------------------------------------------------------------------- the rounds
+def run_rounds(transport, state: PAMState, ledger: PrivacyLedger | None) -> list[dict]:
+    """The rounds of a personalization algorithm, for both engines (the in-process driver of
+    :mod:`fedpriv.personalization` and the Flower ServerApp of :mod:`fedpriv.flower.pam_server`):
+    the ``transport`` returns the summed, checked client statistics of each round
+    (``single_stats``, ``exp_scores``, ``init_stats``, ``step_stats``); the releases go through
+    the ledger here. Returns the per-step timings."""
+    steps: list[dict] = []
+    if state.algorithm == "pam-single-model":
+        server_single_update(*release_single(*transport.single_stats(state), state, ledger), state)
+    elif state.algorithm == "pam-exp":
+        net = exp_net(state)
+        server_exp_select(release_exp(transport.exp_scores(state, net), state, ledger), state, net)
+    elif state.algorithm in ("pam", "pam-nonprivate"):
+        server_init(release_init(transport.init_stats(state), state, ledger), state)
+        for t, group in enumerate(step_groups(state)):
+            ts = time.perf_counter()
+            server_am_update(*release_am(*transport.step_stats(state, t, group), state, ledger), state)
+            steps.append({"seconds": time.perf_counter() - ts})
+    return steps

@@ -114,6 +114,50 @@ def _decode(content: RecordDict, keys: dict[str, int], bounds: dict[str, float],
     return out
 
 
+class _GridPamTransport:
+    """The personalization rounds over a Flower Grid: one message per node, every reply
+    validated against its per-user bounds (:func:`_decode`) before it is summed."""
+
+    def __init__(self, rounds: Rounds, state: pam.PAMState, data_dir: str, users_per_node: int, key_file: str | None):
+        self.rounds, self.state, self.data_dir, self.upn, self.key_file = rounds, state, data_dir, users_per_node, key_file
+
+    def collect(self, kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None, ranges=None) -> dict[str, np.ndarray]:
+        state = self.state
+        total = {key: np.zeros(n) for key, n in keys.items()}
+        replies = dict(self.rounds.ask(f"query.{kind}", encode_state(state, self.data_dir, self.upn, group, self.key_file), name))
+        for nid in self.rounds.nodes:
+            if nid not in replies:
+                continue
+            try:
+                vals = _decode(replies[nid].content, keys, bounds if state.private else {}, self.upn, ranges if state.private else None)
+            except codec.RejectedReply as exc:
+                self.rounds.reject(name, nid, str(exc))
+                continue
+            for key in total:
+                total[key] += vals[key]
+        return total
+
+    def single_stats(self, state):
+        d = state.d
+        tot = self.collect("pam_step", "single", {"A_upper": d * (d + 1) // 2, "b": d}, {"A_upper": pam.sensitivity("single_A", state), "b": pam.sensitivity("single_b", state)})
+        return tot["A_upper"], tot["b"]
+
+    def exp_scores(self, state, net):
+        # every entry of a user's score vector is in [0, s]: L2 norm <= s sqrt(N) per user
+        s_user = pam.sensitivity("exp_U", state)
+        return self.collect("pam_exp", "exp", {"scores": len(net)}, {"scores": s_user * math.sqrt(len(net))}, ranges={"scores": s_user})["scores"]
+
+    def init_stats(self, state):
+        d = state.d
+        return self.collect("pam_init", "init", {"values": d * (d + 1) // 2}, {"values": pam.sensitivity("init_M", state)})["values"]
+
+    def step_stats(self, state, t, group):
+        dk = state.d * state.k
+        bounds = {"A_upper": pam.sensitivity("am_A", state), "b": pam.sensitivity("am_b", state)}
+        tot = self.collect("pam_step", f"step{t + 1}", {"A_upper": dk * (dk + 1) // 2, "b": dk}, bounds, group)
+        return tot["A_upper"], tot["b"]
+
+
 def run_pam_job(grid, job: PamJob) -> PamResult:
     t0 = time.perf_counter()
     data = job.data
@@ -142,49 +186,12 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
             rounds.reject("info", nid, f"malformed info reply ({exc})")
     rounds.nodes = [n for n in sorted(partition_of, key=partition_of.get) if partition_of[n] < n_parts]
     result.nodes = len(rounds.nodes)
-    d, k = state.d, state.k
 
-    def collect(kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None, ranges=None) -> dict[str, np.ndarray]:
-        total = {key: np.zeros(n) for key, n in keys.items()}
-        replies = dict(rounds.ask(f"query.{kind}", encode_state(state, data_dir, upn, group, key_file), name))
-        for nid in rounds.nodes:
-            if nid not in replies:
-                continue
-            try:
-                vals = _decode(replies[nid].content, keys, bounds if state.private else {}, upn, ranges if state.private else None)
-            except codec.RejectedReply as exc:
-                rounds.reject(name, nid, str(exc))
-                continue
-            for key in total:
-                total[key] += vals[key]
-        return total
-
-    steps = []
-    if job.algorithm == "pam-single-model":
-        tri = d * (d + 1) // 2
-        tot = collect("pam_step", "single", {"A_upper": tri, "b": d}, {"A_upper": pam.sensitivity("single_A", state), "b": pam.sensitivity("single_b", state)})
-        pam.server_single_update(*pam.release_single(tot["A_upper"], tot["b"], state, ledger), state)
-    elif job.algorithm == "pam-exp":
-        net = pam.exp_net(state)
-        n_net = len(net)
-        # every entry of a user's score vector is in [0, s]: L2 norm <= s sqrt(N) per user
-        s_user = pam.sensitivity("exp_U", state)
-        tot = collect("pam_exp", "exp", {"scores": n_net}, {"scores": s_user * math.sqrt(n_net)}, ranges={"scores": s_user})
-        pam.server_exp_select(pam.release_exp(tot["scores"], state, ledger), state, net)
-    elif job.algorithm in ("pam", "pam-nonprivate"):
-        tot = collect("pam_init", "init", {"values": d * (d + 1) // 2}, {"values": pam.sensitivity("init_M", state)})
-        pam.server_init(pam.release_init(tot["values"], state, ledger), state)
-        dk = d * k
-        bounds = {"A_upper": pam.sensitivity("am_A", state), "b": pam.sensitivity("am_b", state)}
-        for t, group in enumerate(pam.step_groups(state)):
-            ts = time.perf_counter()
-            tot = collect("pam_step", f"step{t + 1}", {"A_upper": dk * (dk + 1) // 2, "b": dk}, bounds, group)
-            pam.server_am_update(*pam.release_am(tot["A_upper"], tot["b"], state, ledger), state)
-            steps.append({"seconds": time.perf_counter() - ts})
-    result.timings = {"steps": steps, "train_seconds": time.perf_counter() - t0}
+    transport = _GridPamTransport(rounds, state, data_dir, upn, key_file)
+    result.timings = {"steps": pam.run_rounds(transport, state, ledger), "train_seconds": time.perf_counter() - t0}
 
     before = (result.rounds, result.bytes_up, result.bytes_down)  # evaluation is measurement
-    tot = collect("pam_eval", "evaluate", {"values": 2}, {})
+    tot = transport.collect("pam_eval", "evaluate", {"values": 2}, {})
     result.rounds, result.bytes_up, result.bytes_down = before
     result.evaluation = {"test_mse": float(tot["values"][0] / max(tot["values"][1], 1.0) + data.noise**2)}
     result.evaluation["subspace_error"] = pam.subspace_error(state.U, data.U_star) if state.U is not None else None

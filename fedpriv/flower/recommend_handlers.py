@@ -62,52 +62,56 @@ def register(app) -> None:
         return Message(RecordDict({"rec": ArrayRecord(arrays), "meta": ConfigRecord({"records": json.dumps(rep.records)})}), reply_to=msg)
 
 
-def run_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, ledger_seed: int | None, has_test: bool):
-    """The server's recommendation rounds over the nodes of ``rounds`` (a
-    :class:`fedpriv.flower.rounds.Rounds`): returns (summary, recommendation ledger,
-    {node: reports as candidate item ids}). ``ledger_seed``: None (OS randomness) unless the
-    run asked for reproducible noise."""
-    cfg.validate()
-    ledger = PrivacyLedger(seed=ledger_seed)
-    candidates = recommend.candidate_items(state, cfg.candidates)
-    k = len(candidates)
+class _GridRecommendTransport:
+    """The recommendation rounds over the nodes of a :class:`fedpriv.flower.rounds.Rounds`:
+    every histogram and report is validated before it counts; a rejected one is logged."""
 
-    def content(extra: dict) -> RecordDict:
-        c = RecordDict(dict(base_content.items()))
+    def __init__(self, rounds, base_content: RecordDict, node_users: dict[int, int], has_test: bool):
+        self.rounds, self.base, self.node_users, self.has_test = rounds, base_content, node_users, has_test
+
+    def _content(self, candidates, cfg, extra: dict) -> RecordDict:
+        c = RecordDict(dict(self.base.items()))
         c["rec"] = ArrayRecord({"candidates": _arr(candidates), **{n: _arr(v) for n, v in extra.items()}})
-        c["rec_cfg"] = _cfg_record(cfg, has_test)
+        c["rec_cfg"] = _cfg_record(cfg, self.has_test)
         return c
 
-    if cfg.sensitivity == "quantile":
+    def histogram(self, state, candidates, cfg) -> np.ndarray:
+        k = len(candidates)
         total = np.zeros((k, cfg.bins))
-        for nid, rep in rounds.ask("query.rec_hist", content({}), "rec_hist"):
+        for nid, rep in self.rounds.ask("query.rec_hist", self._content(candidates, cfg, {}), "rec_hist"):
             try:
                 h = rep.content.array_records["rec"]["hist"].numpy().astype(np.float64)
-                n = node_users[nid]
+                n = self.node_users[nid]
                 if h.shape != (k, cfg.bins) or not np.all(np.isfinite(h)) or h.min() < 0 or np.any(h != np.round(h)) or np.any(h.sum(axis=1) != n):
                     raise ValueError(f"histogram must be ({k}, {cfg.bins}) non-negative integer counts, {n} per candidate")
             except (KeyError, ValueError) as exc:
-                rounds.reject("rec_hist", nid, str(exc))
+                self.rounds.reject("rec_hist", nid, str(exc))
                 continue
             total += h
-        lo, hi = recommend.release_ranges(total, state, cfg, ledger)
-    else:
-        lo, hi = recommend.public_ranges(state, candidates, cfg)
+        return total
 
-    sums = None
-    reports: dict[int, np.ndarray] = {}
-    for nid, rep in rounds.ask("query.recommend", content({"lo": lo, "hi": hi}), "recommend"):
-        try:
-            arrays = rep.content.array_records["rec"]
-            picks = arrays["picks"].numpy()
-            part = {key: arrays[key].numpy() for key in arrays.keys() if key != "picks"}
-            records = json.loads(str(rep.content.config_records["meta"]["records"]))
-            rels = recommend.check_report(picks, records, part, node_users[nid], k, cfg)
-        except (KeyError, ValueError, TypeError, recommend.RejectedReport) as exc:
-            rounds.reject("recommend", nid, f"recommendation reply rejected: {exc}")
-            continue
-        recommend.merge_records(ledger, rels)
-        sums = recommend.add_sums(sums, part)
-        reports[nid] = candidates[picks.astype(np.int64)]
-    summary = recommend.summarize(sums, lo, hi)
+    def reports(self, state, candidates, lo, hi, cfg):
+        for nid, rep in self.rounds.ask("query.recommend", self._content(candidates, cfg, {"lo": lo, "hi": hi}), "recommend"):
+            try:
+                arrays = rep.content.array_records["rec"]
+                picks = arrays["picks"].numpy()
+                part = {key: arrays[key].numpy() for key in arrays.keys() if key != "picks"}
+                records = json.loads(str(rep.content.config_records["meta"]["records"]))
+            except (KeyError, ValueError, TypeError) as exc:
+                self.reject(nid, f"recommendation reply rejected: {exc}")
+                continue
+            yield nid, self.node_users[nid], picks, records, part
+
+    def reject(self, key, reason: str) -> None:
+        self.rounds.reject("recommend", key, reason)
+
+
+def run_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, ledger_seed: int | None, has_test: bool):
+    """The recommendation rounds (:func:`fedpriv.loop.recommend_rounds`) over the nodes of
+    ``rounds``: returns (summary, recommendation ledger, {node: reports as candidate item ids}).
+    ``ledger_seed``: None (OS randomness) unless the run asked for reproducible noise."""
+    from ..loop import recommend_rounds
+
+    ledger = PrivacyLedger(seed=ledger_seed)
+    summary, reports = recommend_rounds(_GridRecommendTransport(rounds, base_content, node_users, has_test), state, cfg, ledger)
     return summary, ledger, reports

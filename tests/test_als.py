@@ -122,3 +122,25 @@ def test_a_new_algorithm_is_one_registration(small_mf):
         registry._SPECS.pop("test-first-k")  # noqa: SLF001 - the test's own registration
     with pytest.raises(ConfigError, match="unknown algorithm"):
         registry.get("test-first-k")
+
+
+def test_the_config_module_is_light_and_pam_configs_are_strict():
+    """Config modules import neither torch nor dp-accounting; pam's keys go through the same
+    strict parser (it used to read 'ture' as False and truncate 2.5 to 2)."""
+    import subprocess
+    import sys
+
+    code = "import sys, fedpriv.algorithms.config; print(sorted(m for m in ('torch', 'dp_accounting') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+    from fedpriv.algorithms.config import PAMConfig
+
+    for key, value in (("epochs", "2.5"), ("schedule", "1"), ("nope", "1")):
+        if key == "schedule":
+            with pytest.raises(ConfigError, match="schedule"):
+                PAMConfig.from_overrides({key: "sometimes"})
+            continue
+        with pytest.raises(ConfigError) as info:
+            PAMConfig.from_overrides({key: value})
+        assert info.value.field == key
+    assert PAMConfig.from_overrides({"epochs": "3", "ridge": "0.5"}).epochs == 3

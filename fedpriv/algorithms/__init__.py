@@ -1,5 +1,6 @@
 """The algorithms: pure client / aggregator / server functions. Importing the package registers
-every rating algorithm (:mod:`fedpriv.algorithms.registry`); an algorithm in a module of its own
-is listed here."""
+every rating algorithm (:mod:`fedpriv.algorithms.registry`): the built-in family
+(:mod:`fedpriv.algorithms.family`), then each algorithm that lives in a module of its own."""
 
+from . import family  # noqa: F401 - registers the built-in members
 from . import dpals_uniform  # noqa: F401 - registers itself

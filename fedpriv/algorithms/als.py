@@ -26,145 +26,21 @@ with sum_i w_ij^2 <= beta:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ConfigError
 from ..privacy.accounting import PlannedRelease, calibrate
 from ..privacy.clipping import clip_rows, clip_values
 from ..privacy.ledger import PrivacyLedger, public_gaussian
-from ..privacy.randomness import PURPOSE_ITEM_SUBSET, require_keys, user_uniform
-from ..privacy.weights import adaptive_omega, clip_user_weights, sampled_user_weights
+from ..privacy.weights import adaptive_omega
 from . import registry
+from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
 from .kernels import project_psd, segment_stats, solve_spd
 from .shards import UserShard
 
 # item encoder over public features (fedpriv.algorithms.ssp); adaptive weights like adadpals
 ENCODER_ALGORITHMS = ("am-ssp", "am-ssp1", "am-ssp-convex", "am-dpsgd")
-
-
-@dataclass
-class ALSConfig:
-    """Hyperparameters of the ALS family (every field can be set with ``--set key=value``)."""
-
-    rank: int = 8
-    steps: int = 3
-    reg_user: float = 0.1
-    reg_item: float = 0.1  # non-private item solves (weighted-lambda: reg_item * count)
-    reg_item_private: float = 2.0  # private item solves: constant ridge after PSD projection
-    weighted_reg: bool = True  # weighted-lambda (lambda * count) for user solves and non-private item solves
-    user_bias: bool = True  # items carry a fixed column of ones: each user solves its own bias locally
-    item_bias: bool = True  # released user vectors carry a fixed coordinate: items learn a bias
-    bias_share: float = 0.25  # item_bias: share kappa^2 of the squared norm bound G_u^2 given to it
-    user_clip: float = 1.0
-    rating_clip: float = 1.0
-    beta: float = 1.0
-    mu: float = 0.5
-    beta_bar_ratio: float = 1.0
-    weight_mode: str = "clip"  # adadpals: 'clip' (eq. 12) or 'normalize' (reference code)
-    k: int = 50  # dpals: items kept per user
-    count_cap: float = 50.0  # K: counts contribution has L2 norm <= sqrt(K)
-    mean_cap: float = 50.0  # C: mean contribution uses at most C ratings' worth per user
-    share_users: float = 0.01  # fractions of the privacy budget (RDP shares)
-    share_mean: float = 0.02
-    share_counts: float = 0.08
-    share_b: float = 0.5  # within one step: share of b versus A (and gravity)
-    share_gravity: float = 0.1
-    gravity: float = 0.0  # implicit data: weight of the unobserved-entries term
-    psd_floor: float = 0.0
-    init_scale: float = 0.1
-    eval_k: int = 20
-    seed: int = 1234  # public seed: initialisations only (noise and users' choices come from secret randomness)
-    # federated DP-SGD baseline (algorithm 'dpsgd'): one round per step
-    sgd_lr: float = 0.5
-    sgd_sampling_rate: float = 0.1
-    sgd_clip: float = 1.0
-    sgd_weight_decay: float = 1e-3
-    # public-feature encoder algorithms (am-ssp, am-ssp1, am-ssp-convex, am-dpsgd)
-    features: str = "genre,year"  # public feature fields of the encoder; "id" adds the item id
-    enc_hidden: int = 0  # embedding width per field (0: the output dimension)
-    ssp_steps: int = 200  # server gradient steps per alternating step (T)
-    ssp_lr: float = 0.05  # Adam learning rate of the server steps
-    ssp_batch_items: int = 0  # items per server step (Alg. 5 mini-batch; 0: all items)
-    ssp_resamples: int = 0  # independent noise draws per step (0: am-ssp 1, am-ssp1 ssp_steps)
-    enc_weight_decay: float = 0.0  # L2 on the encoder parameters (public regulariser)
-    convex_threshold: float = 3.5  # am-ssp-convex: label 1 when rating >= threshold
-    newton_steps: int = 5  # am-ssp-convex: Newton steps of the local logistic user solve
-    encoder_sgd_lr: float = 0.01  # am-dpsgd: Adam learning rate on the noised gradient
-
-    @classmethod
-    def from_overrides(cls, overrides: dict[str, str | float | int | bool], algorithm: str | None = None) -> "ALSConfig":
-        """A validated config from ``key=value`` overrides; with ``algorithm``, a key that
-        algorithm does not read (:func:`fedpriv.algorithms.registry.readers`) is an error naming it."""
-        known = {f.name: f for f in fields(cls)}
-        cfg = cls()
-        for key, raw in overrides.items():
-            if key not in known:
-                raise ConfigError(f"unknown key (known: {', '.join(sorted(known))})", field=key)
-            readers = registry.readers(key) if algorithm is not None else None
-            if readers is not None and algorithm not in readers:
-                raise ConfigError(f"{algorithm} does not use this key (it is read by {', '.join(readers)})", field=key)
-            default = getattr(cfg, key)
-            setattr(cfg, key, _coerce(key, raw, type(default)))
-        cfg.validate()
-        return cfg
-
-    def validate(self) -> None:
-        positive = ("rank", "steps", "user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap", "ssp_steps", "ssp_lr", "newton_steps", "encoder_sgd_lr")
-        for name in positive:
-            v = getattr(self, name)
-            if not (v > 0) or (isinstance(v, float) and math.isnan(v)):
-                raise ConfigError(f"must be > 0, got {v}", field=name)
-        for name in ("reg_user", "reg_item", "reg_item_private", "gravity", "psd_floor", "mu", "init_scale", "sgd_lr", "sgd_weight_decay", "enc_weight_decay", "enc_hidden", "ssp_batch_items", "ssp_resamples"):
-            v = getattr(self, name)
-            if not (v >= 0 and math.isfinite(v)):
-                raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
-        for name in ("share_users", "share_mean", "share_counts", "share_b", "share_gravity", "bias_share"):
-            v = getattr(self, name)
-            if not (0 < v < 1):
-                raise ConfigError(f"must be in (0, 1), got {v}", field=name)
-        if self.share_users + self.share_mean + self.share_counts >= 1:
-            raise ConfigError("share_users + share_mean + share_counts must be < 1", field="share_counts")
-        if not (0 < self.sgd_sampling_rate <= 1):
-            raise ConfigError(f"must be in (0, 1], got {self.sgd_sampling_rate}", field="sgd_sampling_rate")
-        if not (self.sgd_clip > 0 and math.isfinite(self.sgd_clip)):
-            raise ConfigError(f"must be a finite number > 0, got {self.sgd_clip}", field="sgd_clip")
-        if not math.isfinite(self.convex_threshold):
-            raise ConfigError(f"must be finite, got {self.convex_threshold}", field="convex_threshold")
-        if not [f for f in self.features.replace(";", ",").split(",") if f.strip()]:
-            raise ConfigError("name at least one field (e.g. genre,year or id)", field="features")
-        if self.weight_mode not in ("clip", "normalize"):
-            raise ConfigError(f"must be 'clip' or 'normalize', got {self.weight_mode!r}", field="weight_mode")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _coerce(key: str, raw, typ):
-    if isinstance(raw, typ) and not (typ is int and isinstance(raw, bool)):
-        return raw
-    s = str(raw).strip()
-    try:
-        if typ is bool:
-            if s.lower() in ("1", "true", "yes", "on"):
-                return True
-            if s.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(s)
-        if typ is int:
-            f = float(s)
-            if not f.is_integer():
-                raise ValueError(s)
-            return int(f)
-        if typ is float:
-            v = float(s)
-            if math.isnan(v):
-                raise ValueError(s)
-            return v
-        return s
-    except ValueError:
-        raise ConfigError(f"expected {typ.__name__}, got {raw!r}", field=key) from None
 
 
 # ---------------------------------------------------------------------------- public state
@@ -387,38 +263,6 @@ def client_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
     return registry.get(state.algorithm).rating_weights(shard, state)
 
 
-def unit_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
-    """Non-private ALS: every rating weighs 1."""
-    return np.ones(shard.n_ratings)
-
-
-def adaptive_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
-    """Eq. 12: omega from the released counts, clipped per user (AdaDPALS, the encoder family)."""
-    cfg = state.config
-    return clip_user_weights(state.omega, shard.items, shard.indptr, cfg.beta, cfg.weight_mode)
-
-
-def tail_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
-    """DPALS tail-biased: the k least counted items of each user (ties broken by the user)."""
-    return sampled_rating_weights(shard, state, "tail")
-
-
-def sampled_rating_weights(shard: UserShard, state: PublicState, mode: str) -> np.ndarray:
-    """DPALS sampling weights, ``mode`` uniform or tail."""
-    cfg = state.config
-    # each user's own random subset: keyed by its secret key and the (public, stable) item ids
-    keys = require_keys(shard)[shard.local_user_of_rating]
-    return sampled_user_weights(
-        user_uniform(keys, PURPOSE_ITEM_SUBSET, shard.items.astype(np.uint64)),
-        shard.items,
-        shard.indptr,
-        cfg.k,
-        cfg.beta,
-        mode=mode,
-        counts_hat=state.counts_hat,
-    )
-
-
 @dataclass
 class ItemStats:
     """A shard's contribution to the per-item statistics (only the items it rated)."""
@@ -529,23 +373,6 @@ def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state
         state.item_bias = theta[:, -1] * bias_coordinate(state)
         theta = theta[:, :-1]
     state.item_factors = theta.astype(np.float32)
-
-
-# ---------------------------------------------------------------------------- registration
-_ADAPTIVE_KEYS = ("mu", "beta_bar_ratio", "weight_mode")
-_ENCODER_KEYS = ("features", "enc_hidden", "enc_weight_decay")
-_SSP_KEYS = ("ssp_steps", "ssp_lr", "ssp_batch_items")
-for _spec in (
-    registry.AlgorithmSpec("als", unit_rating_weights, private=False, needs_counts=True, keys=("reg_item",), summary="non-private weighted-lambda ALS"),
-    registry.AlgorithmSpec("dpals-tail", tail_rating_weights, needs_counts=True, keys=("k",), summary="DPALS, the k least popular items per user"),
-    registry.AlgorithmSpec("adadpals", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=_ADAPTIVE_KEYS, summary="adaptive weights from private counts"),
-    registry.AlgorithmSpec("dpsgd", unit_rating_weights, needs_user_count=True, keys=("sgd_lr", "sgd_weight_decay", "sgd_sampling_rate", "sgd_clip"), summary="federated DP-SGD baseline"),
-    registry.AlgorithmSpec("am-ssp", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"), summary="SSP2 with a public-feature encoder"),
-    registry.AlgorithmSpec("am-ssp1", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"), summary="SSP1 with a public-feature encoder"),
-    registry.AlgorithmSpec("am-ssp-convex", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "convex_threshold", "newton_steps"), summary="logistic SSP with a public-feature encoder"),
-    registry.AlgorithmSpec("am-dpsgd", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, "sgd_sampling_rate", "sgd_clip", "encoder_sgd_lr"), summary="AM-DPSGD baseline with a public-feature encoder"),
-):
-    registry.register(_spec)
 
 
 def __getattr__(name: str):

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import als
+from .family import sampled_rating_weights
 from .registry import AlgorithmSpec, register
-from .shards import UserShard
 
 
-def rating_weights(shard: UserShard, state: als.PublicState) -> np.ndarray:
+def rating_weights(shard, state) -> np.ndarray:
     """At most ``k`` items per user, chosen uniformly at random by the user."""
-    return als.sampled_rating_weights(shard, state, "uniform")
+    return sampled_rating_weights(shard, state, "uniform")
 
 
 SPEC = register(AlgorithmSpec("dpals-uniform", rating_weights, keys=("k",), summary="DPALS, k items sampled per user"))

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
 from ..errors import ConfigError
+from .config import PAMConfig  # noqa: F401 - re-exported
 from ..privacy.accounting import BestOfAccountant, PlannedRelease, calibrate
 from ..privacy.clipping import clip_rows
 from ..privacy.ledger import PrivacyLedger
@@ -48,68 +49,6 @@ from .kernels import from_upper, upper
 
 PAM_ALGORITHMS = ("pam", "pam-own-data", "pam-single-model", "pam-nonprivate", "pam-exp")
 PRIVATE = ("pam", "pam-single-model", "pam-exp")
-
-
-@dataclass
-class PAMConfig:
-    """Hyperparameters (``--set key=value``)."""
-
-    rank: int = 0  # k of the learned embedding (0: the data's k)
-    epochs: int = 5  # full: epochs over all users; disjoint: number of user groups (steps)
-    schedule: str = "full"  # 'full' or 'disjoint'
-    clip_w: float = 0.0  # eta: bound on |vec(x v^T)| (0: sqrt(d * k))
-    clip_y: float = 0.0  # zeta: bound on |y| (0: 2 sqrt(k))
-    clip_x: float = 0.0  # single model: bound on |x| (0: sqrt(d))
-    share_init: float = 0.2  # share of the budget for the private initialization
-    ridge: float = 1.0  # server ridge, in units of the noise std of A times sqrt(dk) (private)
-    user_ridge: float = 1e-3  # client solve of v_j (relative to the trace of its Gram matrix)
-    own_ridge: float = 1.0  # pam-own-data: ridge of each user's d-dimensional regression
-    nonprivate_epochs: int = 20  # pam-nonprivate: alternating steps to convergence
-    net_size: int = 1000  # pam-exp: candidates in the net
-    exp_radius: float = 0.0  # pam-exp: C, bound on |v| (0: 2.5 sqrt(k))
-    exp_clip: float = 0.0  # pam-exp: L_f, bound on |U^T x| (0: 2 sqrt(k))
-    seed: int = 1234  # public seed (the pam-exp net); noise and user groups come from secret randomness
-
-    @classmethod
-    def from_overrides(cls, overrides: dict) -> "PAMConfig":
-        known = {f.name: f for f in fields(cls)}
-        cfg = cls()
-        for key, raw in overrides.items():
-            if key not in known:
-                raise ConfigError(f"unknown key (known: {', '.join(sorted(known))})", field=key)
-            typ = type(getattr(cfg, key))
-            try:
-                if typ is bool:
-                    val = raw if isinstance(raw, bool) else str(raw).strip().lower() in ("1", "true", "yes", "on")
-                elif typ is int:
-                    val = int(float(raw))
-                else:
-                    val = typ(raw)
-            except ValueError:
-                raise ConfigError(f"expected {typ.__name__}, got {raw!r}", field=key) from None
-            setattr(cfg, key, val)
-        cfg.validate()
-        return cfg
-
-    def validate(self) -> None:
-        if self.rank < 0:
-            raise ConfigError(f"must be >= 0, got {self.rank}", field="rank")
-        for name in ("epochs", "nonprivate_epochs"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"must be >= 1, got {getattr(self, name)}", field=name)
-        if self.net_size < 1:
-            raise ConfigError(f"must be >= 1, got {self.net_size}", field="net_size")
-        for name in ("clip_w", "clip_y", "clip_x", "ridge", "user_ridge", "own_ridge", "exp_radius", "exp_clip"):
-            v = getattr(self, name)
-            if not (v >= 0 and math.isfinite(v)):
-                raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
-        if not (0 < self.share_init < 1):
-            raise ConfigError(f"must be in (0, 1), got {self.share_init}", field="share_init")
-        if self.schedule not in ("full", "disjoint"):
-            raise ConfigError(f"must be 'full' or 'disjoint', got {self.schedule!r}", field="schedule")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

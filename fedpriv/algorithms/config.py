@@ -1,0 +1,191 @@
+"""The configurations of the algorithms and their one strict parser: ``--set key=value`` pairs
+become typed fields, and a bad bool (``weighted_reg=ture``), a truncated number (``2.5`` for an
+int), an unknown key or a key the algorithm does not read (:mod:`fedpriv.algorithms.registry`)
+is a :class:`~fedpriv.errors.ConfigError` naming the field. Light on purpose: this module
+imports neither torch nor dp-accounting (a test checks it)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+from ..errors import ConfigError
+from . import registry
+
+
+def _coerce(key: str, raw, typ):
+    if isinstance(raw, typ) and not (typ is int and isinstance(raw, bool)):
+        return raw
+    s = str(raw).strip()
+    try:
+        if typ is bool:
+            if s.lower() in ("1", "true", "yes", "on"):
+                return True
+            if s.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(s)
+        if typ is int:
+            f = float(s)
+            if not f.is_integer():
+                raise ValueError(s)
+            return int(f)
+        if typ is float:
+            v = float(s)
+            if math.isnan(v):
+                raise ValueError(s)
+            return v
+        return s
+    except ValueError:
+        raise ConfigError(f"expected {typ.__name__}, got {raw!r}", field=key) from None
+
+
+def _parse(cls, overrides: dict):
+    """An instance of the dataclass ``cls`` with ``overrides`` parsed strictly into its fields."""
+    known = {f.name for f in fields(cls)}
+    cfg = cls()
+    for key, raw in overrides.items():
+        if key not in known:
+            raise ConfigError(f"unknown key (known: {', '.join(sorted(known))})", field=key)
+        setattr(cfg, key, _coerce(key, raw, type(getattr(cfg, key))))
+    return cfg
+
+
+@dataclass
+class ALSConfig:
+    """Hyperparameters of the ALS family (every field can be set with ``--set key=value``)."""
+
+    rank: int = 8
+    steps: int = 3
+    reg_user: float = 0.1
+    reg_item: float = 0.1  # non-private item solves (weighted-lambda: reg_item * count)
+    reg_item_private: float = 2.0  # private item solves: constant ridge after PSD projection
+    weighted_reg: bool = True  # weighted-lambda (lambda * count) for user solves and non-private item solves
+    user_bias: bool = True  # items carry a fixed column of ones: each user solves its own bias locally
+    item_bias: bool = True  # released user vectors carry a fixed coordinate: items learn a bias
+    bias_share: float = 0.25  # item_bias: share kappa^2 of the squared norm bound G_u^2 given to it
+    user_clip: float = 1.0
+    rating_clip: float = 1.0
+    beta: float = 1.0
+    mu: float = 0.5
+    beta_bar_ratio: float = 1.0
+    weight_mode: str = "clip"  # adadpals: 'clip' (eq. 12) or 'normalize' (reference code)
+    k: int = 50  # dpals: items kept per user
+    count_cap: float = 50.0  # K: counts contribution has L2 norm <= sqrt(K)
+    mean_cap: float = 50.0  # C: mean contribution uses at most C ratings' worth per user
+    share_users: float = 0.01  # fractions of the privacy budget (RDP shares)
+    share_mean: float = 0.02
+    share_counts: float = 0.08
+    share_b: float = 0.5  # within one step: share of b versus A (and gravity)
+    share_gravity: float = 0.1
+    gravity: float = 0.0  # implicit data: weight of the unobserved-entries term
+    psd_floor: float = 0.0
+    init_scale: float = 0.1
+    eval_k: int = 20
+    seed: int = 1234  # public seed: initialisations only (noise and users' choices come from secret randomness)
+    # federated DP-SGD baseline (algorithm 'dpsgd'): one round per step
+    sgd_lr: float = 0.5
+    sgd_sampling_rate: float = 0.1
+    sgd_clip: float = 1.0
+    sgd_weight_decay: float = 1e-3
+    # public-feature encoder algorithms (am-ssp, am-ssp1, am-ssp-convex, am-dpsgd)
+    features: str = "genre,year"  # public feature fields of the encoder; "id" adds the item id
+    enc_hidden: int = 0  # embedding width per field (0: the output dimension)
+    ssp_steps: int = 200  # server gradient steps per alternating step (T)
+    ssp_lr: float = 0.05  # Adam learning rate of the server steps
+    ssp_batch_items: int = 0  # items per server step (Alg. 5 mini-batch; 0: all items)
+    ssp_resamples: int = 0  # independent noise draws per step (0: am-ssp 1, am-ssp1 ssp_steps)
+    enc_weight_decay: float = 0.0  # L2 on the encoder parameters (public regulariser)
+    convex_threshold: float = 3.5  # am-ssp-convex: label 1 when rating >= threshold
+    newton_steps: int = 5  # am-ssp-convex: Newton steps of the local logistic user solve
+    encoder_sgd_lr: float = 0.01  # am-dpsgd: Adam learning rate on the noised gradient
+
+    @classmethod
+    def from_overrides(cls, overrides: dict[str, str | float | int | bool], algorithm: str | None = None) -> "ALSConfig":
+        """A validated config from ``key=value`` overrides; with ``algorithm``, a key that
+        algorithm does not read (:func:`fedpriv.algorithms.registry.readers`) is an error naming it."""
+        if algorithm is not None:
+            for key in overrides:
+                readers = registry.readers(key)
+                if readers is not None and algorithm not in readers:
+                    raise ConfigError(f"{algorithm} does not use this key (it is read by {', '.join(readers)})", field=key)
+        cfg = _parse(cls, overrides)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        positive = ("rank", "steps", "user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap", "ssp_steps", "ssp_lr", "newton_steps", "encoder_sgd_lr")
+        for name in positive:
+            v = getattr(self, name)
+            if not (v > 0) or (isinstance(v, float) and math.isnan(v)):
+                raise ConfigError(f"must be > 0, got {v}", field=name)
+        for name in ("reg_user", "reg_item", "reg_item_private", "gravity", "psd_floor", "mu", "init_scale", "sgd_lr", "sgd_weight_decay", "enc_weight_decay", "enc_hidden", "ssp_batch_items", "ssp_resamples"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
+        for name in ("share_users", "share_mean", "share_counts", "share_b", "share_gravity", "bias_share"):
+            v = getattr(self, name)
+            if not (0 < v < 1):
+                raise ConfigError(f"must be in (0, 1), got {v}", field=name)
+        if self.share_users + self.share_mean + self.share_counts >= 1:
+            raise ConfigError("share_users + share_mean + share_counts must be < 1", field="share_counts")
+        if not (0 < self.sgd_sampling_rate <= 1):
+            raise ConfigError(f"must be in (0, 1], got {self.sgd_sampling_rate}", field="sgd_sampling_rate")
+        if not (self.sgd_clip > 0 and math.isfinite(self.sgd_clip)):
+            raise ConfigError(f"must be a finite number > 0, got {self.sgd_clip}", field="sgd_clip")
+        if not math.isfinite(self.convex_threshold):
+            raise ConfigError(f"must be finite, got {self.convex_threshold}", field="convex_threshold")
+        if not [f for f in self.features.replace(";", ",").split(",") if f.strip()]:
+            raise ConfigError("name at least one field (e.g. genre,year or id)", field="features")
+        if self.weight_mode not in ("clip", "normalize"):
+            raise ConfigError(f"must be 'clip' or 'normalize', got {self.weight_mode!r}", field="weight_mode")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PAMConfig:
+    """Hyperparameters (``--set key=value``)."""
+
+    rank: int = 0  # k of the learned embedding (0: the data's k)
+    epochs: int = 5  # full: epochs over all users; disjoint: number of user groups (steps)
+    schedule: str = "full"  # 'full' or 'disjoint'
+    clip_w: float = 0.0  # eta: bound on |vec(x v^T)| (0: sqrt(d * k))
+    clip_y: float = 0.0  # zeta: bound on |y| (0: 2 sqrt(k))
+    clip_x: float = 0.0  # single model: bound on |x| (0: sqrt(d))
+    share_init: float = 0.2  # share of the budget for the private initialization
+    ridge: float = 1.0  # server ridge, in units of the noise std of A times sqrt(dk) (private)
+    user_ridge: float = 1e-3  # client solve of v_j (relative to the trace of its Gram matrix)
+    own_ridge: float = 1.0  # pam-own-data: ridge of each user's d-dimensional regression
+    nonprivate_epochs: int = 20  # pam-nonprivate: alternating steps to convergence
+    net_size: int = 1000  # pam-exp: candidates in the net
+    exp_radius: float = 0.0  # pam-exp: C, bound on |v| (0: 2.5 sqrt(k))
+    exp_clip: float = 0.0  # pam-exp: L_f, bound on |U^T x| (0: 2 sqrt(k))
+    seed: int = 1234  # public seed (the pam-exp net); noise and user groups come from secret randomness
+
+    @classmethod
+    def from_overrides(cls, overrides: dict) -> "PAMConfig":
+        """A validated config from ``key=value`` overrides (the strict parser of this module)."""
+        cfg = _parse(cls, overrides)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.rank < 0:
+            raise ConfigError(f"must be >= 0, got {self.rank}", field="rank")
+        for name in ("epochs", "nonprivate_epochs"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"must be >= 1, got {getattr(self, name)}", field=name)
+        if self.net_size < 1:
+            raise ConfigError(f"must be >= 1, got {self.net_size}", field="net_size")
+        for name in ("clip_w", "clip_y", "clip_x", "ridge", "user_ridge", "own_ridge", "exp_radius", "exp_clip"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
+        if not (0 < self.share_init < 1):
+            raise ConfigError(f"must be in (0, 1), got {self.share_init}", field="share_init")
+        if self.schedule not in ("full", "disjoint"):
+            raise ConfigError(f"must be 'full' or 'disjoint', got {self.schedule!r}", field="schedule")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

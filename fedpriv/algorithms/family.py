@@ -1,0 +1,59 @@
+"""The built-in members of the rating-algorithm family (ALS, DPALS tail-biased, AdaDPALS,
+DP-SGD and the encoder family) registered with their weights rules; light on purpose (numpy and
+the privacy primitives only), so that the registry and the configs load without torch."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..privacy.randomness import PURPOSE_ITEM_SUBSET, require_keys, user_uniform
+from ..privacy.weights import clip_user_weights, sampled_user_weights
+from . import registry
+
+
+def unit_rating_weights(shard, state) -> np.ndarray:
+    """Non-private ALS: every rating weighs 1."""
+    return np.ones(shard.n_ratings)
+
+
+def adaptive_rating_weights(shard, state) -> np.ndarray:
+    """Eq. 12: omega from the released counts, clipped per user (AdaDPALS, the encoder family)."""
+    cfg = state.config
+    return clip_user_weights(state.omega, shard.items, shard.indptr, cfg.beta, cfg.weight_mode)
+
+
+def tail_rating_weights(shard, state) -> np.ndarray:
+    """DPALS tail-biased: the k least counted items of each user (ties broken by the user)."""
+    return sampled_rating_weights(shard, state, "tail")
+
+
+def sampled_rating_weights(shard, state, mode: str) -> np.ndarray:
+    """DPALS sampling weights, ``mode`` uniform or tail."""
+    cfg = state.config
+    # each user's own random subset: keyed by its secret key and the (public, stable) item ids
+    keys = require_keys(shard)[shard.local_user_of_rating]
+    return sampled_user_weights(
+        user_uniform(keys, PURPOSE_ITEM_SUBSET, shard.items.astype(np.uint64)),
+        shard.items,
+        shard.indptr,
+        cfg.k,
+        cfg.beta,
+        mode=mode,
+        counts_hat=state.counts_hat,
+    )
+
+
+_ADAPTIVE_KEYS = ("mu", "beta_bar_ratio", "weight_mode")
+_ENCODER_KEYS = ("features", "enc_hidden", "enc_weight_decay")
+_SSP_KEYS = ("ssp_steps", "ssp_lr", "ssp_batch_items")
+for _spec in (
+    registry.AlgorithmSpec("als", unit_rating_weights, private=False, needs_counts=True, keys=("reg_item",), summary="non-private weighted-lambda ALS"),
+    registry.AlgorithmSpec("dpals-tail", tail_rating_weights, needs_counts=True, keys=("k",), summary="DPALS, the k least popular items per user"),
+    registry.AlgorithmSpec("adadpals", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=_ADAPTIVE_KEYS, summary="adaptive weights from private counts"),
+    registry.AlgorithmSpec("dpsgd", unit_rating_weights, needs_user_count=True, keys=("sgd_lr", "sgd_weight_decay", "sgd_sampling_rate", "sgd_clip"), summary="federated DP-SGD baseline"),
+    registry.AlgorithmSpec("am-ssp", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"), summary="SSP2 with a public-feature encoder"),
+    registry.AlgorithmSpec("am-ssp1", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"), summary="SSP1 with a public-feature encoder"),
+    registry.AlgorithmSpec("am-ssp-convex", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "convex_threshold", "newton_steps"), summary="logistic SSP with a public-feature encoder"),
+    registry.AlgorithmSpec("am-dpsgd", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, "sgd_sampling_rate", "sgd_clip", "encoder_sgd_lr"), summary="AM-DPSGD baseline with a public-feature encoder"),
+):
+    registry.register(_spec)

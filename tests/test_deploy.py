@@ -159,6 +159,8 @@ def test_node_partition_holds_only_its_users(tmp_path):
             others[i * 100 : (i + 1) * 100] = False
             assert per_user[others].sum() == 0  # nobody else's ratings are in node i's folder
             assert per_user[~others].sum() == ref.n_ratings
+        raw = np.load(Path(own) / "user_ids.npy")  # the raw ids that key its users' secrets: its own only
+        assert np.array_equal(raw[~others], np.asarray(job.train.user_ids)[~others]) and np.all(raw[others] == -1)
     assert json.loads((cfg.node_data_dir(1) / "meta.json").read_text())["users"] == [100, 200]
     state = json.loads((cfg.run_dir / "deploy.json").read_text())
     assert state["data"] == SYN and state["nodes"] == 3 and "run_dir" not in state

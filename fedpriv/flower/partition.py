@@ -14,8 +14,9 @@ from ..algorithms.shards import UserShard, shard_users, user_block
 from ..data.interactions import Interactions
 from .node_secrets import write_raw_ids
 
-def write_partitions(folder: str | Path, parts: dict[str, Interactions], meta: dict) -> Path:
-    """Write each part as a by-user CSR (indptr, items, ratings) of .npy files plus meta.json."""
+def write_partitions(folder: str | Path, parts: dict[str, Interactions], meta: dict, raw_ids: np.ndarray | None = None) -> Path:
+    """Write each part as a by-user CSR (indptr, items, ratings) of .npy files plus meta.json,
+    and the raw user ids (``raw_ids``, default: the parts' own) that key the users' secrets."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for name, inter in parts.items():
@@ -23,7 +24,7 @@ def write_partitions(folder: str | Path, parts: dict[str, Interactions], meta: d
         np.save(folder / f"{name}_indptr.npy", shard.indptr)
         np.save(folder / f"{name}_items.npy", shard.items)
         np.save(folder / f"{name}_ratings.npy", shard.ratings)
-    write_raw_ids(folder, next(iter(parts.values())).user_ids)
+    write_raw_ids(folder, next(iter(parts.values())).user_ids if raw_ids is None else raw_ids)
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
 
@@ -38,13 +39,12 @@ def write_user_partitions(folder: str | Path, parts: dict[str, Interactions], me
         if not 0 <= start <= stop <= inter.n_users:
             raise ValueError(f"user range {start}..{stop} outside 0..{inter.n_users}")
         kept[name] = inter.subset((inter.users >= start) & (inter.users < stop))
-    out = write_partitions(folder, kept, meta)
     # the node learns the raw ids of its own users only (the others' are blanked)
     ids = np.asarray(next(iter(parts.values())).user_ids)
     own = np.zeros(len(ids), dtype=bool)
     own[start:stop] = True
-    write_raw_ids(out, np.where(own, ids, -1) if ids.dtype.kind in "iu" else np.where(own, ids.astype(str), ""))
-    return out
+    blanked = np.where(own, ids, -1) if ids.dtype.kind in "iu" else np.where(own, ids.astype(str), "")
+    return write_partitions(folder, kept, meta, blanked)
 
 
 def data_dir_of(node_config, broadcast_dir: str) -> str:

@@ -77,6 +77,7 @@ from fedpriv.privacy.accounting import epsilon_pld, epsilon_rdp
 from fedpriv.privacy.audit import audit_gaussian_release
 from fedpriv.privacy.ledger import PrivacyLedger, Release
 from fedpriv.privacy.randomness import RunSecrets, user_keys
+from fedpriv.privacy.symmetric import upper
 
 AUDITABLE = tuple(a for a in als.ALGORITHMS if a != "als" and protocol.contribution_kind(a) == "stats")
 SETUP_RELEASES = ("users", "mean", "counts")
@@ -302,12 +303,6 @@ def stats_run(state: als.PublicState) -> Callable:
     return run
 
 
-def triu_view(x: np.ndarray) -> np.ndarray:
-    """Upper triangles of the last two axes: the coordinates of a symmetric release's noise."""
-    iu = np.triu_indices(x.shape[-1])
-    return x[..., iu[0], iu[1]]
-
-
 # ---------------------------------------------------------------------------- one setting
 def audit_setting(
     algorithm: str,
@@ -420,7 +415,7 @@ def audit_setting(
             without = {n: without[n] for n in stats_names}
             state.multipliers = broken
             rec = TrialLedgers(stats_run(state), seed + 1, secure)
-            views = {n: triu_view for n in stats_names if n in SYMMETRIC}
+            views = {n: upper for n in stats_names if n in SYMMETRIC}
             res = audit_gaussian_release(rec, with_, without, trials=trials, delta=delta, alpha=alpha, views=views)
             norm = float(np.linalg.norm(released_user_vector(pair.user_shard, state)))
             entries.update({n: finish(n, res[n], rec.per_trial, pair, norm) for n in stats_names if n in wanted})

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedpriv.algorithms import multitask as mt
+from fedpriv.privacy.symmetric import upper
 from fedpriv.data.synthetic import make_multitask
 from fedpriv.errors import ConfigError
 from fedpriv.privacy.accounting import epsilon_rdp
@@ -24,11 +25,6 @@ SCRIPT = Path(__file__).resolve().parents[1] / "simulations" / "multitask_append
 @pytest.fixture(scope="module")
 def data():
     return make_multitask(m=30, d=4, n=1500, a=1.0, tasks_per_user=8, seed=5)
-
-
-def _upper(A: np.ndarray) -> np.ndarray:
-    iu = np.triu_indices(A.shape[-1])
-    return A[..., iu[0], iu[1]]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -62,7 +58,7 @@ def test_one_user_moves_each_statistic_by_at_most_its_sensitivity(data, mode, n_
         A, b = mt.ssp_statistics(x, tasks[sel], users[sel], y[sel], w, m, cfg.x_clip, cfg.y_clip)
         g = mt.gd_gradient(theta, x, tasks[sel], users[sel], y[sel], w, m, cfg.x_clip, cfg.y_clip, cfg.grad_clip)
         c = mt.count_statistic(tasks[sel], users[sel], m, n_users, cfg.count_cap)
-        return c, _upper(A), b, g
+        return c, upper(A), b, g
 
     full, without = stats(np.ones(len(tasks), bool), n + 1), stats(keep, n + 1)
     for name, a, b_ in zip(("mt_counts", "mt_ssp_A", "mt_ssp_b", "mt_gd_grad"), full, without):

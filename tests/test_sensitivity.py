@@ -35,6 +35,7 @@ from fedpriv.data.interactions import Interactions
 from fedpriv.errors import DataError
 from fedpriv.flower import codec
 from fedpriv.privacy.randomness import RunSecrets, user_keys
+from fedpriv.privacy.symmetric import upper
 
 RANGE = (1.0, 5.0)
 PRIVATE = tuple(a for a in als.ALGORITHMS if a != "als")
@@ -129,11 +130,6 @@ def releases(shards, state, table) -> list[Record]:
     return out
 
 
-def _upper(A: np.ndarray) -> np.ndarray:
-    iu = np.triu_indices(A.shape[-1])
-    return A[..., iu[0], iu[1]]
-
-
 def moves(inter: Interactions, user: int, state, table, users_per_shard: int | None) -> dict[str, float]:
     """Per release: L2 norm of (release with ``user``) - (release without ``user``), as a
     fraction of the sensitivity the aggregator declares; also checks that declaration."""
@@ -150,7 +146,7 @@ def moves(inter: Interactions, user: int, state, table, users_per_shard: int | N
         assert np.all(np.isfinite(a.value)) and np.all(np.isfinite(b.value)), a.name
         diff = a.value - b.value
         if a.symmetric:
-            diff = _upper(diff)
+            diff = upper(diff)
         ratio = float(np.linalg.norm(diff)) / declared
         out[a.name] = max(out.get(a.name, 0.0), ratio)
     return out

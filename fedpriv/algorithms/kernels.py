@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..privacy.symmetric import from_upper, upper  # noqa: F401 - the wire format of d x d blocks
+
 # a padded block holds at most this many floats
 _BLOCK_FLOATS = 1 << 23
 # segments are cut into pieces of at most this many entries
@@ -123,21 +125,6 @@ def _segment_stats_small(factors, index, indptr, weights, targets) -> SegmentSta
         nonempty = counts > 0
         G[nonempty] = np.add.reduceat(outer, indptr[:-1][nonempty], axis=0)
     return SegmentStats(A=G[:, :d, :d], b=G[:, :d, d], c=G[:, d, d])
-
-
-def upper(A: np.ndarray) -> np.ndarray:
-    """The upper triangles (diagonal included) of the last two axes, as vectors."""
-    iu = np.triu_indices(A.shape[-1])
-    return A[..., iu[0], iu[1]]
-
-
-def from_upper(T: np.ndarray, d: int) -> np.ndarray:
-    """The symmetric d x d matrices whose upper triangles are the last axis of ``T``."""
-    iu = np.triu_indices(d)
-    A = np.zeros((*T.shape[:-1], d, d), dtype=T.dtype)
-    A[..., iu[0], iu[1]] = T
-    A[..., iu[1], iu[0]] = T
-    return A
 
 
 def gram_flops(n_entries: int, d: int) -> float:

@@ -28,6 +28,7 @@ from ..draws import _sanctioned, drawing_context, public_draws, public_gaussian 
 from ..errors import PrivacyError
 from . import selection as mech
 from .records import Release, RepeatAndSelect, records_from_list
+from .symmetric import from_upper
 
 def _secure_uniform(n: int) -> np.ndarray:
     """n uniforms in (0, 1] with 53 random bits each, from the operating system's CSPRNG."""
@@ -309,14 +310,9 @@ class PrivacyLedger:
         return std * secure_standard_normal(shape)
 
     def _symmetric_noise(self, shape: tuple, std: float) -> np.ndarray:
+        """Noise for the upper triangles, mirrored."""
         d = shape[-1]
-        iu = np.triu_indices(d)
-        lead = shape[:-2]
-        tri = self._normal(std, (*lead, len(iu[0])))
-        out = np.zeros(shape, dtype=np.float64)
-        out[..., iu[0], iu[1]] = tri
-        out[..., iu[1], iu[0]] = tri
-        return out
+        return from_upper(np.asarray(self._normal(std, (*shape[:-2], d * (d + 1) // 2)), dtype=np.float64), d)
 
     # ------------------------------------------------------------------ output
     def to_list(self) -> list[dict]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .ledger import PrivacyLedger
+from .symmetric import upper
 
 
 class ReplayLedger(PrivacyLedger):
@@ -38,12 +39,6 @@ class ReplayLedger(PrivacyLedger):
             out = self.replay.noised[i].copy()
         self.noised.append(np.array(out, copy=True))
         return out
-
-
-def upper(A: np.ndarray) -> np.ndarray:
-    """Upper triangles (diagonal included) of the last two axes."""
-    iu = np.triu_indices(A.shape[-1])
-    return A[..., iu[0], iu[1]]
 
 
 def influence(on_d: ReplayLedger, on_d_prime: ReplayLedger) -> dict[str, float]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
-from .algorithms import als, protocol, registry
+from .algorithms import als, protocol, recommend, registry
 from .algorithms.shards import UserShard, shard_users, split_users
 from .data.interactions import Interactions
 from .errors import ConfigError
@@ -166,13 +166,9 @@ class _ShardRecommendTransport:
         self.shards, self.held, self.reproducible = shards, held, reproducible
 
     def histogram(self, state, candidates, cfg) -> np.ndarray:
-        from .algorithms import recommend
-
         return np.sum([recommend.client_histogram(s, state, candidates, cfg) for s in self.shards], axis=0)
 
     def reports(self, state, candidates, lo, hi, cfg):
-        from .algorithms import recommend
-
         for i, (s, h) in enumerate(zip(self.shards, self.held)):
             rep = recommend.client_recommend(s, state, candidates, lo, hi, cfg, h, reproducible=self.reproducible)
             yield i, s.n_users, rep.picks, rep.records, rep.sums

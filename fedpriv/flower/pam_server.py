@@ -124,15 +124,9 @@ class _GridPamTransport:
     def collect(self, kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None, ranges=None) -> dict[str, np.ndarray]:
         state = self.state
         total = {key: np.zeros(n) for key, n in keys.items()}
-        replies = dict(self.rounds.ask(f"query.{kind}", encode_state(state, self.data_dir, self.upn, group, self.key_file), name))
-        for nid in self.rounds.nodes:
-            if nid not in replies:
-                continue
-            try:
-                vals = _decode(replies[nid].content, keys, bounds if state.private else {}, self.upn, ranges if state.private else None)
-            except codec.RejectedReply as exc:
-                self.rounds.reject(name, nid, str(exc))
-                continue
+        content = encode_state(state, self.data_dir, self.upn, group, self.key_file)
+        decode = lambda nid, rep: _decode(rep.content, keys, bounds if state.private else {}, self.upn, ranges if state.private else None)  # noqa: E731
+        for _, vals in self.rounds.gather(f"query.{kind}", content, name, decode):
             for key in total:
                 total[key] += vals[key]
         return total

@@ -78,28 +78,25 @@ class _GridRecommendTransport:
     def histogram(self, state, candidates, cfg) -> np.ndarray:
         k = len(candidates)
         total = np.zeros((k, cfg.bins))
-        for nid, rep in self.rounds.ask("query.rec_hist", self._content(candidates, cfg, {}), "rec_hist"):
-            try:
-                h = rep.content.array_records["rec"]["hist"].numpy().astype(np.float64)
-                n = self.node_users[nid]
-                if h.shape != (k, cfg.bins) or not np.all(np.isfinite(h)) or h.min() < 0 or np.any(h != np.round(h)) or np.any(h.sum(axis=1) != n):
-                    raise ValueError(f"histogram must be ({k}, {cfg.bins}) non-negative integer counts, {n} per candidate")
-            except (KeyError, ValueError) as exc:
-                self.rounds.reject("rec_hist", nid, str(exc))
-                continue
+
+        def decode(nid, rep) -> np.ndarray:
+            h = rep.content.array_records["rec"]["hist"].numpy().astype(np.float64)
+            n = self.node_users[nid]
+            if h.shape != (k, cfg.bins) or not np.all(np.isfinite(h)) or h.min() < 0 or np.any(h != np.round(h)) or np.any(h.sum(axis=1) != n):
+                raise ValueError(f"histogram must be ({k}, {cfg.bins}) non-negative integer counts, {n} per candidate")
+            return h
+
+        for _, h in self.rounds.gather("query.rec_hist", self._content(candidates, cfg, {}), "rec_hist", decode):
             total += h
         return total
 
     def reports(self, state, candidates, lo, hi, cfg):
-        for nid, rep in self.rounds.ask("query.recommend", self._content(candidates, cfg, {"lo": lo, "hi": hi}), "recommend"):
-            try:
-                arrays = rep.content.array_records["rec"]
-                picks = arrays["picks"].numpy()
-                part = {key: arrays[key].numpy() for key in arrays.keys() if key != "picks"}
-                records = json.loads(str(rep.content.config_records["meta"]["records"]))
-            except (KeyError, ValueError, TypeError) as exc:
-                self.reject(nid, f"recommendation reply rejected: {exc}")
-                continue
+        def decode(nid, rep) -> tuple:
+            arrays = rep.content.array_records["rec"]
+            part = {key: arrays[key].numpy() for key in arrays.keys() if key != "picks"}
+            return arrays["picks"].numpy(), json.loads(str(rep.content.config_records["meta"]["records"])), part
+
+        for nid, (picks, records, part) in self.rounds.gather("query.recommend", self._content(candidates, cfg, {"lo": lo, "hi": hi}), "recommend", decode):
             yield nid, self.node_users[nid], picks, records, part
 
     def reject(self, key, reason: str) -> None:

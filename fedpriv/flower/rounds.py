@@ -55,6 +55,22 @@ class Rounds:
         self.result.round_log.append({"round": name, "seconds": time.perf_counter() - t0, "bytes_down": down, "bytes_up": up, "replies": len(ok), "nodes": len(self.nodes)})
         return ok
 
+    def gather(self, message_type: str, content, name: str, decode) -> list[tuple[int, object]]:
+        """:meth:`ask`, then ``decode(node, reply)`` of every reply in the serving nodes' order;
+        a reply whose decoding raises :class:`~fedpriv.flower.codec.RejectedReply` (or another
+        ValueError, KeyError or TypeError of a malformed record) is rejected with the reason and
+        left out. Returns (node, decoded value) of the accepted replies."""
+        replies = dict(self.ask(message_type, content, name))
+        out = []
+        for nid in self.nodes:
+            if nid not in replies:
+                continue
+            try:
+                out.append((nid, decode(nid, replies[nid])))
+            except (ValueError, KeyError, TypeError) as exc:  # codec.RejectedReply is a ValueError
+                self.reject(name, nid, str(exc))
+        return out
+
     def reject(self, name: str, node: int, reason: str) -> None:
         log.warning("round %s: reply of node %s rejected: %s", name, node, reason)
         self.result.rejected.append({"round": name, "node": int(node), "reason": reason})

@@ -201,14 +201,8 @@ class _GridTransport:
 
     def vector(self, kind: str, length: int, state: als.PublicState) -> np.ndarray:
         total = np.zeros(length)
-        replies = dict(self.rounds.ask(f"query.{kind}", self.down(), kind))
-        for nid in self.rounds.nodes:
-            if nid not in replies:
-                continue
-            try:
-                total += codec.decode_vector(replies[nid].content, kind, length, state, self.job.users_per_node)
-            except codec.RejectedReply as exc:
-                self.rounds.reject(kind, nid, str(exc))
+        for _, values in self.rounds.gather(f"query.{kind}", self.down(), kind, lambda nid, rep: codec.decode_vector(rep.content, kind, length, state, self.job.users_per_node)):
+            total += values
         return total
 
     def start(self, state: als.PublicState, server) -> None:
@@ -220,18 +214,9 @@ class _GridTransport:
         self.nodes.refresh()
 
     def step(self, state: als.PublicState, step: int) -> list:
-        name = f"step{step + 1}"
-        replies = dict(self.rounds.ask("train", self.down(step), name))
         dim = protocol.stats_dim(state)
-        parts = []
-        for nid in self.rounds.nodes:
-            if nid not in replies:
-                continue
-            try:
-                parts.append(codec.decode_contribution(replies[nid].content, state, dim, self.job.users_per_node, self.n_params))
-            except codec.RejectedReply as exc:
-                self.rounds.reject(name, nid, str(exc))
-        return parts
+        decode = lambda nid, rep: codec.decode_contribution(rep.content, state, dim, self.job.users_per_node, self.n_params)  # noqa: E731
+        return [part for _, part in self.rounds.gather("train", self.down(step), f"step{step + 1}", decode)]
 
 
 def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content) -> tuple:
@@ -243,12 +228,7 @@ def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content) -> 
     convex = protocol.is_logistic(job.algorithm)
     keys = [f"{p}_{k}" for p in ("valid", "test") for k in (("logloss", "correct", "n") if convex else ("sse", "n"))]
     sums = {k: np.zeros(5) for k in keys}
-    for nid, rep in rounds.ask("evaluate", content, "evaluate"):
-        try:
-            vals = codec.decode_eval_sums(rep.content, tuple(sums))
-        except codec.RejectedReply as exc:
-            rounds.reject("evaluate", nid, str(exc))
-            continue
+    for _, vals in rounds.gather("evaluate", content, "evaluate", lambda nid, rep: codec.decode_eval_sums(rep.content, tuple(sums))):
         for k in sums:
             sums[k] += vals[k]
     result.rounds, result.bytes_up, result.bytes_down = before

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .algorithms import als
+from .algorithms import als, registry
 from .engine import train_inprocess
 from .errors import ConfigError
 from .evaluation import predict_ratings
@@ -98,10 +98,11 @@ def tune(
 ) -> tuple[object, PrivacyLedger, dict, BudgetPlan]:
     """Run private tuning; returns (train result of the selected run, the tuning ledger, a
     report of the selected run only, the budget plan)."""
-    if algorithm == "als":
-        raise ConfigError("tuning is for private algorithms (als is not private)", field="tune")
-    if algorithm == "am-ssp-convex":
-        raise ConfigError("private tuning scores validation MSE; am-ssp-convex (logistic) is not supported yet", field="tune")
+    spec = registry.get(algorithm)
+    if not spec.private:
+        raise ConfigError(f"tuning is for private algorithms ({algorithm} is not private)", field="tune")
+    if spec.logistic:
+        raise ConfigError(f"private tuning scores validation MSE; {algorithm} (logistic) is not supported yet", field="tune")
     configs = candidate_configs(base_overrides, grid, algorithm)
     check_same_plan(algorithm, configs, False, grid)
     plan = budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)

@@ -124,6 +124,72 @@ def test_a_new_algorithm_is_one_registration(small_mf):
         registry.get("test-first-k")
 
 
+class _CountingStep:
+    """A made-up kind of alternating step: the family's item-statistics step whose server solve
+    is twice as regularised, counting the calls each party makes."""
+
+    def __init__(self):
+        from fedpriv.algorithms import steps
+
+        self.inner, self.calls = steps.ITEM_STATS, {"setup": 0, "client": 0, "aggregate": 0, "server": 0}
+
+    def setup(self, state, features):
+        self.calls["setup"] += 1
+        return self.inner.setup(state, features)
+
+    def client(self, shard, state, step, table=None):
+        self.calls["client"] += 1
+        return self.inner.client(shard, state, step, table)
+
+    def aggregate(self, parts, state, ledger):
+        self.calls["aggregate"] += 1
+        return self.inner.aggregate(parts, state, ledger)
+
+    def server(self, release, state, server):
+        self.calls["server"] += 1
+        A, b, g = release
+        state.config.reg_item_private *= 2.0
+        try:
+            self.inner.server((A, b, g), state, server)
+        finally:
+            state.config.reg_item_private /= 2.0
+
+
+COUNTING_STEP = _CountingStep()
+
+
+def test_an_algorithm_brings_its_own_step_and_release_plan(small_mf):
+    """The engine runs the spec's own step object (client, aggregator, server) and calibrates the
+    spec's own step releases: here b gets 80% of each step's budget instead of the default share."""
+    from fedpriv.algorithms import registry
+    from fedpriv.algorithms.family import unit_rating_weights
+    from fedpriv.privacy.records import PlannedRelease
+
+    def releases(cfg, share):
+        return [PlannedRelease("item_stats_b", cfg.steps, 0.8 * share), PlannedRelease("item_stats_A", cfg.steps, 0.2 * share)]
+
+    def weights(shard, state):
+        w = unit_rating_weights(shard, state)
+        n = np.repeat(np.diff(shard.indptr), np.diff(shard.indptr))
+        return w * np.sqrt(state.config.beta / np.maximum(n, 1))  # sum_i w_ij^2 = beta
+
+    registry.register(registry.AlgorithmSpec("test-own-step", weights, step=f"{__name__}:COUNTING_STEP", step_releases=releases))
+    try:
+        cfg = ALSConfig.from_overrides({"rank": "2", "steps": "3"}, "test-own-step")
+        res = train_inprocess("test-own-step", small_mf.interactions, cfg, rating_range=(1, 5), epsilon=2.0, users_per_shard=40, progress=False, secrets=RunSecrets(2))
+        shards = -(-small_mf.interactions.n_users // 40)
+        assert COUNTING_STEP.calls == {"setup": 1, "client": 3 * shards, "aggregate": 3, "server": 3}
+        counts = {}
+        for r in res.ledger.releases:
+            counts[r.name] = counts.get(r.name, 0) + r.count
+        assert counts == {"mean": 1, "item_stats_b": 3, "item_stats_A": 3}
+        z = res.state.multipliers
+        assert z["item_stats_A"] / z["item_stats_b"] == pytest.approx(2.0, rel=1e-6)  # shares 0.2 vs 0.8: z ~ 1/sqrt(share)
+        assert np.all(np.isfinite(res.state.item_factors))
+    finally:
+        registry._SPECS.pop("test-own-step")  # noqa: SLF001 - the test's own registration
+
+
 def test_the_config_module_is_light_and_pam_configs_are_strict():
     """Config modules import neither torch nor dp-accounting; pam's keys go through the same
     strict parser (it used to read 'ture' as False and truncate 2.5 to 2)."""

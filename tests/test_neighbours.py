@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from neighbour_data import neighbouring_ml100k, synthetic_ratings
 
-from fedpriv.algorithms import als, pam
+from fedpriv.algorithms import als, pam, registry
 from fedpriv.data.personal import make_personal
 from fedpriv.data.splits import random_split
 from fedpriv.engine import train_inprocess
@@ -56,11 +56,11 @@ def test_removing_a_renumbered_user_moves_each_release_within_its_sensitivity(tm
         assert d.interactions.n_items == d_prime.interactions.n_items == 45  # the public catalogue
         train, train_prime = random_split(d.interactions).train, random_split(d_prime.interactions).train
         common = dict(rating_range=(1.0, 5.0), epsilon=2.0, progress=False, users_per_shard=16)
-        if algorithm in als.ENCODER_ALGORITHMS:
+        if registry.get(algorithm).encoder:
             common["item_features"] = d.item_features
         on_d = ReplayLedger()
         train_inprocess(algorithm, train, cfg, secrets=RunSecrets(77), ledger=on_d, **common)
-        if algorithm in als.ENCODER_ALGORITHMS:
+        if registry.get(algorithm).encoder:
             common["item_features"] = d_prime.item_features
         on_d_prime = ReplayLedger(replay=on_d)
         train_inprocess(algorithm, train_prime, cfg, secrets=RunSecrets(77), ledger=on_d_prime, **common)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import keyed_shard, adversarial_interactions
-from fedpriv.algorithms import als, ssp
+from fedpriv.algorithms import als, registry, ssp
 from fedpriv.algorithms.encoder import FeatureTable, ItemEncoder, per_user_clipped_gradient
 from fedpriv.algorithms.kernels import project_psd, solve_spd, upper
 from fedpriv.privacy.randomness import RunSecrets
@@ -24,7 +24,7 @@ def _state(algorithm, inter, cfg, features):
     st_.mean = 3.0
     st_.counts_hat = inter.item_counts().astype(float) + 3.0
     st_.multipliers = {n: 1.0 for n in ("item_stats_A", "item_stats_b", "item_stats_H", "item_stats_g", "encoder_grad")}
-    server = ssp.init_server(st_, features) if algorithm in als.ENCODER_ALGORITHMS else None
+    server = ssp.init_server(st_, features) if registry.get(algorithm).encoder else None
     als.server_weights(st_)
     return st_, server
 

@@ -39,10 +39,6 @@ from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
 from .kernels import project_psd, segment_stats, solve_spd
 from .shards import UserShard
 
-# item encoder over public features (fedpriv.algorithms.ssp); adaptive weights like adadpals
-ENCODER_ALGORITHMS = ("am-ssp", "am-ssp1", "am-ssp-convex", "am-dpsgd")
-
-
 # ---------------------------------------------------------------------------- public state
 @dataclass
 class PublicState:
@@ -63,8 +59,12 @@ class PublicState:
     multipliers: dict[str, float] = field(default_factory=dict)
 
     @property
+    def spec(self) -> registry.AlgorithmSpec:
+        return registry.get(self.algorithm)
+
+    @property
     def private(self) -> bool:
-        return self.algorithm != "als"
+        return self.spec.private
 
 
 def validate_algorithm(name: str) -> None:
@@ -83,49 +83,31 @@ def needs_user_count(algorithm: str) -> bool:
 
 def needs_mean(algorithm: str, implicit: bool) -> bool:
     """Explicit ratings are centred by a released mean (the logistic model needs none)."""
-    return not implicit and algorithm != "am-ssp-convex"
+    return not implicit and registry.get(algorithm).centred
 
 
 def resamples(algorithm: str, cfg: ALSConfig) -> int:
     """Independent noise draws of the item statistics per alternating step (SSP1 vs SSP2)."""
-    if algorithm == "am-ssp1":
-        return cfg.ssp_resamples or cfg.ssp_steps
-    if algorithm == "am-ssp":
-        return cfg.ssp_resamples or 1
-    return 1
+    return registry.get(algorithm).noisings(cfg)
 
 
 def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[PlannedRelease]:
-    """The releases a private run will make, with their budget shares (see ``calibrate``)."""
-    if algorithm == "als":
+    """The releases a private run will make, with their budget shares (see ``calibrate``): the
+    pre-processing releases its spec asks for, then its step releases."""
+    spec = registry.get(algorithm)
+    if not spec.private:
         return []
     plan: list[PlannedRelease] = []
     rest = 1.0
-    if needs_user_count(algorithm):
-        plan.append(PlannedRelease("users", 1, cfg.share_users))
-        rest -= cfg.share_users
-    if needs_mean(algorithm, implicit):
-        plan.append(PlannedRelease("mean", 1, cfg.share_mean))
-        rest -= cfg.share_mean
-    if needs_counts(algorithm):
-        plan.append(PlannedRelease("counts", 1, cfg.share_counts))
-        rest -= cfg.share_counts
-    per_step = rest / cfg.steps
-    if algorithm in ("dpsgd", "am-dpsgd"):
-        name = "dpsgd_grad" if algorithm == "dpsgd" else "encoder_grad"
-        plan.append(PlannedRelease(name, cfg.steps, per_step, cfg.sgd_sampling_rate))
-        return plan
-    if algorithm == "am-ssp-convex":
-        plan.append(PlannedRelease("item_stats_g", cfg.steps, per_step * cfg.share_b))
-        plan.append(PlannedRelease("item_stats_H", cfg.steps, per_step * (1 - cfg.share_b)))
-        return plan
-    count = cfg.steps * resamples(algorithm, cfg)
-    grav = cfg.share_gravity if cfg.gravity > 0 else 0.0
-    plan.append(PlannedRelease("item_stats_b", count, per_step * cfg.share_b))
-    plan.append(PlannedRelease("item_stats_A", count, per_step * (1 - cfg.share_b) * (1 - grav)))
-    if grav:
-        plan.append(PlannedRelease("gravity", count, per_step * (1 - cfg.share_b) * grav))
-    return plan
+    for name, wanted, share in (
+        ("users", spec.needs_user_count, cfg.share_users),
+        ("mean", needs_mean(algorithm, implicit), cfg.share_mean),
+        ("counts", spec.needs_counts, cfg.share_counts),
+    ):
+        if wanted:
+            plan.append(PlannedRelease(name, 1, share))
+            rest -= share
+    return plan + list(spec.step_releases(cfg, rest / cfg.steps))
 
 
 def calibrate_plan(algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: float, delta: float) -> dict[str, float]:
@@ -343,7 +325,7 @@ def release_item_stats(A, b, g, state: PublicState, ledger: PrivacyLedger | None
 # ---------------------------------------------------------------------------- server side
 def server_weights(state: PublicState) -> None:
     """Adaptive weights omega from the released counts (post-processing)."""
-    if state.algorithm == "adadpals" or state.algorithm in ENCODER_ALGORITHMS:
+    if state.spec.adaptive:
         cfg = state.config
         state.omega = adaptive_omega(state.counts_hat, cfg.mu, state.n_users, cfg.beta, cfg.beta_bar_ratio)
 

@@ -1,6 +1,8 @@
 """The built-in members of the rating-algorithm family (ALS, DPALS tail-biased, AdaDPALS,
-DP-SGD and the encoder family) registered with their weights rules; light on purpose (numpy and
-the privacy primitives only), so that the registry and the configs load without torch."""
+DP-SGD and the encoder family), registered with their weights rules, their step releases and
+their alternating steps (:mod:`fedpriv.algorithms.steps`, imported on first use); light on
+purpose (numpy and the privacy primitives only), so that the registry and the configs load
+without torch."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import numpy as np
 from ..privacy.randomness import PURPOSE_ITEM_SUBSET, require_keys, user_uniform
 from ..privacy.weights import clip_user_weights, sampled_user_weights
 from . import registry
+from .releases import convex_releases, gradient_releases, ssp1_releases, ssp1_resamples, ssp2_releases, ssp2_resamples
 
 
 def unit_rating_weights(shard, state) -> np.ndarray:
@@ -43,17 +46,70 @@ def sampled_rating_weights(shard, state, mode: str) -> np.ndarray:
     )
 
 
+_STEPS = "fedpriv.algorithms.steps:"
 _ADAPTIVE_KEYS = ("mu", "beta_bar_ratio", "weight_mode")
 _ENCODER_KEYS = ("features", "enc_hidden", "enc_weight_decay")
 _SSP_KEYS = ("ssp_steps", "ssp_lr", "ssp_batch_items")
+_ADAPTIVE = dict(needs_counts=True, needs_user_count=True, adaptive=True)
 for _spec in (
     registry.AlgorithmSpec("als", unit_rating_weights, private=False, needs_counts=True, keys=("reg_item",), summary="non-private weighted-lambda ALS"),
     registry.AlgorithmSpec("dpals-tail", tail_rating_weights, needs_counts=True, keys=("k",), summary="DPALS, the k least popular items per user"),
-    registry.AlgorithmSpec("adadpals", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=_ADAPTIVE_KEYS, summary="adaptive weights from private counts"),
-    registry.AlgorithmSpec("dpsgd", unit_rating_weights, needs_user_count=True, keys=("sgd_lr", "sgd_weight_decay", "sgd_sampling_rate", "sgd_clip"), summary="federated DP-SGD baseline"),
-    registry.AlgorithmSpec("am-ssp", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"), summary="SSP2 with a public-feature encoder"),
-    registry.AlgorithmSpec("am-ssp1", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"), summary="SSP1 with a public-feature encoder"),
-    registry.AlgorithmSpec("am-ssp-convex", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "convex_threshold", "newton_steps"), summary="logistic SSP with a public-feature encoder"),
-    registry.AlgorithmSpec("am-dpsgd", adaptive_rating_weights, needs_counts=True, needs_user_count=True, keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, "sgd_sampling_rate", "sgd_clip", "encoder_sgd_lr"), summary="AM-DPSGD baseline with a public-feature encoder"),
+    registry.AlgorithmSpec("adadpals", adaptive_rating_weights, keys=_ADAPTIVE_KEYS, summary="adaptive weights from private counts", **_ADAPTIVE),
+    registry.AlgorithmSpec(
+        "dpsgd",
+        unit_rating_weights,
+        needs_user_count=True,
+        keys=("sgd_lr", "sgd_weight_decay", "sgd_sampling_rate", "sgd_clip"),
+        summary="federated DP-SGD baseline",
+        step=_STEPS + "DPSGD",
+        step_releases=gradient_releases("dpsgd_grad"),
+        contribution="gradient",
+        bias_column=True,
+    ),
+    registry.AlgorithmSpec(
+        "am-ssp",
+        adaptive_rating_weights,
+        keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"),
+        summary="SSP2 with a public-feature encoder",
+        step=_STEPS + "SSP",
+        step_releases=ssp2_releases,
+        resamples=ssp2_resamples,
+        encoder=True,
+        **_ADAPTIVE,
+    ),
+    registry.AlgorithmSpec(
+        "am-ssp1",
+        adaptive_rating_weights,
+        keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"),
+        summary="SSP1 with a public-feature encoder",
+        step=_STEPS + "SSP",
+        step_releases=ssp1_releases,
+        resamples=ssp1_resamples,
+        encoder=True,
+        **_ADAPTIVE,
+    ),
+    registry.AlgorithmSpec(
+        "am-ssp-convex",
+        adaptive_rating_weights,
+        keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "convex_threshold", "newton_steps"),
+        summary="logistic SSP with a public-feature encoder",
+        step=_STEPS + "CONVEX",
+        step_releases=convex_releases,
+        contribution="convex",
+        centred=False,
+        encoder=True,
+        **_ADAPTIVE,
+    ),
+    registry.AlgorithmSpec(
+        "am-dpsgd",
+        adaptive_rating_weights,
+        keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, "sgd_sampling_rate", "sgd_clip", "encoder_sgd_lr"),
+        summary="AM-DPSGD baseline with a public-feature encoder",
+        step=_STEPS + "ENCODER_DPSGD",
+        step_releases=gradient_releases("encoder_grad"),
+        contribution="flat",
+        encoder=True,
+        **_ADAPTIVE,
+    ),
 ):
     registry.register(_spec)

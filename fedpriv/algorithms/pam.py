@@ -216,6 +216,17 @@ def client_am_stats(X: np.ndarray, y: np.ndarray, state: PAMState, chunk: int = 
     return upper(A), b
 
 
+def client_step_stats(X: np.ndarray, y: np.ndarray, state: PAMState) -> tuple[np.ndarray, np.ndarray]:
+    """A block's contribution to one step's statistics (upper triangle of A, and b), by the
+    algorithm: the single model's, or the alternating step's (zeros for an empty block)."""
+    if state.algorithm == "pam-single-model":
+        return client_single_stats(X, y, state)
+    if len(X):
+        return client_am_stats(X, y, state)
+    dk = state.d * state.k
+    return np.zeros(dk * (dk + 1) // 2), np.zeros(dk)
+
+
 def client_single_stats(X: np.ndarray, y: np.ndarray, state: PAMState) -> tuple[np.ndarray, np.ndarray]:
     Xs = clip_rows(X.astype(np.float64).reshape(-1, state.d), state.g_x)
     ys = np.clip(y.astype(np.float64).reshape(-1), -state.zeta, state.zeta)

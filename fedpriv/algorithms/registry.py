@@ -4,15 +4,28 @@ know about it, so that they look an algorithm up instead of comparing its name.
 
 Adding an algorithm of the family is one module that registers its spec, plus the import of
 that module in ``fedpriv/algorithms/__init__.py`` (``dpals_uniform.py`` is the example). The
-built-in members register in :mod:`fedpriv.algorithms.als`.
+built-in members register in :mod:`fedpriv.algorithms.family`.
+
+A spec carries the algorithm's whole interface:
+
+- its config keys (which the strict parser accepts for it and refuses for the others);
+- its release plan: the pre-processing releases (``needs_user_count``, ``centred`` for the mean,
+  ``needs_counts``) and ``step_releases``, the releases of one alternating step with their
+  budget shares; the accountant composes them (:func:`fedpriv.algorithms.als.plan_releases`);
+- its client step, aggregator step and server step: the :class:`~fedpriv.algorithms.steps.
+  AlternatingStep` named by ``step`` ("module:attribute", imported on first use, so that the
+  registry and the configs load without torch);
+- ``contribution``, the wire form of a client's step contribution, which the codec validates.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .releases import stats_releases
 
 
 @dataclass(frozen=True)
@@ -22,7 +35,12 @@ class AlgorithmSpec:
     ``rating_weights(shard, state)``: the per-rating weights of a shard's users, with
     sum_i w_ij^2 <= beta for every user (computed on the client, from public values and the
     user's own secret randomness). ``keys``: the configuration keys that only some algorithms
-    read and this one does (any other algorithm refuses them).
+    read and this one does (any other algorithm refuses them). ``step_releases(cfg, share)``:
+    the releases of one alternating step, ``share`` being the step's part of the budget.
+    ``contribution``: 'stats' (per-item A, b), 'convex' (per-item H, g), 'gradient' (item
+    rows) or 'flat' (a parameter vector of the encoder that the clients rebuild).
+    ``adaptive``: the server derives the weights omega from the released counts (eq. 12).
+    ``encoder``: the item side is an encoder over public item features.
     """
 
     name: str
@@ -32,13 +50,45 @@ class AlgorithmSpec:
     needs_user_count: bool = False
     keys: tuple[str, ...] = ()
     summary: str = ""
+    step: str = "fedpriv.algorithms.steps:ITEM_STATS"
+    step_releases: Callable = stats_releases
+    contribution: str = "stats"
+    centred: bool = True
+    adaptive: bool = False
+    encoder: bool = False
+    bias_column: bool = False  # the contribution rows always carry the bias coordinate (DP-SGD)
+    resamples: Callable | None = None  # cfg -> independent noisings of a step's statistics (SSP1)
+
+    def noisings(self, cfg) -> int:
+        """Independent noise draws of the item statistics per alternating step (1 unless SSP1)."""
+        return 1 if self.resamples is None else int(self.resamples(cfg))
+
+    @property
+    def logistic(self) -> bool:
+        """The logistic model (binarised ratings; evaluated by log-loss and accuracy)."""
+        return self.contribution == "convex"
+
+    @property
+    def clients_need_encoder(self) -> bool:
+        """The clients rebuild the encoder from the public feature table."""
+        return self.contribution == "flat"
+
+    def alternating_step(self):
+        """The algorithm's :class:`~fedpriv.algorithms.steps.AlternatingStep` (imported now)."""
+        module, _, attr = self.step.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
 
 _SPECS: dict[str, AlgorithmSpec] = {}
 
 
+_CONTRIBUTIONS = ("stats", "convex", "gradient", "flat")
+
+
 def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     """Add ``spec``; a name registered twice is an error."""
+    if spec.contribution not in _CONTRIBUTIONS:
+        raise ValueError(f"algorithm {spec.name!r}: contribution must be one of {_CONTRIBUTIONS}, got {spec.contribution!r}")
     if spec.name in _SPECS:
         raise ValueError(f"algorithm {spec.name!r} is registered twice")
     _SPECS[spec.name] = spec

@@ -72,7 +72,7 @@ class EncoderServer:
         cfg = state.config
         self.state = state
         self.encoder = build_encoder(table, cfg)
-        lr = cfg.encoder_sgd_lr if state.algorithm == "am-dpsgd" else cfg.ssp_lr
+        lr = cfg.encoder_sgd_lr if state.spec.clients_need_encoder else cfg.ssp_lr
         self.opt = torch.optim.Adam(self.encoder.parameters(), lr=lr, weight_decay=cfg.enc_weight_decay)
         self.steps_done = 0
 
@@ -81,7 +81,7 @@ class EncoderServer:
         E = self.encoder.outputs()
         state.item_factors = E[:, : cfg.rank].astype(np.float32)
         state.item_bias = E[:, cfg.rank] * als.bias_coordinate(state) if cfg.item_bias else None
-        if state.algorithm == "am-dpsgd":
+        if state.spec.clients_need_encoder:
             state.encoder_params = self.encoder.get_flat()
 
     def _batches(self, step: int):
@@ -160,10 +160,10 @@ class EncoderServer:
 
 def init_server(state: als.PublicState, features, table: FeatureTable | None = None) -> EncoderServer:
     """Validated encoder server with its first (data-independent) outputs published."""
-    if state.algorithm not in als.ENCODER_ALGORITHMS:
+    if not state.spec.encoder:
         raise ConfigError(f"{state.algorithm} has no item encoder", field="algorithm")
-    if state.algorithm == "am-ssp-convex" and state.implicit:
-        raise ConfigError("am-ssp-convex needs explicit ratings (it binarises them)", field="algorithm")
+    if state.spec.logistic and state.implicit:
+        raise ConfigError(f"{state.algorithm} needs explicit ratings (it binarises them)", field="algorithm")
     server = EncoderServer(state, table if table is not None else feature_table(features, state.n_items, state.config))
     server.publish()
     return server

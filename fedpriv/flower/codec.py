@@ -18,7 +18,7 @@ from dataclasses import asdict
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from ..algorithms import als, protocol
+from ..algorithms import als
 from ..algorithms.kernels import from_upper, upper
 
 
@@ -195,10 +195,8 @@ def decode_vector(content: RecordDict, release: str, length: int, state: als.Pub
 
 def decode_contribution(content: RecordDict, state: als.PublicState, dim: int, max_users: int, n_params: int = 0):
     """A validated contribution of one alternating step, by the algorithm's contribution kind
-    (see :func:`fedpriv.algorithms.protocol.contribution_kind`)."""
-    from ..algorithms.protocol import contribution_kind
-
-    kind = contribution_kind(state.algorithm)
+    (:attr:`fedpriv.algorithms.registry.AlgorithmSpec.contribution`)."""
+    kind = state.spec.contribution
     if kind == "gradient":
         return decode_gradient(content, state, dim, max_users)
     if kind == "flat":
@@ -209,9 +207,7 @@ def decode_contribution(content: RecordDict, state: als.PublicState, dim: int, m
 
 
 def encode_contribution(contribution, state: als.PublicState, n_users: int) -> RecordDict:
-    from ..algorithms.protocol import contribution_kind
-
-    kind = contribution_kind(state.algorithm)
+    kind = state.spec.contribution
     if kind == "gradient":
         return encode_gradient(contribution, n_users)
     if kind == "flat":
@@ -232,7 +228,7 @@ def decode_item_stats(
     if tri.shape != (k, dim * (dim + 1) // 2) or b.shape != (k, dim):
         raise RejectedReply(f"malformed: shapes {tri.shape}, {b.shape} for {k} items of dimension {dim}")
     gravity = None
-    if state.config.gravity > 0 and not protocol.is_logistic(state.algorithm):  # the logistic statistics have no gravity term
+    if state.config.gravity > 0 and not state.spec.logistic:  # the logistic statistics have no gravity term
         g = _get(arrays, "gravity_upper", 1, "f")
         if g.shape != (dim * (dim + 1) // 2,):
             raise RejectedReply(f"malformed: gravity has shape {g.shape}")

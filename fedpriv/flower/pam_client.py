@@ -88,13 +88,7 @@ def register(app) -> None:
     @app.query("pam_step")
     def pam_step(msg: Message, context: Context) -> Message:
         state, users, X, y, *_ = block(msg, context)
-        if state.algorithm == "pam-single-model":
-            A, b = pam.client_single_stats(X, y, state)
-        elif len(users):
-            A, b = pam.client_am_stats(X, y, state)
-        else:
-            dk = state.d * state.k
-            A, b = np.zeros(dk * (dk + 1) // 2), np.zeros(dk)
+        A, b = pam.client_step_stats(X, y, state)
         return _reply(msg, {"A_upper": A, "b": b}, len(users))
 
     @app.query("pam_exp")

@@ -18,7 +18,7 @@ from dp_accounting.pld import common, pld_privacy_accountant, privacy_loss_distr
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from ..errors import ConfigError, PrivacyError
-from .records import Release, RepeatAndSelect
+from .records import PlannedRelease, Release, RepeatAndSelect  # noqa: F401 - PlannedRelease re-exported
 
 # dp-accounting logs (through absl) every fractional order it excludes for lack of convergence;
 # the excluded orders only make epsilon more conservative
@@ -204,17 +204,6 @@ class BestOfAccountant:
 
 
 # ---------------------------------------------------------------------- calibration
-@dataclass(frozen=True)
-class PlannedRelease:
-    """A release the run will make ``count`` times; ``share`` is its relative share of the RDP
-    budget (noise multiplier z = scale / sqrt(share))."""
-
-    name: str
-    count: int
-    share: float
-    sampling_rate: float | None = None
-
-
 @dataclass(frozen=True)
 class Calibration:
     multipliers: dict[str, float]

@@ -30,6 +30,7 @@ class Release:
     groups: int = 1  # the count is spread over this many disjoint user groups (parallel composition)
     pure_epsilon: float | None = None  # pure mechanisms (exponential, laplace, selection): their epsilon
     disjoint: bool = False  # every call under this name concerned new, distinct users: count and groups grow together
+    l1_sensitivity: float | None = None  # skellam (distributed noise): the integer L1 sensitivity
 
     @property
     def noise_multiplier(self) -> float:
@@ -45,10 +46,12 @@ class Release:
             # calls on disjoint users under one name merge whatever their sensitivity, noise
             # scale (same epsilon) and size: each user is accounted once, by the pure epsilon
             return (self.name, self.mechanism, self.sampling_rate, self.pure_epsilon, True)
-        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim, self.groups, self.pure_epsilon, False)
+        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim, self.groups, self.pure_epsilon, False, self.l1_sensitivity)
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if d["l1_sensitivity"] is None:
+            del d["l1_sensitivity"]
         d["noise_multiplier"] = self.noise_multiplier
         return d
 
@@ -73,6 +76,12 @@ class Release:
             return _self_composed(dp_accounting.dp_event.ZCDpEvent(self.pure_epsilon**2 / 2.0), self.accounted_count)
         if self.mechanism == "laplace":
             return _self_composed(dp_accounting.LaplaceDpEvent(self.noise_multiplier), self.accounted_count)
+        if self.mechanism == "skellam":
+            # distributed Skellam noise (fedpriv.privacy.distributed): (xi, rho)-zCDP, unsampled
+            from .distributed import skellam_zcdp
+
+            rho, xi = skellam_zcdp(self.sensitivity, float(self.l1_sensitivity), self.noise_std)
+            return _self_composed(dp_accounting.dp_event.ZCDpEvent(rho, xi), self.accounted_count)
         if self.mechanism != "gaussian":
             raise PrivacyError(f"release {self.name!r}: no accountant event for mechanism {self.mechanism!r}")
         event = dp_accounting.GaussianDpEvent(self.noise_multiplier)
@@ -129,7 +138,7 @@ class RepeatAndSelect:
 
 def records_from_list(items: list[dict]) -> list[Release | RepeatAndSelect]:
     """Records from their ``to_dict`` form (``ledger.json``)."""
-    keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim", "groups", "pure_epsilon", "disjoint")
+    keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim", "groups", "pure_epsilon", "disjoint", "l1_sensitivity")
     out: list[Release | RepeatAndSelect] = []
     for it in items:
         if it.get("mechanism") == "repeat_and_select":
@@ -138,3 +147,14 @@ def records_from_list(items: list[dict]) -> list[Release | RepeatAndSelect]:
         else:
             out.append(Release(**{k: it[k] for k in keys if k in it}))
     return out
+
+
+@dataclass(frozen=True)
+class PlannedRelease:
+    """A release the run will make ``count`` times; ``share`` is its relative share of the RDP
+    budget (noise multiplier z = scale / sqrt(share))."""
+
+    name: str
+    count: int
+    share: float
+    sampling_rate: float | None = None

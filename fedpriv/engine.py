@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
-from .algorithms import als, protocol, recommend, registry
+from .algorithms import als, protocol, recommend, registry, secure
 from .algorithms.shards import UserShard, shard_users, split_users
 from .data.interactions import Interactions
 from .errors import ConfigError
-from .loop import CentralAggregator, Hooks, recommend_rounds, train_rounds
+from .loop import Hooks, make_aggregator, recommend_rounds, train_rounds
 from .privacy.accounting import BestOfAccountant
+from .privacy import distributed
 from .privacy.ledger import PrivacyLedger
 from .privacy.randomness import RunSecrets, user_keys
 
@@ -103,7 +104,7 @@ def train_inprocess(
     secrets = secrets if secrets is not None else RunSecrets()
     state, own = new_state(algorithm, cfg, train, rating_range, implicit, epsilon, delta, multipliers, secrets)
     ledger = ledger if ledger is not None else own
-    transport = ShardTransport(make_shards(train, users_per_shard, secrets.client_key()))
+    transport = ShardTransport(make_shards(train, users_per_shard, secrets.client_key()), reproducible=secrets.reproducible)
     timings: dict = {}
 
     def after_setup(state, server):
@@ -113,7 +114,7 @@ def train_inprocess(
         return on_step is not None and on_step(step, state, time.perf_counter() - t0)
 
     hooks = Hooks(after_setup=after_setup, after_step=after_step)
-    train_rounds(transport, CentralAggregator(ledger), state, item_features=item_features, hooks=hooks,
+    train_rounds(transport, make_aggregator(cfg, ledger), state, item_features=item_features, hooks=hooks,
                  progress=lambda steps: tqdm(steps, desc=algorithm, disable=not progress, leave=False))
     timings["steps"] = hooks.timings
     timings["train_seconds"] = time.perf_counter() - t0
@@ -123,8 +124,8 @@ def train_inprocess(
 class ShardTransport:
     """The in-process engine's clients: the client functions called on user shards."""
 
-    def __init__(self, shards: list[UserShard]):
-        self.shards, self.table = shards, None
+    def __init__(self, shards: list[UserShard], reproducible: bool = False):
+        self.shards, self.table, self.reproducible = shards, None, reproducible
 
     def vector(self, kind: str, length: int, state: als.PublicState) -> np.ndarray:
         cfg = state.config
@@ -142,6 +143,22 @@ class ShardTransport:
 
     def step(self, state: als.PublicState, step: int) -> list:
         return [protocol.client_step(s, state, step, self.table) for s in self.shards]
+
+    def population(self) -> tuple[int, int]:
+        """Each shard plays one node; the bound on users is the shards' declared sizes (what
+        Flower nodes declare in their replies)."""
+        return len(self.shards), max(1, sum(s.n_users for s in self.shards))
+
+    def secure_sum(self, kind: str, plan, state: als.PublicState, step: int) -> tuple[np.ndarray, int]:
+        """The arithmetic of secure summation without its cryptography: each shard's words (its
+        quantized sums plus its Skellam share), summed mod 2^bits (the masks would cancel)."""
+        total = np.zeros(plan.length, dtype=np.uint64)
+        label = secure.label(kind, step)
+        for s in self.shards:
+            values = secure.node_values(kind, s, state, step, self.table)
+            words = secure.node_words(plan, values, secure.node_rng(s, label, self.reproducible))
+            total = distributed.add_words(plan, total, words)
+        return total, len(self.shards)
 
 
 def recommend_inprocess(state: als.PublicState, train: Interactions, heldout: Interactions | None, cfg, *, users_per_shard: int | None = None, secrets: RunSecrets | None = None):

@@ -42,26 +42,81 @@ class Transport(Protocol):
     def step(self, state: als.PublicState, step: int) -> list:
         """The clients' contributions of one alternating step."""
 
+    def population(self) -> tuple[int, int]:
+        """(nodes asked, a public bound on their users): what a secure round is planned for."""
+
+    def secure_sum(self, kind: str, plan, state: als.PublicState, step: int) -> tuple[np.ndarray, int]:
+        """Secure mode: the modular sum of the nodes' words for the round ``kind`` (each node's
+        quantized sums plus its noise share), and how many nodes it sums."""
+
 
 class CentralAggregator:
     """Central mode: sums the clients' contributions and noises each declared release once,
     through the ledger (:func:`fedpriv.algorithms.als.release_user_count` and friends,
-    :func:`fedpriv.algorithms.protocol.aggregate`)."""
+    :func:`fedpriv.algorithms.protocol.aggregate`): the only code that sees exact sums."""
 
     def __init__(self, ledger: PrivacyLedger | None):
         self.ledger = ledger
+        self.client_seconds = 0.0
 
-    def users(self, total: np.ndarray, state: als.PublicState) -> int:
-        return als.release_user_count(total, state, self.ledger)
+    def users(self, transport: Transport, state: als.PublicState) -> int:
+        return als.release_user_count(transport.vector("users", 1, state), state, self.ledger)
 
-    def mean(self, total: np.ndarray, state: als.PublicState) -> float:
-        return als.release_mean(total, state, self.ledger)
+    def mean(self, transport: Transport, state: als.PublicState) -> float:
+        return als.release_mean(transport.vector("mean", 2, state), state, self.ledger)
 
-    def counts(self, total: np.ndarray, state: als.PublicState) -> np.ndarray:
-        return als.release_counts(total, state, self.ledger)
+    def counts(self, transport: Transport, state: als.PublicState) -> np.ndarray:
+        return als.release_counts(transport.vector("counts", state.n_items, state), state, self.ledger)
 
-    def step(self, parts: list, state: als.PublicState):
+    def step(self, transport: Transport, state: als.PublicState, step: int):
+        t = time.perf_counter()
+        parts = transport.step(state, step)
+        self.client_seconds = time.perf_counter() - t
         return protocol.aggregate(parts, state, self.ledger)
+
+
+class SecureAggregator:
+    """Secure mode: every round is a secure sum of the nodes' quantized words, each carrying the
+    node's Skellam noise share (:mod:`fedpriv.algorithms.secure`); the transport reveals only
+    the modular sum (secure summation over Flower, or its arithmetic simulated in process), the
+    ledger checks the budget and records each part before it is decoded. No code here sees an
+    exact sum."""
+
+    def __init__(self, ledger: PrivacyLedger, dropout: float = 0.0):
+        self.ledger, self.dropout = ledger, dropout
+        self.client_seconds = 0.0
+
+    def _round(self, transport, kind: str, state: als.PublicState, step: int = 0):
+        from .algorithms import secure
+        from .privacy import distributed
+
+        secure.check_secure(state)
+        n_nodes, max_users = transport.population()
+        plan = secure.plan(kind, state, max_users=max_users, n_nodes=n_nodes, dropout=self.dropout)
+        t = time.perf_counter()
+        total, contributors = transport.secure_sum(kind, plan, state, step)
+        self.client_seconds = time.perf_counter() - t
+        values = self.ledger.skellam_round(plan, lambda: distributed.decode(plan, total, contributors), contributors)
+        return secure.release(kind, values, state, plan)
+
+    def users(self, transport, state: als.PublicState) -> int:
+        return self._round(transport, "users", state)
+
+    def mean(self, transport, state: als.PublicState) -> float:
+        return self._round(transport, "mean", state)
+
+    def counts(self, transport, state: als.PublicState) -> np.ndarray:
+        return self._round(transport, "counts", state)
+
+    def step(self, transport, state: als.PublicState, step: int):
+        return self._round(transport, "step", state, step)
+
+
+def make_aggregator(cfg, ledger: PrivacyLedger | None):
+    """The aggregator of ``cfg.aggregation``."""
+    if getattr(cfg, "aggregation", "central") == "secure":
+        return SecureAggregator(ledger, cfg.secure_dropout)
+    return CentralAggregator(ledger)
 
 
 @dataclass
@@ -76,7 +131,7 @@ class Hooks:
     timings: list = field(default_factory=list)  # per step: client, aggregate and server seconds
 
 
-def train_rounds(transport: Transport, aggregator: CentralAggregator, state: als.PublicState, *, item_features=None,
+def train_rounds(transport: Transport, aggregator: CentralAggregator | SecureAggregator, state: als.PublicState, *, item_features=None,
                  server=None, first_step: int = 0, resumed: bool = False, hooks: Hooks | None = None, progress=None):
     """Run the algorithm's releases and steps; returns the server (the encoder server of the
     encoder family, else None). ``resumed``: the state, ledger and server come from a checkpoint
@@ -87,11 +142,11 @@ def train_rounds(transport: Transport, aggregator: CentralAggregator, state: als
     t0 = time.perf_counter()
     if not resumed:
         if state.private and als.needs_user_count(alg):
-            state.n_users = aggregator.users(transport.vector("users", 1, state), state)
+            state.n_users = aggregator.users(transport, state)
         if als.needs_mean(alg, state.implicit):
-            state.mean = aggregator.mean(transport.vector("mean", 2, state), state)
+            state.mean = aggregator.mean(transport, state)
         if als.needs_counts(alg):
-            state.counts_hat = aggregator.counts(transport.vector("counts", state.n_items, state), state)
+            state.counts_hat = aggregator.counts(transport, state)
         server = protocol.server_setup(state, item_features)
         if hooks.after_setup is not None:
             hooks.after_setup(state, server)
@@ -102,13 +157,12 @@ def train_rounds(transport: Transport, aggregator: CentralAggregator, state: als
         if hooks.before_step is not None:
             hooks.before_step(step)
         ts = time.perf_counter()
-        parts = transport.step(state, step)
-        tc = time.perf_counter()
-        release = aggregator.step(parts, state)
+        release = aggregator.step(transport, state, step)
         ta = time.perf_counter()
         protocol.server_step(release, state, server)
         te = time.perf_counter()
-        hooks.timings.append({"client_seconds": tc - ts, "aggregate_seconds": ta - tc, "server_seconds": te - ta})
+        client = aggregator.client_seconds
+        hooks.timings.append({"client_seconds": client, "aggregate_seconds": ta - ts - client, "server_seconds": te - ta})
         if hooks.after_step is not None and hooks.after_step(step, state, server, te - t0):
             break
     return server

@@ -107,7 +107,11 @@ def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[Planne
         if wanted:
             plan.append(PlannedRelease(name, 1, share))
             rest -= share
-    return plan + list(spec.step_releases(cfg, rest / cfg.steps))
+    plan += list(spec.step_releases(cfg, rest / cfg.steps))
+    if cfg.aggregation == "secure":
+        # distributed Skellam noise has no subsampled accountant event: no amplification credit
+        plan = [PlannedRelease(p.name, p.count, p.share) for p in plan]
+    return plan
 
 
 def calibrate_plan(algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: float, delta: float) -> dict[str, float]:

@@ -98,6 +98,10 @@ class ALSConfig:
     convex_threshold: float = 3.5  # am-ssp-convex: label 1 when rating >= threshold
     newton_steps: int = 5  # am-ssp-convex: Newton steps of the local logistic user solve
     encoder_sgd_lr: float = 0.01  # am-dpsgd: Adam learning rate on the noised gradient
+    # who sees exact sums: 'central' (a trusted aggregator step adds the noise) or 'secure'
+    # (nodes add Skellam noise shares and mask their words: only the noised sum is revealed)
+    aggregation: str = "central"
+    secure_dropout: float = 0.0  # secure: fraction of nodes that may drop (shares sized for the rest)
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, str | float | int | bool], algorithm: str | None = None) -> "ALSConfig":
@@ -136,6 +140,10 @@ class ALSConfig:
             raise ConfigError(f"must be finite, got {self.convex_threshold}", field="convex_threshold")
         if not [f for f in self.features.replace(";", ",").split(",") if f.strip()]:
             raise ConfigError("name at least one field (e.g. genre,year or id)", field="features")
+        if self.aggregation not in ("central", "secure"):
+            raise ConfigError(f"must be 'central' or 'secure', got {self.aggregation!r}", field="aggregation")
+        if not (0 <= self.secure_dropout < 1):
+            raise ConfigError(f"must be in [0, 1), got {self.secure_dropout}", field="secure_dropout")
         if self.weight_mode not in ("clip", "normalize"):
             raise ConfigError(f"must be 'clip' or 'normalize', got {self.weight_mode!r}", field="weight_mode")
 

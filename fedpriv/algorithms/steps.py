@@ -15,6 +15,8 @@ An algorithm names its step in its :class:`~fedpriv.algorithms.registry.Algorith
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..privacy.ledger import PrivacyLedger
@@ -27,6 +29,25 @@ def stats_dim(state: als.PublicState) -> int:
     """Width of the per-item contribution rows (user vectors with the bias coordinate)."""
     cfg = state.config
     return cfg.rank + (1 if (cfg.item_bias or state.spec.bias_column) else 0)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One declared release of a step: its name, its place in the step's sums, its shape, and
+    whether it is a stack of symmetric matrices (released as upper triangles)."""
+
+    name: str
+    index: int
+    shape: tuple[int, ...]
+    symmetric: bool = False
+
+    @property
+    def length(self) -> int:
+        """Words of the release (upper triangles for symmetric parts)."""
+        if self.symmetric:
+            d = self.shape[-1]
+            return int(np.prod(self.shape[:-2], dtype=np.int64)) * d * (d + 1) // 2
+        return int(np.prod(self.shape, dtype=np.int64))
 
 
 def client_encoder(state: als.PublicState, table: FeatureTable):
@@ -46,11 +67,26 @@ class AlternatingStep:
     def client(self, shard: UserShard, state: als.PublicState, step: int, table: FeatureTable | None = None):
         return als.client_item_stats(shard, state)
 
-    def sums(self, parts: list, state: als.PublicState):
+    def parts(self, state: als.PublicState) -> list[Part]:
+        """The releases of one step, as declared to the aggregator."""
+        n, d = state.n_items, stats_dim(state)
+        out = [Part("item_stats_A", 0, (n, d, d), True), Part("item_stats_b", 1, (n, d))]
+        if state.config.gravity > 0:
+            out.append(Part("gravity", 2, (d, d), True))
+        return out
+
+    def sums(self, parts: list, state: als.PublicState) -> tuple:
+        """The exact sums of the clients' contributions, in the order of :meth:`parts`."""
         return als.sum_item_stats(parts, state.n_items, stats_dim(state))
 
+    def release(self, sums: tuple, state: als.PublicState, ledger) -> object:
+        """Noise the sums through ``ledger`` (or take them as released: see
+        :class:`fedpriv.algorithms.secure.Prereleased`) and shape the release for :meth:`server`."""
+        A, b, *g = sums
+        return als.release_item_stats(A, b, g[0] if g else None, state, ledger)
+
     def aggregate(self, parts: list, state: als.PublicState, ledger: PrivacyLedger | None):
-        return als.release_item_stats(*self.sums(parts, state), state, ledger)
+        return self.release(self.sums(parts, state), state, ledger)
 
     def server(self, release, state: als.PublicState, server) -> None:
         als.server_item_update(*release, state)
@@ -66,8 +102,9 @@ class EncoderStep(AlternatingStep):
 class SSPStep(EncoderStep):
     """AM-SSP (SSP2 / SSP1): noised item statistics, then many encoder steps on the server."""
 
-    def aggregate(self, parts: list, state: als.PublicState, ledger: PrivacyLedger | None):
-        return ssp.release_ssp_stats(*self.sums(parts, state), state, ledger)
+    def release(self, sums: tuple, state: als.PublicState, ledger) -> object:
+        A, b, *g = sums
+        return ssp.release_ssp_stats(A, b, g[0] if g else None, state, ledger)
 
     def server(self, release, state: als.PublicState, server: ssp.EncoderServer) -> None:
         server.ssp_update(release)
@@ -79,9 +116,15 @@ class ConvexStep(EncoderStep):
     def client(self, shard: UserShard, state: als.PublicState, step: int, table: FeatureTable | None = None):
         return ssp.client_convex_stats(shard, state)
 
-    def aggregate(self, parts: list, state: als.PublicState, ledger: PrivacyLedger | None):
-        A, b, _ = self.sums(parts, state)
-        return ssp.release_convex_stats(A, b, state, ledger)
+    def parts(self, state: als.PublicState) -> list[Part]:
+        n, d = state.n_items, stats_dim(state)
+        return [Part("item_stats_H", 0, (n, d, d), True), Part("item_stats_g", 1, (n, d))]
+
+    def sums(self, parts: list, state: als.PublicState) -> tuple:
+        return als.sum_item_stats(parts, state.n_items, stats_dim(state))[:2]
+
+    def release(self, sums: tuple, state: als.PublicState, ledger) -> object:
+        return ssp.release_convex_stats(*sums, state, ledger)
 
     def server(self, release, state: als.PublicState, server: ssp.EncoderServer) -> None:
         server.convex_update(*release)
@@ -93,8 +136,14 @@ class DPSGDStep(AlternatingStep):
     def client(self, shard: UserShard, state: als.PublicState, step: int, table: FeatureTable | None = None):
         return dpsgd.client_gradient(shard, state, step)
 
-    def aggregate(self, parts: list, state: als.PublicState, ledger: PrivacyLedger | None):
-        return dpsgd.release_gradient(dpsgd.sum_gradients(parts, state.n_items, stats_dim(state)), state, ledger)
+    def parts(self, state: als.PublicState) -> list[Part]:
+        return [Part(dpsgd.RELEASE, 0, (state.n_items, stats_dim(state)))]
+
+    def sums(self, parts: list, state: als.PublicState) -> tuple:
+        return (dpsgd.sum_gradients(parts, state.n_items, stats_dim(state)),)
+
+    def release(self, sums: tuple, state: als.PublicState, ledger) -> object:
+        return dpsgd.release_gradient(sums[0], state, ledger)
 
     def server(self, release, state: als.PublicState, server) -> None:
         dpsgd.server_update(release, state)
@@ -106,11 +155,17 @@ class EncoderDPSGDStep(EncoderStep):
     def client(self, shard: UserShard, state: als.PublicState, step: int, table: FeatureTable | None = None):
         return ssp.client_encoder_gradient(shard, state, step, client_encoder(state, table))
 
-    def aggregate(self, parts: list, state: als.PublicState, ledger: PrivacyLedger | None):
+    def parts(self, state: als.PublicState) -> list[Part]:
+        return [Part("encoder_grad", 0, (len(state.encoder_params),))]
+
+    def sums(self, parts: list, state: als.PublicState) -> tuple:
         total = np.zeros(len(state.encoder_params))
         for p in parts:
             total += p
-        return ssp.release_encoder_gradient(total, state, ledger)
+        return (total,)
+
+    def release(self, sums: tuple, state: als.PublicState, ledger) -> object:
+        return ssp.release_encoder_gradient(sums[0], state, ledger)
 
     def server(self, release, state: als.PublicState, server: ssp.EncoderServer) -> None:
         server.sgd_update(release)

@@ -195,6 +195,27 @@ class PrivacyLedger:
         self._record(rel)
         return (value + noise).astype(value.dtype if value.dtype.kind == "f" else np.float64, copy=False)
 
+    def skellam_round(self, plan, unmask, contributors: int) -> dict[str, np.ndarray]:
+        """Record the releases of a secure round whose noise the nodes added (distributed
+        Skellam shares, :mod:`fedpriv.privacy.distributed`). The contributors and the budget are
+        checked first (all parts of the round, or none); then ``unmask()`` reveals the noised
+        sums, {part name: values} (it may refuse, e.g. a wrap-around: then nothing is recorded);
+        then every part is recorded with the noise of ``contributors`` shares."""
+        from .distributed import released_std
+
+        plan.check_contributors(contributors)
+        rels = [
+            Release(p.name, "skellam", float(p.delta2), released_std(plan, p, contributors), 1, None, int(p.length), l1_sensitivity=float(p.delta1))
+            for p in plan.parts
+        ]
+        after = list(self.releases)
+        for rel in rels:
+            after = self._with(after, rel)
+        self._check_total(after, ", ".join(r.name for r in rels))
+        values = unmask()
+        self.releases[:] = after
+        return values
+
     def exponential(self, name: str, scores: np.ndarray, *, epsilon: float, sensitivity: float, monotone: bool = False, disjoint: bool = False) -> int:
         """Exponential mechanism: return index i with probability proportional to
         exp(-epsilon * scores[i] / (c * sensitivity)) (lower scores are better), c = 1 when the

@@ -1,0 +1,161 @@
+"""Secure aggregation of the rating algorithms' releases: what a node sends and what the server
+makes of the noised sum, for every release that sums node contributions (the user count, the
+mean, the item counts, and each alternating step's declared parts).
+
+A secure round has a *kind* ('users', 'mean', 'counts' or 'step'). Both engines call:
+
+- :func:`round_parts`: the round's releases (name, words, L2 sensitivity, z), from which the
+  server plans the round (:func:`fedpriv.privacy.distributed.plan_round`);
+- :func:`node_values` then :func:`node_words` on each node: the node's clipped sums, flattened
+  (upper triangles for symmetric parts), quantized, plus the node's Skellam share;
+- :func:`release`: the server's post-processing of the decoded (already noised) sums, through
+  the algorithm's own release functions, which receive them from :class:`Prereleased` instead
+  of drawing noise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from ..errors import ConfigError, PrivacyError
+from ..privacy import distributed
+from ..privacy.randomness import seed_from_keys
+from ..privacy.symmetric import from_upper, upper
+from . import als
+from .shards import UserShard
+from .steps import Part
+
+KINDS = ("users", "mean", "counts", "step")
+PURPOSE_NODE_NOISE = 0x5EC0
+
+
+def check_secure(state: als.PublicState) -> None:
+    """Secure aggregation needs a private algorithm whose step noises its sums once."""
+    spec = state.spec
+    if not spec.private:
+        raise ConfigError(f"secure aggregation adds distributed noise; {state.algorithm} is not private (use --aggregation central)", field="aggregation")
+    if spec.noisings(state.config) != 1:
+        raise ConfigError(f"{state.algorithm} noises each step's statistics {spec.noisings(state.config)} times (SSP1); secure aggregation releases each sum once: use am-ssp, or ssp_resamples=1", field="aggregation")
+
+
+def _pre_parts(kind: str, state: als.PublicState) -> list[Part]:
+    length = {"users": 1, "mean": 2, "counts": state.n_items}[kind]
+    return [Part(kind, 0, (length,))]
+
+
+def declared(kind: str, state: als.PublicState) -> list[Part]:
+    """The declared parts of a round."""
+    if kind == "step":
+        return state.spec.alternating_step().parts(state)
+    if kind not in KINDS:
+        raise PrivacyError(f"unknown secure round {kind!r}")
+    return _pre_parts(kind, state)
+
+
+def round_parts(kind: str, state: als.PublicState) -> list[tuple[str, int, float, float]]:
+    """(release name, words, L2 sensitivity, noise multiplier z) of every part of the round."""
+    return [(p.name, p.length, als.sensitivity(p.name, state.config, state.rating_range), state.multipliers[p.name]) for p in declared(kind, state)]
+
+
+def plan(kind: str, state: als.PublicState, *, max_users: int, n_nodes: int, dropout: float) -> distributed.DistributedPlan:
+    """The public plan of a round: noise shares sized for all but ``floor(dropout * n_nodes)``."""
+    if not (0.0 <= dropout < 1.0):
+        raise ConfigError(f"must be in [0, 1), got {dropout}", field="secure_dropout")
+    m = max(1, n_nodes - math.floor(dropout * n_nodes))
+    return distributed.plan_round(round_parts(kind, state), max_users=max_users, n_nodes=n_nodes, min_contributors=m)
+
+
+# ---------------------------------------------------------------------------- node side
+def _flat(part: Part, arr) -> np.ndarray:
+    if arr is None:
+        arr = np.zeros(part.shape)
+    arr = np.asarray(arr, dtype=np.float64)
+    if part.symmetric:
+        return upper(arr).ravel()
+    return arr.ravel()
+
+
+def node_values(kind: str, shard: UserShard, state: als.PublicState, step: int = 0, table=None) -> dict[str, np.ndarray]:
+    """The node's clipped sums of one round, flattened per declared part."""
+    cfg = state.config
+    if kind == "users":
+        return {"users": als.client_user_count(shard)}
+    if kind == "mean":
+        return {"mean": als.client_mean(shard, cfg, state.rating_range, True)}
+    if kind == "counts":
+        return {"counts": als.client_counts(shard, cfg, state.n_items, True)}
+    alternating = state.spec.alternating_step()
+    sums = alternating.sums([alternating.client(shard, state, step, table)], state)
+    return {p.name: _flat(p, sums[p.index]) for p in alternating.parts(state)}
+
+
+def node_rng(shard: UserShard, label: str, reproducible: bool) -> np.random.Generator:
+    """The node's generator for its noise share of the round ``label``: the OS CSPRNG, or (a
+    reproducible run) a seed derived from the node's users' keys, so both engines agree."""
+    if not reproducible:
+        return np.random.default_rng(int.from_bytes(os.urandom(32), "little"))
+    keys = np.asarray(shard.user_keys if shard.user_keys is not None else [], dtype=np.uint64)
+    label_int = int.from_bytes(label.encode()[:16].ljust(16, b"\0"), "little")
+    return np.random.default_rng([seed_from_keys(keys, PURPOSE_NODE_NOISE), label_int])
+
+
+def node_words(plan: distributed.DistributedPlan, values: dict[str, np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """The node's words (uint64 mod 2^bits): quantized sums plus its noise share."""
+    return distributed.encode(plan, values, rng)
+
+
+def label(kind: str, step: int = 0) -> str:
+    """The public name of a round (its masks and noise shares are drawn per label)."""
+    return kind if kind != "step" else f"step-{step}"
+
+
+# ---------------------------------------------------------------------------- server side
+class Prereleased:
+    """Stands in for the ledger when the sums were noised by the nodes: the algorithm's release
+    functions call :meth:`gaussian` with the (already noised) decoded sums; it checks that the
+    name, sensitivity and noise multiplier are the planned ones and returns the value as is."""
+
+    def __init__(self, plan: distributed.DistributedPlan):
+        self.plan, self.used = plan, set()
+
+    def gaussian(self, name: str, value, *, sensitivity: float, noise_multiplier: float, symmetric: bool = False, sampling_rate=None, groups: int = 1):
+        part = self.plan.part(name)
+        if name in self.used:
+            raise PrivacyError(f"release {name!r}: released twice from one secure round")
+        if not (math.isclose(part.sensitivity, sensitivity, rel_tol=1e-12) and math.isclose(part.noise_multiplier, noise_multiplier, rel_tol=1e-12)):
+            raise PrivacyError(f"release {name!r}: the secure round was planned with sensitivity {part.sensitivity} and z {part.noise_multiplier}, the release asks {sensitivity} and {noise_multiplier}")
+        self.used.add(name)
+        return np.asarray(value, dtype=np.float64)
+
+
+def release(kind: str, values: dict[str, np.ndarray], state: als.PublicState, plan: distributed.DistributedPlan):
+    """The release of a round from its decoded, noised sums (post-processing only)."""
+    proxy = Prereleased(plan)
+    parts = declared(kind, state)
+    shaped = {}
+    for p in parts:
+        v = np.asarray(values[p.name], dtype=np.float64)
+        if p.symmetric:
+            d = p.shape[-1]
+            shaped[p.name] = from_upper(v.reshape(*p.shape[:-2], d * (d + 1) // 2), d)
+        else:
+            shaped[p.name] = v.reshape(p.shape)
+    if kind == "users":
+        out = als.release_user_count(shaped["users"], state, proxy)
+    elif kind == "mean":
+        out = als.release_mean(shaped["mean"], state, proxy)
+    elif kind == "counts":
+        out = als.release_counts(shaped["counts"], state, proxy)
+    else:
+        alternating = state.spec.alternating_step()
+        sums = [None] * (max(p.index for p in parts) + 1)
+        for p in parts:
+            sums[p.index] = shaped[p.name]
+        out = alternating.release(tuple(sums), state, proxy)
+    missing = {p.name for p in parts} - proxy.used
+    if missing:
+        raise PrivacyError(f"secure round {kind!r}: parts {sorted(missing)} were decoded but not released")
+    return out

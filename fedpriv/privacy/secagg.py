@@ -1,0 +1,782 @@
+"""Secure summation of integer vectors over a sparse neighbour graph (SecAgg+ style).
+
+The server learns the sum modulo ``2**bits`` of the vectors of the nodes that stayed until the
+end of a release, and nothing else about any single vector, while nodes may drop out at any
+point. The module is pure Python on bytes and ``numpy.uint64`` arrays; it knows nothing about
+Flower, so message handlers only carry its inputs and outputs.
+
+Protocol
+--------
+*Once per run* every node makes a *channel* X25519 key pair and advertises the public half.
+The server draws a public 32-byte seed and builds from it a random ``degree``-regular,
+connected, symmetric *neighbour graph* (:func:`neighbour_graph`); a node only ever talks
+(through the server) to its neighbours.
+
+*Per release* (a release is named by a public label such as ``b"step-3/item_stats"``):
+
+1. ``share``. Node ``u`` makes a fresh *mask* key pair ``(s_sk, s_pk)`` and a fresh 32-byte
+   self-mask seed ``b``. It splits ``b`` and ``s_sk`` with Shamir's scheme (threshold ``t``) into
+   one share of each per neighbour, encrypts the two shares for that neighbour with AES-GCM
+   under a key agreed on the two nodes' channel keys, and sends ``s_pk`` plus the ciphertexts.
+   The associated data binds sender, receiver and release label, so a ciphertext is useless
+   anywhere else.
+2. ``mask``. The server forwards to ``u`` the mask public keys of its neighbours that completed
+   step 1 and the ciphertexts addressed to ``u``. ``u`` keeps the decrypted shares and sends
+   ``y_u = x_u + PRG(b_u) + sum_v sign(u, v) * PRG(X25519(s_sk_u, s_pk_v))  (mod 2**bits)``
+   where ``sign(u, v) = +1`` if ``u < v`` else ``-1``. Each pairwise mask enters two vectors
+   with opposite signs, so it cancels in the sum when both nodes stay.
+3. ``unmask``. Survivors (nodes whose ``y`` arrived) are asked, for every neighbour ``v`` whose
+   shares they hold, for the ``b``-share of ``v`` if ``v`` survived and for the ``s_sk``-share
+   of ``v`` if ``v`` dropped (completed step 1, sent no ``y``). With ``t`` shares the server
+   removes each survivor's self mask and the pairwise masks between survivors and dropped
+   nodes; it checks each recovered ``s_sk`` against the advertised ``s_pk``.
+
+Masks are ChaCha20 keystreams under ``HKDF(secret, info=b"fedpriv secagg mask" + label)``, read
+as little-endian 64-bit words and reduced modulo ``2**bits``; every secret comes from
+``os.urandom`` and is used for one release only, so the masks of two releases are independent.
+
+Trust assumptions
+-----------------
+* The server is *semi-honest*: it follows the protocol (in particular it relays the channel
+  public keys faithfully; no PKI is used here, so a server that substituted them could read
+  the shares) but may try to learn individual vectors from what it sees.
+* An honest node reveals, within one release, at most one of the two shares (``b`` or
+  ``s_sk``) of each neighbour, and refuses inconsistent requests (a node listed both as
+  survivor and dropped, itself listed as dropped, a flip between the two kinds, too few
+  survivors). Together with the default threshold ``t = floor(k/2) + 1`` (a strict majority
+  of each neighbourhood of size ``k``) no one can collect ``t`` shares of both secrets of the
+  same node from honest neighbours, because two sets of ``t`` neighbours must overlap.
+* Privacy of ``x_u`` fails if ``t`` or more of ``u``'s neighbours collude with the server.
+  Larger degrees make a colluding majority of a neighbourhood less likely for a random graph;
+  the default degree ``~2*log2(n)`` trades that against cost.
+* Nothing here checks the *values*: a malicious client can submit any vector in range (or
+  wrong shares) and so shift or spoil the sum. Clipping and quantization are enforced only in
+  honest client code, before :meth:`SecAggNode.mask` is called.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from Crypto.Protocol.SecretSharing import Shamir
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import (
+    X25519PrivateKey,
+    X25519PublicKey,
+)
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from ..errors import PrivacyError
+
+__all__ = [
+    "SecAggError",
+    "SecAggNode",
+    "SecAggParams",
+    "SecAggServer",
+    "default_degree",
+    "default_threshold",
+    "expand_mask",
+    "neighbour_graph",
+    "plan_params",
+]
+
+# HKDF ``info`` labels, one per purpose
+_INFO_CHANNEL = b"fedpriv secagg channel"
+_INFO_PAIRWISE = b"fedpriv secagg pairwise"
+_INFO_MASK = b"fedpriv secagg mask"
+_INFO_GRAPH = b"fedpriv secagg graph"
+_AAD_SHARE = b"fedpriv secagg share"
+
+_KEY_BYTES = 32
+_NONCE_BYTES = 12
+_INDEX = struct.Struct(">I")  # Shamir share index on the wire
+_SHARE_BYTES = _INDEX.size + _KEY_BYTES  # index + two 16-byte halves
+_SELF = "self"
+_PAIRWISE = "pairwise"
+
+
+class SecAggError(PrivacyError):
+    """Secure aggregation cannot proceed safely (bad input, refused request, failed check).
+
+    ``field`` names the offending parameter and ``node`` the offending node, when known.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, node: int | None = None):
+        self.field = field
+        self.node = node
+        super().__init__((f"{field}: " if field else "") + message)
+
+
+# ------------------------------------------------------------------------------- parameters
+
+
+def _check_int(value: object, name: str, low: int, high: int | None = None) -> int:
+    """``value`` as an int in ``[low, high]``; SecAggError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise SecAggError(f"must be an integer, got {value!r}", field=name)
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        upper = "" if high is None else f", <= {high}"
+        raise SecAggError(f"must be >= {low}{upper}, got {value}", field=name)
+    return value
+
+
+@dataclass(frozen=True)
+class SecAggParams:
+    """Parameters of one secure summation.
+
+    ``bits``: arithmetic is in ``Z_(2**bits)``, 1 <= bits <= 64 (inputs must already be reduced).
+    ``degree``: number of neighbours of every node in the neighbour graph.
+    ``threshold``: Shamir threshold ``t``, 1 <= t <= degree; each node needs ``t`` of its
+    neighbours to answer the unmask round, and ``t`` colluding neighbours could unmask it.
+    """
+
+    bits: int
+    degree: int
+    threshold: int
+
+    def __post_init__(self) -> None:
+        _check_int(self.bits, "bits", 1, 64)
+        _check_int(self.degree, "degree", 1)
+        _check_int(self.threshold, "threshold", 1, int(self.degree))
+
+    @property
+    def modulus_mask(self) -> np.uint64:
+        """``2**bits - 1`` as a uint64 (AND with it reduces modulo ``2**bits``)."""
+        return np.uint64((1 << self.bits) - 1)
+
+
+def default_degree(n: int) -> int:
+    """The default graph degree for ``n`` nodes: ``min(n - 1, 2 * ceil(log2 n))``, raised by
+    one when ``n`` and the degree are both odd (a regular graph needs ``n * degree`` even)."""
+    n = _check_int(n, "n_nodes", 2)
+    k = min(n - 1, 2 * math.ceil(math.log2(n)))
+    if (n * k) % 2:
+        k += 1  # n odd, so n - 1 is even and k < n - 1 here
+    return k
+
+
+def default_threshold(degree: int) -> int:
+    """The default Shamir threshold ``floor(degree / 2) + 1``: a strict majority of a
+    neighbourhood, so that no two disjoint groups of honest neighbours can each hand over
+    ``t`` shares (one group the self-mask seed, the other the mask key) of the same node."""
+    degree = _check_int(degree, "degree", 1)
+    return degree // 2 + 1
+
+
+def _check_degree(n: int, degree: int) -> int:
+    """Validate that a connected ``degree``-regular graph on ``n`` nodes exists."""
+    degree = _check_int(degree, "degree", 1, n - 1)
+    if (n * degree) % 2:
+        raise SecAggError(f"n_nodes * degree must be even ({n} * {degree})", field="degree")
+    if degree == 1 and n > 2:
+        raise SecAggError(f"a 1-regular graph on {n} nodes is not connected", field="degree")
+    return degree
+
+
+def plan_params(n_nodes: int, bits: int, degree: int | None = None,
+                threshold: int | None = None) -> SecAggParams:
+    """Validated :class:`SecAggParams` for ``n_nodes`` nodes; ``degree`` and ``threshold``
+    default to :func:`default_degree` and :func:`default_threshold`."""
+    n = _check_int(n_nodes, "n_nodes", 2)
+    bits = _check_int(bits, "bits", 1, 64)
+    k = default_degree(n) if degree is None else _check_degree(n, degree)
+    t = default_threshold(k) if threshold is None else _check_int(threshold, "threshold", 1, k)
+    return SecAggParams(bits=bits, degree=k, threshold=t)
+
+
+# ---------------------------------------------------------------------------- small helpers
+
+
+def _hkdf(secret: bytes, info: bytes) -> bytes:
+    """32 bytes derived from ``secret`` by HKDF-SHA256 with the given ``info``."""
+    return HKDF(algorithm=hashes.SHA256(), length=_KEY_BYTES, salt=None, info=info).derive(secret)
+
+
+def _keystream(key: bytes) -> Cipher:
+    """A ChaCha20 cipher under ``key`` with a zero nonce (every key is used for one stream)."""
+    return Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None)
+
+
+def _check_release(release: object) -> bytes:
+    """The release label as non-empty bytes."""
+    if not isinstance(release, (bytes, bytearray)) or not release:
+        raise SecAggError(f"must be non-empty bytes, got {release!r}", field="release")
+    return bytes(release)
+
+
+def _check_id(node: object, name: str = "node_id") -> int:
+    """A node id as an int (fits in 127 bits plus sign)."""
+    if isinstance(node, bool) or not isinstance(node, (int, np.integer)):
+        raise SecAggError(f"node ids must be integers, got {node!r}", field=name)
+    node = int(node)
+    if not -(1 << 127) <= node < (1 << 127):
+        raise SecAggError(f"node id {node} out of range", field=name)
+    return node
+
+
+def _id_bytes(node: int) -> bytes:
+    return node.to_bytes(16, "big", signed=True)
+
+
+def _id_set(nodes: Collection[int], name: str) -> set[int]:
+    return {_check_id(v, name) for v in nodes}
+
+
+def _private_key(raw: bytes) -> X25519PrivateKey:
+    return X25519PrivateKey.from_private_bytes(raw)
+
+
+def _public_bytes(key: X25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def _agree(private: X25519PrivateKey, public: bytes, node: int) -> bytes:
+    """X25519 shared secret with ``node``'s ``public`` key; SecAggError naming ``node`` if the
+    key is malformed or of low order."""
+    try:
+        return private.exchange(X25519PublicKey.from_public_bytes(bytes(public)))
+    except (ValueError, TypeError) as e:
+        raise SecAggError(f"bad X25519 public key from node {node}: {e}", node=node) from e
+
+
+def _channel(private: X25519PrivateKey, public: bytes, node: int) -> AESGCM:
+    """The AES-256-GCM channel with ``node``."""
+    return AESGCM(_hkdf(_agree(private, public, node), _INFO_CHANNEL))
+
+
+def _share_aad(sender: int, receiver: int, release: bytes) -> bytes:
+    return _AAD_SHARE + _id_bytes(sender) + _id_bytes(receiver) + release
+
+
+# -------------------------------------------------------------------------------- masks
+
+
+def expand_mask(secret: bytes, release: bytes, length: int, bits: int) -> np.ndarray:
+    """``length`` mask words in ``[0, 2**bits)`` (uint64) expanded from a 32-byte ``secret``.
+
+    The ChaCha20 key is ``HKDF(secret, info=b"fedpriv secagg mask" + release)``, so the masks of
+    two releases are independent; the keystream is read as little-endian uint64 words.
+    """
+    if not isinstance(secret, (bytes, bytearray)) or len(secret) != _KEY_BYTES:
+        raise SecAggError("must be 32 bytes", field="secret")
+    release = _check_release(release)
+    length = _check_int(length, "length", 0)
+    bits = _check_int(bits, "bits", 1, 64)
+    key = _hkdf(bytes(secret), _INFO_MASK + release)
+    stream = _keystream(key).encryptor().update(bytes(8 * length))
+    words = np.frombuffer(stream, dtype="<u8").astype(np.uint64)
+    if bits < 64:
+        words &= np.uint64((1 << bits) - 1)
+    return words
+
+
+def _pairwise_secret(private: X25519PrivateKey, public: bytes, node: int) -> bytes:
+    """The 32-byte seed of the pairwise mask with ``node``."""
+    return _hkdf(_agree(private, public, node), _INFO_PAIRWISE)
+
+
+# ---------------------------------------------------------------------------- Shamir shares
+
+
+def _split(secret: bytes, t: int, n: int) -> list[bytes]:
+    """``n`` shares (index i+1 at position i) of a 32-byte secret, each 16+16 bytes: one
+    GF(2^128) share of each half under the same index."""
+    low = Shamir.split(t, n, secret[:16], ssss=False)
+    high = Shamir.split(t, n, secret[16:], ssss=False)
+    return [a + b for (_, a), (_, b) in zip(low, high)]
+
+
+def _combine(shares: list[tuple[int, bytes]]) -> bytes:
+    """The 32-byte secret from exactly ``t`` ``(index, 32-byte share)`` pairs."""
+    low = Shamir.combine([(i, s[:16]) for i, s in shares], ssss=False)
+    high = Shamir.combine([(i, s[16:]) for i, s in shares], ssss=False)
+    return low + high
+
+
+def _decode_share(blob: object, holder: int, owner: int, degree: int) -> tuple[int, bytes]:
+    """``(index, share)`` from a revealed share; SecAggError naming ``holder`` if malformed."""
+    if not isinstance(blob, (bytes, bytearray)) or len(blob) != _SHARE_BYTES:
+        raise SecAggError(f"malformed share of node {owner} from node {holder}", node=holder)
+    (index,) = _INDEX.unpack_from(blob)
+    if not 1 <= index <= degree:
+        raise SecAggError(f"share of node {owner} from node {holder} has index {index}",
+                          node=holder)
+    return index, bytes(blob[_INDEX.size:])
+
+
+# ------------------------------------------------------------------------------ graph
+
+
+def _public_uniform(seed: bytes, label: bytes) -> Iterator[int]:
+    """An endless public stream of uniform 64-bit ints derived from ``seed``."""
+    encryptor = _keystream(_hkdf(seed, label)).encryptor()
+    block = struct.Struct("<256Q")
+    while True:
+        yield from block.unpack(encryptor.update(bytes(block.size)))
+
+
+def _below(stream: Iterator[int], bound: int) -> int:
+    """A uniform int in ``[0, bound)`` by rejection sampling (no modulo bias)."""
+    limit = (1 << 64) - (1 << 64) % bound
+    while True:
+        w = next(stream)
+        if w < limit:
+            return w % bound
+
+
+def _permutation(items: list[int], seed: bytes) -> list[int]:
+    """A Fisher-Yates shuffle of ``items`` driven by ``seed``."""
+    out = list(items)
+    stream = _public_uniform(seed, _INFO_GRAPH)
+    for i in range(len(out) - 1, 0, -1):
+        j = _below(stream, i + 1)
+        out[i], out[j] = out[j], out[i]
+    return out
+
+
+def _circulant_offsets(n: int, degree: int) -> list[int]:
+    """Ring offsets of a Harary-style circulant: ``+-1 .. +-floor(k/2)``, plus ``n/2`` if
+    ``k`` is odd (then ``n`` is even)."""
+    offsets = [d for h in range(1, degree // 2 + 1) for d in (h, -h)]
+    if degree % 2:
+        offsets.append(n // 2)
+    return offsets
+
+
+def neighbour_graph(node_ids: Sequence[int], degree: int, seed: bytes) -> dict[int, tuple[int, ...]]:
+    """The public neighbour graph: ``{node: sorted tuple of its neighbours}``.
+
+    Nodes are placed on a ring in a random order drawn from ``seed`` (32 bytes) and joined to
+    the ``floor(degree/2)`` nearest on each side (and to the opposite node if ``degree`` is odd).
+    The graph is symmetric, ``degree``-regular, loop-free, connected and a function of the
+    seed and the *set* of ids only.
+    """
+    ids = sorted(_id_set(node_ids, "node_ids"))
+    if len(ids) != len(node_ids):
+        raise SecAggError("node ids must be distinct", field="node_ids")
+    n = len(ids)
+    if n < 2:
+        raise SecAggError(f"need at least 2 nodes, got {n}", field="node_ids")
+    degree = _check_degree(n, degree)
+    if not isinstance(seed, (bytes, bytearray)) or len(seed) != 32:
+        raise SecAggError("must be 32 bytes", field="seed")
+    ring = _permutation(ids, bytes(seed))
+    offsets = _circulant_offsets(n, degree)
+    position = {v: i for i, v in enumerate(ring)}
+    return {
+        v: tuple(sorted(ring[(position[v] + d) % n] for d in offsets)) for v in ids
+    }
+
+
+# ------------------------------------------------------------------------------ node
+
+
+@dataclass
+class _Release:
+    """What a node keeps about one release."""
+
+    params: SecAggParams
+    channels: dict[int, AESGCM]
+    mask_key: X25519PrivateKey | None
+    self_seed: bytes | None
+    held: dict[int, tuple[int, bytes, bytes]] = field(default_factory=dict)  # v -> (i, b, sk)
+    revealed: dict[int, str] = field(default_factory=dict)  # v -> _SELF / _PAIRWISE
+    masked: bool = False
+
+
+class SecAggNode:
+    """One client of the secure summation. Keeps per-release state between rounds.
+
+    Secrets (channel key, per-release mask key and self-mask seed) come from ``os.urandom`` and
+    never leave the node except as Shamir shares encrypted for its neighbours.
+    """
+
+    def __init__(self, node_id: int):
+        self.node_id = _check_id(node_id)
+        self._channel_key = _private_key(os.urandom(_KEY_BYTES))
+        self._releases: dict[bytes, _Release] = {}
+        self._used: set[bytes] = set()
+
+    def channel_key(self) -> bytes:
+        """This node's 32-byte X25519 channel public key (made once per node object)."""
+        return _public_bytes(self._channel_key)
+
+    # -- round 1 ---------------------------------------------------------------------------
+
+    def share(self, release: bytes, params: SecAggParams,
+              neighbours: dict[int, bytes]) -> tuple[bytes, dict[int, bytes]]:
+        """Start ``release``: make a fresh mask key pair and self-mask seed, and Shamir-share
+        both among ``neighbours`` (``{id: channel public key}``).
+
+        Returns ``(mask public key, {neighbour id: ciphertext})``. A release label can be used
+        only once per node.
+        """
+        release = _check_release(release)
+        if not isinstance(params, SecAggParams):
+            raise SecAggError("must be SecAggParams", field="params")
+        if release in self._used:
+            raise SecAggError(f"release {release!r} already started on node {self.node_id}",
+                              field="release")
+        peers = sorted(_id_set(neighbours, "neighbours"))
+        if self.node_id in peers:
+            raise SecAggError(f"node {self.node_id} cannot be its own neighbour",
+                              field="neighbours")
+        if len(peers) < params.threshold:
+            raise SecAggError(f"{len(peers)} neighbours, fewer than the threshold "
+                              f"{params.threshold}", field="neighbours")
+        channels = {v: _channel(self._channel_key, neighbours[v], v) for v in peers}
+        mask_raw, self_seed = os.urandom(_KEY_BYTES), os.urandom(_KEY_BYTES)
+        mask_key = _private_key(mask_raw)
+        ciphertexts = self._encrypt_shares(release, params.threshold, peers, channels,
+                                           self_seed, mask_raw)
+        self._used.add(release)
+        self._releases[release] = _Release(params, channels, mask_key, self_seed)
+        return _public_bytes(mask_key), ciphertexts
+
+    def _encrypt_shares(self, release: bytes, t: int, peers: list[int],
+                        channels: dict[int, AESGCM], self_seed: bytes,
+                        mask_raw: bytes) -> dict[int, bytes]:
+        """Peer ``peers[i]`` gets share index ``i + 1`` of both secrets, encrypted for it."""
+        seed_shares = _split(self_seed, t, len(peers))
+        key_shares = _split(mask_raw, t, len(peers))
+        out = {}
+        for i, v in enumerate(peers):
+            plain = _INDEX.pack(i + 1) + seed_shares[i] + key_shares[i]
+            nonce = os.urandom(_NONCE_BYTES)
+            aad = _share_aad(self.node_id, v, release)
+            out[v] = nonce + channels[v].encrypt(nonce, plain, aad)
+        return out
+
+    # -- round 2 ---------------------------------------------------------------------------
+
+    def mask(self, release: bytes, x: np.ndarray, mask_keys: dict[int, bytes],
+             ciphertexts: dict[int, bytes]) -> np.ndarray:
+        """Store the shares addressed to this node and return its masked vector ``y``.
+
+        ``x``: uint64 vector already reduced modulo ``2**bits``. ``mask_keys``: mask public keys
+        of the neighbours that completed ``share``; ``ciphertexts``: ``{sender: ciphertext}``
+        from the same neighbours. Allowed once per release.
+        """
+        release = _check_release(release)
+        state = self._state(release)
+        if state.masked:
+            raise SecAggError(f"node {self.node_id} already sent its masked vector for "
+                              f"{release!r}", field="release")
+        x = self._check_input(x, state.params.bits)
+        senders = self._check_senders(state, mask_keys, ciphertexts)
+        held = {v: self._decrypt_share(state, release, v, ciphertexts[v]) for v in senders}
+        y = self._masked(release, state, x, {v: mask_keys[v] for v in senders})
+        state.held, state.masked = held, True
+        state.mask_key = state.self_seed = None  # no longer needed
+        state.channels = {}
+        return y
+
+    def _state(self, release: bytes) -> _Release:
+        state = self._releases.get(release)
+        if state is None:
+            raise SecAggError(f"node {self.node_id} has no state for release {release!r}",
+                              field="release")
+        return state
+
+    @staticmethod
+    def _check_input(x: object, bits: int) -> np.ndarray:
+        if not isinstance(x, np.ndarray) or x.dtype != np.uint64 or x.ndim != 1:
+            raise SecAggError("must be a 1-D numpy uint64 array", field="x")
+        if bits < 64 and x.size and int(x.max()) >> bits:
+            raise SecAggError(f"values must be < 2**{bits}", field="x")
+        return x
+
+    def _check_senders(self, state: _Release, mask_keys: dict[int, bytes],
+                       ciphertexts: dict[int, bytes]) -> list[int]:
+        keys, cts = _id_set(mask_keys, "mask_keys"), _id_set(ciphertexts, "ciphertexts")
+        if keys != cts:
+            raise SecAggError("mask keys and ciphertexts must come from the same neighbours",
+                              field="ciphertexts")
+        strangers = sorted(keys - set(state.channels))
+        if strangers:
+            raise SecAggError(f"nodes {strangers} are not neighbours of node {self.node_id}",
+                              field="mask_keys", node=strangers[0])
+        if len(keys) < state.params.threshold:
+            raise SecAggError(f"only {len(keys)} neighbours completed share, fewer than the "
+                              f"threshold {state.params.threshold}", field="mask_keys")
+        return sorted(keys)
+
+    def _decrypt_share(self, state: _Release, release: bytes, sender: int,
+                       blob: object) -> tuple[int, bytes, bytes]:
+        """``(index, seed share, key share)`` from ``sender``; SecAggError naming it if the
+        ciphertext does not authenticate for (sender, this node, release)."""
+        bad = SecAggError(f"share ciphertext from node {sender} failed to authenticate",
+                          node=sender)
+        if not isinstance(blob, (bytes, bytearray)) or len(blob) <= _NONCE_BYTES:
+            raise bad
+        blob = bytes(blob)
+        aad = _share_aad(sender, self.node_id, release)
+        try:
+            plain = state.channels[sender].decrypt(blob[:_NONCE_BYTES], blob[_NONCE_BYTES:], aad)
+        except InvalidTag:
+            raise bad from None
+        if len(plain) != _INDEX.size + 2 * _KEY_BYTES:
+            raise bad
+        (index,) = _INDEX.unpack_from(plain)
+        return index, plain[_INDEX.size:_SHARE_BYTES], plain[_SHARE_BYTES:]
+
+    def _masked(self, release: bytes, state: _Release, x: np.ndarray,
+                keys: dict[int, bytes]) -> np.ndarray:
+        bits, n = state.params.bits, x.size
+        y = x.astype(np.uint64, copy=True)
+        y += expand_mask(state.self_seed, release, n, bits)
+        for v, pk in keys.items():
+            m = expand_mask(_pairwise_secret(state.mask_key, pk, v), release, n, bits)
+            if self.node_id < v:
+                y += m
+            else:
+                y -= m
+        y &= state.params.modulus_mask
+        return y
+
+    # -- round 3 ---------------------------------------------------------------------------
+
+    def unmask(self, release: bytes, survivors: Collection[int],
+               dropped: Collection[int]) -> dict[str, dict[int, bytes]]:
+        """Reveal, for each neighbour whose shares this node holds, its self-mask seed share if
+        it is a survivor and its mask-key share if it dropped.
+
+        Returns ``{"self": {v: share}, "pairwise": {v: share}}``. Refuses (SecAggError, nothing
+        revealed) a node listed as both, this node listed as dropped, fewer survivors than the
+        threshold, an unknown release, or a request that would reveal, in one release, both
+        kinds of share of the same node.
+        """
+        release = _check_release(release)
+        state = self._releases.get(release)
+        if state is None or not state.masked:
+            raise SecAggError(f"node {self.node_id} holds no shares for release {release!r}",
+                              field="release")
+        alive, gone = _id_set(survivors, "survivors"), _id_set(dropped, "dropped")
+        self._check_request(state, alive, gone)
+        reply: dict[str, dict[int, bytes]] = {_SELF: {}, _PAIRWISE: {}}
+        for v, (index, seed_share, key_share) in state.held.items():
+            if v in alive:
+                reply[_SELF][v] = _INDEX.pack(index) + seed_share
+                state.revealed[v] = _SELF
+            elif v in gone:
+                reply[_PAIRWISE][v] = _INDEX.pack(index) + key_share
+                state.revealed[v] = _PAIRWISE
+        return reply
+
+    def _check_request(self, state: _Release, alive: set[int], gone: set[int]) -> None:
+        """Raise if the unmask request is inconsistent or would reveal both kinds of share."""
+        both = sorted(alive & gone)
+        if both:
+            raise SecAggError(f"nodes {both} listed both as survivors and dropped",
+                              field="dropped", node=both[0])
+        if self.node_id in gone:
+            raise SecAggError(f"node {self.node_id} is itself listed as dropped",
+                              field="dropped", node=self.node_id)
+        if len(alive) < state.params.threshold:
+            raise SecAggError(f"{len(alive)} survivors, fewer than the threshold "
+                              f"{state.params.threshold}", field="survivors")
+        flips = sorted(
+            v for v in state.held
+            if (v in alive and state.revealed.get(v) == _PAIRWISE)
+            or (v in gone and state.revealed.get(v) == _SELF)
+        )
+        if flips:
+            raise SecAggError(f"refusing to reveal the other share of nodes {flips} in the "
+                              "same release", field="dropped", node=flips[0])
+
+    def forget(self, release: bytes) -> None:
+        """Drop the state of ``release`` (after its unmask round); the label stays used."""
+        self._releases.pop(_check_release(release), None)
+
+
+# ------------------------------------------------------------------------------ server
+
+
+class SecAggServer:
+    """The aggregating server: builds the neighbour graph, routes messages, unmasks the sum.
+
+    ``seed``: the public 32-byte graph seed (``os.urandom(32)`` by default); it is stored as
+    ``self.seed`` and may be published.
+    """
+
+    graph: dict[int, tuple[int, ...]]
+
+    def __init__(self, node_ids: Sequence[int], params: SecAggParams, seed: bytes | None = None):
+        if not isinstance(params, SecAggParams):
+            raise SecAggError("must be SecAggParams", field="params")
+        self.params = params
+        self.seed = os.urandom(32) if seed is None else seed
+        self.graph = neighbour_graph(node_ids, params.degree, self.seed)
+
+    def _neighbours(self, node: int) -> tuple[int, ...]:
+        try:
+            return self.graph[node]
+        except KeyError:
+            raise SecAggError(f"unknown node {node}", field="node", node=node) from None
+
+    def channel_keys_for(self, node: int, channel_keys: dict[int, bytes]) -> dict[int, bytes]:
+        """The channel public keys of ``node``'s neighbours, to send it before ``share``.
+
+        Every node of the graph must have advertised a channel key.
+        """
+        out = {}
+        for v in self._neighbours(node):
+            if v not in channel_keys:
+                raise SecAggError(f"node {v} advertised no channel key", field="channel_keys",
+                                  node=v)
+            out[v] = channel_keys[v]
+        return out
+
+    def route(self, shares: dict[int, tuple[bytes, dict[int, bytes]]]
+              ) -> dict[int, tuple[dict[int, bytes], dict[int, bytes]]]:
+        """From the ``share`` replies ``{sender: (mask public key, {recipient: ciphertext})}``,
+        the ``mask`` request of each sender: ``(mask keys of its neighbours that completed
+        share, ciphertexts addressed to it)``."""
+        for sender, (_, cts) in shares.items():
+            if set(cts) != set(self._neighbours(sender)):
+                raise SecAggError(f"node {sender} did not send one ciphertext to each of its "
+                                  "neighbours", field="shares", node=sender)
+        out = {}
+        for node in shares:
+            senders = [v for v in self.graph[node] if v in shares]
+            out[node] = ({v: shares[v][0] for v in senders},
+                         {v: shares[v][1][node] for v in senders})
+        return out
+
+    def unmask_request(self, completed: Collection[int],
+                       survivors: Collection[int]) -> tuple[list[int], list[int]]:
+        """``(survivors, dropped)`` to send to every survivor: ``completed`` are the nodes that
+        completed ``share``, ``survivors`` those whose masked vector arrived."""
+        done, alive = _id_set(completed, "completed"), _id_set(survivors, "survivors")
+        strays = sorted(alive - done)
+        if strays:
+            raise SecAggError(f"nodes {strays} sent a masked vector without completing share",
+                              field="survivors", node=strays[0])
+        self._check_survivor_count(len(alive))
+        return sorted(alive), sorted(done - alive)
+
+    def _check_survivor_count(self, count: int) -> None:
+        if count < self.params.threshold:
+            raise SecAggError(f"{count} survivors, fewer than the threshold "
+                              f"{self.params.threshold}", field="survivors")
+
+    def unmask(self, release: bytes, length: int, mask_keys: dict[int, bytes],
+               masked: dict[int, np.ndarray],
+               replies: dict[int, dict[str, dict[int, bytes]]]) -> np.ndarray:
+        """The sum modulo ``2**bits`` of the survivors' inputs (uint64, ``length`` words).
+
+        ``mask_keys``: ``{node: mask public key}`` of every node that completed ``share``;
+        ``masked``: ``{survivor: y}``; ``replies``: ``{survivor: its unmask reply}``. Raises
+        SecAggError (releasing nothing) if a survivor's self-mask seed or a dropped node's mask
+        key lacks ``threshold`` shares, if a recovered mask key does not match, or if there are
+        fewer than ``threshold`` survivors.
+        """
+        release = _check_release(release)
+        length = _check_int(length, "length", 0)
+        done = _id_set(mask_keys, "mask_keys")
+        alive = _id_set(masked, "masked")
+        if alive - done:
+            raise SecAggError(f"nodes {sorted(alive - done)} have no mask key", field="masked")
+        self._check_survivor_count(len(alive))
+        gone = done - alive
+        seed_shares, key_shares = self._collect(replies, alive, gone)
+        self._check_enough(seed_shares, alive, key_shares, gone)
+        seeds = self._recover(seed_shares, alive)
+        keys = self._recover(key_shares, gone)
+        self._check_keys(keys, mask_keys)
+        total = self._sum(masked, length)
+        for v in sorted(alive):
+            total -= expand_mask(seeds[v], release, length, self.params.bits)
+        for v in sorted(gone):
+            self._remove_pairwise(total, release, v, _private_key(keys[v]), mask_keys, alive)
+        total &= self.params.modulus_mask
+        return total
+
+    def _collect(self, replies: dict[int, dict[str, dict[int, bytes]]], alive: set[int],
+                 gone: set[int]) -> tuple[dict[int, dict[int, bytes]], dict[int, dict[int, bytes]]]:
+        """``({survivor: {index: share}}, {dropped: {index: share}})`` from the replies."""
+        seed_shares: dict[int, dict[int, bytes]] = {}
+        key_shares: dict[int, dict[int, bytes]] = {}
+        for holder, reply in replies.items():
+            if holder not in alive:
+                raise SecAggError(f"unmask reply from node {holder}, which is not a survivor",
+                                  field="replies", node=holder)
+            if not isinstance(reply, dict) or set(reply) != {_SELF, _PAIRWISE}:
+                raise SecAggError(f"malformed unmask reply from node {holder}",
+                                  field="replies", node=holder)
+            for kind, wanted, into in ((_SELF, alive, seed_shares), (_PAIRWISE, gone, key_shares)):
+                for owner, blob in reply[kind].items():
+                    self._add_share(into, holder, owner, blob, wanted)
+        return seed_shares, key_shares
+
+    def _add_share(self, into: dict[int, dict[int, bytes]], holder: int, owner: int,
+                   blob: object, wanted: set[int]) -> None:
+        if owner not in wanted or owner not in self.graph.get(holder, ()):
+            raise SecAggError(f"node {holder} sent an unexpected share of node {owner}",
+                              field="replies", node=holder)
+        index, share = _decode_share(blob, holder, owner, self.params.degree)
+        slot = into.setdefault(owner, {})
+        if index in slot:
+            raise SecAggError(f"duplicate share index {index} of node {owner} (from node "
+                              f"{holder})", field="replies", node=holder)
+        slot[index] = share
+
+    def _check_enough(self, seed_shares: dict[int, dict[int, bytes]], alive: set[int],
+                      key_shares: dict[int, dict[int, bytes]], gone: set[int]) -> None:
+        """SecAggError naming every survivor and dropped node short of ``threshold`` shares."""
+        t = self.params.threshold
+        short_seed = sorted(v for v in alive if len(seed_shares.get(v, {})) < t)
+        short_key = sorted(v for v in gone if len(key_shares.get(v, {})) < t)
+        if not (short_seed or short_key):
+            return
+        parts = []
+        if short_seed:
+            parts.append(f"the self-mask seed of nodes {short_seed}")
+        if short_key:
+            parts.append(f"the mask key of nodes {short_key}")
+        raise SecAggError(f"fewer than {t} shares of " + " and of ".join(parts),
+                          field="replies", node=(short_seed or short_key)[0])
+
+    def _recover(self, shares: dict[int, dict[int, bytes]], owners: set[int]) -> dict[int, bytes]:
+        """The 32-byte secret of every owner from its ``threshold`` lowest-index shares."""
+        t = self.params.threshold
+        return {v: _combine(sorted(shares[v].items())[:t]) for v in owners}
+
+    @staticmethod
+    def _check_keys(keys: dict[int, bytes], mask_keys: dict[int, bytes]) -> None:
+        for v, raw in keys.items():
+            if _public_bytes(_private_key(raw)) != bytes(mask_keys[v]):
+                raise SecAggError(f"recovered mask key of node {v} does not match its public key",
+                                  field="replies", node=v)
+
+    def _sum(self, masked: dict[int, np.ndarray], length: int) -> np.ndarray:
+        total = np.zeros(length, dtype=np.uint64)
+        for u, y in masked.items():
+            if not isinstance(y, np.ndarray) or y.dtype != np.uint64 or y.shape != (length,):
+                raise SecAggError(f"masked vector of node {u} is not {length} uint64 words",
+                                  field="masked", node=u)
+            total += y
+        return total
+
+    def _remove_pairwise(self, total: np.ndarray, release: bytes, v: int,
+                         key: X25519PrivateKey, mask_keys: dict[int, bytes],
+                         alive: set[int]) -> None:
+        """Undo, in place, the masks that survivors added for their dropped neighbour ``v``."""
+        for u in self.graph[v]:
+            if u not in alive:
+                continue
+            m = expand_mask(_pairwise_secret(key, mask_keys[u], u), release, total.size,
+                            self.params.bits)
+            if u < v:
+                total -= m  # u added +m
+            else:
+                total += m

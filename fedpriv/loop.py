@@ -45,9 +45,10 @@ class Transport(Protocol):
     def population(self) -> tuple[int, int]:
         """(nodes asked, a public bound on their users): what a secure round is planned for."""
 
-    def secure_sum(self, kind: str, plan, state: als.PublicState, step: int) -> tuple[np.ndarray, int]:
-        """Secure mode: the modular sum of the nodes' words for the round ``kind`` (each node's
-        quantized sums plus its noise share), and how many nodes it sums."""
+    def secure_sum(self, kind: str, plan, state: als.PublicState, step: int) -> tuple[Callable[[], np.ndarray], int]:
+        """Secure mode: (unmask, contributors) for the round ``kind``: ``unmask()`` reveals the
+        modular sum of the contributors' words (each node's quantized sums plus its noise
+        share); it is called only after the ledger's budget check."""
 
 
 class CentralAggregator:
@@ -94,9 +95,10 @@ class SecureAggregator:
         n_nodes, max_users = transport.population()
         plan = secure.plan(kind, state, max_users=max_users, n_nodes=n_nodes, dropout=self.dropout)
         t = time.perf_counter()
-        total, contributors = transport.secure_sum(kind, plan, state, step)
+        unmask, contributors = transport.secure_sum(kind, plan, state, step)
         self.client_seconds = time.perf_counter() - t
-        values = self.ledger.skellam_round(plan, lambda: distributed.decode(plan, total, contributors), contributors)
+        # the budget check comes first; only then is the sum unmasked, decoded and recorded
+        values = self.ledger.skellam_round(plan, lambda: distributed.decode(plan, unmask(), contributors), contributors)
         return secure.release(kind, values, state, plan)
 
     def users(self, transport, state: als.PublicState) -> int:

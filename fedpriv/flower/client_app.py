@@ -13,6 +13,7 @@ from ..algorithms import als, protocol
 from . import codec
 from .pam_client import register as register_pam_handlers
 from .recommend_handlers import register as register_recommend_handlers
+from .secure_client import register as register_secure_handlers
 from .node_secrets import with_keys
 from .partition import data_dir_of, load_feature_table, load_shard
 
@@ -91,6 +92,7 @@ def register_handlers(app) -> None:
     app.evaluate()(evaluate)
     register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_client)
     register_recommend_handlers(app)  # private recommendation (fedpriv.flower.recommend_handlers)
+    register_secure_handlers(app)  # secure aggregation rounds (fedpriv.flower.secure_client)
 
 
 app = ClientApp()

@@ -3,11 +3,13 @@ ClientApp, in this process, as the node of its partition would (each node keeps 
 ``context.state`` across messages, as a SuperNode does). Nodes can be killed (they stop replying
 but stay listed, as on a SuperLink until their heartbeat expires) and can rejoin under a new
 node id. Used to test the ServerApp's loop (resume, rejoin) without Ray or processes, and by the
-red-team check (``observer`` sees every message a node receives)."""
+red-team check (``observer`` sees every message a node receives). A handler that raises gives an
+error reply, as on a SuperNode."""
 
 from __future__ import annotations
 
-from flwr.app import Context
+from flwr.app import Context, Error, Message
+from flwr.common.constant import ErrorCode
 from flwr.common import RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -61,5 +63,8 @@ class LocalGrid:
                 self.observer(nid, msg)
             state = self.states.setdefault(nid, RecordDict())
             ctx = Context(run_id=1, node_id=nid, node_config={"partition-id": self.partition[nid], "num-partitions": self.n_partitions}, state=state, run_config={})
-            replies.append(self.app(msg, ctx))
+            try:
+                replies.append(self.app(msg, ctx))
+            except Exception as exc:  # noqa: BLE001 - as a SuperNode does: the node's error becomes an error reply
+                replies.append(Message(error=Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg))
         return replies

@@ -21,17 +21,19 @@ class Rounds:
     def __init__(self, grid: Grid, nodes: list[int], result: RoundCounters, timeout: float | None):
         self.grid, self.nodes, self.result, self.timeout = grid, nodes, result, timeout
 
-    def ask(self, message_type: str, content, name: str, timeout: float | None = ...) -> list[tuple[int, Message]]:
-        """One message per node, all with the same (broadcast) ``content``; ``timeout`` defaults
-        to the job's round timeout."""
+    def ask(self, message_type: str, content, name: str, timeout: float | None = ..., nodes: list[int] | None = None) -> list[tuple[int, Message]]:
+        """One message per node (``nodes``, default the serving nodes), all with the same
+        (broadcast) ``content``, or ``content[node]`` when it is a dict of per-node contents;
+        ``timeout`` defaults to the job's round timeout."""
         t0 = time.perf_counter()
-        per_node = codec.payload_bytes(content)
-        msgs = [Message(content=content, dst_node_id=nid, message_type=message_type) for nid in self.nodes]
-        down = per_node * len(msgs)
+        targets = list(self.nodes if nodes is None else nodes)
+        per_node = content if isinstance(content, dict) else {nid: content for nid in targets}
+        msgs = [Message(content=per_node[nid], dst_node_id=nid, message_type=message_type) for nid in targets]
+        down = sum(codec.payload_bytes(per_node[nid]) for nid in targets) if isinstance(content, dict) else codec.payload_bytes(content) * len(msgs)
         replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout if timeout is ... else timeout))
         up = 0
         ok = []
-        asked = set(self.nodes)
+        asked = set(targets)
         # error replies about an unavailable node come from the SuperLink: attribute them to the
         # node the message was for (by the id of the message they answer)
         dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
@@ -52,17 +54,18 @@ class Rounds:
         self.result.rounds += 1
         self.result.bytes_down += down
         self.result.bytes_up += up
-        self.result.round_log.append({"round": name, "seconds": time.perf_counter() - t0, "bytes_down": down, "bytes_up": up, "replies": len(ok), "nodes": len(self.nodes)})
+        self.result.round_log.append({"round": name, "seconds": time.perf_counter() - t0, "bytes_down": down, "bytes_up": up, "replies": len(ok), "nodes": len(targets)})
         return ok
 
-    def gather(self, message_type: str, content, name: str, decode) -> list[tuple[int, object]]:
+    def gather(self, message_type: str, content, name: str, decode, nodes: list[int] | None = None) -> list[tuple[int, object]]:
         """:meth:`ask`, then ``decode(node, reply)`` of every reply in the serving nodes' order;
         a reply whose decoding raises :class:`~fedpriv.flower.codec.RejectedReply` (or another
         ValueError, KeyError or TypeError of a malformed record) is rejected with the reason and
         left out. Returns (node, decoded value) of the accepted replies."""
-        replies = dict(self.ask(message_type, content, name))
+        targets = list(self.nodes if nodes is None else nodes)
+        replies = dict(self.ask(message_type, content, name, nodes=targets))
         out = []
-        for nid in self.nodes:
+        for nid in targets:
             if nid not in replies:
                 continue
             try:

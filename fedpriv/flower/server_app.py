@@ -28,7 +28,8 @@ from ..privacy.randomness import RunSecrets
 from . import codec
 from .counters import RoundCounters
 from .rounds import Rounds, wait_for_nodes
-from ..loop import CentralAggregator, Hooks, train_rounds
+from .secure_server import SecureRounds
+from ..loop import Hooks, make_aggregator, train_rounds
 from .node_secrets import write_key_file
 from .partition import write_feature_table, write_partitions
 
@@ -198,6 +199,13 @@ class _GridTransport:
     def __init__(self, job: FlowerJob, rounds: Rounds, nodes: _Nodes, down, data_dir: str):
         self.job, self.rounds, self.nodes, self.down, self.data_dir = job, rounds, nodes, down, data_dir
         self.n_params = 0
+        self.secure = SecureRounds(rounds, job.users_per_node) if job.cfg.aggregation == "secure" else None
+
+    def population(self) -> tuple[int, int]:
+        return self.secure.population()
+
+    def secure_sum(self, kind: str, plan, state: als.PublicState, step: int):
+        return self.secure.secure_sum(kind, plan, self.down(step), step)
 
     def vector(self, kind: str, length: int, state: als.PublicState) -> np.ndarray:
         total = np.zeros(length)
@@ -306,7 +314,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
         after_step=after_step,
     )
     transport = _GridTransport(job, rounds, nodes, down, data_dir)
-    train_rounds(transport, CentralAggregator(ledger), state, item_features=job.item_features, server=server,
+    train_rounds(transport, make_aggregator(cfg, ledger), state, item_features=job.item_features, server=server,
                  first_step=first_step, resumed=saved is not None, hooks=hooks)
 
     if job.valid is not None:

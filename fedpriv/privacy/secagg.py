@@ -391,6 +391,7 @@ class _Release:
     held: dict[int, tuple[int, bytes, bytes]] = field(default_factory=dict)  # v -> (i, b, sk)
     revealed: dict[int, str] = field(default_factory=dict)  # v -> _SELF / _PAIRWISE
     masked: bool = False
+    peer_keys: dict[int, bytes] = field(default_factory=dict)  # channel public keys (to restore channels)
 
 
 class SecAggNode:
@@ -439,7 +440,7 @@ class SecAggNode:
         ciphertexts = self._encrypt_shares(release, params.threshold, peers, channels,
                                            self_seed, mask_raw)
         self._used.add(release)
-        self._releases[release] = _Release(params, channels, mask_key, self_seed)
+        self._releases[release] = _Release(params, channels, mask_key, self_seed, peer_keys={v: bytes(neighbours[v]) for v in peers})
         return _public_bytes(mask_key), ciphertexts
 
     def _encrypt_shares(self, release: bytes, t: int, peers: list[int],
@@ -596,6 +597,65 @@ class SecAggNode:
     def forget(self, release: bytes) -> None:
         """Drop the state of ``release`` (after its unmask round); the label stays used."""
         self._releases.pop(_check_release(release), None)
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def export_state(self) -> bytes:
+        """The node's whole state (its secrets included) as bytes, for a node whose process
+        ends after each message (a Flower SuperNode starts one ClientApp process per message and
+        keeps ``context.state`` for it). It must stay on the node."""
+        import json
+
+        def raw(key: X25519PrivateKey | None) -> str | None:
+            if key is None:
+                return None
+            return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()).hex()
+
+        releases = {}
+        for label, st in self._releases.items():
+            releases[label.hex()] = {
+                "params": [st.params.bits, st.params.degree, st.params.threshold],
+                "mask_key": raw(st.mask_key),
+                "self_seed": None if st.self_seed is None else st.self_seed.hex(),
+                "held": {str(v): [i, b.hex(), k.hex()] for v, (i, b, k) in st.held.items()},
+                "revealed": {str(v): r for v, r in st.revealed.items()},
+                "masked": st.masked,
+                "peer_keys": {str(v): k.hex() for v, k in st.peer_keys.items()} if not st.masked else {},
+            }
+        blob = {"node_id": self.node_id, "channel_key": raw(self._channel_key), "used": sorted(u.hex() for u in self._used), "releases": releases}
+        return json.dumps(blob).encode()
+
+    @classmethod
+    def restore(cls, node_id: int, blob: bytes) -> "SecAggNode":
+        """A node from :meth:`export_state`; SecAggError if the blob is not this node's."""
+        import json
+
+        try:
+            d = json.loads(bytes(blob).decode())
+            if int(d["node_id"]) != int(node_id):
+                raise SecAggError(f"the saved state belongs to node {d['node_id']}, not {node_id}", field="node_id")
+            node = cls.__new__(cls)
+            node.node_id = _check_id(node_id)
+            node._channel_key = _private_key(bytes.fromhex(d["channel_key"]))
+            node._used = {bytes.fromhex(u) for u in d["used"]}
+            node._releases = {}
+            for label, st in d["releases"].items():
+                peer_keys = {int(v): bytes.fromhex(k) for v, k in st["peer_keys"].items()}
+                node._releases[bytes.fromhex(label)] = _Release(
+                    params=SecAggParams(*st["params"]),
+                    channels={v: _channel(node._channel_key, k, v) for v, k in peer_keys.items()},
+                    mask_key=None if st["mask_key"] is None else _private_key(bytes.fromhex(st["mask_key"])),
+                    self_seed=None if st["self_seed"] is None else bytes.fromhex(st["self_seed"]),
+                    held={int(v): (int(i), bytes.fromhex(b), bytes.fromhex(k)) for v, (i, b, k) in st["held"].items()},
+                    revealed={int(v): str(r) for v, r in st["revealed"].items()},
+                    masked=bool(st["masked"]),
+                    peer_keys=peer_keys,
+                )
+        except SecAggError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SecAggError(f"malformed saved state ({exc})", field="state") from None
+        return node
 
 
 # ------------------------------------------------------------------------------ server

@@ -1,0 +1,109 @@
+"""Node side of secure aggregation (``aggregation = "secure"``): the SecAgg+ rounds of
+:mod:`fedpriv.privacy.secagg` over Flower messages, with the node's noise share added before
+masking (:mod:`fedpriv.algorithms.secure`, :mod:`fedpriv.privacy.distributed`).
+
+The node's secure-summation state (its channel key, each open release's mask key, self-mask
+seed and the shares it holds) lives in its own ``context.state`` between messages: a SuperNode
+runs every message in a fresh ClientApp process, and ``context.state`` never leaves the node.
+
+Messages (all ``query``): ``secagg_keys`` (advertise the channel key, once per run),
+``secagg_share`` (fresh mask key and self-mask seed, shared with the neighbours),
+``secagg_mask`` (the node's words: clipped sums, quantized, plus its noise share, masked),
+``secagg_unmask`` (shares of the survivors' self-mask seeds and the dropped nodes' mask keys).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from ..algorithms import secure
+from ..privacy.distributed import DistributedPlan
+from ..privacy.secagg import SecAggNode, SecAggParams
+from . import codec
+from .node_secrets import with_keys
+from .partition import data_dir_of, load_feature_table, load_shard
+
+STATE_KEY = "fedpriv-secagg"
+
+
+def _node(context: Context, node_id: int) -> SecAggNode:
+    rec = context.state.config_records.get(STATE_KEY)
+    if rec is None or "blob" not in rec:
+        return SecAggNode(node_id)
+    return SecAggNode.restore(node_id, bytes(rec["blob"]))
+
+
+def _save(context: Context, node: SecAggNode) -> None:
+    context.state[STATE_KEY] = ConfigRecord({"blob": node.export_state()})
+
+
+def _ids(rec) -> dict[int, bytes]:
+    return {int(k): bytes(v) for k, v in rec.items()}
+
+
+def _by_id(d: dict[int, bytes]) -> ConfigRecord:
+    return ConfigRecord({str(k): v for k, v in d.items()})
+
+
+def _release(cfg) -> tuple[bytes, SecAggParams]:
+    return str(cfg["label"]).encode(), SecAggParams(int(cfg["bits"]), int(cfg["degree"]), int(cfg["threshold"]))
+
+
+def keys(msg: Message, context: Context) -> Message:
+    """Advertise this node's channel public key (a fresh node state for the run)."""
+    node = SecAggNode(context.node_id)
+    _save(context, node)
+    return Message(RecordDict({"secagg": ConfigRecord({"channel_key": node.channel_key()})}), reply_to=msg)
+
+
+def share(msg: Message, context: Context) -> Message:
+    """A fresh mask key and self-mask seed for this release, Shamir-shared with the neighbours."""
+    node = _node(context, context.node_id)
+    label, params = _release(msg.content.config_records["secagg"])
+    mask_key, ciphertexts = node.share(label, params, _ids(msg.content.config_records["channel_keys"]))
+    _save(context, node)
+    return Message(RecordDict({"secagg": ConfigRecord({"mask_key": mask_key}), "ciphertexts": _by_id(ciphertexts)}), reply_to=msg)
+
+
+def mask(msg: Message, context: Context) -> Message:
+    """The node's masked words for the round: its clipped sums (the algorithm's declared parts),
+    scaled, rounded, plus its Skellam noise share, plus its masks, mod 2^bits."""
+    content = msg.content
+    sec = content.config_records["secagg"]
+    state, data_dir, upn = codec.decode_state(content)
+    folder = data_dir_of(context.node_config, data_dir)
+    shard = load_shard(folder, "train", int(context.node_config.get("partition-id", 0)), upn)
+    shard, reproducible = with_keys(shard, folder, content.config_records["cfg"], context)
+    kind, step = str(sec["kind"]), int(sec["step"])
+    plan = DistributedPlan.from_dict(json.loads(str(sec["plan"])))
+    table = load_feature_table(data_dir) if kind == "step" and state.spec.clients_need_encoder else None
+    values = secure.node_values(kind, shard, state, step, table)
+    words = secure.node_words(plan, values, secure.node_rng(shard, secure.label(kind, step), reproducible))
+    node = _node(context, context.node_id)
+    label, _ = _release(sec)
+    y = node.mask(label, words, _ids(content.config_records["mask_keys"]), _ids(content.config_records["ciphertexts"]))
+    _save(context, node)
+    return Message(RecordDict({"masked": ArrayRecord({"y": codec._arr(y)}), "meta": ConfigRecord({"n_users": int(shard.n_users)})}), reply_to=msg)  # noqa: SLF001
+
+
+def unmask(msg: Message, context: Context) -> Message:
+    """Shares for the server to unmask the sum: refused (an error reply) if it asks for both
+    shares of one node."""
+    node = _node(context, context.node_id)
+    sec = msg.content.config_records["secagg"]
+    label, _ = _release(sec)
+    survivors = [int(v) for v in np.asarray(msg.content.array_records["lists"]["survivors"].numpy(), dtype=np.int64)]
+    dropped = [int(v) for v in np.asarray(msg.content.array_records["lists"]["dropped"].numpy(), dtype=np.int64)]
+    reply = node.unmask(label, survivors, dropped)
+    node.forget(label)
+    _save(context, node)
+    return Message(RecordDict({"self": _by_id(reply["self"]), "pairwise": _by_id(reply["pairwise"])}), reply_to=msg)
+
+
+def register(app) -> None:
+    """The secure-aggregation handlers on ``app``."""
+    for name, handler in (("secagg_keys", keys), ("secagg_share", share), ("secagg_mask", mask), ("secagg_unmask", unmask)):
+        app.query(name)(handler)

@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
         help="inprocess (default: this process) or flower (`flwr run` on Flower's local simulation runtime; "
         "its SuperLink is stopped when the job ends)",
     )
+    r.add_argument("--aggregation", choices=("central", "secure"), default=None, help="who sees exact sums: central (a trusted aggregator step adds the noise; default) or secure (nodes add distributed Skellam noise and mask their words: the server learns only noised sums)")
     r.add_argument("--nodes", type=int, default=None, help="flower engine: number of simulated nodes (default: ceil(training users / users-per-node))")
     r.add_argument("--users-per-node", type=int, default=None, help="flower engine: users held by each node (default 1)")
     r.add_argument(
@@ -55,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--tune-mean", type=float, default=None, help="plan private tuning with this expected number of runs")
     pl.add_argument("--tune-shape", type=float, default=1.0)
     pl.add_argument("--tune-share", type=float, default=0.05)
+    pl.add_argument("--aggregation", choices=("central", "secure"), default=None, help="plan for secure aggregation (distributed Skellam noise: subsampled releases get no amplification)")
     pl.add_argument("--json", action="store_true", help="print JSON instead of markdown tables")
     sel = sub.add_parser("selection", help="private selection with heterogeneous sensitivities: synthetic scenarios, bandit under shift")
     ssub = sel.add_subparsers(dest="selection_command", required=True)
@@ -107,6 +109,8 @@ def _run(args) -> int:
     from .run import parse_overrides, run, write_outputs
 
     overrides = parse_overrides(args.overrides)
+    if args.aggregation is not None:
+        overrides["aggregation"] = args.aggregation
     if args.tune:
         overrides["tune"] = ";".join(args.tune)
     if args.tune_mean is not None:
@@ -160,7 +164,10 @@ def _privacy_plan(args) -> int:
         lo, hi = (float(x) for x in args.rating_range.split(","))
     except ValueError:
         raise ConfigError(f"expected LO,HI, got {args.rating_range!r}", field="--rating-range") from None
-    cfg = ALSConfig.from_overrides(parse_overrides(args.overrides), args.algorithm)
+    overrides = parse_overrides(args.overrides)
+    if args.aggregation is not None:
+        overrides["aggregation"] = args.aggregation
+    cfg = ALSConfig.from_overrides(overrides, args.algorithm)
     tuning = None if args.tune_mean is None else TuningPlan(args.tune_mean, args.tune_shape, args.tune_share)
     plan = budget_plan(args.algorithm, cfg, args.epsilon, args.delta, implicit=args.implicit, rating_range=(lo, hi), tuning=tuning)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.to_markdown(), end="" if not args.json else "\n")

@@ -188,6 +188,8 @@ def run(
         "n_ratings": len(inter),
         "duplicates_dropped": int(ds.duplicates_dropped),
         **noise_statement(secrets),
+        # who saw exact sums: the ServerApp's aggregator step (central) or nobody (secure)
+        "aggregation": cfg.aggregation,
     }
 
     if protocol == "random":

@@ -121,7 +121,9 @@ def test_max_values_wrap_correctly():
 
 
 def responders(run, v, not_responding):
-    return [u for u in run.server.graph[v] if u not in not_responding]
+    """The holders of ``v``'s shares that answer: its neighbours, and ``v`` itself (it holds a
+    share of its own secrets and reveals its self-mask seed share while it survives)."""
+    return [u for u in (*run.server.graph[v], v) if u not in not_responding]
 
 
 def test_dropouts_within_threshold_are_recovered_exactly():
@@ -149,7 +151,9 @@ def test_too_many_silent_neighbours_raise(target_drops_after_share):
     run = setup(40, 32)
     k, t = run.params.degree, run.params.threshold
     v = 25
-    no_reply = list(run.server.graph[v])[: k - t + 1]  # survivors that never answer unmask
+    # survivors that never answer unmask: enough that v's remaining holders number t - 1 (v
+    # itself holds a share of its self-mask seed while it survives, none of its mask key)
+    no_reply = list(run.server.graph[v])[: k - t + (1 if target_drops_after_share else 2)]
     drop_mask = [v] if target_drops_after_share else []
     ids = list(run.nodes)
     xs = random_inputs(ids, 100, 32)
@@ -194,7 +198,7 @@ def test_node_refuses_both_shares_of_one_node():
     run, ids = masked_run()
     u, v = ids[0], ids[1]
     first = run.nodes[u].unmask(b"refuse", ids, [])
-    assert set(first["self"]) == set(ids) - {u} and first["pairwise"] == {}
+    assert set(first["self"]) == set(ids) and first["pairwise"] == {}
     alive = [i for i in ids if i != v]
     with pytest.raises(SecAggError) as err:
         run.nodes[u].unmask(b"refuse", alive, [v])  # would hand over v's mask-key share too
@@ -217,7 +221,7 @@ def test_node_refuses_inconsistent_lists_and_reveals_nothing():
         node.unmask(b"other-release", ids, [])
     # nothing was recorded by the refused calls: w may still be treated as a survivor
     reply = node.unmask(b"refuse", [i for i in ids if i != v], [v])
-    assert set(reply["self"]) == set(ids) - {u, v} and set(reply["pairwise"]) == {v}
+    assert set(reply["self"]) == set(ids) - {v} and set(reply["pairwise"]) == {v}
     # and the mask-key share of v, now revealed, rules out v's self-mask seed share
     with pytest.raises(SecAggError) as err:
         node.unmask(b"refuse", ids, [])
@@ -371,7 +375,7 @@ def test_default_degree_and_threshold():
     for n in (2, 3, 7, 9, 31, 100, 1001):
         k = default_degree(n)
         assert 1 <= k <= n - 1 and (n * k) % 2 == 0
-    assert default_threshold(14) == 8 and default_threshold(1) == 1
+    assert default_threshold(14) == 8 and default_threshold(1) == 2 and default_threshold(2) == 2
     assert plan_params(100, 32) == SecAggParams(bits=32, degree=14, threshold=8)
 
 
@@ -384,7 +388,7 @@ def test_default_degree_and_threshold():
         ({"bits": 0, "degree": 4, "threshold": 3}, "bits"),
         ({"bits": 65, "degree": 4, "threshold": 3}, "bits"),
         ({"bits": 32, "degree": 4, "threshold": 0}, "threshold"),
-        ({"bits": 32, "degree": 4, "threshold": 5}, "threshold"),
+        ({"bits": 32, "degree": 4, "threshold": 6}, "threshold"),
         ({"bits": 32, "degree": 0, "threshold": 1}, "degree"),
     ],
 )
@@ -400,7 +404,7 @@ def test_params_validation_names_field(kwargs, name):
         ((10, 0), "bits"),
         ((10, 65), "bits"),
         ((10, 32, 4, 0), "threshold"),
-        ((10, 32, 4, 5), "threshold"),
+        ((10, 32, 4, 6), "threshold"),
         ((10, 32, 10), "degree"),
         ((9, 32, 3), "degree"),  # 9 * 3 odd: no regular graph
         ((10, 32, 1), "degree"),  # 1-regular on 10 nodes: disconnected
@@ -461,3 +465,18 @@ def test_a_node_restored_from_its_exported_state_between_every_round_sums_exactl
         SecAggNode.restore(99, node.export_state())
     with pytest.raises(SecAggError, match="malformed"):
         SecAggNode.restore(10, b"{not json")
+
+
+def test_three_nodes_survive_one_dropout_because_each_node_holds_a_share_of_its_own_secrets():
+    """With 3 nodes (degree 2, threshold 2 of 3 holders) a node lost after sharing is recovered:
+    each survivor's self-mask seed comes from its own share and its live neighbour's; the lost
+    node's mask key from the two survivors. Neither survivor can be made to give both secrets."""
+    run = setup(3, 32)
+    assert (run.params.degree, run.params.threshold) == (2, 2)
+    ids = list(run.nodes)
+    xs = random_inputs(ids, 50, 32, seed=9)
+    total = full_release(run, b"three", xs, drop_mask=[ids[2]])
+    np.testing.assert_array_equal(total, exact_sum(xs, ids[:2], 32))
+    # the node that holds its own share still refuses to reveal its own mask key
+    with pytest.raises(SecAggError, match="itself"):
+        run.nodes[ids[0]].unmask(b"three", [ids[1]], [ids[0], ids[2]])

@@ -88,7 +88,7 @@ def test_a_node_refuses_to_reveal_both_shares_of_a_neighbour(tmp_path, split):
         ctx = Context(run_id=1, node_id=nid, node_config={"partition-id": grid.partition[nid], "num-partitions": 10}, state=grid.states[nid], run_config={})
 
         def ask(alive, gone):
-            lists = ArrayRecord({"survivors": Array(np.array(alive, dtype=np.int64)), "dropped": Array(np.array(gone, dtype=np.int64))})
+            lists = ArrayRecord({"survivors": Array(np.array(alive, dtype=np.uint64)), "dropped": Array(np.array(gone, dtype=np.uint64))})
             content = RecordDict({"secagg": msg.content.config_records["secagg"], "lists": lists})
             try:
                 app(Message(content=content, dst_node_id=nid, message_type="query.secagg_unmask"), ctx)

@@ -21,4 +21,14 @@ def budget_plan(
     als.validate_algorithm(algorithm)
     planned = als.plan_releases(algorithm, cfg, implicit)
     sens = {p.name: als.sensitivity(p.name, cfg, rating_range) for p in planned}
-    return calibrated_plan(algorithm, planned, sens, epsilon, delta, rating_range=rating_range, tuning=tuning)
+    plan = calibrated_plan(algorithm, planned, sens, epsilon, delta, rating_range=rating_range, tuning=tuning)
+    if cfg.aggregation == "secure":
+        plan.notes.append(
+            "Secure aggregation: each release is a secure sum of the nodes' words (scaled so that one user moves them by "
+            "2^20 or more integers, rounded, plus each node's share of Skellam noise). Its noise has standard deviation "
+            "kappa * z * Delta2 in integer units, Delta2 the rounded sensitivity, kappa^2 = 1 + 3.5 / (z Delta2)^2, which "
+            "keeps its (xi, rho)-zCDP below the Gaussian's at every order: the run's ledger records Skellam releases "
+            "whose epsilon is at most the RDP epsilon above. Sampled releases are planned unsampled (no amplification "
+            "for distributed noise), and the PLD line is the Gaussian's (dp-accounting has no Skellam PLD)."
+        )
+    return plan

@@ -34,6 +34,9 @@ def main(grid: Grid, context: Context) -> None:
     epsilon = epsilon_of_run_config(rc)
     overrides = _overrides(rc.get("set", ""))
     overrides["users_per_node"] = str(rc.get("users-per-node", 1))
+    aggregation = str(rc.get("aggregation", "central") or "central")
+    if aggregation != "central" or "aggregation" in overrides:
+        overrides.setdefault("aggregation", aggregation)  # secure: nodes add distributed noise, the server sees only noised sums
     overrides["round_timeout"] = str(rc.get("round-timeout", 0.0))
     overrides["node_wait"] = str(rc.get("node-wait", 120.0))
     work_dir = str(rc.get("work-dir", "") or "") or None  # a work dir keeps the checkpoint: rerun to resume

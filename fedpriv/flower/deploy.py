@@ -56,6 +56,8 @@ from pathlib import Path
 
 from .. import atomic
 from ..errors import ConfigError, FedprivError
+from ..algorithms import registry
+from ..algorithms.names import is_private
 from . import launcher
 
 CONNECTION = "deploy"  # name of the SuperLink connection in RUN_DIR/flwr-home/config.toml
@@ -979,6 +981,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--epsilon", type=float, default=None)
     r.add_argument("--delta", type=float, default=1e-5)
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter or run option (repeatable)")
+    r.add_argument("--aggregation", choices=("central", "secure"), default="secure", help="secure (default: the server learns only noised sums, the nodes add distributed noise) or central (the ServerApp's aggregator step sees exact sums)")
     r.add_argument("--round-timeout", type=float, default=0.0, help="seconds to wait for replies per round; later replies are rejected (0: wait)")
     r.add_argument("--node-wait", type=float, default=120.0, help="seconds the ServerApp waits for the nodes")
     r.add_argument("--work-dir", default=None, help="server work folder (keeps the checkpoint: run again with it to resume)")
@@ -1055,8 +1058,11 @@ def command(args) -> int:
         from ..run import parse_overrides
 
         cfg = DeployConfig.load(args.run_dir)
+        overrides = parse_overrides(args.overrides)
+        if is_private(args.algorithm) and args.algorithm in registry.names():  # the rating algorithms aggregate securely
+            overrides.setdefault("aggregation", args.aggregation)
         metrics = run_job(
-            cfg, args.algorithm, data=args.data, epsilon=args.epsilon, delta=args.delta, overrides=parse_overrides(args.overrides),
+            cfg, args.algorithm, data=args.data, epsilon=args.epsilon, delta=args.delta, overrides=overrides,
             round_timeout=args.round_timeout, node_wait=args.node_wait, work_dir=args.work_dir, out=args.out, quiet=args.quiet, timeout=args.timeout,
         )
         keys = [k for k in metrics if k.startswith(("test_", "valid_")) and not k.endswith("sliced")]

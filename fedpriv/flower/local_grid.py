@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 
 class LocalGrid:
-    def __init__(self, n_nodes: int, client_app=None, on_round=None, observer=None):
+    def __init__(self, n_nodes: int, client_app=None, on_round=None, observer=None, run_config: dict | None = None):
         if client_app is None:
             from fedpriv.flower.client_app import app as client_app
         for key in ("run_id", "node_id", "task_id"):  # Message() needs a task identity
@@ -30,6 +30,7 @@ class LocalGrid:
         self.on_round = on_round  # called with (grid, message_type or "get_node_ids") before each round / node listing
         self.message_types: list[str] = []
         self.observer = observer  # called with (node id, message) for every message a node receives
+        self.run_config = dict(run_config or {})  # the run config every node's context carries
         self.states: dict[int, RecordDict] = {}  # each node's own context.state, kept across messages (as a SuperNode does)
 
     def get_node_ids(self) -> list[int]:
@@ -62,7 +63,7 @@ class LocalGrid:
             if self.observer is not None:
                 self.observer(nid, msg)
             state = self.states.setdefault(nid, RecordDict())
-            ctx = Context(run_id=1, node_id=nid, node_config={"partition-id": self.partition[nid], "num-partitions": self.n_partitions}, state=state, run_config={})
+            ctx = Context(run_id=1, node_id=nid, node_config={"partition-id": self.partition[nid], "num-partitions": self.n_partitions}, state=state, run_config=self.run_config)
             try:
                 replies.append(self.app(msg, ctx))
             except Exception as exc:  # noqa: BLE001 - as a SuperNode does: the node's error becomes an error reply

@@ -95,8 +95,8 @@ def unmask(msg: Message, context: Context) -> Message:
     node = _node(context, context.node_id)
     sec = msg.content.config_records["secagg"]
     label, _ = _release(sec)
-    survivors = [int(v) for v in np.asarray(msg.content.array_records["lists"]["survivors"].numpy(), dtype=np.int64)]
-    dropped = [int(v) for v in np.asarray(msg.content.array_records["lists"]["dropped"].numpy(), dtype=np.int64)]
+    survivors = [int(v) for v in np.asarray(msg.content.array_records["lists"]["survivors"].numpy(), dtype=np.uint64)]
+    dropped = [int(v) for v in np.asarray(msg.content.array_records["lists"]["dropped"].numpy(), dtype=np.uint64)]
     reply = node.unmask(label, survivors, dropped)
     node.forget(label)
     _save(context, node)

@@ -58,17 +58,20 @@ def _by_id(rec) -> dict[int, bytes]:
 class SecureRounds:
     """The secure-summation rounds of one job over ``rounds`` (its serving nodes)."""
 
-    def __init__(self, rounds: Rounds, users_per_node: int, degree: int | None = None, threshold: int | None = None):
+    def __init__(self, rounds: Rounds, users_per_node: int, degree: int | None = None, threshold: int | None = None, mask_message_type: str = "query.secagg_mask"):
         self.rounds, self.users_per_node = rounds, int(users_per_node)
+        self.mask_message_type = mask_message_type  # the round whose message makes the node compute its contribution
         self.degree, self.threshold = degree, threshold
         self.channel_keys: dict[int, bytes] = {}
+        self.asked: set[int] = set()  # nodes asked for their channel key (once each)
         self.graph_seed = os.urandom(32)  # public: the neighbour graph
         self.run_label = uuid.uuid4().hex  # public: makes every release label of this job new
         self.count = 0
 
     # ------------------------------------------------------------------ per run
     def advertise(self) -> None:
-        """The channel keys of the serving nodes (once per job; nodes that answer take part)."""
+        """The channel keys of the serving nodes that have none yet (once per node and job;
+        nodes that answer take part)."""
 
         def decode(nid, rep):
             key = rep.content.config_records["secagg"]["channel_key"]
@@ -76,15 +79,17 @@ class SecureRounds:
                 raise RejectedReply("malformed: channel key is not 32 bytes")
             return bytes(key)
 
-        self.channel_keys = dict(self.rounds.gather("query.secagg_keys", RecordDict({"secagg": ConfigRecord({"run": self.run_label})}), "secagg_keys", decode))
+        missing = [n for n in self.rounds.nodes if n not in self.asked]
+        self.asked.update(missing)
+        if missing:
+            self.channel_keys.update(self.rounds.gather("query.secagg_keys", RecordDict({"secagg": ConfigRecord({"run": self.run_label})}), "secagg_keys", decode, nodes=missing))
 
     def population(self) -> tuple[int, int]:
         nodes = self._nodes()
         return len(nodes), max(1, self.users_per_node * len(nodes))
 
     def _nodes(self) -> list[int]:
-        if not self.channel_keys:
-            self.advertise()
+        self.advertise()
         return [n for n in self.rounds.nodes if n in self.channel_keys]
 
     # ------------------------------------------------------------------ per release
@@ -139,14 +144,14 @@ class SecureRounds:
                 raise RejectedReply(f"declares {n_users} users, more than the {self.users_per_node} per node")
             return y
 
-        masked = dict(self.rounds.gather("query.secagg_mask", mask_content, name, decode_masked, nodes=sorted(routed)))
+        masked = dict(self.rounds.gather(self.mask_message_type, mask_content, name, decode_masked, nodes=sorted(routed)))
         if len(masked) < params.threshold:
             raise PrivacyError(f"secure round {name!r}: {len(masked)} masked replies, fewer than the threshold {params.threshold}; nothing is released")
         survivors, dropped = server.unmask_request(list(shares), list(masked))
         plan.check_contributors(len(survivors))
 
         def unmask() -> np.ndarray:
-            lists = ArrayRecord({"survivors": Array(np.asarray(survivors, dtype=np.int64)), "dropped": Array(np.asarray(dropped, dtype=np.int64))})
+            lists = ArrayRecord({"survivors": Array(np.asarray(survivors, dtype=np.uint64)), "dropped": Array(np.asarray(dropped, dtype=np.uint64))})
             content3 = RecordDict({"secagg": ConfigRecord(sec), "lists": lists})
 
             @_rejecting

@@ -135,8 +135,9 @@ class SecAggParams:
 
     ``bits``: arithmetic is in ``Z_(2**bits)``, 1 <= bits <= 64 (inputs must already be reduced).
     ``degree``: number of neighbours of every node in the neighbour graph.
-    ``threshold``: Shamir threshold ``t``, 1 <= t <= degree; each node needs ``t`` of its
-    neighbours to answer the unmask round, and ``t`` colluding neighbours could unmask it.
+    ``threshold``: Shamir threshold ``t``, 1 <= t <= degree + 1, over a node's ``degree + 1``
+    share holders (its neighbours and itself): ``t`` holders must answer the unmask round for
+    the node's masks to be removed, and ``t`` colluding neighbours could unmask it.
     """
 
     bits: int
@@ -146,7 +147,7 @@ class SecAggParams:
     def __post_init__(self) -> None:
         _check_int(self.bits, "bits", 1, 64)
         _check_int(self.degree, "degree", 1)
-        _check_int(self.threshold, "threshold", 1, int(self.degree))
+        _check_int(self.threshold, "threshold", 1, int(self.degree) + 1)
 
     @property
     def modulus_mask(self) -> np.uint64:
@@ -165,11 +166,13 @@ def default_degree(n: int) -> int:
 
 
 def default_threshold(degree: int) -> int:
-    """The default Shamir threshold ``floor(degree / 2) + 1``: a strict majority of a
-    neighbourhood, so that no two disjoint groups of honest neighbours can each hand over
-    ``t`` shares (one group the self-mask seed, the other the mask key) of the same node."""
+    """The default Shamir threshold ``floor((degree + 1) / 2) + 1``: a strict majority of a
+    node's ``degree + 1`` share holders (its neighbours and itself). The node itself reveals
+    only its own self-mask seed share (never its mask-key share), so no two disjoint groups of
+    honest holders can each hand over ``t`` shares (one group the self-mask seed, the other the
+    mask key) of the same node."""
     degree = _check_int(degree, "degree", 1)
-    return degree // 2 + 1
+    return (degree + 1) // 2 + 1
 
 
 def _check_degree(n: int, degree: int) -> int:
@@ -189,7 +192,7 @@ def plan_params(n_nodes: int, bits: int, degree: int | None = None,
     n = _check_int(n_nodes, "n_nodes", 2)
     bits = _check_int(bits, "bits", 1, 64)
     k = default_degree(n) if degree is None else _check_degree(n, degree)
-    t = default_threshold(k) if threshold is None else _check_int(threshold, "threshold", 1, k)
+    t = default_threshold(k) if threshold is None else _check_int(threshold, "threshold", 2, k + 1)
     return SecAggParams(bits=bits, degree=k, threshold=t)
 
 
@@ -307,7 +310,7 @@ def _decode_share(blob: object, holder: int, owner: int, degree: int) -> tuple[i
     if not isinstance(blob, (bytes, bytearray)) or len(blob) != _SHARE_BYTES:
         raise SecAggError(f"malformed share of node {owner} from node {holder}", node=holder)
     (index,) = _INDEX.unpack_from(blob)
-    if not 1 <= index <= degree:
+    if not 1 <= index <= degree + 1:
         raise SecAggError(f"share of node {owner} from node {holder} has index {index}",
                           node=holder)
     return index, bytes(blob[_INDEX.size:])
@@ -392,6 +395,7 @@ class _Release:
     revealed: dict[int, str] = field(default_factory=dict)  # v -> _SELF / _PAIRWISE
     masked: bool = False
     peer_keys: dict[int, bytes] = field(default_factory=dict)  # channel public keys (to restore channels)
+    own: tuple[int, bytes, bytes] | None = None  # the node's own share of its secrets (held until mask)
 
 
 class SecAggNode:
@@ -431,31 +435,33 @@ class SecAggNode:
         if self.node_id in peers:
             raise SecAggError(f"node {self.node_id} cannot be its own neighbour",
                               field="neighbours")
-        if len(peers) < params.threshold:
-            raise SecAggError(f"{len(peers)} neighbours, fewer than the threshold "
+        if len(peers) + 1 < params.threshold:
+            raise SecAggError(f"{len(peers)} neighbours and this node hold fewer shares than the threshold "
                               f"{params.threshold}", field="neighbours")
         channels = {v: _channel(self._channel_key, neighbours[v], v) for v in peers}
         mask_raw, self_seed = os.urandom(_KEY_BYTES), os.urandom(_KEY_BYTES)
         mask_key = _private_key(mask_raw)
-        ciphertexts = self._encrypt_shares(release, params.threshold, peers, channels,
-                                           self_seed, mask_raw)
+        ciphertexts, own = self._encrypt_shares(release, params.threshold, peers, channels,
+                                                self_seed, mask_raw)
         self._used.add(release)
-        self._releases[release] = _Release(params, channels, mask_key, self_seed, peer_keys={v: bytes(neighbours[v]) for v in peers})
+        self._releases[release] = _Release(params, channels, mask_key, self_seed, peer_keys={v: bytes(neighbours[v]) for v in peers}, own=own)
         return _public_bytes(mask_key), ciphertexts
 
     def _encrypt_shares(self, release: bytes, t: int, peers: list[int],
                         channels: dict[int, AESGCM], self_seed: bytes,
-                        mask_raw: bytes) -> dict[int, bytes]:
-        """Peer ``peers[i]`` gets share index ``i + 1`` of both secrets, encrypted for it."""
-        seed_shares = _split(self_seed, t, len(peers))
-        key_shares = _split(mask_raw, t, len(peers))
+                        mask_raw: bytes) -> tuple[dict[int, bytes], tuple[int, bytes, bytes]]:
+        """Peer ``peers[i]`` gets share index ``i + 1`` of both secrets, encrypted for it; the
+        node keeps index ``len(peers) + 1`` for itself."""
+        seed_shares = _split(self_seed, t, len(peers) + 1)
+        key_shares = _split(mask_raw, t, len(peers) + 1)
+        own = (len(peers) + 1, seed_shares[-1], key_shares[-1])
         out = {}
         for i, v in enumerate(peers):
             plain = _INDEX.pack(i + 1) + seed_shares[i] + key_shares[i]
             nonce = os.urandom(_NONCE_BYTES)
             aad = _share_aad(self.node_id, v, release)
             out[v] = nonce + channels[v].encrypt(nonce, plain, aad)
-        return out
+        return out, own
 
     # -- round 2 ---------------------------------------------------------------------------
 
@@ -475,8 +481,9 @@ class SecAggNode:
         x = self._check_input(x, state.params.bits)
         senders = self._check_senders(state, mask_keys, ciphertexts)
         held = {v: self._decrypt_share(state, release, v, ciphertexts[v]) for v in senders}
+        held[self.node_id] = state.own  # its own share: revealed (self-mask seed only) while it survives
         y = self._masked(release, state, x, {v: mask_keys[v] for v in senders})
-        state.held, state.masked = held, True
+        state.held, state.masked, state.own = held, True, None
         state.mask_key = state.self_seed = None  # no longer needed
         state.channels = {}
         return y
@@ -506,9 +513,9 @@ class SecAggNode:
         if strangers:
             raise SecAggError(f"nodes {strangers} are not neighbours of node {self.node_id}",
                               field="mask_keys", node=strangers[0])
-        if len(keys) < state.params.threshold:
-            raise SecAggError(f"only {len(keys)} neighbours completed share, fewer than the "
-                              f"threshold {state.params.threshold}", field="mask_keys")
+        if len(keys) + 1 < state.params.threshold:
+            raise SecAggError(f"only {len(keys)} neighbours completed share: with this node, fewer "
+                              f"share holders than the threshold {state.params.threshold}", field="mask_keys")
         return sorted(keys)
 
     def _decrypt_share(self, state: _Release, release: bytes, sender: int,
@@ -620,6 +627,7 @@ class SecAggNode:
                 "held": {str(v): [i, b.hex(), k.hex()] for v, (i, b, k) in st.held.items()},
                 "revealed": {str(v): r for v, r in st.revealed.items()},
                 "masked": st.masked,
+                "own": None if st.own is None else [st.own[0], st.own[1].hex(), st.own[2].hex()],
                 "peer_keys": {str(v): k.hex() for v, k in st.peer_keys.items()} if not st.masked else {},
             }
         blob = {"node_id": self.node_id, "channel_key": raw(self._channel_key), "used": sorted(u.hex() for u in self._used), "releases": releases}
@@ -650,6 +658,7 @@ class SecAggNode:
                     revealed={int(v): str(r) for v, r in st["revealed"].items()},
                     masked=bool(st["masked"]),
                     peer_keys=peer_keys,
+                    own=None if st.get("own") is None else (int(st["own"][0]), bytes.fromhex(st["own"][1]), bytes.fromhex(st["own"][2])),
                 )
         except SecAggError:
             raise
@@ -780,7 +789,7 @@ class SecAggServer:
 
     def _add_share(self, into: dict[int, dict[int, bytes]], holder: int, owner: int,
                    blob: object, wanted: set[int]) -> None:
-        if owner not in wanted or owner not in self.graph.get(holder, ()):
+        if owner not in wanted or (owner != holder and owner not in self.graph.get(holder, ())):
             raise SecAggError(f"node {holder} sent an unexpected share of node {owner}",
                               field="replies", node=holder)
         index, share = _decode_share(blob, holder, owner, self.params.degree)

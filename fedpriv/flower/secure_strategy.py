@@ -1,0 +1,196 @@
+"""Distributed-DP secure summation for any Flower app that trains an ``ArrayRecord`` model.
+
+Server side: :class:`SecureDPFedAvg`, a Message-API strategy (a :class:`flwr.serverapp.strategy.
+FedAvg` whose training rounds go through secure aggregation): each sampled node trains, clips
+its model update to ``clipping_norm``, adds its share of Skellam noise and masks it; the server
+learns only the noised sum of the clipped updates, adds its mean to the model, and records every
+round in a :class:`fedpriv.privacy.ledger.PrivacyLedger` (epsilon from dp-accounting).
+
+Client side: :func:`secure_client_app` wraps an ordinary train function: the function trains as
+usual and returns its ``arrays``; the wrapper turns the update into masked words.
+
+The privacy unit is one node (cross-device: one user per node). Nodes are sampled by FedAvg's
+rule, but the accounting gives no credit for sampling (distributed Skellam noise has no
+subsampled accountant event). Evaluation rounds are FedAvg's, unchanged: their metrics are not
+private.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result
+
+from ..errors import ConfigError
+from ..privacy import distributed
+from ..privacy.accounting import RdpAccountant, calibrate
+from ..privacy.ledger import PrivacyLedger
+from ..privacy.records import PlannedRelease
+from . import secure_client
+from .counters import RoundCounters
+from .rounds import Rounds
+from .secure_server import SecureRounds
+
+log = logging.getLogger("fedpriv.flower")
+RELEASE = "update"
+
+
+def flatten(arrays: ArrayRecord) -> np.ndarray:
+    """The model's arrays, in key order, as one float64 vector."""
+    return np.concatenate([np.asarray(arrays[k].numpy(), dtype=np.float64).ravel() for k in arrays]) if len(arrays) else np.zeros(0)
+
+
+def unflatten(vector: np.ndarray, like: ArrayRecord) -> ArrayRecord:
+    """``vector`` shaped (and typed) as the arrays of ``like``."""
+    out, at = {}, 0
+    for k in like:
+        ref = like[k].numpy()
+        out[k] = Array(vector[at : at + ref.size].reshape(ref.shape).astype(ref.dtype))
+        at += ref.size
+    return ArrayRecord(out)
+
+
+class SecureDPFedAvg(FedAvg):
+    """FedAvg with secure summation of clipped, distributedly noised model updates.
+
+    ``noise_multiplier``: z of each round's Skellam noise (in units of ``clipping_norm``); or give
+    ``epsilon`` (and ``delta``, ``num_rounds``) and z is calibrated so that the rounds spend it.
+    ``dropout``: the fraction of sampled nodes that may drop (the noise shares are sized for the
+    rest; a round with fewer contributors releases nothing). ``ledger``: where the rounds are
+    recorded (default: a new ledger with the epsilon budget).
+    """
+
+    def __init__(self, *, clipping_norm: float, noise_multiplier: float | None = None, epsilon: float | None = None,
+                 delta: float = 1e-5, num_rounds: int | None = None, dropout: float = 0.0, ledger: PrivacyLedger | None = None,
+                 round_timeout: float | None = None, **fedavg_kwargs):
+        super().__init__(**fedavg_kwargs)
+        if not (clipping_norm > 0 and np.isfinite(clipping_norm)):
+            raise ConfigError(f"must be a finite number > 0, got {clipping_norm}", field="clipping_norm")
+        if (noise_multiplier is None) == (epsilon is None):
+            raise ConfigError("give exactly one of noise_multiplier and epsilon", field="noise_multiplier")
+        if epsilon is not None:
+            if num_rounds is None:
+                raise ConfigError("calibrating to an epsilon needs num_rounds", field="num_rounds")
+            noise_multiplier = calibrate([PlannedRelease(RELEASE, int(num_rounds), 1.0)], epsilon, delta).multipliers[RELEASE]
+        if not (0 <= dropout < 1):
+            raise ConfigError(f"must be in [0, 1), got {dropout}", field="dropout")
+        self.clipping_norm, self.noise_multiplier, self.dropout, self.delta = float(clipping_norm), float(noise_multiplier), dropout, delta
+        budget = (epsilon, delta) if epsilon is not None else None
+        self.ledger = ledger if ledger is not None else PrivacyLedger(budget=budget, accountant=RdpAccountant() if budget else None)
+        self.round_timeout = round_timeout
+        self.counters = RoundCounters()
+
+    def summary(self) -> None:
+        log.info("SecureDPFedAvg: clipping norm %g, noise multiplier %g, dropout %g (distributed Skellam noise, SecAgg+)",
+                 self.clipping_norm, self.noise_multiplier, self.dropout)
+
+    def epsilon(self, delta: float | None = None) -> float:
+        """Epsilon spent so far, computed by dp-accounting from the ledger."""
+        return RdpAccountant().epsilon(self.ledger.releases, self.delta if delta is None else delta)
+
+    def _secure_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, config: ConfigRecord, secure: SecureRounds) -> ArrayRecord | None:
+        messages = list(self.configure_train(server_round, arrays, config, grid))
+        nodes = [m.metadata.dst_node_id for m in messages]
+        if len(nodes) < 2:
+            log.warning("round %d: %d sampled node(s); secure summation needs 2", server_round, len(nodes))
+            return None
+        secure.rounds.nodes = nodes
+        n = len(nodes)
+        length = sum(arrays[k].numpy().size for k in arrays)
+        plan = distributed.plan_round([(RELEASE, length, self.clipping_norm, self.noise_multiplier)], max_users=n, n_nodes=n,
+                                      min_contributors=max(1, n - int(self.dropout * n)))
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: ConfigRecord(dict(config, clipping_norm=self.clipping_norm))})
+        unmask, contributors = secure.secure_sum(RELEASE, plan, content, server_round)
+        values = self.ledger.skellam_round(plan, lambda: distributed.decode(plan, unmask(), contributors), contributors)
+        mean_update = values[RELEASE] / contributors  # post-processing: the count of contributors is public
+        return unflatten(flatten(arrays) + mean_update, arrays)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """FedAvg's loop, each training round a secure sum (keys once, then share, train and
+        mask, unmask). Returns Flower's Result; the epsilon is :meth:`epsilon`."""
+        self.summary()
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        rounds = Rounds(grid, sorted(grid.get_node_ids()), self.counters, self.round_timeout or timeout)
+        secure = SecureRounds(rounds, users_per_node=1, mask_message_type="train")
+        result, arrays = Result(), initial_arrays
+        if evaluate_fn is not None:
+            res = evaluate_fn(0, arrays)
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+        t0 = time.time()
+        for server_round in range(1, num_rounds + 1):
+            updated = self._secure_round(grid, server_round, arrays, train_config, secure)
+            if updated is not None:
+                arrays = result.arrays = updated
+            log.info("round %d: epsilon %.4f (delta %g) spent so far", server_round, self.epsilon(), self.delta)
+            replies = grid.send_and_receive(self.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout=timeout)
+            metrics = self.aggregate_evaluate(server_round, replies)
+            if metrics is not None:
+                result.evaluate_metrics_clientapp[server_round] = metrics
+            if evaluate_fn is not None:
+                res = evaluate_fn(server_round, arrays)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[server_round] = res
+        log.info("SecureDPFedAvg finished in %.2fs: epsilon %.4f", time.time() - t0, self.epsilon())
+        result.arrays = arrays
+        return result
+
+
+# ---------------------------------------------------------------------------- client side
+def _clip(update: np.ndarray, norm: float) -> np.ndarray:
+    n = float(np.linalg.norm(update))
+    return update if n <= norm else update * (norm / n)
+
+
+def secure_train(train_fn: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
+    """Wrap a ClientApp train function for :class:`SecureDPFedAvg`: ``train_fn`` trains and
+    returns a reply with ``arrays`` as usual; the wrapper clips the update (reply arrays minus the
+    received ones) to the round's clipping norm, quantizes it, adds this node's Skellam noise
+    share (OS randomness) and masks it. Only the masked words leave the node: the reply's
+    metrics are dropped."""
+
+    def train(msg: Message, context: Context) -> Message:
+        sec = msg.content.config_records.get("secagg")
+        if sec is None:
+            raise ConfigError("this node only trains under secure aggregation (SecureDPFedAvg)", field="secagg")
+        reply = train_fn(msg, context)
+        before = msg.content.array_records["arrays"]
+        after = reply.content.array_records["arrays"]
+        clip = float(msg.content.config_records["config"]["clipping_norm"])
+        update = _clip(flatten(after) - flatten(before), clip)
+        plan = distributed.DistributedPlan.from_dict(json.loads(str(sec["plan"])))
+        rng = np.random.default_rng(int.from_bytes(os.urandom(32), "little"))
+        words = distributed.encode(plan, {RELEASE: update}, rng)
+        node = secure_client._node(context, context.node_id)  # noqa: SLF001
+        label = str(sec["label"]).encode()
+        y = node.mask(label, words, secure_client._ids(msg.content.config_records["mask_keys"]), secure_client._ids(msg.content.config_records["ciphertexts"]))  # noqa: SLF001
+        secure_client._save(context, node)  # noqa: SLF001
+        return Message(RecordDict({"masked": ArrayRecord({"y": Array(y)}), "meta": ConfigRecord({"n_users": 1})}), reply_to=msg)
+
+    return train
+
+
+def secure_client_app(train_fn: Callable[[Message, Context], Message], evaluate_fn: Callable[[Message, Context], Message] | None = None) -> ClientApp:
+    """A ClientApp for :class:`SecureDPFedAvg`: the secure-summation handlers, ``train_fn``
+    under :func:`secure_train`, and ``evaluate_fn`` as is."""
+    app = ClientApp()
+    for name, handler in (("secagg_keys", secure_client.keys), ("secagg_share", secure_client.share), ("secagg_unmask", secure_client.unmask)):
+        app.query(name)(handler)
+    app.train()(secure_train(train_fn))
+    if evaluate_fn is not None:
+        app.evaluate()(evaluate_fn)
+    return app
+
+
+__all__ = ["SecureDPFedAvg", "flatten", "secure_client_app", "secure_train", "unflatten"]

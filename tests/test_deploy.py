@@ -308,7 +308,7 @@ def test_tls_auth_deployment_completes_with_a_node_killed_in_round_one(tmp_path)
         watcher.start()
         t1 = time.perf_counter()
         try:
-            metrics = deploy.run_job(cfg, "adadpals", epsilon=1.0, overrides={"steps": "2", "rank": "4"}, round_timeout=30.0, node_wait=60.0, quiet=True, timeout=900)
+            metrics = deploy.run_job(cfg, "adadpals", epsilon=1.0, overrides={"steps": "2", "rank": "4"}, round_timeout=30.0, node_wait=60.0, quiet=True, timeout=900, aggregation="central")
         finally:
             done.set()
             watcher.join(timeout=5)
@@ -343,6 +343,64 @@ def test_tls_auth_deployment_completes_with_a_node_killed_in_round_one(tmp_path)
         deploy.stop(cfg.run_dir)
     assert _all_gone(seen), [p for p in seen if launcher._alive(p)]
     assert deploy.running(cfg) == []
+
+
+@pytest.mark.deployment
+def test_secure_aggregation_deployment_completes_with_a_node_killed_after_sharing(tmp_path):
+    """The same deployment in secure mode (the default of `fedpriv deploy`): the ServerApp learns
+    only masked words and their noised sums. Node 2 is killed when its first masked-input
+    request arrives, after it shared its keys: the other two recover its masks, every later
+    release goes on with the two survivors (shares sized for 2 of 3 nodes), and every planned
+    release is in the ledger as a Skellam (distributed-noise) release."""
+    from fedpriv.algorithms import als
+
+    data, upn = (f"ml-100k:{ML100K}", 315) if ML100K.is_file() else (SYN, 100)
+    cfg = deploy.DeployConfig(run_dir=tmp_path / "run", nodes=3, data=data, users_per_node=upn, fleet_port=0, control_port=0, node_port_base=0)
+    seen: list[int] = []
+    overrides = {"steps": "2", "rank": "4", "secure_dropout": "0.34"}
+    try:
+        deploy.up(cfg, wait=240)
+        seen = _tree(cfg)
+        assert cfg.tls and cfg.auth
+        victim = next(e for e in deploy.running(cfg) if e["name"] == "supernode-2")
+        log = cfg.logs_dir / "supernode-2.log"
+        killed, done = threading.Event(), threading.Event()
+
+        def killer():
+            while not done.is_set():
+                if "Receiving: query.secagg_mask message" in log.read_text(errors="replace"):
+                    _kill_tree(int(victim["pid"]))
+                    killed.set()
+                    return
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=killer, daemon=True)
+        watcher.start()
+        t1 = time.perf_counter()
+        try:
+            metrics = deploy.run_job(cfg, "adadpals", epsilon=1.0, overrides=overrides, round_timeout=20.0, node_wait=60.0, quiet=True, timeout=900)
+        finally:
+            done.set()
+            watcher.join(timeout=5)
+        assert killed.is_set(), "node 2 never received a masked-input request"
+        assert metrics["aggregation"] == "secure" and metrics["epsilon_spent"] == pytest.approx(1.0, rel=1e-3)
+        ledger = json.loads((cfg.out_dir / "ledger.json").read_text())
+        assert {rec["mechanism"] for rec in ledger} == {"skellam"}
+        counts: dict = {}
+        for rec in ledger:
+            counts[rec["name"]] = counts.get(rec["name"], 0) + int(rec["count"])
+        plan = als.plan_releases("adadpals", als.ALSConfig.from_overrides({**overrides, "aggregation": "secure"}), False)
+        assert {p.name: p.count for p in plan} == counts
+        by_round = {r["round"]: r for r in metrics["round_log"]}
+        assert by_round["secagg_keys"]["replies"] == 3 and by_round["step2"]["replies"] == 2
+        assert any(r["node"] for r in metrics["rejected_replies"])  # the killed node's missing replies, logged
+        assert np.isfinite(metrics["test_rmse"])
+        print(f"\ndeploy secure TLS+auth, 3 nodes, {data.split(':')[0]}: run {time.perf_counter() - t1:.1f} s, rounds "
+              + ", ".join(f"{r['round']} {r['seconds']:.1f}" for r in metrics["round_log"]))
+    finally:
+        seen += _tree(cfg)
+        deploy.stop(cfg.run_dir)
+    assert _all_gone(seen), [p for p in seen if launcher._alive(p)]
 
 
 @pytest.mark.deployment

@@ -804,12 +804,17 @@ def run_job(
     out: str | os.PathLike | None = None,
     quiet: bool = False,
     timeout: float | None = None,
+    aggregation: str = "secure",
 ) -> dict:
     """Run one job on the deployment with ``flwr run APP deploy --stream``; the ServerApp
     writes ``out/metrics.json`` and ``out/ledger.json`` (default ``RUN_DIR/out``). Returns the
-    metrics. Every input is checked (the same checks as ``fedpriv run``) before ``flwr run``."""
+    metrics. Every input is checked (the same checks as ``fedpriv run``) before ``flwr run``.
+    ``aggregation``: 'secure' (default: the ServerApp learns only noised sums) or 'central', for
+    the private rating algorithms (an ``aggregation`` key in ``overrides`` wins)."""
     t0 = time.perf_counter()
     overrides = {str(k): str(v) for k, v in (overrides or {}).items()}
+    if is_private(algorithm) and algorithm in registry.names():
+        overrides.setdefault("aggregation", aggregation)
     for key in FIXED_BY_UP:
         if key in overrides:
             raise ConfigError("fixed by `fedpriv deploy up` (the nodes hold their data already); give it to `deploy up`", field=key)
@@ -1058,11 +1063,8 @@ def command(args) -> int:
         from ..run import parse_overrides
 
         cfg = DeployConfig.load(args.run_dir)
-        overrides = parse_overrides(args.overrides)
-        if is_private(args.algorithm) and args.algorithm in registry.names():  # the rating algorithms aggregate securely
-            overrides.setdefault("aggregation", args.aggregation)
         metrics = run_job(
-            cfg, args.algorithm, data=args.data, epsilon=args.epsilon, delta=args.delta, overrides=overrides,
+            cfg, args.algorithm, data=args.data, epsilon=args.epsilon, delta=args.delta, overrides=parse_overrides(args.overrides), aggregation=args.aggregation,
             round_timeout=args.round_timeout, node_wait=args.node_wait, work_dir=args.work_dir, out=args.out, quiet=args.quiet, timeout=args.timeout,
         )
         keys = [k for k in metrics if k.startswith(("test_", "valid_")) and not k.endswith("sliced")]

@@ -185,6 +185,17 @@ class _ShardRecommendTransport:
     def histogram(self, state, candidates, cfg) -> np.ndarray:
         return np.sum([recommend.client_histogram(s, state, candidates, cfg) for s in self.shards], axis=0)
 
+    def population(self) -> tuple[int, int]:
+        return len(self.shards), max(1, sum(s.n_users for s in self.shards))
+
+    def secure_histogram(self, plan, state, candidates, cfg):
+        """Secure mode: each shard's histogram words (counts plus its Skellam share), summed."""
+        total = np.zeros(plan.length, dtype=np.uint64)
+        for s in self.shards:
+            words = secure.node_words(plan, secure.node_histogram(s, state, candidates, cfg), secure.node_rng(s, "rec_hist", self.reproducible))
+            total = distributed.add_words(plan, total, words)
+        return (lambda: total), len(self.shards)
+
     def reports(self, state, candidates, lo, hi, cfg):
         for i, (s, h) in enumerate(zip(self.shards, self.held)):
             rep = recommend.client_recommend(s, state, candidates, lo, hi, cfg, h, reproducible=self.reproducible)

@@ -193,7 +193,9 @@ def recommend_rounds(transport: RecommendTransport, state: als.PublicState, cfg,
 
     cfg.validate()
     candidates = recommend.candidate_items(state, cfg.candidates)
-    if cfg.sensitivity == "quantile":
+    if cfg.sensitivity == "quantile" and state.config.aggregation == "secure":
+        lo, hi = _secure_ranges(transport, state, candidates, cfg, ledger)
+    elif cfg.sensitivity == "quantile":
         lo, hi = recommend.release_ranges(transport.histogram(state, candidates, cfg), state, cfg, ledger)
     else:
         lo, hi = recommend.public_ranges(state, candidates, cfg)
@@ -208,3 +210,20 @@ def recommend_rounds(transport: RecommendTransport, state: als.PublicState, cfg,
         sums = recommend.add_sums(sums, part)
         reports[key] = candidates[np.asarray(picks, dtype=np.int64)]
     return recommend.summarize(sums, lo, hi), reports
+
+
+def _secure_ranges(transport, state: als.PublicState, candidates: np.ndarray, cfg, ledger: PrivacyLedger):
+    """Secure mode's score histogram: each node's (candidates x bins) counts, quantized with its
+    Skellam share and securely summed; the ledger checks the budget before the sum is unmasked;
+    the ranges are read off the noised sum by the same release function (post-processing)."""
+    from .algorithms import recommend, secure
+    from .privacy import distributed
+
+    k = len(candidates)
+    n_nodes, max_users = transport.population()
+    m = max(1, n_nodes - int(state.config.secure_dropout * n_nodes))
+    plan = distributed.plan_round([(recommend.HIST_RELEASE, k * cfg.bins, float(np.sqrt(k)), recommend.hist_multiplier(cfg))], max_users=max_users, n_nodes=n_nodes, min_contributors=m)
+    unmask, contributors = transport.secure_histogram(plan, state, candidates, cfg)
+    values = ledger.skellam_round(plan, lambda: distributed.decode(plan, unmask(), contributors), contributors)
+    noised = values[recommend.HIST_RELEASE].reshape(k, cfg.bins)
+    return recommend.release_ranges(noised, state, cfg, secure.Prereleased(plan))

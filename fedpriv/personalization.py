@@ -23,8 +23,10 @@ def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, e
     secrets = secrets if secrets is not None else RunSecrets()
     state, own = pam.new_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta, secrets.ledger_seed())
     ledger = ledger if ledger is not None else own
-    group_of = pam.user_groups(user_keys(secrets.client_key(), data.user_ids), cfg.epochs) if cfg.schedule == "disjoint" else None
-    timings: dict = {"steps": pam.run_rounds(_BlockTransport(data, users_per_shard, group_of), state, ledger)}
+    keys = user_keys(secrets.client_key(), data.user_ids)
+    group_of = pam.user_groups(keys, cfg.epochs) if cfg.schedule == "disjoint" else None
+    transport = _BlockTransport(data, users_per_shard, group_of, keys, secrets.reproducible)
+    timings: dict = {"steps": pam.run_rounds(transport, state, ledger)}
     timings["train_seconds"] = time.perf_counter() - t0
     return state, ledger, timings
 
@@ -32,8 +34,28 @@ def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, e
 class _BlockTransport:
     """The personalization rounds' clients in process: the client functions on user blocks."""
 
-    def __init__(self, data: PersonalData, users_per_shard: int, group_of: np.ndarray | None):
+    def __init__(self, data: PersonalData, users_per_shard: int, group_of: np.ndarray | None, keys: np.ndarray | None = None, reproducible: bool = False):
         self.data, self.size, self.group_of = data, users_per_shard, group_of
+        self.keys, self.reproducible = keys, reproducible
+
+    def population(self) -> tuple[int, int]:
+        """Each block of users plays one node (as a Flower node holds one block)."""
+        return len(split_users(self.data.n_users, self.size)), max(1, self.data.n_users)
+
+    def secure_sum(self, kind: str, plan, state, step: int, group):
+        """The arithmetic of secure summation without its cryptography: each block's words (its
+        users' statistics, those of the step's group only, plus the block's Skellam share)."""
+        from .privacy import distributed
+
+        total = np.zeros(plan.length, dtype=np.uint64)
+        blocks = split_users(self.data.n_users, self.size)
+        for u in blocks:
+            users = np.arange(self.data.n_users)[u]
+            if group is not None:
+                users = users[self.group_of[users] == group]
+            values = pam.node_values(kind, self.data.X[users], self.data.y[users], state)
+            total = distributed.add_words(plan, total, distributed.encode(plan, values, pam.node_rng(self.keys[u], f"{kind}-{step}", self.reproducible)))
+        return (lambda: total), len(blocks)
 
     def _sum(self, fn, users=None) -> tuple:
         users = np.arange(self.data.n_users) if users is None else users
@@ -103,6 +125,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
         **_spent(ledger, delta, private),
         "rho_zcdp": zcdp_rho(ledger) if private else None,
         "noise_multipliers": dict(state.multipliers),
+        "aggregation": cfg.aggregation,
         **extra,
         "timings": timings,
         "wall_seconds": time.perf_counter() - t0,

@@ -158,8 +158,6 @@ def run(
     if noise_seed is not None and not isinstance(noise_seed, int):
         raise ConfigError(f"must be an integer, got {noise_seed!r}", field="--noise-seed")
     secrets = RunSecrets(noise_seed)
-    if algorithm in pam.PAM_ALGORITHMS and str((overrides or {}).get("aggregation", "central")) != "central":
-        raise ConfigError("secure aggregation is not implemented for the personalization algorithms yet (their statistics go through the central aggregator)", field="aggregation")
     if algorithm in pam.PAM_ALGORITHMS:
         from .personalization import run_personal
 
@@ -276,8 +274,8 @@ def run(
         metrics["recommendation"].update(
             {"mechanism": rec_cfg.mechanism, "sensitivity_source": rec_cfg.sensitivity, "epsilon_select": rec_cfg.epsilon,
              "epsilon": epsilon_bounds(rec_ledger, delta)[0], "params": rec_cfg.params,
-             # the score histogram is summed and noised by the central aggregator in both modes
-             "aggregation": "central"}
+             # the score histogram (quantile source) is a secure sum in secure mode
+             "aggregation": cfg.aggregation}
         )
         metrics["epsilon_training"] = epsilon_bounds(ledger, delta)[0] if private else None
         records = records + rec_ledger.to_list()

@@ -121,13 +121,10 @@ def test_the_ledger_json_of_a_secure_run_recomputes_its_epsilon(small_mf, tmp_pa
     assert RdpAccountant().epsilon(again, 1e-5) == pytest.approx(RdpAccountant().epsilon(res.ledger.releases, 1e-5), rel=1e-12)
 
 
-def test_the_plan_shows_secure_multipliers_and_pam_refuses_secure_mode():
+def test_the_plan_shows_secure_multipliers():
     from fedpriv.algorithms.plans import budget_plan
-    from fedpriv.run import run
 
     central = budget_plan("dpsgd", ALSConfig.from_overrides({}, "dpsgd"), 5.0, 1e-5)
     sec = budget_plan("dpsgd", ALSConfig.from_overrides({"aggregation": "secure"}, "dpsgd"), 5.0, 1e-5)
     assert sec.multipliers["dpsgd_grad"] > 1.5 * central.multipliers["dpsgd_grad"]  # no amplification credit
     assert any("Secure aggregation" in n for n in sec.notes) and not central.notes
-    with pytest.raises(ConfigError, match="personalization"):
-        run("pam", "synthetic-personal:users=50,samples=8,d=4,k=2,noise=0.1,seed=1", epsilon=5.0, overrides={"aggregation": "secure"}, progress=False)

@@ -108,3 +108,49 @@ def test_a_node_refuses_to_reveal_both_shares_of_a_neighbour(tmp_path, split):
     refused = [r for r in res.rejected if r["round"] == "users:unmask"]
     assert len(refused) == 1 and "holds no shares" in refused[0]["reason"]
     assert {r["mechanism"] for r in res.ledger.to_list()} == {"skellam"}
+
+
+def test_secure_recommendation_histogram_agrees_across_engines(tmp_path):
+    """The private recommendation's score histogram (quantile ranges) is a secure sum too: the
+    in-process engine and the Flower rounds give the same ledger and the same reports."""
+    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.run import run
+
+    data = "synthetic-mf:users=60,items=30,ratings=1500,seed=2"
+    kw = dict(epsilon=5.0, overrides={"aggregation": "secure", "steps": "1", "rank": "3", "users_per_node": "10", "recommend": "mgem", "rec_sensitivity": "quantile"}, progress=False, noise_seed=11, second_opinion=False)
+    m_in, led_in = run("adadpals", data, engine="inprocess", **{**kw, "overrides": {**kw["overrides"], "users_per_shard": "10"}})  # shards = the nodes
+    m_fl, led_fl = run("adadpals", data, engine="flower", flower_runner=lambda job, n: run_job(LocalGrid(n), job), work_dir=tmp_path, **kw)
+    assert led_in == led_fl
+    assert ("rec_score_hist", "skellam") in {(r["name"], r["mechanism"]) for r in led_fl}
+    assert m_in["recommendation"]["aggregation"] == "secure"
+    for key in ("mse_to_best", "hit_rate"):
+        assert m_fl["recommendation"][key] == pytest.approx(m_in["recommendation"][key], rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("algorithm,schedule", [("pam", "full"), ("pam", "disjoint"), ("pam-single-model", "full")])
+def test_secure_personalization_agrees_across_engines(tmp_path, algorithm, schedule):
+    """pam's statistics (initialization, alternating steps, or the single model's) as secure sums:
+    the in-process blocks and the Flower nodes release the same model and ledger; the disjoint
+    schedule keeps its parallel composition (groups) in secure mode."""
+    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.flower.pam_server import run_pam_job
+    from fedpriv.run import run
+
+    data = "synthetic-personal:users=120,samples=8,d=5,k=2,noise=0.1,seed=1"
+    ov = {"aggregation": "secure", **({"schedule": schedule, "epochs": "3"} if algorithm == "pam" else {})}
+    kw = dict(epsilon=5.0, progress=False, noise_seed=4, second_opinion=False)
+    m_in, led_in = run(algorithm, data, overrides={**ov, "users_per_shard": "30"}, **kw)
+    m_fl, led_fl = run(algorithm, data, overrides={**ov, "users_per_node": "30"}, engine="flower", flower_runner=lambda job, n: run_pam_job(LocalGrid(n), job), work_dir=tmp_path, **kw)
+    assert led_in == led_fl and {r["mechanism"] for r in led_fl} == {"skellam"}
+    assert m_fl["test_mse"] == pytest.approx(m_in["test_mse"], rel=1e-9)
+    assert m_fl["epsilon_spent"] == pytest.approx(5.0, rel=1e-3)
+    if schedule == "disjoint":
+        assert {r["groups"] for r in led_fl if r["name"].startswith("am_")} == {3}
+
+
+def test_pam_exp_refuses_secure_mode():
+    from fedpriv.errors import ConfigError
+    from fedpriv.run import run
+
+    with pytest.raises(ConfigError, match="aggregation"):
+        run("pam-exp", "synthetic-personal:users=40,samples=8,d=4,k=2,noise=0.1,seed=1", epsilon=5.0, overrides={"aggregation": "secure", "net_size": "10"}, progress=False)

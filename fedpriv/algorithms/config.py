@@ -170,6 +170,8 @@ class PAMConfig:
     exp_radius: float = 0.0  # pam-exp: C, bound on |v| (0: 2.5 sqrt(k))
     exp_clip: float = 0.0  # pam-exp: L_f, bound on |U^T x| (0: 2 sqrt(k))
     seed: int = 1234  # public seed (the pam-exp net); noise and user groups come from secret randomness
+    aggregation: str = "central"  # or 'secure' (pam, pam-single-model): nodes add distributed noise and mask
+    secure_dropout: float = 0.0  # secure: fraction of nodes that may drop (shares sized for the rest)
 
     @classmethod
     def from_overrides(cls, overrides: dict) -> "PAMConfig":
@@ -194,6 +196,10 @@ class PAMConfig:
             raise ConfigError(f"must be in (0, 1), got {self.share_init}", field="share_init")
         if self.schedule not in ("full", "disjoint"):
             raise ConfigError(f"must be 'full' or 'disjoint', got {self.schedule!r}", field="schedule")
+        if self.aggregation not in ("central", "secure"):
+            raise ConfigError(f"must be 'central' or 'secure', got {self.aggregation!r}", field="aggregation")
+        if not (0 <= self.secure_dropout < 1):
+            raise ConfigError(f"must be in [0, 1), got {self.secure_dropout}", field="secure_dropout")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -404,13 +404,93 @@ def user_groups(keys: np.ndarray, groups: int) -> np.ndarray:
     return np.minimum((user_uniform(keys, PURPOSE_GROUP) * groups).astype(np.int64), groups - 1)
 
 
+# ---------------------------------------------------------------------------- secure rounds
+SECURE_KINDS = ("pam_init", "pam_step")
+
+
+def secure_parts(kind: str, state: PAMState) -> list[tuple[str, int, float, float]]:
+    """(release, words, L2 sensitivity, z) of a secure round: the initialization's M, or a
+    step's statistics (the single model's, or the alternating step's A and b)."""
+    d, dk = state.d, state.d * state.k
+    if kind == "pam_init":
+        names = [("init_M", d * (d + 1) // 2)]
+    elif state.algorithm == "pam-single-model":
+        names = [("single_A", d * (d + 1) // 2), ("single_b", d)]
+    else:
+        names = [("am_A", dk * (dk + 1) // 2), ("am_b", dk)]
+    return [(n, length, sensitivity(n, state), state.multipliers[n]) for n, length in names]
+
+
+def node_values(kind: str, X: np.ndarray, y: np.ndarray, state: PAMState) -> dict[str, np.ndarray]:
+    """A node's clipped statistics of a secure round (its users of the step's group only)."""
+    if kind == "pam_init":
+        return {"init_M": client_init_stats(X, y, state)}
+    A, b = client_step_stats(X, y, state)
+    names = ("single_A", "single_b") if state.algorithm == "pam-single-model" else ("am_A", "am_b")
+    return {names[0]: A, names[1]: b}
+
+
+def node_rng(keys: np.ndarray, label: str, reproducible: bool) -> np.random.Generator:
+    """A node's generator for its noise share of round ``label``: OS randomness, or (reproducible
+    runs) a seed from its users' secret keys, the same in both engines."""
+    import os
+
+    from ..privacy.randomness import seed_from_keys
+
+    if not reproducible:
+        return np.random.default_rng(int.from_bytes(os.urandom(32), "little"))
+    return np.random.default_rng([seed_from_keys(np.asarray(keys, dtype=np.uint64), 0x5EC1), int.from_bytes(label.encode()[:16].ljust(16, b"\0"), "little")])
+
+
+def _secure_round(transport, kind: str, state: PAMState, ledger: PrivacyLedger, step: int = 0, group: int | None = None, groups: int = 1):
+    """Plan a secure round, let the transport sum the nodes' noised words, check the budget,
+    unmask and record; returns (decoded noised sums, a stand-in ledger for the release functions)."""
+    from ..privacy import distributed
+    from ..privacy.distributed import Prereleased
+
+    n_nodes, max_users = transport.population()
+    m = max(1, n_nodes - math.floor(state.config.secure_dropout * n_nodes))
+    plan = distributed.plan_round(secure_parts(kind, state), max_users=max_users, n_nodes=n_nodes, min_contributors=m)
+    unmask, contributors = transport.secure_sum(kind, plan, state, step, group)
+    values = ledger.skellam_round(plan, lambda: distributed.decode(plan, unmask(), contributors), contributors, groups=groups)
+    return values, Prereleased(plan)
+
+
+def check_secure(state: PAMState) -> None:
+    if state.config.aggregation != "secure":
+        return
+    if state.algorithm not in ("pam", "pam-single-model"):
+        raise ConfigError(f"secure aggregation adds distributed Gaussian-like noise to sums; {state.algorithm} has no such release (use aggregation=central)", field="aggregation")
+
+
+def _run_secure(transport, state: PAMState, ledger: PrivacyLedger) -> list[dict]:
+    steps: list[dict] = []
+    if state.algorithm == "pam-single-model":
+        v, proxy = _secure_round(transport, "pam_step", state, ledger)
+        server_single_update(*release_single(v["single_A"], v["single_b"], state, proxy), state)
+        return steps
+    v, proxy = _secure_round(transport, "pam_init", state, ledger)
+    server_init(release_init(v["init_M"], state, proxy), state)
+    groups = state.config.epochs if state.config.schedule == "disjoint" else 1
+    for t, group in enumerate(step_groups(state)):
+        ts = time.perf_counter()
+        v, proxy = _secure_round(transport, "pam_step", state, ledger, t, group, groups)
+        server_am_update(*release_am(v["am_A"], v["am_b"], state, proxy), state)
+        steps.append({"seconds": time.perf_counter() - ts})
+    return steps
+
+
 # ---------------------------------------------------------------------------- the rounds
 def run_rounds(transport, state: PAMState, ledger: PrivacyLedger | None) -> list[dict]:
     """The rounds of a personalization algorithm, for both engines (the in-process driver of
     :mod:`fedpriv.personalization` and the Flower ServerApp of :mod:`fedpriv.flower.pam_server`):
     the ``transport`` returns the summed, checked client statistics of each round
     (``single_stats``, ``exp_scores``, ``init_stats``, ``step_stats``); the releases go through
-    the ledger here. Returns the per-step timings."""
+    the ledger here (secure mode: the nodes' noise shares are summed securely, see
+    :func:`_run_secure`). Returns the per-step timings."""
+    check_secure(state)
+    if state.config.aggregation == "secure":
+        return _run_secure(transport, state, ledger)
     steps: list[dict] = []
     if state.algorithm == "pam-single-model":
         server_single_update(*release_single(*transport.single_stats(state), state, ledger), state)

@@ -231,6 +231,9 @@ def evaluation_sums(q: np.ndarray, sens: np.ndarray, picks: np.ndarray, shard: U
 
 
 # ---------------------------------------------------------------- aggregator and server
+HIST_RELEASE = "rec_score_hist"
+
+
 def hist_multiplier(cfg: RecommendConfig) -> float:
     from ..privacy.accounting import PlannedRelease, calibrate
 
@@ -242,7 +245,7 @@ def release_ranges(total: np.ndarray, state: als.PublicState, cfg: RecommendConf
     through the ledger (L2 sensitivity sqrt(k)), then read [lo_a, hi_a] off the noised
     histogram (post-processing)."""
     k = total.shape[0]
-    noised = ledger.gaussian("rec_score_hist", total, sensitivity=math.sqrt(k), noise_multiplier=hist_multiplier(cfg))
+    noised = ledger.gaussian(HIST_RELEASE, total, sensitivity=math.sqrt(k), noise_multiplier=hist_multiplier(cfg))
     return quantile_ranges(noised, hist_edges(state, cfg.bins), cfg.quantiles)
 
 

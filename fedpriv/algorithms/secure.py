@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import ConfigError, PrivacyError
 from ..privacy import distributed
+from ..privacy.distributed import Prereleased  # noqa: F401 - re-exported
 from ..privacy.randomness import seed_from_keys
 from ..privacy.symmetric import from_upper, upper
 from . import als
@@ -92,6 +93,13 @@ def node_values(kind: str, shard: UserShard, state: als.PublicState, step: int =
     return {p.name: _flat(p, sums[p.index]) for p in alternating.parts(state)}
 
 
+def node_histogram(shard: UserShard, state: als.PublicState, candidates: np.ndarray, cfg) -> dict[str, np.ndarray]:
+    """The node's score-histogram counts of the recommendation's quantile ranges, flattened."""
+    from . import recommend
+
+    return {recommend.HIST_RELEASE: recommend.client_histogram(shard, state, candidates, cfg).ravel()}
+
+
 def node_rng(shard: UserShard, label: str, reproducible: bool) -> np.random.Generator:
     """The node's generator for its noise share of the round ``label``: the OS CSPRNG, or (a
     reproducible run) a seed derived from the node's users' keys, so both engines agree."""
@@ -113,24 +121,6 @@ def label(kind: str, step: int = 0) -> str:
 
 
 # ---------------------------------------------------------------------------- server side
-class Prereleased:
-    """Stands in for the ledger when the sums were noised by the nodes: the algorithm's release
-    functions call :meth:`gaussian` with the (already noised) decoded sums; it checks that the
-    name, sensitivity and noise multiplier are the planned ones and returns the value as is."""
-
-    def __init__(self, plan: distributed.DistributedPlan):
-        self.plan, self.used = plan, set()
-
-    def gaussian(self, name: str, value, *, sensitivity: float, noise_multiplier: float, symmetric: bool = False, sampling_rate=None, groups: int = 1):
-        part = self.plan.part(name)
-        if name in self.used:
-            raise PrivacyError(f"release {name!r}: released twice from one secure round")
-        if not (math.isclose(part.sensitivity, sensitivity, rel_tol=1e-12) and math.isclose(part.noise_multiplier, noise_multiplier, rel_tol=1e-12)):
-            raise PrivacyError(f"release {name!r}: the secure round was planned with sensitivity {part.sensitivity} and z {part.noise_multiplier}, the release asks {sensitivity} and {noise_multiplier}")
-        self.used.add(name)
-        return np.asarray(value, dtype=np.float64)
-
-
 def release(kind: str, values: dict[str, np.ndarray], state: als.PublicState, plan: distributed.DistributedPlan):
     """The release of a round from its decoded, noised sums (post-processing only)."""
     proxy = Prereleased(plan)

@@ -56,6 +56,23 @@ def _reply(msg: Message, arrays: dict, n_users: int) -> Message:
     return Message(rd, reply_to=msg)
 
 
+def node_block(msg: Message, context: Context):
+    """(state, users, X, y, V, U, meta, block keys, reproducible) of this node for the round of
+    ``msg``: with the disjoint schedule, only the users of the step's group (drawn by each user
+    from its secret key); ``block keys``: the secret keys of all the block's users."""
+    from ..privacy.randomness import user_keys
+    from .node_secrets import node_key, raw_user_ids
+
+    state, data_dir, upn, group = decode_state(msg.content)
+    users, X, y, V, U, meta = load_block(data_dir, int(context.node_config.get("partition-id", 0)), upn)
+    key, reproducible = node_key(msg.content.config_records["cfg"], context)
+    keys = user_keys(key, raw_user_ids(data_dir, users))
+    if group is not None:  # disjoint schedule: only the users of this step's group contribute
+        keep = pam.user_groups(keys, state.config.epochs) == group
+        users, X, y, V = users[keep], X[keep], y[keep], V[keep]
+    return state, users, X, y, V, U, meta, keys, reproducible
+
+
 # ------------------------------------------------------------------ client handlers
 def register(app) -> None:
     """Add the personalization handlers to fedpriv's ClientApp."""
@@ -64,16 +81,7 @@ def register(app) -> None:
         return int(context.node_config.get("partition-id", 0))
 
     def block(msg: Message, context: Context):
-        from ..privacy.randomness import user_keys
-        from .node_secrets import node_key, raw_user_ids
-
-        state, data_dir, upn, group = decode_state(msg.content)
-        users, X, y, V, U, meta = load_block(data_dir, pid(context), upn)
-        if group is not None:  # disjoint schedule: only the users of this step's group contribute
-            key, _ = node_key(msg.content.config_records["cfg"], context)
-            keep = pam.user_groups(user_keys(key, raw_user_ids(data_dir, users)), state.config.epochs) == group
-            users, X, y, V = users[keep], X[keep], y[keep], V[keep]
-        return state, users, X, y, V, U, meta
+        return node_block(msg, context)[:7]
 
     @app.query("pam_info")
     def pam_info(msg: Message, context: Context) -> Message:

@@ -120,6 +120,17 @@ class _GridPamTransport:
 
     def __init__(self, rounds: Rounds, state: pam.PAMState, data_dir: str, users_per_node: int, key_file: str | None):
         self.rounds, self.state, self.data_dir, self.upn, self.key_file = rounds, state, data_dir, users_per_node, key_file
+        self.secure = None
+        if state.config.aggregation == "secure":
+            from .secure_server import SecureRounds
+
+            self.secure = SecureRounds(rounds, users_per_node)
+
+    def population(self) -> tuple[int, int]:
+        return self.secure.population()
+
+    def secure_sum(self, kind: str, plan, state: pam.PAMState, step: int, group):
+        return self.secure.secure_sum(kind, plan, encode_state(state, self.data_dir, self.upn, group, self.key_file), step)
 
     def collect(self, kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None, ranges=None) -> dict[str, np.ndarray]:
         state = self.state

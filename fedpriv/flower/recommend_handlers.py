@@ -66,8 +66,15 @@ class _GridRecommendTransport:
     """The recommendation rounds over the nodes of a :class:`fedpriv.flower.rounds.Rounds`:
     every histogram and report is validated before it counts; a rejected one is logged."""
 
-    def __init__(self, rounds, base_content: RecordDict, node_users: dict[int, int], has_test: bool):
+    def __init__(self, rounds, base_content: RecordDict, node_users: dict[int, int], has_test: bool, secure=None):
         self.rounds, self.base, self.node_users, self.has_test = rounds, base_content, node_users, has_test
+        self.secure = secure  # the job's SecureRounds (secure mode), else None
+
+    def population(self) -> tuple[int, int]:
+        return self.secure.population()
+
+    def secure_histogram(self, plan, state, candidates, cfg):
+        return self.secure.secure_sum("rec_hist", plan, self._content(candidates, cfg, {}), 0)
 
     def _content(self, candidates, cfg, extra: dict) -> RecordDict:
         c = RecordDict(dict(self.base.items()))
@@ -103,12 +110,12 @@ class _GridRecommendTransport:
         self.rounds.reject("recommend", key, reason)
 
 
-def run_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, ledger_seed: int | None, has_test: bool):
+def run_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, ledger_seed: int | None, has_test: bool, secure=None):
     """The recommendation rounds (:func:`fedpriv.loop.recommend_rounds`) over the nodes of
     ``rounds``: returns (summary, recommendation ledger, {node: reports as candidate item ids}).
     ``ledger_seed``: None (OS randomness) unless the run asked for reproducible noise."""
     from ..loop import recommend_rounds
 
     ledger = PrivacyLedger(seed=ledger_seed)
-    summary, reports = recommend_rounds(_GridRecommendTransport(rounds, base_content, node_users, has_test), state, cfg, ledger)
+    summary, reports = recommend_rounds(_GridRecommendTransport(rounds, base_content, node_users, has_test, secure), state, cfg, ledger)
     return summary, ledger, reports

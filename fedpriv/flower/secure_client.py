@@ -73,20 +73,45 @@ def mask(msg: Message, context: Context) -> Message:
     scaled, rounded, plus its Skellam noise share, plus its masks, mod 2^bits."""
     content = msg.content
     sec = content.config_records["secagg"]
+    if str(sec["kind"]).startswith("pam_"):  # DP model personalization: the node's block of users
+        return _mask_pam(msg, context)
     state, data_dir, upn = codec.decode_state(content)
     folder = data_dir_of(context.node_config, data_dir)
     shard = load_shard(folder, "train", int(context.node_config.get("partition-id", 0)), upn)
     shard, reproducible = with_keys(shard, folder, content.config_records["cfg"], context)
     kind, step = str(sec["kind"]), int(sec["step"])
     plan = DistributedPlan.from_dict(json.loads(str(sec["plan"])))
-    table = load_feature_table(data_dir) if kind == "step" and state.spec.clients_need_encoder else None
-    values = secure.node_values(kind, shard, state, step, table)
+    if kind == "rec_hist":  # the recommendation's score histogram
+        from .recommend_handlers import _cfg_of
+
+        rec_cfg, _ = _cfg_of(content)
+        values = secure.node_histogram(shard, state, content.array_records["rec"]["candidates"].numpy().astype("int64"), rec_cfg)
+    else:
+        table = load_feature_table(data_dir) if kind == "step" and state.spec.clients_need_encoder else None
+        values = secure.node_values(kind, shard, state, step, table)
     words = secure.node_words(plan, values, secure.node_rng(shard, secure.label(kind, step), reproducible))
     node = _node(context, context.node_id)
     label, _ = _release(sec)
     y = node.mask(label, words, _ids(content.config_records["mask_keys"]), _ids(content.config_records["ciphertexts"]))
     _save(context, node)
     return Message(RecordDict({"masked": ArrayRecord({"y": codec._arr(y)}), "meta": ConfigRecord({"n_users": int(shard.n_users)})}), reply_to=msg)  # noqa: SLF001
+
+
+def _mask_pam(msg: Message, context: Context) -> Message:
+    from ..algorithms import pam
+    from ..privacy.distributed import encode
+    from .pam_client import node_block
+
+    sec = msg.content.config_records["secagg"]
+    kind, step = str(sec["kind"]), int(sec["step"])
+    state, users, X, y, _, _, _, keys, reproducible = node_block(msg, context)
+    plan = DistributedPlan.from_dict(json.loads(str(sec["plan"])))
+    words = encode(plan, pam.node_values(kind, X, y, state), pam.node_rng(keys, f"{kind}-{step}", reproducible))
+    node = _node(context, context.node_id)
+    label, _ = _release(sec)
+    y_masked = node.mask(label, words, _ids(msg.content.config_records["mask_keys"]), _ids(msg.content.config_records["ciphertexts"]))
+    _save(context, node)
+    return Message(RecordDict({"masked": ArrayRecord({"y": codec._arr(y_masked)}), "meta": ConfigRecord({"n_users": int(len(keys))})}), reply_to=msg)  # noqa: SLF001
 
 
 def unmask(msg: Message, context: Context) -> Message:

@@ -325,7 +325,8 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
         users_of = {nid: node_users(nodes.partition_of[nid], job.users_per_node, n_users) for nid in rounds.nodes}
         summary, result.rec_ledger, reports = run_rounds(
-            rounds, state, down(), {nid: len(u) for nid, u in users_of.items()}, job.recommend, job.secrets.ledger_seed("recommend"), job.test is not None
+            rounds, state, down(), {nid: len(u) for nid, u in users_of.items()}, job.recommend, job.secrets.ledger_seed("recommend"), job.test is not None,
+            secure=transport.secure,
         )
         result.recommendation = summary
         result.rec_picks = np.full(n_users, -1, dtype=np.int64)

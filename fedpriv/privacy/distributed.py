@@ -246,3 +246,21 @@ def decode(plan: DistributedPlan, total: np.ndarray, contributors: int) -> dict[
 def released_std(plan: DistributedPlan, part: PartPlan, contributors: int) -> float:
     """Standard deviation (integer units) of the noise in a release of ``contributors`` shares."""
     return math.sqrt(plan.share_variance(part) * contributors)
+
+
+class Prereleased:
+    """Stands in for the ledger when the sums were noised by the nodes: the algorithm's release
+    functions call :meth:`gaussian` with the (already noised) decoded sums; it checks that the
+    name, sensitivity and noise multiplier are the planned ones and returns the value as is."""
+
+    def __init__(self, plan: DistributedPlan):
+        self.plan, self.used = plan, set()
+
+    def gaussian(self, name: str, value, *, sensitivity: float, noise_multiplier: float, symmetric: bool = False, sampling_rate=None, groups: int = 1):
+        part = self.plan.part(name)
+        if name in self.used:
+            raise PrivacyError(f"release {name!r}: released twice from one secure round")
+        if not (math.isclose(part.sensitivity, sensitivity, rel_tol=1e-12) and math.isclose(part.noise_multiplier, noise_multiplier, rel_tol=1e-12)):
+            raise PrivacyError(f"release {name!r}: the secure round was planned with sensitivity {part.sensitivity} and z {part.noise_multiplier}, the release asks {sensitivity} and {noise_multiplier}")
+        self.used.add(name)
+        return np.asarray(value, dtype=np.float64)

@@ -195,17 +195,18 @@ class PrivacyLedger:
         self._record(rel)
         return (value + noise).astype(value.dtype if value.dtype.kind == "f" else np.float64, copy=False)
 
-    def skellam_round(self, plan, unmask, contributors: int) -> dict[str, np.ndarray]:
+    def skellam_round(self, plan, unmask, contributors: int, groups: int = 1) -> dict[str, np.ndarray]:
         """Record the releases of a secure round whose noise the nodes added (distributed
         Skellam shares, :mod:`fedpriv.privacy.distributed`). The contributors and the budget are
         checked first (all parts of the round, or none); then ``unmask()`` reveals the noised
         sums, {part name: values} (it may refuse, e.g. a wrap-around: then nothing is recorded);
-        then every part is recorded with the noise of ``contributors`` shares."""
+        then every part is recorded with the noise of ``contributors`` shares. ``groups``: as for
+        :meth:`gaussian` (a round over one of G disjoint groups of users)."""
         from .distributed import released_std
 
         plan.check_contributors(contributors)
         rels = [
-            Release(p.name, "skellam", float(p.delta2), released_std(plan, p, contributors), 1, None, int(p.length), l1_sensitivity=float(p.delta1))
+            Release(p.name, "skellam", float(p.delta2), released_std(plan, p, contributors), 1, None, int(p.length), int(groups), l1_sensitivity=float(p.delta1))
             for p in plan.parts
         ]
         after = list(self.releases)

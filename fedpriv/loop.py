@@ -93,13 +93,16 @@ class SecureAggregator:
 
         secure.check_secure(state)
         n_nodes, max_users = transport.population()
-        plan = secure.plan(kind, state, max_users=max_users, n_nodes=n_nodes, dropout=self.dropout)
-        t = time.perf_counter()
-        unmask, contributors = transport.secure_sum(kind, plan, state, step)
-        self.client_seconds = time.perf_counter() - t
+
+        def gather(plan):
+            t = time.perf_counter()
+            out = transport.secure_sum(kind, plan, state, step)
+            self.client_seconds = time.perf_counter() - t
+            return out
+
         # the budget check comes first; only then is the sum unmasked, decoded and recorded
-        values = self.ledger.skellam_round(plan, lambda: distributed.decode(plan, unmask(), contributors), contributors)
-        return secure.release(kind, values, state, plan)
+        values, proxy = distributed.secure_round(self.ledger, secure.round_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=self.dropout, secure_sum=gather)
+        return secure.release(kind, values, state, proxy.plan)
 
     def users(self, transport, state: als.PublicState) -> int:
         return self._round(transport, "users", state)
@@ -216,14 +219,12 @@ def _secure_ranges(transport, state: als.PublicState, candidates: np.ndarray, cf
     """Secure mode's score histogram: each node's (candidates x bins) counts, quantized with its
     Skellam share and securely summed; the ledger checks the budget before the sum is unmasked;
     the ranges are read off the noised sum by the same release function (post-processing)."""
-    from .algorithms import recommend, secure
+    from .algorithms import recommend
     from .privacy import distributed
 
     k = len(candidates)
     n_nodes, max_users = transport.population()
-    m = max(1, n_nodes - int(state.config.secure_dropout * n_nodes))
-    plan = distributed.plan_round([(recommend.HIST_RELEASE, k * cfg.bins, float(np.sqrt(k)), recommend.hist_multiplier(cfg))], max_users=max_users, n_nodes=n_nodes, min_contributors=m)
-    unmask, contributors = transport.secure_histogram(plan, state, candidates, cfg)
-    values = ledger.skellam_round(plan, lambda: distributed.decode(plan, unmask(), contributors), contributors)
-    noised = values[recommend.HIST_RELEASE].reshape(k, cfg.bins)
-    return recommend.release_ranges(noised, state, cfg, secure.Prereleased(plan))
+    parts = [(recommend.HIST_RELEASE, k * cfg.bins, float(np.sqrt(k)), recommend.hist_multiplier(cfg))]
+    values, proxy = distributed.secure_round(ledger, parts, n_nodes=n_nodes, max_users=max_users, dropout=state.config.secure_dropout,
+                                             secure_sum=lambda plan: transport.secure_histogram(plan, state, candidates, cfg))
+    return recommend.release_ranges(values[recommend.HIST_RELEASE].reshape(k, cfg.bins), state, cfg, proxy)

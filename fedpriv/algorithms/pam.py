@@ -445,15 +445,11 @@ def node_rng(keys: np.ndarray, label: str, reproducible: bool) -> np.random.Gene
 def _secure_round(transport, kind: str, state: PAMState, ledger: PrivacyLedger, step: int = 0, group: int | None = None, groups: int = 1):
     """Plan a secure round, let the transport sum the nodes' noised words, check the budget,
     unmask and record; returns (decoded noised sums, a stand-in ledger for the release functions)."""
-    from ..privacy import distributed
-    from ..privacy.distributed import Prereleased
+    from ..privacy.distributed import secure_round
 
     n_nodes, max_users = transport.population()
-    m = max(1, n_nodes - math.floor(state.config.secure_dropout * n_nodes))
-    plan = distributed.plan_round(secure_parts(kind, state), max_users=max_users, n_nodes=n_nodes, min_contributors=m)
-    unmask, contributors = transport.secure_sum(kind, plan, state, step, group)
-    values = ledger.skellam_round(plan, lambda: distributed.decode(plan, unmask(), contributors), contributors, groups=groups)
-    return values, Prereleased(plan)
+    return secure_round(ledger, secure_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=state.config.secure_dropout,
+                        secure_sum=lambda plan: transport.secure_sum(kind, plan, state, step, group), groups=groups)
 
 
 def check_secure(state: PAMState) -> None:

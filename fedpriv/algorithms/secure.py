@@ -5,7 +5,8 @@ mean, the item counts, and each alternating step's declared parts).
 A secure round has a *kind* ('users', 'mean', 'counts' or 'step'). Both engines call:
 
 - :func:`round_parts`: the round's releases (name, words, L2 sensitivity, z), from which the
-  server plans the round (:func:`fedpriv.privacy.distributed.plan_round`);
+  server plans the round (:func:`fedpriv.privacy.distributed.secure_round`, the one secure
+  step of every family);
 - :func:`node_values` then :func:`node_words` on each node: the node's clipped sums, flattened
   (upper triangles for symmetric parts), quantized, plus the node's Skellam share;
 - :func:`release`: the server's post-processing of the decoded (already noised) sums, through
@@ -15,7 +16,6 @@ A secure round has a *kind* ('users', 'mean', 'counts' or 'step'). Both engines 
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -59,14 +59,6 @@ def declared(kind: str, state: als.PublicState) -> list[Part]:
 def round_parts(kind: str, state: als.PublicState) -> list[tuple[str, int, float, float]]:
     """(release name, words, L2 sensitivity, noise multiplier z) of every part of the round."""
     return [(p.name, p.length, als.sensitivity(p.name, state.config, state.rating_range), state.multipliers[p.name]) for p in declared(kind, state)]
-
-
-def plan(kind: str, state: als.PublicState, *, max_users: int, n_nodes: int, dropout: float) -> distributed.DistributedPlan:
-    """The public plan of a round: noise shares sized for all but ``floor(dropout * n_nodes)``."""
-    if not (0.0 <= dropout < 1.0):
-        raise ConfigError(f"must be in [0, 1), got {dropout}", field="secure_dropout")
-    m = max(1, n_nodes - math.floor(dropout * n_nodes))
-    return distributed.plan_round(round_parts(kind, state), max_users=max_users, n_nodes=n_nodes, min_contributors=m)
 
 
 # ---------------------------------------------------------------------------- node side

@@ -105,12 +105,16 @@ class SecureDPFedAvg(FedAvg):
         secure.rounds.nodes = nodes
         n = len(nodes)
         length = sum(arrays[k].numpy().size for k in arrays)
-        plan = distributed.plan_round([(RELEASE, length, self.clipping_norm, self.noise_multiplier)], max_users=n, n_nodes=n,
-                                      min_contributors=max(1, n - int(self.dropout * n)))
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: ConfigRecord(dict(config, clipping_norm=self.clipping_norm))})
-        unmask, contributors = secure.secure_sum(RELEASE, plan, content, server_round)
-        values = self.ledger.skellam_round(plan, lambda: distributed.decode(plan, unmask(), contributors), contributors)
-        mean_update = values[RELEASE] / contributors  # post-processing: the count of contributors is public
+        counted = []
+
+        def gather(plan):
+            unmask, contributors = secure.secure_sum(RELEASE, plan, content, server_round)
+            counted.append(contributors)
+            return unmask, contributors
+
+        values, _ = distributed.secure_round(self.ledger, [(RELEASE, length, self.clipping_norm, self.noise_multiplier)], n_nodes=n, max_users=n, dropout=self.dropout, secure_sum=gather)
+        mean_update = values[RELEASE] / counted[0]  # post-processing: the count of contributors is public
         return unflatten(flatten(arrays) + mean_update, arrays)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,

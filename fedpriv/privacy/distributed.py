@@ -264,3 +264,18 @@ class Prereleased:
             raise PrivacyError(f"release {name!r}: the secure round was planned with sensitivity {part.sensitivity} and z {part.noise_multiplier}, the release asks {sensitivity} and {noise_multiplier}")
         self.used.add(name)
         return np.asarray(value, dtype=np.float64)
+
+
+def secure_round(ledger, parts: list[tuple[str, int, float, float]], *, n_nodes: int, max_users: int, dropout: float, secure_sum, groups: int = 1):
+    """The one secure-aggregation step of every algorithm family and both engines: plan the round
+    of ``parts`` (noise shares sized for all but ``floor(dropout * n_nodes)`` nodes), let
+    ``secure_sum(plan)`` gather the nodes' words (returning ``(unmask, contributors)``), check the
+    budget in ``ledger``, unmask, decode and record. Returns (the noised sums by part, a
+    :class:`Prereleased` for the algorithm's own release functions)."""
+    if not (0.0 <= dropout < 1.0):
+        raise PrivacyError(f"secure round: dropout must be in [0, 1), got {dropout}")
+    m = max(1, n_nodes - math.floor(dropout * n_nodes))
+    plan = plan_round(parts, max_users=max_users, n_nodes=n_nodes, min_contributors=m)
+    unmask, contributors = secure_sum(plan)
+    values = ledger.skellam_round(plan, lambda: decode(plan, unmask(), contributors), contributors, groups=groups)
+    return values, Prereleased(plan)

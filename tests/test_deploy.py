@@ -269,6 +269,24 @@ def _all_gone(pids: list[int], seconds: float = 20.0) -> bool:
     return not any(launcher._alive(p) for p in pids)
 
 
+def _kill_when(log, marker: str, pid: int):
+    """Kill the process tree of ``pid`` as soon as ``marker`` appears in the file ``log``.
+    Returns (killed, done, watcher): set ``done`` and join ``watcher`` when the run is over."""
+    killed, done = threading.Event(), threading.Event()
+
+    def killer():
+        while not done.is_set():
+            if marker in log.read_text(errors="replace"):
+                _kill_tree(pid)
+                killed.set()
+                return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=killer, daemon=True)
+    watcher.start()
+    return killed, done, watcher
+
+
 def _tree(cfg) -> list[int]:
     pids = [int(e["pid"]) for e in deploy.running(cfg)]
     return pids + launcher._descendants(pids)
@@ -294,18 +312,7 @@ def test_tls_auth_deployment_completes_with_a_node_killed_in_round_one(tmp_path)
         assert cfg.tls and cfg.auth and (cfg.run_dir / "certs" / "ca.crt").is_file()
         victim = next(e for e in deploy.running(cfg) if e["name"] == "supernode-2")
         log = cfg.logs_dir / "supernode-2.log"
-        killed, done = threading.Event(), threading.Event()
-
-        def killer():
-            while not done.is_set():
-                if "Receiving: train message" in log.read_text(errors="replace"):
-                    _kill_tree(int(victim["pid"]))
-                    killed.set()
-                    return
-                time.sleep(0.2)
-
-        watcher = threading.Thread(target=killer, daemon=True)
-        watcher.start()
+        killed, done, watcher = _kill_when(log, "Receiving: train message", int(victim["pid"]))
         t1 = time.perf_counter()
         try:
             metrics = deploy.run_job(cfg, "adadpals", epsilon=1.0, overrides={"steps": "2", "rank": "4"}, round_timeout=30.0, node_wait=60.0, quiet=True, timeout=900, aggregation="central")
@@ -364,18 +371,7 @@ def test_secure_aggregation_deployment_completes_with_a_node_killed_after_sharin
         assert cfg.tls and cfg.auth
         victim = next(e for e in deploy.running(cfg) if e["name"] == "supernode-2")
         log = cfg.logs_dir / "supernode-2.log"
-        killed, done = threading.Event(), threading.Event()
-
-        def killer():
-            while not done.is_set():
-                if "Receiving: query.secagg_mask message" in log.read_text(errors="replace"):
-                    _kill_tree(int(victim["pid"]))
-                    killed.set()
-                    return
-                time.sleep(0.1)
-
-        watcher = threading.Thread(target=killer, daemon=True)
-        watcher.start()
+        killed, done, watcher = _kill_when(log, "Receiving: query.secagg_mask message", int(victim["pid"]))
         t1 = time.perf_counter()
         try:
             metrics = deploy.run_job(cfg, "adadpals", epsilon=1.0, overrides=overrides, round_timeout=20.0, node_wait=60.0, quiet=True, timeout=900)

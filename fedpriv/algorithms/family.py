@@ -66,27 +66,19 @@ for _spec in (
         contribution="gradient",
         bias_column=True,
     ),
-    registry.AlgorithmSpec(
-        "am-ssp",
-        adaptive_rating_weights,
-        keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"),
-        summary="SSP2 with a public-feature encoder",
-        step=_STEPS + "SSP",
-        step_releases=ssp2_releases,
-        resamples=ssp2_resamples,
-        encoder=True,
-        **_ADAPTIVE,
-    ),
-    registry.AlgorithmSpec(
-        "am-ssp1",
-        adaptive_rating_weights,
-        keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"),
-        summary="SSP1 with a public-feature encoder",
-        step=_STEPS + "SSP",
-        step_releases=ssp1_releases,
-        resamples=ssp1_resamples,
-        encoder=True,
-        **_ADAPTIVE,
+    *(
+        registry.AlgorithmSpec(
+            name,
+            adaptive_rating_weights,
+            keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"),
+            summary=f"{variant} with a public-feature encoder",
+            step=_STEPS + "SSP",
+            step_releases=releases,
+            resamples=resamples,
+            encoder=True,
+            **_ADAPTIVE,
+        )
+        for name, variant, releases, resamples in (("am-ssp", "SSP2", ssp2_releases, ssp2_resamples), ("am-ssp1", "SSP1", ssp1_releases, ssp1_resamples))
     ),
     registry.AlgorithmSpec(
         "am-ssp-convex",

@@ -33,7 +33,7 @@ def train(net: nn.Module, x, y, epochs: int, lr: float) -> float:
         loss = loss_fn(net(x).squeeze(-1), y)
         loss.backward()
         opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def evaluate(net: nn.Module, x, y) -> tuple[float, float]:

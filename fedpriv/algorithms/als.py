@@ -342,13 +342,23 @@ def server_init(state: PublicState) -> None:
     state.item_bias = np.zeros(state.n_items) if state.config.item_bias else None
 
 
+def private_item_ridge(state: PublicState) -> float:
+    """The ridge of private item solves: ``reg_item_private`` plus ``reg_noise_units`` standard
+    deviations of the noise on each diagonal entry of the released A (a public quantity: the
+    calibrated multiplier times the sensitivity), so that the ridge grows with the noise."""
+    cfg = state.config
+    if cfg.reg_noise_units <= 0 or "item_stats_A" not in state.multipliers:
+        return cfg.reg_item_private
+    return cfg.reg_item_private + cfg.reg_noise_units * state.multipliers["item_stats_A"] * sensitivity("item_stats_A", cfg, state.rating_range)
+
+
 def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state: PublicState) -> None:
     """Item solve from (noised) statistics: PSD projection, regularisation, batched solve;
     sets the state's item factors (and item biases)."""
     cfg = state.config
     if state.private:
         A = project_psd(A, cfg.psd_floor)
-        reg = cfg.reg_item_private
+        reg = private_item_ridge(state)
     else:
         reg = cfg.reg_item * (np.maximum(state.counts_hat, 1.0) if cfg.weighted_reg else 1.0)
     if g is not None:

@@ -59,6 +59,7 @@ class ALSConfig:
     reg_user: float = 0.1
     reg_item: float = 0.1  # non-private item solves (weighted-lambda: reg_item * count)
     reg_item_private: float = 2.0  # private item solves: constant ridge after PSD projection
+    reg_noise_units: float = 0.0  # private item solves: plus this many noise standard deviations of A (noise-aware ridge)
     weighted_reg: bool = True  # weighted-lambda (lambda * count) for user solves and non-private item solves
     user_bias: bool = True  # items carry a fixed column of ones: each user solves its own bias locally
     item_bias: bool = True  # released user vectors carry a fixed coordinate: items learn a bias
@@ -112,17 +113,24 @@ class ALSConfig:
                 readers = registry.readers(key)
                 if readers is not None and algorithm not in readers:
                     raise ConfigError(f"{algorithm} does not use this key (it is read by {', '.join(readers)})", field=key)
+            spec = registry.get(algorithm)
+            for key in spec.fixed:
+                if key in overrides and str(overrides[key]) != dict(spec.defaults)[key]:
+                    raise ConfigError(f"{algorithm} fixes it to {dict(spec.defaults)[key]}", field=key)
+            overrides = {**dict(spec.defaults), **overrides}
         cfg = _parse(cls, overrides)
         cfg.validate()
         return cfg
 
     def validate(self) -> None:
-        positive = ("rank", "steps", "user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap", "ssp_steps", "ssp_lr", "newton_steps", "encoder_sgd_lr")
+        if not (self.rank >= 0):
+            raise ConfigError(f"must be >= 0 (0: no factors, the bias model), got {self.rank}", field="rank")
+        positive = ("steps", "user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap", "ssp_steps", "ssp_lr", "newton_steps", "encoder_sgd_lr")
         for name in positive:
             v = getattr(self, name)
             if not (v > 0) or (isinstance(v, float) and math.isnan(v)):
                 raise ConfigError(f"must be > 0, got {v}", field=name)
-        for name in ("reg_user", "reg_item", "reg_item_private", "gravity", "psd_floor", "mu", "init_scale", "sgd_lr", "sgd_weight_decay", "enc_weight_decay", "enc_hidden", "ssp_batch_items", "ssp_resamples"):
+        for name in ("reg_user", "reg_item", "reg_item_private", "reg_noise_units", "gravity", "psd_floor", "mu", "init_scale", "sgd_lr", "sgd_weight_decay", "enc_weight_decay", "enc_hidden", "ssp_batch_items", "ssp_resamples"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)

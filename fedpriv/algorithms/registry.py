@@ -58,6 +58,8 @@ class AlgorithmSpec:
     encoder: bool = False
     bias_column: bool = False  # the contribution rows always carry the bias coordinate (DP-SGD)
     resamples: Callable | None = None  # cfg -> independent noisings of a step's statistics (SSP1)
+    defaults: tuple[tuple[str, str], ...] = ()  # config values this algorithm starts from (overrides win)
+    fixed: tuple[str, ...] = ()  # config keys of ``defaults`` an override may not change
 
     def noisings(self, cfg) -> int:
         """Independent noise draws of the item statistics per alternating step (1 unless SSP1)."""

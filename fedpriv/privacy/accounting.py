@@ -215,19 +215,53 @@ class Calibration:
         return self.multipliers[name]
 
 
-def _plan_releases(plan: Sequence[PlannedRelease], scale: float) -> list[Release]:
-    return [
-        Release(p.name, "gaussian", 1.0, scale / math.sqrt(p.share), p.count, p.sampling_rate)
-        for p in plan
-        if p.count > 0
-    ]
+def _plan_releases(plan: Sequence[PlannedRelease], scale: float, order: float | None = None) -> list[Release]:
+    """The plan's records at ``scale``: z = scale / sqrt(share) (the share rule), or with
+    ``order`` the fair rule of :func:`fair_multiplier` for the Poisson-sampled releases."""
+    out = []
+    for p in plan:
+        if p.count <= 0:
+            continue
+        z = scale / math.sqrt(p.share)
+        if order is not None and p.sampling_rate is not None and p.sampling_rate < 1:
+            z = fair_multiplier(p.sampling_rate, z, order)
+        out.append(Release(p.name, "gaussian", 1.0, z, p.count, p.sampling_rate))
+    return out
 
 
-def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-4, repeat: tuple[float, float] | None = None) -> Calibration:
+def _sampled_rdp(q: float, z: float, order: float) -> float:
+    """RDP at one order of a Poisson-sampled Gaussian (dp-accounting's own formula)."""
+    return float(np.asarray(rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian(q, z, [float(order)]))[0])  # noqa: SLF001
+
+
+def fair_multiplier(q: float, z_share: float, order: float) -> float:
+    """The noise multiplier of a Poisson-sampled (rate ``q``) Gaussian release that spends, at
+    RDP order ``order``, what an unsampled release of multiplier ``z_share`` would: its share of
+    the composed privacy loss. Without it the share rule z = s / sqrt(share) ignores the
+    amplification by sampling and over-noises the sampled release."""
+    target = order / (2.0 * z_share * z_share)
+    lo, hi = 1e-3, z_share  # the sampled release at z_share spends less than its share: z <= z_share
+    if _sampled_rdp(q, hi, order) >= target:
+        return hi
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if _sampled_rdp(q, mid, order) > target:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-5:
+            break
+    return hi  # spends at most its share at ``order``
+
+
+def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-4, repeat: tuple[float, float] | None = None, fair: bool = True) -> Calibration:
     """Find the noise multipliers so that the composed plan spends ``epsilon`` at ``delta``.
 
-    Bisection (in log scale) on one common scale s with z_k = s / sqrt(share_k); the composed
-    epsilon is decreasing in s. The result satisfies eps(plan) <= epsilon and is within
+    Bisection (in log scale) on one common scale s with z_k = s / sqrt(share_k) (the share
+    rule); the composed epsilon is decreasing in s. With Poisson-sampled releases and ``fair``
+    (the default), a sampled release instead gets the multiplier that spends its share of the
+    RDP at the composition's optimal order (:func:`fair_multiplier`), found by the same
+    bisection at that order. The result satisfies eps(plan) <= epsilon and is within
     ``rtol`` of it (relative). With ``repeat=(mean, shape)`` the plan is one run of private
     tuning by random stopping and the target is the epsilon of the whole tuning
     (``RepeatAndSelectDpEvent``).
@@ -243,13 +277,69 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
         if not p.share > 0:
             raise ConfigError(f"share of {p.name!r} must be > 0", field="plan")
 
+    share_rule = _calibrate_scale(plan, epsilon, delta, rtol, repeat, None)
+    if fair and any(p.sampling_rate is not None and p.sampling_rate < 1 for p in plan):
+        # fair rule: at the optimal order of the composition, every release spends its share of
+        # the RDP; iterate the order a few times (it moves little once the sampled releases
+        # get their fair, smaller multipliers)
+        order = _optimal_order(_plan_releases(plan, share_rule.scale), delta)
+        cal = share_rule
+        for _ in range(4):
+            if repeat is None:
+                cal = _calibrate_at_order(plan, epsilon, delta, order)
+            else:
+                cal = _calibrate_scale(plan, epsilon, delta, rtol, repeat, order, start=cal.scale)
+            new = _optimal_order(_plan_releases(plan, cal.scale, order), delta)
+            if new == order:
+                break
+            order = new
+        return cal
+    return share_rule
+
+
+def _calibrate_at_order(plan, epsilon: float, delta: float, order: float) -> Calibration:
+    """The fair rule's scale for one RDP order, without composing the whole curve at each try:
+    at ``order`` every release spends exactly its share (``count * share * order / (2 s^2)``
+    in all), so the scale whose conversion at that order gives ``epsilon`` is a 1-D bisection.
+    The plan's epsilon (the minimum over all orders) is then at most ``epsilon``."""
+    mass = sum(p.count * p.share for p in plan)
+
+    def eps_at(scale: float) -> float:
+        return float(rdp_privacy_accountant.compute_epsilon([order], [mass * order / (2.0 * scale * scale)], delta)[0])
+
+    lo, hi = 1e-6, 1.0
+    while eps_at(hi) > epsilon:
+        lo, hi = hi, hi * 4
+        if hi > 1e9:
+            raise PrivacyError("calibration failed: epsilon target unreachable")
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        if eps_at(mid) > epsilon:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-9:
+            break
+    rels = _plan_releases(plan, hi, order)
+    return Calibration(multipliers={r.name: r.noise_std for r in rels}, epsilon=epsilon_rdp(rels, delta), delta=delta, scale=hi)
+
+
+def _optimal_order(rels: list[Release], delta: float) -> float:
+    orders, rdp = rdp_curve(rels)
+    return float(rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)[1])
+
+
+def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, order: float | None, start: float = 1.0) -> Calibration:
+    """Bisection on the common scale (see :func:`calibrate`); ``order``: the fair rule's order;
+    ``start``: a guess of the scale (the bracket grows from it)."""
+
     def eps(scale: float) -> float:
-        rels = _plan_releases(plan, scale)
+        rels = _plan_releases(plan, scale, order)
         if repeat is not None:
             rels = [RepeatAndSelect("tuning", float(repeat[0]), float(repeat[1]), 0, rels)]
         return epsilon_rdp(rels, delta)
 
-    lo, hi = 1e-3, 1.0
+    lo, hi = start / 2.0, start
     while eps(hi) > epsilon:
         lo, hi = hi, hi * 4
         if hi > 1e9:
@@ -268,7 +358,7 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
         else:
             hi, e_hi = mid, e
     return Calibration(
-        multipliers={p.name: hi / math.sqrt(p.share) for p in plan},
+        multipliers={r.name: r.noise_std for r in _plan_releases(plan, hi, order)},
         epsilon=e_hi,
         delta=delta,
         scale=hi,

@@ -27,7 +27,7 @@ from fedpriv.engine import train_inprocess
 from fedpriv.evaluation import evaluate_rmse
 from fedpriv.privacy.randomness import RunSecrets
 
-GRID = {"reg_noise_units": ("0.25", "0.5", "1", "2"), "rating_clip": ("1", "2"), "steps": ("1", "2"), "reg_item_private": ("0", "2")}
+GRID = {"reg_noise_units": ("0.25", "0.5", "1", "2", "3", "4"), "rating_clip": ("1", "2"), "steps": ("1", "2"), "reg_item_private": ("0", "2")}
 
 
 def main() -> None:

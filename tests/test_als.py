@@ -56,7 +56,7 @@ def test_shards_give_the_same_model(small_mf, algorithm):
 
 def test_bad_config_names_the_field():
     with pytest.raises(ConfigError, match="rank"):
-        ALSConfig.from_overrides({"rank": "0"})
+        ALSConfig.from_overrides({"rank": "-1"})  # rank 0 is the bias model (no factors)
     with pytest.raises(ConfigError, match="nope"):
         ALSConfig.from_overrides({"nope": "1"})
     with pytest.raises(ConfigError, match="reg_item_private"):

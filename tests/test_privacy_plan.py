@@ -184,3 +184,23 @@ def test_tuning_refuses_keys_that_change_the_plan(tmp_path):
         run("adadpals", SYN, epsilon=2.0, overrides={"tune": "mu"}, progress=False)
     with pytest.raises(ConfigError, match="tune_mean"):
         run("adadpals", SYN, epsilon=2.0, overrides={"tune": "mu=0/1", "tune_mean": "0.5"}, progress=False)
+
+
+def test_fair_allocation_gives_each_sampled_release_its_rdp_fraction_at_the_optimal_order():
+    """DP-SGD's plan: the sampled gradient release gets a smaller multiplier than the share rule
+    gave it, the one-shot releases keep z = s / sqrt(share), and at the composition's optimal
+    order every release spends exactly its fraction; the plan still spends the target."""
+    from fedpriv.algorithms.als import ALSConfig, plan_releases
+    from fedpriv.privacy import accounting as acc
+
+    plan = plan_releases("dpsgd", ALSConfig.from_overrides({}, "dpsgd"), False)
+    fair, before = calibrate(plan, 5.0, 1e-5), calibrate(plan, 5.0, 1e-5, fair=False)
+    assert fair.multipliers["dpsgd_grad"] < before.multipliers["dpsgd_grad"]
+    assert fair.epsilon == pytest.approx(5.0, rel=1e-3) and fair.epsilon <= 5.0
+    rels = acc._plan_releases(plan, fair.scale)  # noqa: SLF001 - the share rule at the same scale
+    order = acc._optimal_order([acc.Release(p.name, "gaussian", 1.0, fair.multipliers[p.name], p.count, p.sampling_rate) for p in plan], 1e-5)  # noqa: SLF001
+    for p in plan:
+        z = fair.multipliers[p.name]
+        spent = acc._sampled_rdp(p.sampling_rate, z, order) if p.sampling_rate else order / (2 * z * z)  # noqa: SLF001
+        assert spent == pytest.approx(p.share * order / (2 * fair.scale**2), rel=1e-3), p.name
+    assert {r.name for r in rels} == {p.name for p in plan}

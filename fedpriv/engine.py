@@ -121,6 +121,12 @@ def train_inprocess(
     return TrainResult(state=state, ledger=ledger, timings=timings)
 
 
+def shard_population(shards: list[UserShard]) -> tuple[int, int]:
+    """(nodes, public bound on their users) of a secure round in process: each shard plays one
+    node, and the bound is the shards' declared sizes (what Flower nodes declare in replies)."""
+    return len(shards), max(1, sum(s.n_users for s in shards))
+
+
 class ShardTransport:
     """The in-process engine's clients: the client functions called on user shards."""
 
@@ -128,12 +134,7 @@ class ShardTransport:
         self.shards, self.table, self.reproducible = shards, None, reproducible
 
     def vector(self, kind: str, length: int, state: als.PublicState) -> np.ndarray:
-        cfg = state.config
-        if kind == "users":
-            return np.sum([als.client_user_count(s) for s in self.shards], axis=0)
-        if kind == "mean":
-            return np.sum([als.client_mean(s, cfg, state.rating_range, state.private) for s in self.shards], axis=0)
-        return np.sum([als.client_counts(s, cfg, state.n_items, state.private) for s in self.shards], axis=0)
+        return np.sum([als.client_vector(kind, s, state) for s in self.shards], axis=0)
 
     def start(self, state: als.PublicState, server) -> None:
         self.table = server.encoder.table if server is not None else None
@@ -145,9 +146,7 @@ class ShardTransport:
         return [protocol.client_step(s, state, step, self.table) for s in self.shards]
 
     def population(self) -> tuple[int, int]:
-        """Each shard plays one node; the bound on users is the shards' declared sizes (what
-        Flower nodes declare in their replies)."""
-        return len(self.shards), max(1, sum(s.n_users for s in self.shards))
+        return shard_population(self.shards)
 
     def secure_sum(self, kind: str, plan, state: als.PublicState, step: int):
         """The arithmetic of secure summation without its cryptography: each shard's words (its
@@ -186,7 +185,7 @@ class _ShardRecommendTransport:
         return np.sum([recommend.client_histogram(s, state, candidates, cfg) for s in self.shards], axis=0)
 
     def population(self) -> tuple[int, int]:
-        return len(self.shards), max(1, sum(s.n_users for s in self.shards))
+        return shard_population(self.shards)
 
     def secure_histogram(self, plan, state, candidates, cfg):
         """Secure mode: each shard's histogram words (counts plus its Skellam share), summed."""

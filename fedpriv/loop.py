@@ -22,7 +22,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .algorithms import als, protocol
+from .algorithms import als, protocol, recommend, secure
+from .privacy import distributed
 from .privacy.ledger import PrivacyLedger
 
 
@@ -88,9 +89,6 @@ class SecureAggregator:
         self.client_seconds = 0.0
 
     def _round(self, transport, kind: str, state: als.PublicState, step: int = 0):
-        from .algorithms import secure
-        from .privacy import distributed
-
         secure.check_secure(state)
         n_nodes, max_users = transport.population()
 
@@ -192,8 +190,6 @@ def recommend_rounds(transport: RecommendTransport, state: als.PublicState, cfg,
     engines: per-candidate ranges (a private histogram, or public), then one private pick per
     user on every client; each client's report and ledger records are checked before they are
     merged (through the ledger's budget check). Returns (summary, {client key: reported items})."""
-    from .algorithms import recommend
-
     cfg.validate()
     candidates = recommend.candidate_items(state, cfg.candidates)
     if cfg.sensitivity == "quantile" and state.config.aggregation == "secure":
@@ -219,9 +215,6 @@ def _secure_ranges(transport, state: als.PublicState, candidates: np.ndarray, cf
     """Secure mode's score histogram: each node's (candidates x bins) counts, quantized with its
     Skellam share and securely summed; the ledger checks the budget before the sum is unmasked;
     the ranges are read off the noised sum by the same release function (post-processing)."""
-    from .algorithms import recommend
-    from .privacy import distributed
-
     k = len(candidates)
     n_nodes, max_users = transport.population()
     parts = [(recommend.HIST_RELEASE, k * cfg.bins, float(np.sqrt(k)), recommend.hist_multiplier(cfg))]

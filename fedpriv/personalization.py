@@ -13,7 +13,7 @@ from .algorithms import pam
 from .algorithms.shards import split_users
 from .data.personal import PersonalData
 from .privacy.ledger import PrivacyLedger
-from .privacy.randomness import RunSecrets, user_keys
+from .privacy.randomness import RunSecrets, node_noise_rng, user_keys
 
 
 def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, epsilon: float | None, delta: float, users_per_shard: int = 4096, secrets: RunSecrets | None = None, ledger: PrivacyLedger | None = None) -> tuple[pam.PAMState, PrivacyLedger, dict]:
@@ -54,7 +54,7 @@ class _BlockTransport:
             if group is not None:
                 users = users[self.group_of[users] == group]
             values = pam.node_values(kind, self.data.X[users], self.data.y[users], state)
-            total = distributed.add_words(plan, total, distributed.encode(plan, values, pam.node_rng(self.keys[u], f"{kind}-{step}", self.reproducible)))
+            total = distributed.add_words(plan, total, distributed.encode(plan, values, node_noise_rng(self.keys[u], f"{kind}-{step}", self.reproducible)))
         return (lambda: total), len(blocks)
 
     def _sum(self, fn, users=None) -> tuple:

@@ -172,6 +172,22 @@ def client_counts(shard: UserShard, cfg: ALSConfig, n_items: int, private: bool)
     return np.bincount(shard.items, weights=np.repeat(a, np.diff(shard.indptr)), minlength=n_items)
 
 
+PRE_RELEASES = ("users", "mean", "counts")
+
+
+def client_vector(kind: str, shard: UserShard, state: PublicState) -> np.ndarray:
+    """The shard's clipped contribution to a pre-processing release ('users', 'mean' or
+    'counts'), in any engine and aggregation mode."""
+    cfg = state.config
+    if kind == "users":
+        return client_user_count(shard)
+    if kind == "mean":
+        return client_mean(shard, cfg, state.rating_range, state.private)
+    if kind == "counts":
+        return client_counts(shard, cfg, state.n_items, state.private)
+    raise ValueError(f"unknown pre-processing release {kind!r}")
+
+
 def client_targets(shard: UserShard, state: PublicState, *, minus_item_bias: bool = True) -> np.ndarray:
     """Ratings minus the released mean (implicit data: mean 0) and, for the user solve, minus
     the item biases (the item solve re-estimates them)."""

@@ -43,6 +43,7 @@ from ..errors import ConfigError
 from .config import PAMConfig  # noqa: F401 - re-exported
 from ..privacy.accounting import BestOfAccountant, PlannedRelease, calibrate
 from ..privacy.clipping import clip_rows
+from ..privacy.distributed import secure_round
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import PURPOSE_GROUP, user_uniform
 from .kernels import from_upper, upper
@@ -430,23 +431,9 @@ def node_values(kind: str, X: np.ndarray, y: np.ndarray, state: PAMState) -> dic
     return {names[0]: A, names[1]: b}
 
 
-def node_rng(keys: np.ndarray, label: str, reproducible: bool) -> np.random.Generator:
-    """A node's generator for its noise share of round ``label``: OS randomness, or (reproducible
-    runs) a seed from its users' secret keys, the same in both engines."""
-    import os
-
-    from ..privacy.randomness import seed_from_keys
-
-    if not reproducible:
-        return np.random.default_rng(int.from_bytes(os.urandom(32), "little"))
-    return np.random.default_rng([seed_from_keys(np.asarray(keys, dtype=np.uint64), 0x5EC1), int.from_bytes(label.encode()[:16].ljust(16, b"\0"), "little")])
-
-
 def _secure_round(transport, kind: str, state: PAMState, ledger: PrivacyLedger, step: int = 0, group: int | None = None, groups: int = 1):
     """Plan a secure round, let the transport sum the nodes' noised words, check the budget,
     unmask and record; returns (decoded noised sums, a stand-in ledger for the release functions)."""
-    from ..privacy.distributed import secure_round
-
     n_nodes, max_users = transport.population()
     return secure_round(ledger, secure_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=state.config.secure_dropout,
                         secure_sum=lambda plan: transport.secure_sum(kind, plan, state, step, group), groups=groups)

@@ -22,10 +22,8 @@ def budget_plan(
     planned = als.plan_releases(algorithm, cfg, implicit)
     sens = {p.name: als.sensitivity(p.name, cfg, rating_range) for p in planned}
     plan = calibrated_plan(algorithm, planned, sens, epsilon, delta, rating_range=rating_range, tuning=tuning)
-    if tuning is None and any(p.sampling_rate is not None and p.sampling_rate < 1 for p in planned):
-        from ..privacy.accounting import calibrate
-
-        before = calibrate(planned, epsilon, delta, fair=False).multipliers
+    before = plan.calibration.share_rule
+    if tuning is None and before is not None:
         plan.notes.append(
             "Fair allocation: each Poisson-sampled release gets the multiplier that spends its budget fraction of the "
             "RDP at the composition's optimal order. Before (z = s / sqrt(share), which ignores the amplification by "

@@ -16,21 +16,19 @@ A secure round has a *kind* ('users', 'mean', 'counts' or 'step'). Both engines 
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
 from ..errors import ConfigError, PrivacyError
 from ..privacy import distributed
 from ..privacy.distributed import Prereleased  # noqa: F401 - re-exported
-from ..privacy.randomness import seed_from_keys
+from ..privacy.randomness import node_noise_rng
 from ..privacy.symmetric import from_upper, upper
 from . import als
 from .shards import UserShard
 from .steps import Part
 
 KINDS = ("users", "mean", "counts", "step")
-PURPOSE_NODE_NOISE = 0x5EC0
 
 
 def check_secure(state: als.PublicState) -> None:
@@ -73,13 +71,8 @@ def _flat(part: Part, arr) -> np.ndarray:
 
 def node_values(kind: str, shard: UserShard, state: als.PublicState, step: int = 0, table=None) -> dict[str, np.ndarray]:
     """The node's clipped sums of one round, flattened per declared part."""
-    cfg = state.config
-    if kind == "users":
-        return {"users": als.client_user_count(shard)}
-    if kind == "mean":
-        return {"mean": als.client_mean(shard, cfg, state.rating_range, True)}
-    if kind == "counts":
-        return {"counts": als.client_counts(shard, cfg, state.n_items, True)}
+    if kind in als.PRE_RELEASES:
+        return {kind: als.client_vector(kind, shard, state)}
     alternating = state.spec.alternating_step()
     sums = alternating.sums([alternating.client(shard, state, step, table)], state)
     return {p.name: _flat(p, sums[p.index]) for p in alternating.parts(state)}
@@ -93,13 +86,9 @@ def node_histogram(shard: UserShard, state: als.PublicState, candidates: np.ndar
 
 
 def node_rng(shard: UserShard, label: str, reproducible: bool) -> np.random.Generator:
-    """The node's generator for its noise share of the round ``label``: the OS CSPRNG, or (a
-    reproducible run) a seed derived from the node's users' keys, so both engines agree."""
-    if not reproducible:
-        return np.random.default_rng(int.from_bytes(os.urandom(32), "little"))
-    keys = np.asarray(shard.user_keys if shard.user_keys is not None else [], dtype=np.uint64)
-    label_int = int.from_bytes(label.encode()[:16].ljust(16, b"\0"), "little")
-    return np.random.default_rng([seed_from_keys(keys, PURPOSE_NODE_NOISE), label_int])
+    """The node's generator for its noise share of the round ``label``
+    (:func:`fedpriv.privacy.randomness.node_noise_rng` over its users' keys)."""
+    return node_noise_rng(shard.user_keys, label, reproducible)
 
 
 def node_words(plan: distributed.DistributedPlan, values: dict[str, np.ndarray], rng: np.random.Generator) -> np.ndarray:

@@ -33,21 +33,15 @@ def info(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"meta": meta}), reply_to=msg)
 
 
-def users(msg: Message, context: Context) -> Message:
-    state, shard = _shard(msg, context)
-    return Message(codec.encode_vector(als.client_user_count(shard), shard.n_users), reply_to=msg)
+def _pre_release(kind: str):
+    """The handler of one pre-processing release ('users', 'mean' or 'counts')."""
 
+    def handler(msg: Message, context: Context) -> Message:
+        state, shard = _shard(msg, context)
+        return Message(codec.encode_vector(als.client_vector(kind, shard, state), shard.n_users), reply_to=msg)
 
-def mean(msg: Message, context: Context) -> Message:
-    state, shard = _shard(msg, context)
-    total = als.client_mean(shard, state.config, state.rating_range, state.private)
-    return Message(codec.encode_vector(total, shard.n_users), reply_to=msg)
-
-
-def counts(msg: Message, context: Context) -> Message:
-    state, shard = _shard(msg, context)
-    total = als.client_counts(shard, state.config, state.n_items, state.private)
-    return Message(codec.encode_vector(total, shard.n_users), reply_to=msg)
+    handler.__name__ = kind
+    return handler
 
 
 def train(msg: Message, context: Context) -> Message:
@@ -86,8 +80,9 @@ def evaluate(msg: Message, context: Context) -> Message:
 def register_handlers(app) -> None:
     """Every handler of a fedpriv node on ``app``: a ClientApp, or anything with its ``query``,
     ``train`` and ``evaluate`` decorators (the fault injector wraps each handler this way)."""
-    for name, handler in (("info", info), ("users", users), ("mean", mean), ("counts", counts)):
-        app.query(name)(handler)
+    app.query("info")(info)
+    for kind in als.PRE_RELEASES:
+        app.query(kind)(_pre_release(kind))
     app.train()(train)
     app.evaluate()(evaluate)
     register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_client)

@@ -56,17 +56,20 @@ def _reply(msg: Message, arrays: dict, n_users: int) -> Message:
     return Message(rd, reply_to=msg)
 
 
-def node_block(msg: Message, context: Context):
+def node_block(msg: Message, context: Context, with_keys: bool = False):
     """(state, users, X, y, V, U, meta, block keys, reproducible) of this node for the round of
     ``msg``: with the disjoint schedule, only the users of the step's group (drawn by each user
-    from its secret key); ``block keys``: the secret keys of all the block's users."""
+    from its secret key); ``block keys``: the secret keys of all the block's users, derived only
+    when needed (the disjoint schedule, or ``with_keys``), else None."""
     from ..privacy.randomness import user_keys
     from .node_secrets import node_key, raw_user_ids
 
     state, data_dir, upn, group = decode_state(msg.content)
     users, X, y, V, U, meta = load_block(data_dir, int(context.node_config.get("partition-id", 0)), upn)
-    key, reproducible = node_key(msg.content.config_records["cfg"], context)
-    keys = user_keys(key, raw_user_ids(data_dir, users))
+    keys, reproducible = None, False
+    if with_keys or group is not None:
+        key, reproducible = node_key(msg.content.config_records["cfg"], context)
+        keys = user_keys(key, raw_user_ids(data_dir, users))
     if group is not None:  # disjoint schedule: only the users of this step's group contribute
         keep = pam.user_groups(keys, state.config.epochs) == group
         users, X, y, V = users[keep], X[keep], y[keep], V[keep]

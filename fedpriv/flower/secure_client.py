@@ -21,6 +21,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..algorithms import secure
 from ..privacy.distributed import DistributedPlan
+from ..privacy.randomness import node_noise_rng
 from ..privacy.secagg import SecAggNode, SecAggParams
 from . import codec
 from .node_secrets import with_keys
@@ -90,11 +91,7 @@ def mask(msg: Message, context: Context) -> Message:
         table = load_feature_table(data_dir) if kind == "step" and state.spec.clients_need_encoder else None
         values = secure.node_values(kind, shard, state, step, table)
     words = secure.node_words(plan, values, secure.node_rng(shard, secure.label(kind, step), reproducible))
-    node = _node(context, context.node_id)
-    label, _ = _release(sec)
-    y = node.mask(label, words, _ids(content.config_records["mask_keys"]), _ids(content.config_records["ciphertexts"]))
-    _save(context, node)
-    return Message(RecordDict({"masked": ArrayRecord({"y": codec._arr(y)}), "meta": ConfigRecord({"n_users": int(shard.n_users)})}), reply_to=msg)  # noqa: SLF001
+    return masked_reply(msg, context, words, shard.n_users)
 
 
 def _mask_pam(msg: Message, context: Context) -> Message:
@@ -104,14 +101,21 @@ def _mask_pam(msg: Message, context: Context) -> Message:
 
     sec = msg.content.config_records["secagg"]
     kind, step = str(sec["kind"]), int(sec["step"])
-    state, users, X, y, _, _, _, keys, reproducible = node_block(msg, context)
+    state, users, X, y, _, _, _, keys, reproducible = node_block(msg, context, with_keys=True)
     plan = DistributedPlan.from_dict(json.loads(str(sec["plan"])))
-    words = encode(plan, pam.node_values(kind, X, y, state), pam.node_rng(keys, f"{kind}-{step}", reproducible))
+    words = encode(plan, pam.node_values(kind, X, y, state), node_noise_rng(keys, f"{kind}-{step}", reproducible))
+    return masked_reply(msg, context, words, len(keys))
+
+
+def masked_reply(msg: Message, context: Context, words: np.ndarray, n_users: int) -> Message:
+    """Mask this node's words for the round of ``msg`` (with the shares and neighbours' keys the
+    message carries), keep the node's state, and reply with the masked words only."""
+    content = msg.content
     node = _node(context, context.node_id)
-    label, _ = _release(sec)
-    y_masked = node.mask(label, words, _ids(msg.content.config_records["mask_keys"]), _ids(msg.content.config_records["ciphertexts"]))
+    label, _ = _release(content.config_records["secagg"])
+    y = node.mask(label, words, _ids(content.config_records["mask_keys"]), _ids(content.config_records["ciphertexts"]))
     _save(context, node)
-    return Message(RecordDict({"masked": ArrayRecord({"y": codec._arr(y_masked)}), "meta": ConfigRecord({"n_users": int(len(keys))})}), reply_to=msg)  # noqa: SLF001
+    return Message(RecordDict({"masked": ArrayRecord({"y": codec._arr(y)}), "meta": ConfigRecord({"n_users": int(n_users)})}), reply_to=msg)  # noqa: SLF001
 
 
 def unmask(msg: Message, context: Context) -> Message:

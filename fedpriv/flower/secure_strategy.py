@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 
@@ -33,6 +32,7 @@ from ..errors import ConfigError
 from ..privacy import distributed
 from ..privacy.accounting import RdpAccountant, calibrate
 from ..privacy.ledger import PrivacyLedger
+from ..privacy.randomness import node_noise_rng
 from ..privacy.records import PlannedRelease
 from . import secure_client
 from .counters import RoundCounters
@@ -174,13 +174,8 @@ def secure_train(train_fn: Callable[[Message, Context], Message]) -> Callable[[M
         clip = float(msg.content.config_records["config"]["clipping_norm"])
         update = _clip(flatten(after) - flatten(before), clip)
         plan = distributed.DistributedPlan.from_dict(json.loads(str(sec["plan"])))
-        rng = np.random.default_rng(int.from_bytes(os.urandom(32), "little"))
-        words = distributed.encode(plan, {RELEASE: update}, rng)
-        node = secure_client._node(context, context.node_id)  # noqa: SLF001
-        label = str(sec["label"]).encode()
-        y = node.mask(label, words, secure_client._ids(msg.content.config_records["mask_keys"]), secure_client._ids(msg.content.config_records["ciphertexts"]))  # noqa: SLF001
-        secure_client._save(context, node)  # noqa: SLF001
-        return Message(RecordDict({"masked": ArrayRecord({"y": Array(y)}), "meta": ConfigRecord({"n_users": 1})}), reply_to=msg)
+        words = distributed.encode(plan, {RELEASE: update}, node_noise_rng(None, str(sec["label"]), reproducible=False))
+        return secure_client.masked_reply(msg, context, words, 1)
 
     return train
 

@@ -7,6 +7,7 @@ plan of future releases) only.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -210,6 +211,7 @@ class Calibration:
     epsilon: float
     delta: float
     scale: float
+    share_rule: dict[str, float] | None = None  # fair allocation only: what z = s / sqrt(share) gave
 
     def multiplier(self, name: str) -> float:
         return self.multipliers[name]
@@ -293,7 +295,7 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
             if new == order:
                 break
             order = new
-        return cal
+        return dataclasses.replace(cal, share_rule=dict(share_rule.multipliers))
     return share_rule
 
 

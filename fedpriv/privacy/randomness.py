@@ -32,6 +32,7 @@ PURPOSE_DPSGD_SAMPLE = 1
 PURPOSE_ITEM_SUBSET = 2
 PURPOSE_GROUP = 3
 PURPOSE_RECOMMEND = 4
+PURPOSE_NODE_NOISE = 0x5EC0  # a node's share of distributed noise (reproducible runs)
 
 
 class RunSecrets:
@@ -109,3 +110,13 @@ def require_keys(shard) -> np.ndarray:
 
         raise PrivacyError("this client step makes per-user random choices, but the shard carries no user keys (build it with fedpriv.privacy.randomness.user_keys)")
     return keys
+
+
+def node_noise_rng(keys: np.ndarray | None, label: str, reproducible: bool) -> np.random.Generator:
+    """A node's generator for its share of distributed noise in the round ``label``: the OS
+    CSPRNG (256 bits), or, in a reproducible run, a seed derived from the secret keys of the
+    node's users and the label, so that both engines draw the same shares."""
+    if not reproducible:
+        return np.random.default_rng(int.from_bytes(os.urandom(32), "little"))
+    label_int = int.from_bytes(label.encode()[:16].ljust(16, b"\0"), "little")
+    return np.random.default_rng([seed_from_keys(np.asarray(keys if keys is not None else [], dtype=np.uint64), PURPOSE_NODE_NOISE), label_int])

@@ -57,6 +57,7 @@ Trust assumptions
 from __future__ import annotations
 
 import math
+import json
 import os
 import struct
 from collections.abc import Collection, Iterator, Sequence
@@ -611,8 +612,6 @@ class SecAggNode:
         """The node's whole state (its secrets included) as bytes, for a node whose process
         ends after each message (a Flower SuperNode starts one ClientApp process per message and
         keeps ``context.state`` for it). It must stay on the node."""
-        import json
-
         def raw(key: X25519PrivateKey | None) -> str | None:
             if key is None:
                 return None
@@ -636,8 +635,6 @@ class SecAggNode:
     @classmethod
     def restore(cls, node_id: int, blob: bytes) -> "SecAggNode":
         """A node from :meth:`export_state`; SecAggError if the blob is not this node's."""
-        import json
-
         try:
             d = json.loads(bytes(blob).decode())
             if int(d["node_id"]) != int(node_id):

@@ -22,7 +22,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .algorithms import als, protocol, recommend, secure
+from .algorithms import als, defaults, protocol, recommend, secure
 from .privacy import distributed
 from .privacy.ledger import PrivacyLedger
 
@@ -70,6 +70,9 @@ class CentralAggregator:
     def counts(self, transport: Transport, state: als.PublicState) -> np.ndarray:
         return als.release_counts(transport.vector("counts", state.n_items, state), state, self.ledger)
 
+    def bias(self, transport: Transport, state: als.PublicState) -> np.ndarray:
+        return als.release_bias(transport.vector("bias", 2 * state.n_items, state), state, self.ledger)
+
     def step(self, transport: Transport, state: als.PublicState, step: int):
         t = time.perf_counter()
         parts = transport.step(state, step)
@@ -111,6 +114,9 @@ class SecureAggregator:
     def counts(self, transport, state: als.PublicState) -> np.ndarray:
         return self._round(transport, "counts", state)
 
+    def bias(self, transport, state: als.PublicState) -> np.ndarray:
+        return self._round(transport, "bias", state)
+
     def step(self, transport, state: als.PublicState, step: int):
         return self._round(transport, "step", state, step)
 
@@ -144,12 +150,19 @@ def train_rounds(transport: Transport, aggregator: CentralAggregator | SecureAgg
     alg, cfg = state.algorithm, state.config
     t0 = time.perf_counter()
     if not resumed:
-        if state.private and als.needs_user_count(alg):
+        if state.private and als.needs_user_count(alg, cfg):
             state.n_users = aggregator.users(transport, state)
+            if cfg.defaults == "noise-aware":
+                # the rule reads the released count (post-processing) and the rest of the plan
+                # is calibrated for its choice, the count's release composed as it was made
+                defaults.apply(state, aggregator.ledger)
+                cfg = state.config
         if als.needs_mean(alg, state.implicit):
             state.mean = aggregator.mean(transport, state)
-        if als.needs_counts(alg):
+        if als.needs_counts(alg, cfg):
             state.counts_hat = aggregator.counts(transport, state)
+        if als.has_bias_stage(alg, cfg):
+            state.item_bias = aggregator.bias(transport, state)
         server = protocol.server_setup(state, item_features)
         if hooks.after_setup is not None:
             hooks.after_setup(state, server)

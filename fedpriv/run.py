@@ -289,7 +289,7 @@ def run(
         metrics["epsilon_spent_pld"] = None
     metrics["noise_multipliers"] = dict(state.multipliers)
     metrics["released_mean"] = state.mean
-    metrics["released_n_users"] = int(state.n_users) if private and als.needs_user_count(algorithm) else None
+    metrics["released_n_users"] = int(state.n_users) if private and als.needs_user_count(algorithm, state.config) else None
     metrics["timings"] = timings
     # a tuned run's total time would tell how many runs K were drawn: K stays hidden
     metrics["wall_seconds"] = None if opts.tune else time.perf_counter() - t0

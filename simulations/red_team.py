@@ -80,7 +80,8 @@ def published_run(algorithm: str, ds, epsilon: float, noise_seed: int | None, us
 
     metrics, ledger = run(
         algorithm, "ml-100k:loaded", epsilon=epsilon, dataset=ds, engine="flower", progress=False,
-        overrides={"users_per_node": str(users_per_node)}, noise_seed=noise_seed,
+        # one factor step: the run releases item counts (the attack's target) whatever the rule picks
+        overrides={"users_per_node": str(users_per_node), "steps": "1"}, noise_seed=noise_seed,
         flower_runner=lambda job, n: run_job(LocalGrid(n, observer=observer), job),
     )
     return {"metrics": metrics, "ledger": ledger, "messages": seen}

@@ -35,7 +35,7 @@ def test_flower_engine_runs_flwr_and_leaves_nothing_running(tmp_path, monkeypatc
     ledger = json.loads((out / "ledger.json").read_text())
     assert m["engine"] == "flower" and m["algorithm"] == "adadpals" and m["nodes"] == 20 and m["users_per_node"] == 3
     assert m["epsilon_spent"] == pytest.approx(2.0, rel=1e-3)
-    assert m["rounds"] == 6 and m["bytes_up"] > 0 and m["config"]["rank"] == 3 and m["config"]["steps"] == 2
+    assert m["rounds"] == 7 and m["bytes_up"] > 0 and m["config"]["rank"] == 3 and m["config"]["steps"] == 2
     assert {r["name"] for r in ledger} >= {"mean", "counts", "item_stats_A", "item_stats_b"}
     assert sorted(p.name for p in out.iterdir()) == ["ledger.json", "metrics.json"]
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -52,8 +52,8 @@ def test_calibrated_plan_pld_matches_the_exact_gaussian_within_1_percent(epsilon
 
 # ---------------------------------------------------------------- plan object
 def test_plan_reports_what_a_run_records():
-    cfg_over = {"rank": "3", "steps": "2"}
-    plan = budget_plan("adadpals", ALSConfig.from_overrides(cfg_over), 2.0, 1e-5)
+    cfg_over = {"rank": "3", "steps": "2", "defaults": "fixed"}  # noise-aware runs re-plan after the count
+    plan = budget_plan("adadpals", ALSConfig.from_overrides(cfg_over, "adadpals"), 2.0, 1e-5)
     _, ledger = run("adadpals", SYN, epsilon=2.0, overrides=cfg_over, progress=False)
     got = {r["name"]: (r["count"], r["noise_multiplier"], r["sensitivity"]) for r in ledger}
     want = {r.name: (r.count, r.noise_multiplier, r.sensitivity) for r in plan.run_records()}
@@ -82,7 +82,7 @@ def test_privacy_plan_cli(capsys):
     assert main(["privacy", "plan", "adadpals", "--epsilon", "3", "--set", "steps=2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["epsilon_rdp"] == pytest.approx(3.0, rel=1e-3) and out["epsilon_pld"] < out["epsilon_rdp"]
-    assert [r["release"] for r in out["releases"]] == ["users", "mean", "counts", "item_stats_b", "item_stats_A"]
+    assert [r["release"] for r in out["releases"]] == ["users", "mean", "counts", "bias", "item_stats_b", "item_stats_A"]
     assert main(["privacy", "plan", "adadpals", "--epsilon", "3"]) == 0
     assert "| item_stats_A | 3 |" in capsys.readouterr().out
     assert main(["privacy", "plan", "als", "--epsilon", "3"]) == 2
@@ -168,7 +168,7 @@ def test_private_tuning_run_is_accounted_as_one_repeat_and_select(tmp_path, caps
     assert "selected_run" not in m["tuning"] and m["wall_seconds"] is None
     text = json.dumps(m)
     assert "noised_score_sum\"" not in text.replace("selected_noised_score_sum\"", "")
-    assert {r["name"] for r in rec["releases"]} == {"users", "mean", "counts", "item_stats_A", "item_stats_b", "valid_score"}
+    assert {r["name"] for r in rec["releases"]} == {"users", "mean", "counts", "bias", "item_stats_A", "item_stats_b", "valid_score"}
     assert m["epsilon_spent"] == pytest.approx(2.0, rel=1e-3) and m["epsilon_spent_pld"] is None
     # the accountant recomputes the same epsilon from ledger.json alone
     assert epsilon_rdp(PrivacyLedger.releases_from_list(ledger), 1e-5) == pytest.approx(m["epsilon_spent"], rel=1e-9)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..privacy.accounting import PlannedRelease, calibrate
 from ..privacy.clipping import clip_rows, clip_values
 from ..privacy.ledger import PrivacyLedger, public_gaussian
@@ -55,6 +56,7 @@ class PublicState:
     omega: np.ndarray | None = None
     item_factors: np.ndarray | None = None
     item_bias: np.ndarray | None = None
+    item_support: np.ndarray | None = None  # bias stage: the released per-item weight sums W
     encoder_params: np.ndarray | None = None  # am-dpsgd: the public encoder, broadcast to clients
     multipliers: dict[str, float] = field(default_factory=dict)
 
@@ -71,14 +73,32 @@ def validate_algorithm(name: str) -> None:
     registry.get(name)
 
 
-def needs_counts(algorithm: str) -> bool:
-    return registry.get(algorithm).needs_counts
+def needs_counts(algorithm: str, cfg: ALSConfig | None = None) -> bool:
+    """The weights need released item counts (not when the run is the bias stage alone)."""
+    return registry.get(algorithm).needs_counts and (cfg is None or cfg.steps > 0)
 
 
-def needs_user_count(algorithm: str) -> bool:
+def needs_user_count(algorithm: str, cfg: ALSConfig | None = None) -> bool:
     """The server step uses the number of users n (eq. 16's normalisation, DP-SGD's expected
-    batch q*n): private runs release it (sensitivity 1) instead of reading it off the data."""
-    return registry.get(algorithm).needs_user_count
+    batch q*n), or the noise-aware defaults read it: private runs release it (sensitivity 1)
+    instead of reading it off the data."""
+    return registry.get(algorithm).needs_user_count or (cfg is not None and cfg.defaults == "noise-aware")
+
+
+def has_bias_stage(algorithm: str, cfg: ALSConfig) -> bool:
+    """The run starts with the private bias model (``bias_stage``): ALS-family steps only."""
+    if not cfg.bias_stage:
+        return False
+    spec = registry.get(algorithm)
+    if spec.step != registry.AlgorithmSpec.step or spec.contribution != "stats":
+        raise ConfigError(f"{algorithm} has no bias stage (ALS-family algorithms only)", field="bias_stage")
+    return True
+
+
+def item_bias_coordinate(cfg: ALSConfig) -> bool:
+    """Released user vectors carry the fixed bias coordinate: the steps estimate item biases
+    (not when the bias stage has fixed them)."""
+    return cfg.item_bias and not cfg.bias_stage
 
 
 def needs_mean(algorithm: str, implicit: bool) -> bool:
@@ -100,14 +120,18 @@ def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[Planne
     plan: list[PlannedRelease] = []
     rest = 1.0
     for name, wanted, share in (
-        ("users", spec.needs_user_count, cfg.share_users),
+        ("users", needs_user_count(algorithm, cfg), cfg.share_users),
         ("mean", needs_mean(algorithm, implicit), cfg.share_mean),
-        ("counts", spec.needs_counts, cfg.share_counts),
+        ("counts", needs_counts(algorithm, cfg), cfg.share_counts),
+        ("bias", has_bias_stage(algorithm, cfg), cfg.share_bias),
     ):
         if wanted:
             plan.append(PlannedRelease(name, 1, share))
             rest -= share
-    plan += list(spec.step_releases(cfg, rest / cfg.steps))
+    if cfg.steps > 0:
+        plan += list(spec.step_releases(cfg, rest / cfg.steps))
+    elif plan and plan[-1].name == "bias":  # the bias model alone: the stage takes the rest
+        plan[-1] = PlannedRelease("bias", 1, cfg.share_bias + rest)
     if cfg.aggregation == "secure":
         # distributed Skellam noise has no subsampled accountant event: no amplification credit
         plan = [PlannedRelease(p.name, p.count, p.share) for p in plan]
@@ -134,6 +158,8 @@ def sensitivity(name: str, cfg: ALSConfig, rating_range: tuple[float, float]) ->
         return cfg.mean_cap * math.sqrt(mean_bound(rating_range) ** 2 + 1.0)
     if name == "counts":
         return math.sqrt(cfg.count_cap)
+    if name == "bias":  # per item (sum w, sum w clip(y) / c) with sum_i w_i^2 <= beta
+        return math.sqrt(2.0 * cfg.beta)
     if name == "item_stats_A":
         return math.sqrt(cfg.beta) * cfg.user_clip**2
     if name == "item_stats_b":
@@ -172,7 +198,25 @@ def client_counts(shard: UserShard, cfg: ALSConfig, n_items: int, private: bool)
     return np.bincount(shard.items, weights=np.repeat(a, np.diff(shard.indptr)), minlength=n_items)
 
 
-PRE_RELEASES = ("users", "mean", "counts")
+def client_bias_stats(shard: UserShard, state: PublicState) -> np.ndarray:
+    """The shard's contribution to the bias stage: each user solves its bias c_j locally
+    (against the released mean), and adds, on each item i it rated, the weight
+    w_ij = min(1, sqrt(beta / n_j)) and w_ij clip(r_ij - mean - c_j) / rating_clip (private runs
+    clip; the vector is (2, n_items) flattened, sum_i w_ij^2 <= beta per user)."""
+    cfg = state.config
+    y = shard.ratings.astype(np.float64) - state.mean
+    n = np.diff(shard.indptr).astype(np.float64)
+    per_user = np.bincount(shard.local_user_of_rating, weights=y, minlength=shard.n_users)
+    reg = cfg.reg_user * (np.maximum(n, 1.0) if cfg.weighted_reg else 1.0)
+    c = per_user / np.maximum(n + reg, 1e-12) if cfg.user_bias else np.zeros(shard.n_users)
+    y = y - c[shard.local_user_of_rating]
+    if state.private:
+        y = clip_values(y, cfg.rating_clip) / cfg.rating_clip
+    w = np.repeat(np.minimum(1.0, np.sqrt(cfg.beta / np.maximum(n, 1.0))), np.diff(shard.indptr))
+    return np.concatenate([np.bincount(shard.items, weights=w, minlength=state.n_items), np.bincount(shard.items, weights=w * y, minlength=state.n_items)])
+
+
+PRE_RELEASES = ("users", "mean", "counts", "bias")
 
 
 def client_vector(kind: str, shard: UserShard, state: PublicState) -> np.ndarray:
@@ -185,14 +229,16 @@ def client_vector(kind: str, shard: UserShard, state: PublicState) -> np.ndarray
         return client_mean(shard, cfg, state.rating_range, state.private)
     if kind == "counts":
         return client_counts(shard, cfg, state.n_items, state.private)
+    if kind == "bias":
+        return client_bias_stats(shard, state)
     raise ValueError(f"unknown pre-processing release {kind!r}")
 
 
 def client_targets(shard: UserShard, state: PublicState, *, minus_item_bias: bool = True) -> np.ndarray:
     """Ratings minus the released mean (implicit data: mean 0) and, for the user solve, minus
-    the item biases (the item solve re-estimates them)."""
+    the item biases (the item solve re-estimates them, unless the bias stage fixed them)."""
     y = shard.ratings.astype(np.float64) - state.mean
-    if minus_item_bias and state.item_bias is not None:
+    if (minus_item_bias or state.config.bias_stage) and state.item_bias is not None:
         y = y - state.item_bias[shard.items]
     return y
 
@@ -200,7 +246,7 @@ def client_targets(shard: UserShard, state: PublicState, *, minus_item_bias: boo
 def bias_coordinate(state: PublicState) -> float:
     """The fixed last coordinate of released user vectors (0 without ``item_bias``)."""
     cfg = state.config
-    if not cfg.item_bias:
+    if not item_bias_coordinate(cfg):
         return 0.0
     return math.sqrt(cfg.bias_share) * cfg.user_clip if state.private else 1.0
 
@@ -212,7 +258,7 @@ def released_user_vectors(U: np.ndarray, state: PublicState) -> np.ndarray:
     kappa = bias_coordinate(state)
     if state.private:
         U = clip_rows(U, math.sqrt(cfg.user_clip**2 - kappa**2))
-    if cfg.item_bias:
+    if item_bias_coordinate(cfg):
         U = np.hstack([U, np.full((len(U), 1), kappa)])
     return U
 
@@ -333,6 +379,20 @@ def release_counts(total: np.ndarray, state: PublicState, ledger: PrivacyLedger 
     return np.asarray(_release("counts", total, state, ledger), dtype=np.float64)
 
 
+def release_bias(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> np.ndarray:
+    """The bias stage: item biases c * B_i / (max(W_i, 0) + ridge) from the (noised) per-item
+    sums of weights W and of scaled residuals B (post-processing); the private ridge is
+    ``reg_item_private`` plus ``bias_ridge_units`` noise standard deviations of W."""
+    cfg = state.config
+    total = np.asarray(_release("bias", np.asarray(total, dtype=np.float64), state, ledger), dtype=np.float64)
+    W, B = total[: state.n_items], total[state.n_items :]
+    state.item_support = W
+    if state.private:
+        ridge = cfg.reg_item_private + cfg.bias_ridge_units * state.multipliers["bias"] * sensitivity("bias", cfg, state.rating_range)
+        return cfg.rating_clip * B / (np.maximum(W, 0.0) + ridge)
+    return B / (W + cfg.reg_item * np.maximum(W, 1.0))
+
+
 def release_item_stats(A, b, g, state: PublicState, ledger: PrivacyLedger | None):
     """Add the calibrated noise once per step (the only place that sees the exact sums)."""
     A = _release("item_stats_A", A, state, ledger, symmetric=True)
@@ -355,7 +415,8 @@ def server_init(state: PublicState) -> None:
     rng = np.random.default_rng([state.config.seed, 7])
     d = state.config.rank
     state.item_factors = (public_gaussian(rng, (state.n_items, d), why="item init") * state.config.init_scale).astype(np.float32)
-    state.item_bias = np.zeros(state.n_items) if state.config.item_bias else None
+    if not state.config.bias_stage:  # the bias stage has released them already
+        state.item_bias = np.zeros(state.n_items) if state.config.item_bias else None
 
 
 def private_item_ridge(state: PublicState) -> float:
@@ -381,7 +442,11 @@ def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state
         g = project_psd(g[None], 0.0)[0] if state.private else g
         A = A + cfg.gravity * g
     theta = solve_spd(A, b, reg)
-    if cfg.item_bias:
+    if state.private and state.item_support is not None and cfg.factor_floor > 0:
+        # items the bias stage saw too little of keep no factors (their solve would be noise)
+        floor = cfg.factor_floor * state.multipliers["bias"] * sensitivity("bias", cfg, state.rating_range)
+        theta[state.item_support < floor, : cfg.rank] = 0.0
+    if item_bias_coordinate(cfg):
         state.item_bias = theta[:, -1] * bias_coordinate(state)
         theta = theta[:, :-1]
     state.item_factors = theta.astype(np.float32)

@@ -64,6 +64,16 @@ class ALSConfig:
     user_bias: bool = True  # items carry a fixed column of ones: each user solves its own bias locally
     item_bias: bool = True  # released user vectors carry a fixed coordinate: items learn a bias
     bias_share: float = 0.25  # item_bias: share kappa^2 of the squared norm bound G_u^2 given to it
+    # the private bias model as a first stage (ALS family): item biases from one release of
+    # clipped per-user statistics before the factor steps, which then fit the residual
+    bias_stage: bool = False
+    share_bias: float = 0.3  # its budget share (an RDP share like share_mean)
+    bias_ridge_units: float = 3.0  # its item ridge, in noise standard deviations of the released denominators
+    factor_floor: float = 0.0  # items whose released weight sum is below this many of its noise stds get no factors
+    # 'noise-aware': the keys not set here are chosen by the rule of fedpriv.algorithms.defaults
+    # from epsilon, delta, the number of items and the privately released user count; 'fixed': as written
+    defaults: str = "fixed"
+    given: str = ""  # the keys set explicitly (filled by from_overrides; the rule leaves them alone)
     user_clip: float = 1.0
     rating_clip: float = 1.0
     beta: float = 1.0
@@ -117,7 +127,8 @@ class ALSConfig:
             for key in spec.fixed:
                 if key in overrides and str(overrides[key]) != dict(spec.defaults)[key]:
                     raise ConfigError(f"{algorithm} fixes it to {dict(spec.defaults)[key]}", field=key)
-            overrides = {**dict(spec.defaults), **overrides}
+            given = ",".join(sorted(k for k in overrides if k not in ("given", "defaults")))
+            overrides = {**dict(spec.defaults), **overrides, "given": given}
         cfg = _parse(cls, overrides)
         cfg.validate()
         return cfg
@@ -125,16 +136,18 @@ class ALSConfig:
     def validate(self) -> None:
         if not (self.rank >= 0):
             raise ConfigError(f"must be >= 0 (0: no factors, the bias model), got {self.rank}", field="rank")
-        positive = ("steps", "user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap", "ssp_steps", "ssp_lr", "newton_steps", "encoder_sgd_lr")
+        if not (self.steps > 0 or (self.steps == 0 and self.bias_stage)):
+            raise ConfigError(f"must be > 0 (0 only with bias_stage: the bias model alone), got {self.steps}", field="steps")
+        positive = ("user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap", "ssp_steps", "ssp_lr", "newton_steps", "encoder_sgd_lr")
         for name in positive:
             v = getattr(self, name)
             if not (v > 0) or (isinstance(v, float) and math.isnan(v)):
                 raise ConfigError(f"must be > 0, got {v}", field=name)
-        for name in ("reg_user", "reg_item", "reg_item_private", "reg_noise_units", "gravity", "psd_floor", "mu", "init_scale", "sgd_lr", "sgd_weight_decay", "enc_weight_decay", "enc_hidden", "ssp_batch_items", "ssp_resamples"):
+        for name in ("reg_user", "reg_item", "reg_item_private", "reg_noise_units", "gravity", "psd_floor", "mu", "init_scale", "sgd_lr", "sgd_weight_decay", "enc_weight_decay", "enc_hidden", "ssp_batch_items", "ssp_resamples", "bias_ridge_units", "factor_floor"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
-        for name in ("share_users", "share_mean", "share_counts", "share_b", "share_gravity", "bias_share"):
+        for name in ("share_users", "share_mean", "share_counts", "share_b", "share_gravity", "bias_share", "share_bias"):
             v = getattr(self, name)
             if not (0 < v < 1):
                 raise ConfigError(f"must be in (0, 1), got {v}", field=name)
@@ -152,6 +165,8 @@ class ALSConfig:
             raise ConfigError(f"must be 'central' or 'secure', got {self.aggregation!r}", field="aggregation")
         if not (0 <= self.secure_dropout < 1):
             raise ConfigError(f"must be in [0, 1), got {self.secure_dropout}", field="secure_dropout")
+        if self.defaults not in ("fixed", "noise-aware"):
+            raise ConfigError(f"must be 'fixed' or 'noise-aware', got {self.defaults!r}", field="defaults")
         if self.weight_mode not in ("clip", "normalize"):
             raise ConfigError(f"must be 'clip' or 'normalize', got {self.weight_mode!r}", field="weight_mode")
 

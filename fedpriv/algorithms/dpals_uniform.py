@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .family import sampled_rating_weights
-from .registry import AlgorithmSpec, register
+from .registry import NOISE_AWARE, AlgorithmSpec, register
 
 
 def rating_weights(shard, state) -> np.ndarray:
@@ -16,4 +16,4 @@ def rating_weights(shard, state) -> np.ndarray:
     return sampled_rating_weights(shard, state, "uniform")
 
 
-SPEC = register(AlgorithmSpec("dpals-uniform", rating_weights, keys=("k",), summary="DPALS, k items sampled per user"))
+SPEC = register(AlgorithmSpec("dpals-uniform", rating_weights, keys=("k",), summary="DPALS, k items sampled per user", defaults=NOISE_AWARE))

@@ -53,8 +53,8 @@ _SSP_KEYS = ("ssp_steps", "ssp_lr", "ssp_batch_items")
 _ADAPTIVE = dict(needs_counts=True, needs_user_count=True, adaptive=True)
 for _spec in (
     registry.AlgorithmSpec("als", unit_rating_weights, private=False, needs_counts=True, keys=("reg_item",), summary="non-private weighted-lambda ALS"),
-    registry.AlgorithmSpec("dpals-tail", tail_rating_weights, needs_counts=True, keys=("k",), summary="DPALS, the k least popular items per user"),
-    registry.AlgorithmSpec("adadpals", adaptive_rating_weights, keys=_ADAPTIVE_KEYS, summary="adaptive weights from private counts", **_ADAPTIVE),
+    registry.AlgorithmSpec("dpals-tail", tail_rating_weights, needs_counts=True, keys=("k",), summary="DPALS, the k least popular items per user", defaults=registry.NOISE_AWARE),
+    registry.AlgorithmSpec("adadpals", adaptive_rating_weights, keys=_ADAPTIVE_KEYS, summary="adaptive weights from private counts", defaults=registry.NOISE_AWARE, **_ADAPTIVE),
     registry.AlgorithmSpec(
         "dpsgd",
         unit_rating_weights,
@@ -101,6 +101,9 @@ for _spec in (
         step_releases=gradient_releases("encoder_grad"),
         contribution="flat",
         encoder=True,
+        # the gradient rounds are Poisson-sampled and need most of the budget: the one-shot
+        # releases keep under a fifth of it (fedpriv privacy plan am-dpsgd --epsilon 1)
+        defaults=(("share_users", "0.005"), ("share_mean", "0.01"), ("share_counts", "0.05")),
         **_ADAPTIVE,
     ),
 ):

@@ -22,6 +22,7 @@ def budget_plan(
     planned = als.plan_releases(algorithm, cfg, implicit)
     sens = {p.name: als.sensitivity(p.name, cfg, rating_range) for p in planned}
     plan = calibrated_plan(algorithm, planned, sens, epsilon, delta, rating_range=rating_range, tuning=tuning)
+    plan.one_shot = als.PRE_RELEASES
     before = plan.calibration.share_rule
     if tuning is None and before is not None:
         plan.notes.append(
@@ -29,6 +30,13 @@ def budget_plan(
             "RDP at the composition's optimal order. Before (z = s / sqrt(share), which ignores the amplification by "
             "sampling and over-noises the sampled releases while the one-shot ones spend more than their fraction): "
             + ", ".join(f"{k} {before[k]:.4g} -> {plan.multipliers[k]:.4g}" for k in before) + "."
+        )
+    if cfg.defaults == "noise-aware":
+        plan.notes.append(
+            "Noise-aware defaults: this is the plan before the user count is released. The run then lets the rule of "
+            "fedpriv.algorithms.defaults choose the keys not set (rank, steps, ridges, shares) and calibrates the rest "
+            "with the count's release pinned, spending the same epsilon; the run's ledger records the plan it chose "
+            "(--set defaults=fixed to run this plan as it is)."
         )
     if cfg.aggregation == "secure":
         plan.notes.append(

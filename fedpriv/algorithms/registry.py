@@ -83,6 +83,10 @@ class AlgorithmSpec:
 
 _SPECS: dict[str, AlgorithmSpec] = {}
 
+# the ALS family's private members start from the private bias model and let the rule of
+# fedpriv.algorithms.defaults choose what is not set (``--set defaults=fixed`` turns it off)
+NOISE_AWARE = (("defaults", "noise-aware"), ("bias_stage", "true"))
+
 
 _CONTRIBUTIONS = ("stats", "convex", "gradient", "flat")
 

@@ -2,7 +2,7 @@
 makes of the noised sum, for every release that sums node contributions (the user count, the
 mean, the item counts, and each alternating step's declared parts).
 
-A secure round has a *kind* ('users', 'mean', 'counts' or 'step'). Both engines call:
+A secure round has a *kind* ('users', 'mean', 'counts', 'bias' or 'step'). Both engines call:
 
 - :func:`round_parts`: the round's releases (name, words, L2 sensitivity, z), from which the
   server plans the round (:func:`fedpriv.privacy.distributed.secure_round`, the one secure
@@ -28,7 +28,7 @@ from . import als
 from .shards import UserShard
 from .steps import Part
 
-KINDS = ("users", "mean", "counts", "step")
+KINDS = ("users", "mean", "counts", "bias", "step")
 
 
 def check_secure(state: als.PublicState) -> None:
@@ -41,7 +41,7 @@ def check_secure(state: als.PublicState) -> None:
 
 
 def _pre_parts(kind: str, state: als.PublicState) -> list[Part]:
-    length = {"users": 1, "mean": 2, "counts": state.n_items}[kind]
+    length = {"users": 1, "mean": 2, "counts": state.n_items, "bias": 2 * state.n_items}[kind]
     return [Part(kind, 0, (length,))]
 
 
@@ -120,6 +120,8 @@ def release(kind: str, values: dict[str, np.ndarray], state: als.PublicState, pl
         out = als.release_mean(shaped["mean"], state, proxy)
     elif kind == "counts":
         out = als.release_counts(shaped["counts"], state, proxy)
+    elif kind == "bias":
+        out = als.release_bias(shaped["bias"], state, proxy)
     else:
         alternating = state.spec.alternating_step()
         sums = [None] * (max(p.index for p in parts) + 1)

@@ -28,7 +28,7 @@ from .shards import UserShard
 def stats_dim(state: als.PublicState) -> int:
     """Width of the per-item contribution rows (user vectors with the bias coordinate)."""
     cfg = state.config
-    return cfg.rank + (1 if (cfg.item_bias or state.spec.bias_column) else 0)
+    return cfg.rank + (1 if (als.item_bias_coordinate(cfg) or state.spec.bias_column) else 0)
 
 
 @dataclass(frozen=True)

@@ -217,12 +217,16 @@ class Calibration:
         return self.multipliers[name]
 
 
-def _plan_releases(plan: Sequence[PlannedRelease], scale: float, order: float | None = None) -> list[Release]:
+def _plan_releases(plan: Sequence[PlannedRelease], scale: float, order: float | None = None, pinned: dict[str, float] | None = None) -> list[Release]:
     """The plan's records at ``scale``: z = scale / sqrt(share) (the share rule), or with
-    ``order`` the fair rule of :func:`fair_multiplier` for the Poisson-sampled releases."""
+    ``order`` the fair rule of :func:`fair_multiplier` for the Poisson-sampled releases;
+    ``pinned`` releases keep their given multiplier (already made)."""
     out = []
     for p in plan:
         if p.count <= 0:
+            continue
+        if pinned and p.name in pinned:
+            out.append(Release(p.name, "gaussian", 1.0, float(pinned[p.name]), p.count, p.sampling_rate))
             continue
         z = scale / math.sqrt(p.share)
         if order is not None and p.sampling_rate is not None and p.sampling_rate < 1:
@@ -256,7 +260,8 @@ def fair_multiplier(q: float, z_share: float, order: float) -> float:
     return hi  # spends at most its share at ``order``
 
 
-def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-4, repeat: tuple[float, float] | None = None, fair: bool = True) -> Calibration:
+def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-4, repeat: tuple[float, float] | None = None, fair: bool = True,
+              pinned: dict[str, float] | None = None) -> Calibration:
     """Find the noise multipliers so that the composed plan spends ``epsilon`` at ``delta``.
 
     Bisection (in log scale) on one common scale s with z_k = s / sqrt(share_k) (the share
@@ -266,7 +271,8 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
     bisection at that order. The result satisfies eps(plan) <= epsilon and is within
     ``rtol`` of it (relative). With ``repeat=(mean, shape)`` the plan is one run of private
     tuning by random stopping and the target is the epsilon of the whole tuning
-    (``RepeatAndSelectDpEvent``).
+    (``RepeatAndSelectDpEvent``). ``pinned``: releases already made with these multipliers
+    (composed as they are; the others share what is left of ``epsilon``).
     """
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ConfigError(f"must be a finite positive number, got {epsilon}", field="epsilon")
@@ -279,7 +285,13 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
         if not p.share > 0:
             raise ConfigError(f"share of {p.name!r} must be > 0", field="plan")
 
-    share_rule = _calibrate_scale(plan, epsilon, delta, rtol, repeat, None)
+    if pinned:
+        unknown = set(pinned) - {p.name for p in plan}
+        if unknown:
+            raise ConfigError(f"pinned releases {sorted(unknown)} are not in the plan", field="plan")
+        if any(p.sampling_rate is not None and p.sampling_rate < 1 for p in plan) or repeat is not None:
+            raise ConfigError("pinned releases are supported for plans of unsampled releases only", field="plan")
+    share_rule = _calibrate_scale(plan, epsilon, delta, rtol, repeat, None, pinned=pinned)
     if fair and any(p.sampling_rate is not None and p.sampling_rate < 1 for p in plan):
         # fair rule: at the optimal order of the composition, every release spends its share of
         # the RDP; iterate the order a few times (it moves little once the sampled releases
@@ -331,12 +343,12 @@ def _optimal_order(rels: list[Release], delta: float) -> float:
     return float(rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)[1])
 
 
-def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, order: float | None, start: float = 1.0) -> Calibration:
+def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, order: float | None, start: float = 1.0, pinned=None) -> Calibration:
     """Bisection on the common scale (see :func:`calibrate`); ``order``: the fair rule's order;
     ``start``: a guess of the scale (the bracket grows from it)."""
 
     def eps(scale: float) -> float:
-        rels = _plan_releases(plan, scale, order)
+        rels = _plan_releases(plan, scale, order, pinned)
         if repeat is not None:
             rels = [RepeatAndSelect("tuning", float(repeat[0]), float(repeat[1]), 0, rels)]
         return epsilon_rdp(rels, delta)
@@ -360,7 +372,7 @@ def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, or
         else:
             hi, e_hi = mid, e
     return Calibration(
-        multipliers={r.name: r.noise_std for r in _plan_releases(plan, hi, order)},
+        multipliers={r.name: r.noise_std for r in _plan_releases(plan, hi, order, pinned)},
         epsilon=e_hi,
         delta=delta,
         scale=hi,

@@ -59,6 +59,7 @@ class BudgetPlan:
     calibration: Calibration
     tuning: TuningPlan | None = None
     notes: list[str] = field(default_factory=list)
+    one_shot: tuple[str, ...] = ()  # the pre-processing releases (made once, before the steps)
 
     @property
     def multipliers(self) -> dict[str, float]:
@@ -108,10 +109,16 @@ class BudgetPlan:
             "epsilon_pld": epsilon_pld(recs, self.delta) if pld_supported(recs) else None,
             "rho_zcdp": None if (sampled or self.tuning is not None) else zcdp_rho(recs),
             "rho_zcdp_one_run": None if sampled else zcdp_rho(self.run_records()),
+            "epsilon_one_shot": self.epsilon_one_shot(),
             "tuning": None if self.tuning is None else {"mean_runs": self.tuning.mean, "shape": self.tuning.shape, "score_share": self.tuning.share},
             "notes": list(self.notes),
         }
         return out
+
+    def epsilon_one_shot(self) -> float | None:
+        """RDP epsilon of the pre-processing releases alone (one run), or None without any."""
+        rels = [r for r in self.run_records() if r.name in self.one_shot]
+        return epsilon_rdp(rels, self.delta) if rels else None
 
     def to_dict(self) -> dict:
         return {**self.summary(), "releases": self.rows()}
@@ -138,6 +145,8 @@ class BudgetPlan:
             f"| epsilon (PLD, dp-accounting) | {fmt(s['epsilon_pld']) if s['epsilon_pld'] is not None else 'not supported for this plan'} |",
             f"| zCDP rho | {fmt(s['rho_zcdp']) if s['rho_zcdp'] is not None else 'not defined (sampled releases or tuning)'} |",
         ]
+        if s["epsilon_one_shot"] is not None:
+            lines.append(f"| epsilon of the one-shot releases alone ({', '.join(r for r in self.one_shot if r in {p.name for p in self.planned})}) | {fmt(s['epsilon_one_shot'])} ({s['epsilon_one_shot'] / self.epsilon:.1%} of the target) |")
         if self.tuning is not None:
             lines.append(f"| tuning | random stopping, E[K] = {self.tuning.mean:g}, shape {self.tuning.shape:g}; rho of one run {fmt(s['rho_zcdp_one_run'])} |")
         for n in self.notes:

@@ -1,0 +1,72 @@
+"""Noise-aware defaults for the ALS family: the rule that picks rank, steps, ridges and budget
+shares of a private run from what costs no privacy: epsilon, delta, the algorithm, the number
+of items and the privately released number of users.
+
+The rule runs on the server right after the user count is released (``defaults =
+"noise-aware"``, the ALS family's default); the keys set explicitly (``cfg.given``) are left
+alone. The rest of the plan is then calibrated with the count's release pinned at the
+multiplier it was made with, so the whole run spends exactly the target epsilon. Every plan
+the rule can choose is made of unsampled Gaussian releases, whose composed RDP is
+``alpha * R`` with one R fixed by (epsilon, delta): each choice spends the same RDP curve, so
+choosing after seeing the (noised) count is post-processing followed by a fixed budget.
+
+The rule, fitted on ML-100K, ml-latest-small and the synthetic generators (README, "Noise-aware
+defaults"): a factor model only pays for its noise when the per-item signal is large against
+it. The statistic is
+
+    snr = n_users * sqrt(rho) / sqrt(n_items)
+
+with rho the zCDP budget of (epsilon, delta) (epsilon = rho + 2 sqrt(rho log(1/delta))). Below
+``FACTOR_SNR`` the run is the private bias model alone (rank 0, no steps: the bias stage takes
+the whole budget); above it, the bias stage keeps ``share_bias`` of the budget and two factor
+steps fit the residual with a noise-aware ridge, the items the stage saw too little of keeping
+no factors (``factor_floor``); above ``RICH_SNR`` with rank 8 and a lighter ridge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..privacy.accounting import calibrate
+from . import als
+
+FACTOR_SNR = 150.0  # below: the bias model alone (see the module docstring)
+# the stage and the factor steps (above FACTOR_SNR): what the measurements chose (README)
+BIAS_ONLY = {"bias_stage": True, "rank": 0, "steps": 0, "bias_ridge_units": 3.0, "rating_clip": 1.0}
+WITH_FACTORS = {"bias_stage": True, "rank": 4, "steps": 2, "share_bias": 0.3, "bias_ridge_units": 3.0, "reg_noise_units": 3.0, "factor_floor": 10.0, "rating_clip": 1.0}
+RICH_SNR = 600.0  # above: a larger rank and a lighter ridge (the 10M-rating set at epsilon >= 10)
+RICH = {**WITH_FACTORS, "rank": 8, "reg_noise_units": 1.0}
+
+
+def zcdp_rho(epsilon: float, delta: float) -> float:
+    """The zCDP rho whose standard conversion gives ``epsilon`` at ``delta``."""
+    L = math.log(1.0 / delta)
+    return (math.sqrt(L + epsilon) - math.sqrt(L)) ** 2
+
+
+def snr(epsilon: float, delta: float, n_items: int, n_users: int) -> float:
+    return max(n_users, 1) * math.sqrt(zcdp_rho(epsilon, delta)) / math.sqrt(max(n_items, 1))
+
+
+def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: int) -> dict:
+    """The rule's values (typed) for a private ALS-family run."""
+    s = snr(epsilon, delta, n_items, n_users)
+    return dict(BIAS_ONLY if s < FACTOR_SNR else WITH_FACTORS if s < RICH_SNR else RICH)
+
+
+def apply(state, ledger) -> None:
+    """Replace the state's config by the rule's choice for the keys not given, and recalibrate
+    the rest of the plan around the released user count (see the module docstring). Nothing
+    happens without a budgeted ledger (a run inside private tuning keeps its config)."""
+    cfg = state.config
+    if not state.private or ledger is None or ledger.budget is None:
+        return
+    epsilon, delta = ledger.budget
+    given = {k for k in cfg.given.split(",") if k}
+    chosen = {k: v for k, v in choose(state.algorithm, epsilon, delta, state.n_items, state.n_users).items() if k not in given}
+    new = dataclasses.replace(cfg, **chosen)
+    new.validate()
+    plan = als.plan_releases(state.algorithm, new, state.implicit)
+    state.multipliers = dict(calibrate(plan, epsilon, delta, pinned={"users": state.multipliers["users"]}).multipliers)
+    state.config = new

@@ -301,7 +301,7 @@ def run(
         "delta": delta,
         **asdict(opts),
         "protocol": protocol,
-        **cfg.to_dict(),
+        **state.config.to_dict(),  # noise-aware runs: what the rule chose
     }
     return _clean(metrics), records
 

@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from ..privacy.accounting import PlannedRelease, calibrate
 from ..privacy.clipping import clip_rows, clip_values
 from ..privacy.ledger import PrivacyLedger, public_gaussian
-from ..privacy.weights import adaptive_omega
+from ..privacy.weights import adaptive_omega, uniform_user_weights
 from . import registry
 from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
 from .kernels import project_psd, segment_stats, solve_spd
@@ -212,7 +212,7 @@ def client_bias_stats(shard: UserShard, state: PublicState) -> np.ndarray:
     y = y - c[shard.local_user_of_rating]
     if state.private:
         y = clip_values(y, cfg.rating_clip) / cfg.rating_clip
-    w = np.repeat(np.minimum(1.0, np.sqrt(cfg.beta / np.maximum(n, 1.0))), np.diff(shard.indptr))
+    w = uniform_user_weights(shard.indptr, cfg.beta)
     return np.concatenate([np.bincount(shard.items, weights=w, minlength=state.n_items), np.bincount(shard.items, weights=w * y, minlength=state.n_items)])
 
 
@@ -350,6 +350,12 @@ def sum_item_stats(parts: list[ItemStats], n_items: int, d: int) -> tuple[np.nda
     return A, b, g
 
 
+def noise_std(name: str, state: PublicState) -> float:
+    """The standard deviation of the noise on each entry of release ``name`` (public: the
+    calibrated multiplier times the sensitivity)."""
+    return state.multipliers[name] * sensitivity(name, state.config, state.rating_range)
+
+
 def _release(name: str, total, state: PublicState, ledger: PrivacyLedger | None, **kw):
     """Noise ``total`` through the ledger with the calibrated multiplier (non-private: as is)."""
     if not state.private:
@@ -388,7 +394,7 @@ def release_bias(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | 
     W, B = total[: state.n_items], total[state.n_items :]
     state.item_support = W
     if state.private:
-        ridge = cfg.reg_item_private + cfg.bias_ridge_units * state.multipliers["bias"] * sensitivity("bias", cfg, state.rating_range)
+        ridge = cfg.reg_item_private + cfg.bias_ridge_units * noise_std("bias", state)
         return cfg.rating_clip * B / (np.maximum(W, 0.0) + ridge)
     return B / (W + cfg.reg_item * np.maximum(W, 1.0))
 
@@ -426,7 +432,7 @@ def private_item_ridge(state: PublicState) -> float:
     cfg = state.config
     if cfg.reg_noise_units <= 0 or "item_stats_A" not in state.multipliers:
         return cfg.reg_item_private
-    return cfg.reg_item_private + cfg.reg_noise_units * state.multipliers["item_stats_A"] * sensitivity("item_stats_A", cfg, state.rating_range)
+    return cfg.reg_item_private + cfg.reg_noise_units * noise_std("item_stats_A", state)
 
 
 def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state: PublicState) -> None:
@@ -444,8 +450,7 @@ def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state
     theta = solve_spd(A, b, reg)
     if state.private and state.item_support is not None and cfg.factor_floor > 0:
         # items the bias stage saw too little of keep no factors (their solve would be noise)
-        floor = cfg.factor_floor * state.multipliers["bias"] * sensitivity("bias", cfg, state.rating_range)
-        theta[state.item_support < floor, : cfg.rank] = 0.0
+        theta[state.item_support < cfg.factor_floor * noise_std("bias", state), : cfg.rank] = 0.0
     if item_bias_coordinate(cfg):
         state.item_bias = theta[:, -1] * bias_coordinate(state)
         theta = theta[:, :-1]

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..privacy.weights import uniform_user_weights
 from .registry import AlgorithmSpec, register
 
 
 def rating_weights(shard, state) -> np.ndarray:
     """w_ij = min(1, sqrt(beta / n_j)) on each of user j's ratings."""
-    n = np.diff(shard.indptr).astype(np.float64)
-    per_user = np.minimum(1.0, np.sqrt(state.config.beta / np.maximum(n, 1.0)))
-    return np.repeat(per_user, np.diff(shard.indptr))
+    return uniform_user_weights(shard.indptr, state.config.beta)
 
 
 SPEC = register(

@@ -39,14 +39,14 @@ RICH_SNR = 600.0  # above: a larger rank and a lighter ridge (the 10M-rating set
 RICH = {**WITH_FACTORS, "rank": 8, "reg_noise_units": 1.0}
 
 
-def zcdp_rho(epsilon: float, delta: float) -> float:
+def rho_of_epsilon(epsilon: float, delta: float) -> float:
     """The zCDP rho whose standard conversion gives ``epsilon`` at ``delta``."""
     L = math.log(1.0 / delta)
     return (math.sqrt(L + epsilon) - math.sqrt(L)) ** 2
 
 
 def snr(epsilon: float, delta: float, n_items: int, n_users: int) -> float:
-    return max(n_users, 1) * math.sqrt(zcdp_rho(epsilon, delta)) / math.sqrt(max(n_items, 1))
+    return max(n_users, 1) * math.sqrt(rho_of_epsilon(epsilon, delta)) / math.sqrt(max(n_items, 1))
 
 
 def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: int) -> dict:

@@ -36,6 +36,13 @@ def _per_user_sum(values: np.ndarray, indptr: np.ndarray) -> np.ndarray:
     return np.bincount(rows, weights=values, minlength=len(indptr) - 1)
 
 
+def uniform_user_weights(indptr: np.ndarray, beta: float) -> np.ndarray:
+    """w_ij = min(1, sqrt(beta / n_j)) on each of user j's n_j ratings: eq. 12 with omega = 1
+    (:func:`clip_user_weights`, whose guard keeps sum_i w_ij^2 <= beta exactly)."""
+    n_ratings = int(indptr[-1])
+    return clip_user_weights(np.ones(n_ratings), np.arange(n_ratings), indptr, beta)
+
+
 def clip_user_weights(omega: np.ndarray, items: np.ndarray, indptr: np.ndarray, beta: float, mode: str = "clip") -> np.ndarray:
     """Eq. 12: w_ij = omega_i * min(1, sqrt(beta / sum_{i' in user j} omega_i'^2)).
 

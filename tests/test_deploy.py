@@ -340,7 +340,8 @@ def test_tls_auth_deployment_completes_with_a_node_killed_in_round_one(tmp_path)
         counts: dict = {}
         for rec in ledger:
             counts[rec["name"]] = counts.get(rec["name"], 0) + int(rec["count"])
-        plan = als.plan_releases("adadpals", als.ALSConfig.from_overrides({"steps": "2", "rank": "4"}), False)
+        # the algorithm's own defaults (its bias stage) with the run's overrides
+        plan = als.plan_releases("adadpals", als.ALSConfig.from_overrides({"steps": "2", "rank": "4"}, "adadpals"), False)
         assert {p.name: p.count for p in plan} == counts
         print(f"\ndeploy TLS+auth, 3 nodes, {data.split(':')[0]}: up {t_up:.1f} s, run {t_run:.1f} s, rounds "
               + ", ".join(f"{r['round']} {r['seconds']:.1f}" for r in metrics["round_log"])
@@ -385,7 +386,7 @@ def test_secure_aggregation_deployment_completes_with_a_node_killed_after_sharin
         counts: dict = {}
         for rec in ledger:
             counts[rec["name"]] = counts.get(rec["name"], 0) + int(rec["count"])
-        plan = als.plan_releases("adadpals", als.ALSConfig.from_overrides({**overrides, "aggregation": "secure"}), False)
+        plan = als.plan_releases("adadpals", als.ALSConfig.from_overrides({**overrides, "aggregation": "secure"}, "adadpals"), False)
         assert {p.name: p.count for p in plan} == counts
         by_round = {r["round"]: r for r in metrics["round_log"]}
         assert by_round["secagg_keys"]["replies"] == 3 and by_round["step2"]["replies"] == 2

@@ -88,6 +88,7 @@ def _csv(path: Path) -> list[dict]:
         (lambda s: s.replace("epsilons = [1, 4]", "epsilons = [1, -4]"), "grid.epsilons"),
         (lambda s: s.replace('datasets = ["tiny"]', 'datasets = ["tiny", "ml-1m"]'), "grid.datasets"),
         (lambda s: s.replace("trials = 2", "trials = 2\ntrails = 2"), "search.trails"),
+        (lambda s: s.replace("trials = 2", "trials = 2\ninclude_defaults = 1"), "search.include_defaults"),
         (lambda s: s.replace("rank = [2, 4],", "rank = [],"), "methods.als.search.rank"),
         (lambda s: s.replace('type = "curve"', 'type = "pie"'), "plots[0].type"),
         (lambda s: s.replace(f'tiny = "{TINY}"', 'tiny = "ml-100k"'), "datasets.tiny"),
@@ -114,6 +115,28 @@ def test_bad_config_cli_exit_2_and_nothing_written(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------- the protocol
+def test_include_defaults_makes_trial_zero_the_methods_own_params(tmp_path):
+    """With include_defaults, trial 0 is the method's params with nothing drawn (what fedpriv run
+    does without --set) and the drawn trials follow, unchanged; the search can choose it."""
+    from fedpriv.experiments.grid import candidates
+
+    space = {"rank": [1, 2, 4], "reg_item_private": [1.0, 5.0, 20.0]}
+    plain = candidates(space, {"trials": 3, "seed": 5}, "ada")
+    with_defaults = candidates(space, {"trials": 3, "seed": 5, "include_defaults": True}, "ada")
+    assert with_defaults[0] == {} and with_defaults[1:] == plain and len(plain) == 3
+    assert candidates(space, {"mode": "grid", "include_defaults": True}, "ada")[0] == {}
+
+    cfg = _write(tmp_path, GRID.replace("trials = 2", "trials = 2\ninclude_defaults = true").replace("epsilons = [1, 4]", "epsilons = [4]"))
+    runner.run_configs([str(cfg)], tmp_path / "out", log=lambda s: None)
+    docs = [json.loads(p.read_text()) for p in (tmp_path / "out" / "tiny" / "search").glob("*.json")]
+    ada = [d for d in docs if d["definition"]["algorithm"] == "adadpals"]
+    assert len(ada) == 1 and len(ada[0]["trials"]) == 3
+    assert json.loads(ada[0]["trials"][0]["candidate"]) == {}
+    assert ada[0]["definition"]["include_defaults"] is True
+    best = ada[0]["trials"][ada[0]["best"]]
+    assert best["search_value"] == min(t["search_value"] for t in ada[0]["trials"])
+
+
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("exp")

@@ -24,6 +24,7 @@ Schema of the ``grid`` kind (the others are in :mod:`fedpriv.experiments.kinds`)
     trials = 6; scope = "cell"                   # or "reference": search at reference_epsilon only
     mode = "random"                              # or "grid": every combination of the space
     reference_epsilon = 5.0; metric = "auto"     # auto: valid_rmse / valid_recall_at_20 / valid_logloss
+    include_defaults = true                      # trial 0: the method's own params, no candidate keys
 
     [methods.adadpals-mu0.25]
     algorithm = "adadpals"; params = { mu = 0.25 }; search = { rank = [1, 2, 4] }
@@ -54,7 +55,7 @@ KINDS = ("grid", "time_evolution", "selection_scenarios", "selection_bandit")
 ENGINES = ("inprocess", "flower")
 PLOT_TYPES = ("curve", "sweep", "buckets", "bars", "overlap")
 _GRID_KEYS = {"datasets", "epsilons", "seeds", "delta", "params", "methods"}
-_SEARCH_KEYS = {"trials", "scope", "reference_epsilon", "metric", "seed", "mode"}
+_SEARCH_KEYS = {"trials", "scope", "reference_epsilon", "metric", "seed", "mode", "include_defaults"}
 _QUICK_KEYS = _GRID_KEYS | _SEARCH_KEYS | {"dataset_params", "settings", "method_params"}
 
 
@@ -287,7 +288,11 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
     mode = search.get("mode", "random")
     if mode not in ("random", "grid"):
         raise _err(path, "search.mode", f"must be random (trials draws) or grid (every combination), got {mode!r}")
-    search_cfg = {"trials": s_trials, "scope": scope, "reference_epsilon": float(ref_eps), "metric": metric, "seed": search_seed, "mode": mode}
+    include_defaults = search.get("include_defaults", False)
+    if not isinstance(include_defaults, bool):
+        raise _err(path, "search.include_defaults", f"must be true or false, got {include_defaults!r}")
+    search_cfg = {"trials": s_trials, "scope": scope, "reference_epsilon": float(ref_eps), "metric": metric, "seed": search_seed, "mode": mode,
+                  "include_defaults": include_defaults}
 
     from ..algorithms import als, pam
     from ..algorithms.names import is_private

@@ -11,7 +11,10 @@ Protocol of one cell (dataset, method, epsilon):
    set, the test metric of a run on that data set. With ``scope = "reference"`` the search runs
    once per (dataset, method) at ``reference_epsilon`` and its choice serves every epsilon. The
    test metric is never looked at by the search. Like the literature's protocol, the search is
-   not itself private (private tuning is ``fedpriv run --tune``); every trial is listed.
+   not itself private (private tuning is ``fedpriv run --tune``); every trial is listed. With
+   ``include_defaults = true`` trial 0 is the method's own parameters with nothing drawn (what
+   ``fedpriv run`` does with no ``--set``), so a tuned result is never chosen over the default
+   unless a drawn configuration scores better on validation.
 2. Final runs: the chosen configuration with ``seeds`` noise seeds (1235, 1236, ...); each run
    writes ``runs/ID/metrics.json`` and ``ledger.json`` and one row of ``results.csv``.
 
@@ -79,12 +82,14 @@ def candidates(space: dict, search: dict, base_name: str = "") -> list[dict]:
     """The configurations a search tries: every combination (mode grid) or ``trials`` random
     draws (mode random; the draws depend on the search seed and the method's base name)."""
     keys = sorted(space)
+    first = [{}] if search.get("include_defaults") else []
     if search.get("mode") == "grid":
         import itertools
 
-        return [dict(zip(keys, combo)) for combo in itertools.product(*(space[k] for k in keys))]
+        return first + [dict(zip(keys, combo)) for combo in itertools.product(*(space[k] for k in keys))]
     rng = np.random.default_rng([search["seed"], int(stable_hash(base_name), 16) % (2**32)])
-    return [{k: space[k][int(rng.integers(len(space[k])))] for k in keys} for _ in range(search["trials"])]
+    drawn = [{k: space[k][int(rng.integers(len(space[k])))] for k in keys} for _ in range(search["trials"])]
+    return first + drawn
 
 
 def cell_params(exp: Experiment, cell: Cell, candidate: dict | None = None) -> dict:
@@ -213,7 +218,8 @@ class GridRunner:
             eps = exp.search["reference_epsilon"]
         spec = ds.validation or ds.spec
         key_doc = {"spec": spec, "algorithm": m.algorithm, "base": base, "space": m.search, "trials": exp.search["trials"], "seed": exp.search["seed"],
-                   "metric": exp.search["metric"], "mode": exp.search["mode"], "epsilon": eps, "delta": exp.delta, "engine": exp.engine, "draws": m.base}
+                   "metric": exp.search["metric"], "mode": exp.search["mode"], "epsilon": eps, "delta": exp.delta, "engine": exp.engine, "draws": m.base,
+                   **({"include_defaults": True} if exp.search.get("include_defaults") else {})}
         key = stable_hash(key_doc)
         path = self.out / "search" / f"{key}.json"
         if path.exists():

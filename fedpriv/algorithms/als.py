@@ -80,9 +80,12 @@ def needs_counts(algorithm: str, cfg: ALSConfig | None = None) -> bool:
 
 def needs_user_count(algorithm: str, cfg: ALSConfig | None = None) -> bool:
     """The server step uses the number of users n (eq. 16's normalisation, DP-SGD's expected
-    batch q*n), or the noise-aware defaults read it: private runs release it (sensitivity 1)
-    instead of reading it off the data."""
-    return registry.get(algorithm).needs_user_count or (cfg is not None and cfg.defaults == "noise-aware")
+    batch q*n), the noise-aware defaults read it, or the bias stage of implicit data (gravity)
+    weighs the unobserved entries by it: private runs release it (sensitivity 1) instead of
+    reading it off the data."""
+    if registry.get(algorithm).needs_user_count or cfg is None:
+        return registry.get(algorithm).needs_user_count
+    return cfg.defaults == "noise-aware" or (cfg.bias_stage and cfg.gravity > 0 and has_bias_stage(algorithm, cfg))
 
 
 def has_bias_stage(algorithm: str, cfg: ALSConfig) -> bool:
@@ -200,15 +203,17 @@ def client_counts(shard: UserShard, cfg: ALSConfig, n_items: int, private: bool)
 
 def client_bias_stats(shard: UserShard, state: PublicState) -> np.ndarray:
     """The shard's contribution to the bias stage: each user solves its bias c_j locally
-    (against the released mean), and adds, on each item i it rated, the weight
-    w_ij = min(1, sqrt(beta / n_j)) and w_ij clip(r_ij - mean - c_j) / rating_clip (private runs
-    clip; the vector is (2, n_items) flattened, sum_i w_ij^2 <= beta per user)."""
+    (against the released mean; on implicit data c_j = 0), and adds, on each item i it rated,
+    the weight w_ij = min(1, sqrt(beta / n_j)) and w_ij clip(r_ij - mean - c_j) / rating_clip
+    (private runs clip; the vector is (2, n_items) flattened, sum_i w_ij^2 <= beta per user)."""
     cfg = state.config
     y = shard.ratings.astype(np.float64) - state.mean
     n = np.diff(shard.indptr).astype(np.float64)
     per_user = np.bincount(shard.local_user_of_rating, weights=y, minlength=shard.n_users)
     reg = cfg.reg_user * (np.maximum(n, 1.0) if cfg.weighted_reg else 1.0)
-    c = per_user / np.maximum(n + reg, 1e-12) if cfg.user_bias else np.zeros(shard.n_users)
+    # implicit data (gravity > 0): every observed entry is 1, so a user's own bias would absorb
+    # it and leave no signal; the items' sums of weights (their weighted popularity) are the signal
+    c = per_user / np.maximum(n + reg, 1e-12) if cfg.user_bias and cfg.gravity == 0 else np.zeros(shard.n_users)
     y = y - c[shard.local_user_of_rating]
     if state.private:
         y = clip_values(y, cfg.rating_clip) / cfg.rating_clip
@@ -388,15 +393,20 @@ def release_counts(total: np.ndarray, state: PublicState, ledger: PrivacyLedger 
 def release_bias(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> np.ndarray:
     """The bias stage: item biases c * B_i / (max(W_i, 0) + ridge) from the (noised) per-item
     sums of weights W and of scaled residuals B (post-processing); the private ridge is
-    ``reg_item_private`` plus ``bias_ridge_units`` noise standard deviations of W."""
+    ``reg_item_private`` plus ``bias_ridge_units`` noise standard deviations of W. On implicit
+    data (``gravity`` > 0) every user's unobserved entries pull each item's bias towards 0 with
+    weight ``gravity``, so the denominator gains gravity * n (n the released user count): the
+    rank-0 case of the family's gravity term, and what the ``bias`` algorithm's step computes.
+    Without it the residuals of all-ones data are nearly constant and the noise ranks the items."""
     cfg = state.config
     total = np.asarray(_release("bias", np.asarray(total, dtype=np.float64), state, ledger), dtype=np.float64)
     W, B = total[: state.n_items], total[state.n_items :]
     state.item_support = W
+    unobserved = cfg.gravity * state.n_users if cfg.gravity > 0 else 0.0
     if state.private:
         ridge = cfg.reg_item_private + cfg.bias_ridge_units * noise_std("bias", state)
-        return cfg.rating_clip * B / (np.maximum(W, 0.0) + ridge)
-    return B / (W + cfg.reg_item * np.maximum(W, 1.0))
+        return cfg.rating_clip * B / (np.maximum(W, 0.0) + ridge + unobserved)
+    return B / (W + cfg.reg_item * np.maximum(W, 1.0) + unobserved)
 
 
 def release_item_stats(A, b, g, state: PublicState, ledger: PrivacyLedger | None):

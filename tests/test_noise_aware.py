@@ -42,6 +42,27 @@ def test_the_rule_fits_factors_only_when_the_signal_per_item_is_large():
     assert defaults.snr(5, 1e-5, 100, 1000) > defaults.snr(1, 1e-5, 100, 1000) > defaults.snr(1, 1e-5, 400, 1000)
 
 
+def test_the_bias_model_lightens_its_ridge_and_widens_its_clip_as_the_signal_grows():
+    """The stage of the ALS family and the bias algorithm share one rule: on ML-100K a ridge of
+    3 noise stds and clip 1 at epsilon 2 (snr 6.5), ridge 1 at 5 (snr 15), clip 2 at 20 (snr 51)."""
+    def picks(alg, eps, n_items=1682, n_users=943):
+        c = defaults.choose(alg, eps, 1e-5, n_items, n_users)
+        return (c["reg_noise_units"] if alg == "bias" else c["bias_ridge_units"]), c["rating_clip"]
+
+    for alg in ("bias", "adadpals", "dpals-uniform"):
+        assert picks(alg, 2) == (3.0, 1.0) and picks(alg, 5) == (1.0, 1.0) and picks(alg, 20) == (1.0, 2.0)
+    assert "rank" not in defaults.choose("bias", 20, 1e-5, 1682, 943)  # the bias model's rank is fixed at 0
+    # a run of the bias algorithm releases the count, lets the rule choose, and spends exactly epsilon
+    split = random_split(make_mf(1500, 400, 45000, rank=3, seed=7).interactions, seed=1234)
+    res = train_inprocess("bias", split.train, ALSConfig.from_overrides({}, "bias"), rating_range=RANGE, epsilon=10.0, progress=False, secrets=RunSecrets(1))
+    assert [r.name for r in res.ledger.releases][:2] == ["users", "mean"]
+    assert (res.state.config.reg_noise_units, res.state.config.rating_clip) == (1.0, 2.0)  # snr 93
+    assert epsilon_rdp(res.ledger.releases, 1e-5) == pytest.approx(10.0, rel=1e-3)
+    fixed = ALSConfig.from_overrides({"defaults": "fixed"}, "bias")
+    res = train_inprocess("bias", split.train, fixed, rating_range=RANGE, epsilon=10.0, progress=False, secrets=RunSecrets(1))
+    assert "users" not in [r.name for r in res.ledger.releases] and res.state.config.reg_noise_units == 3.0
+
+
 def test_a_default_run_releases_the_count_then_spends_exactly_its_budget_on_the_rules_plan(small_mf):
     inter = small_mf.interactions
     cfg = ALSConfig.from_overrides({}, "adadpals")

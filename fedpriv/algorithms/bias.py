@@ -28,9 +28,11 @@ SPEC = register(
         "bias",
         rating_weights,
         summary="private bias model: private mean and item biases, user biases solved locally",
-        # one step and a ridge of three noise standard deviations: never worse than 0.005 from the best
-        # of {1, 2, 3} at epsilon 0.5 to 20 on ML-100K and ml-latest-small (README); kappa takes the whole norm bound
-        defaults=(("rank", "0"), ("steps", "1"), ("reg_noise_units", "3"), ("item_bias", "true"), ("user_bias", "true"), ("bias_share", "0.99")),
+        # one step; the ridge (in noise standard deviations) and the residual clip are chosen by the
+        # noise-aware rule from the released user count (fedpriv.algorithms.defaults.bias_settings;
+        # without it, --set defaults=fixed: 3 and 1); kappa takes the whole norm bound
+        defaults=(("rank", "0"), ("steps", "1"), ("reg_noise_units", "3"), ("item_bias", "true"), ("user_bias", "true"), ("bias_share", "0.99"),
+                  ("defaults", "noise-aware")),
         fixed=("rank", "item_bias", "user_bias"),
     )
 )

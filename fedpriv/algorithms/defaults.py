@@ -18,7 +18,9 @@ it. The statistic is
 
 with rho the zCDP budget of (epsilon, delta) (epsilon = rho + 2 sqrt(rho log(1/delta))). Below
 ``FACTOR_SNR`` the run is the private bias model alone (rank 0, no steps: the bias stage takes
-the whole budget); above it, the bias stage keeps ``share_bias`` of the budget and two factor
+the whole budget), with a ridge of 3 noise standard deviations and residuals clipped to +-1 while
+snr < 15, a ridge of 1 from there, and a clip of +-2 from snr 45 (the ``bias`` algorithm follows
+the same rule for its own ridge and clip); above it, the bias stage keeps ``share_bias`` of the budget and two factor
 steps fit the residual with a noise-aware ridge, the items the stage saw too little of keeping
 no factors (``factor_floor``); above ``RICH_SNR`` with rank 8 and a lighter ridge.
 """
@@ -31,8 +33,13 @@ import math
 from ..privacy.accounting import calibrate
 from . import als
 
-FACTOR_SNR = 150.0  # below: the bias model alone (see the module docstring)
-# the stage and the factor steps (above FACTOR_SNR): what the measurements chose (README)
+FACTOR_SNR = 350.0  # below: the bias model alone (see the module docstring)
+# the bias model's own settings below FACTOR_SNR (the stage, or the ``bias`` algorithm's step):
+# its ridge in noise standard deviations and the clip of the residual after the user bias.
+# A heavy ridge and a tight clip while the noise dominates, lighter ones as the signal grows
+# (validation RMSE on ML-100K and the 1.5k- and 4k-user synthetic sets, README)
+BIAS_SNR_LIGHT = 15.0  # from here: ridge 1 noise std instead of 3
+BIAS_SNR_WIDE = 45.0  # from here: residuals clipped to +-2 instead of +-1
 BIAS_ONLY = {"bias_stage": True, "rank": 0, "steps": 0, "bias_ridge_units": 3.0, "rating_clip": 1.0}
 WITH_FACTORS = {"bias_stage": True, "rank": 4, "steps": 2, "share_bias": 0.3, "bias_ridge_units": 3.0, "reg_noise_units": 3.0, "factor_floor": 10.0, "rating_clip": 1.0}
 RICH_SNR = 600.0  # above: a larger rank and a lighter ridge (the 10M-rating set at epsilon >= 10)
@@ -49,10 +56,20 @@ def snr(epsilon: float, delta: float, n_items: int, n_users: int) -> float:
     return max(n_users, 1) * math.sqrt(rho_of_epsilon(epsilon, delta)) / math.sqrt(max(n_items, 1))
 
 
+def bias_settings(s: float) -> tuple[float, float]:
+    """(ridge in noise standard deviations, rating clip) of the bias model at snr ``s``."""
+    return (3.0 if s < BIAS_SNR_LIGHT else 1.0), (1.0 if s < BIAS_SNR_WIDE else 2.0)
+
+
 def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: int) -> dict:
-    """The rule's values (typed) for a private ALS-family run."""
+    """The rule's values (typed) for a private run of the ALS family or of ``bias``."""
     s = snr(epsilon, delta, n_items, n_users)
-    return dict(BIAS_ONLY if s < FACTOR_SNR else WITH_FACTORS if s < RICH_SNR else RICH)
+    ridge, clip = bias_settings(s)
+    if algorithm == "bias":
+        return {"reg_noise_units": ridge, "rating_clip": clip}
+    if s < FACTOR_SNR:
+        return {**BIAS_ONLY, "bias_ridge_units": ridge, "rating_clip": clip}
+    return dict(WITH_FACTORS if s < RICH_SNR else RICH)
 
 
 def apply(state, ledger) -> None:

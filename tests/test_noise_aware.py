@@ -44,13 +44,14 @@ def test_the_rule_fits_factors_only_when_the_signal_per_item_is_large():
 
 def test_the_bias_model_lightens_its_ridge_and_widens_its_clip_as_the_signal_grows():
     """The stage of the ALS family and the bias algorithm share one rule: on ML-100K a ridge of
-    3 noise stds and clip 1 at epsilon 2 (snr 6.5), ridge 1 at 5 (snr 15), clip 2 at 20 (snr 51)."""
+    3 noise stds and clip 0.5 at epsilon 1 (snr 3.3), clip 1 at 2 (snr 6.5), ridge 1 at 5 (snr 15),
+    clip 2 at 20 (snr 51)."""
     def picks(alg, eps, n_items=1682, n_users=943):
         c = defaults.choose(alg, eps, 1e-5, n_items, n_users)
         return (c["reg_noise_units"] if alg == "bias" else c["bias_ridge_units"]), c["rating_clip"]
 
     for alg in ("bias", "adadpals", "dpals-uniform"):
-        assert picks(alg, 2) == (3.0, 1.0) and picks(alg, 5) == (1.0, 1.0) and picks(alg, 20) == (1.0, 2.0)
+        assert picks(alg, 1) == (3.0, 0.5) and picks(alg, 2) == (3.0, 1.0) and picks(alg, 5) == (1.0, 1.0) and picks(alg, 20) == (1.0, 2.0)
     assert "rank" not in defaults.choose("bias", 20, 1e-5, 1682, 943)  # the bias model's rank is fixed at 0
     # a run of the bias algorithm releases the count, lets the rule choose, and spends exactly epsilon
     split = random_split(make_mf(1500, 400, 45000, rank=3, seed=7).interactions, seed=1234)

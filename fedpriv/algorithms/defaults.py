@@ -18,8 +18,8 @@ it. The statistic is
 
 with rho the zCDP budget of (epsilon, delta) (epsilon = rho + 2 sqrt(rho log(1/delta))). Below
 ``FACTOR_SNR`` the run is the private bias model alone (rank 0, no steps: the bias stage takes
-the whole budget), with a ridge of 3 noise standard deviations and residuals clipped to +-1 while
-snr < 15, a ridge of 1 from there, and a clip of +-2 from snr 45 (the ``bias`` algorithm follows
+the whole budget), with a ridge of 3 noise standard deviations and residuals clipped to +-0.5
+while snr < 5, to +-1 from there, a ridge of 1 from snr 15, and a clip of +-2 from snr 45 (the ``bias`` algorithm follows
 the same rule for its own ridge and clip); above it, the bias stage keeps ``share_bias`` of the budget and two factor
 steps fit the residual with a noise-aware ridge, the items the stage saw too little of keeping
 no factors (``factor_floor``); above ``RICH_SNR`` with rank 8 and a lighter ridge.
@@ -38,6 +38,7 @@ FACTOR_SNR = 350.0  # below: the bias model alone (see the module docstring)
 # its ridge in noise standard deviations and the clip of the residual after the user bias.
 # A heavy ridge and a tight clip while the noise dominates, lighter ones as the signal grows
 # (validation RMSE on ML-100K and the 1.5k- and 4k-user synthetic sets, README)
+BIAS_SNR_TIGHT = 5.0  # below: residuals clipped to +-0.5 (almost pure noise: bias in exchange for less of it)
 BIAS_SNR_LIGHT = 15.0  # from here: ridge 1 noise std instead of 3
 BIAS_SNR_WIDE = 45.0  # from here: residuals clipped to +-2 instead of +-1
 BIAS_ONLY = {"bias_stage": True, "rank": 0, "steps": 0, "bias_ridge_units": 3.0, "rating_clip": 1.0}
@@ -58,7 +59,7 @@ def snr(epsilon: float, delta: float, n_items: int, n_users: int) -> float:
 
 def bias_settings(s: float) -> tuple[float, float]:
     """(ridge in noise standard deviations, rating clip) of the bias model at snr ``s``."""
-    return (3.0 if s < BIAS_SNR_LIGHT else 1.0), (1.0 if s < BIAS_SNR_WIDE else 2.0)
+    return (3.0 if s < BIAS_SNR_LIGHT else 1.0), (0.5 if s < BIAS_SNR_TIGHT else 1.0 if s < BIAS_SNR_WIDE else 2.0)
 
 
 def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: int) -> dict:

@@ -25,7 +25,9 @@ from fedpriv.flower.server_app import FlowerJob
 from fedpriv.flower.simulation import simulate
 
 # AdaDPALS: the configuration selected on ML-100K validation (simulations/tune_ml100k.py), with
-# its one alternating step; DP-SGD: the best of a small validation search (see README)
+# its one alternating step (its defaults add the bias stage, and the noise-aware rule fills the
+# keys not listed); DP-SGD: the best of a small validation search (see README), with its
+# defaults' budget shares (the one-shot releases spend a tenth of epsilon)
 METHODS = {
     "adadpals": {"rank": 1, "steps": 1, "reg_item_private": 2.0, "reg_user": 0.1, "rating_clip": 0.5, "share_b": 0.5, "bias_share": 0.5, "mu": 0.25, "weight_mode": "clip", "beta_bar_ratio": 2.0},
     "dpsgd": {"rank": 2, "steps": 50, "sgd_lr": 1.0, "sgd_sampling_rate": 0.2, "sgd_clip": 1.0},
@@ -50,7 +52,7 @@ def main() -> None:
     n_nodes = -(-split.train.n_users // args.users_per_node)
     runs = {}
     for alg, params in METHODS.items():
-        cfg = ALSConfig.from_overrides(params)
+        cfg = ALSConfig.from_overrides(params, alg)  # the algorithm's own defaults for the keys not listed
         t0 = time.perf_counter()
         job = FlowerJob(alg, args.epsilon, args.delta, cfg, split.train, split.valid, split.test, tuple(ds.rating_range), Path(tempfile.mkdtemp()), users_per_node=args.users_per_node, eval_every=1)
         res = simulate(job, n_nodes)

@@ -39,6 +39,8 @@ def test_the_rule_fits_factors_only_when_the_signal_per_item_is_large():
     assert defaults.choose("adadpals", 1, 1e-5, 10000, 70000)["rank"] == 0
     assert defaults.choose("adadpals", 5, 1e-5, 10000, 70000)["rank"] == 4
     assert defaults.choose("adadpals", 20, 1e-5, 10000, 70000)["rank"] == 8
+    assert defaults.choose("dpals-tail", 5, 1e-5, 10000, 70000)["k"] == 100  # DPALS keeps 100 items per user with factors
+    assert "k" not in defaults.choose("dpals-tail", 1, 1e-5, 10000, 70000)  # the bias model alone samples nothing
     assert defaults.snr(5, 1e-5, 100, 1000) > defaults.snr(1, 1e-5, 100, 1000) > defaults.snr(1, 1e-5, 400, 1000)
 
 

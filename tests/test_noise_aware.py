@@ -172,3 +172,27 @@ def test_on_implicit_data_no_default_ranks_worse_than_the_private_bias_model():
         for algorithm in ("adadpals", "dpals-uniform"):
             got = np.mean([recall(algorithm, eps, s) for s in (1, 2, 3)])
             assert got >= ref - 0.02, (algorithm, eps, got, ref)
+
+
+def test_am_ssp_with_the_bias_stage_fits_the_residual_on_both_engines(tmp_path):
+    """`--set bias_stage=true` for AM-SSP: the item biases come from the stage's release and stay
+    fixed, the encoder outputs the rank coordinates only, and the two engines release the same
+    model (same ledger, same test RMSE)."""
+    from fedpriv.algorithms import ssp
+    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.flower.server_app import run_job
+    from fedpriv.run import run
+
+    cfg = ALSConfig.from_overrides({"bias_stage": "true", "rank": "2"}, "am-ssp")
+    assert ssp.out_dim(cfg) == 2 and ssp.out_dim(ALSConfig.from_overrides({"rank": "2"}, "am-ssp")) == 3
+    data = "synthetic-mf:users=80,items=40,ratings=2400,seed=5"
+    over = {"bias_stage": "true", "rank": "2", "steps": "2", "ssp_steps": "20"}
+    kw = dict(epsilon=5.0, progress=False, noise_seed=2, second_opinion=False)
+    m_in, led_in = run("am-ssp", data, overrides={**over, "users_per_shard": "20"}, **kw)
+    m_fl, led_fl = run("am-ssp", data, overrides={**over, "users_per_node": "20"}, engine="flower", flower_runner=lambda job, n: run_job(LocalGrid(n), job), work_dir=tmp_path, **kw)
+    assert led_in == led_fl
+    names = [r["name"] for r in led_in]
+    assert names.count("bias") == 1 and names.index("mean") < names.index("bias") < names.index("item_stats_A")
+    assert m_fl["test_rmse"] == pytest.approx(m_in["test_rmse"], rel=1e-6)
+    with pytest.raises(ConfigError, match="bias_stage"):
+        plan_releases("am-dpsgd", ALSConfig.from_overrides({"bias_stage": "true"}, "am-dpsgd"), False)

@@ -89,12 +89,13 @@ def needs_user_count(algorithm: str, cfg: ALSConfig | None = None) -> bool:
 
 
 def has_bias_stage(algorithm: str, cfg: ALSConfig) -> bool:
-    """The run starts with the private bias model (``bias_stage``): ALS-family steps only."""
+    """The run starts with the private bias model (``bias_stage``): algorithms whose clients send
+    per-item statistics (the ALS family and the AM-SSP family)."""
     if not cfg.bias_stage:
         return False
     spec = registry.get(algorithm)
-    if spec.step != registry.AlgorithmSpec.step or spec.contribution != "stats":
-        raise ConfigError(f"{algorithm} has no bias stage (ALS-family algorithms only)", field="bias_stage")
+    if spec.contribution != "stats":
+        raise ConfigError(f"{algorithm} has no bias stage (the ALS and AM-SSP families only)", field="bias_stage")
     return True
 
 

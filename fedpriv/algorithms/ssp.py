@@ -34,7 +34,9 @@ from .shards import UserShard
 
 
 def out_dim(cfg: als.ALSConfig) -> int:
-    return cfg.rank + (1 if cfg.item_bias else 0)
+    """The encoder's outputs: the rank coordinates, plus the item bias's unless the bias stage
+    has released the item biases already."""
+    return cfg.rank + (1 if als.item_bias_coordinate(cfg) else 0)
 
 
 def feature_table(features, n_items: int, cfg: als.ALSConfig) -> FeatureTable:
@@ -49,7 +51,7 @@ def build_encoder(table: FeatureTable, cfg: als.ALSConfig) -> ItemEncoder:
 def item_outputs(state: als.PublicState) -> np.ndarray:
     """The broadcast item embeddings as encoder outputs e_j = [v_j, bias_j / kappa]."""
     E = state.item_factors.astype(np.float64)
-    if state.config.item_bias:
+    if als.item_bias_coordinate(state.config):
         kappa = als.bias_coordinate(state)
         E = np.hstack([E, (state.item_bias / kappa)[:, None]])
     return E
@@ -80,7 +82,10 @@ class EncoderServer:
         state, cfg = self.state, self.state.config
         E = self.encoder.outputs()
         state.item_factors = E[:, : cfg.rank].astype(np.float32)
-        state.item_bias = E[:, cfg.rank] * als.bias_coordinate(state) if cfg.item_bias else None
+        if als.item_bias_coordinate(cfg):
+            state.item_bias = E[:, cfg.rank] * als.bias_coordinate(state)
+        elif not cfg.bias_stage:
+            state.item_bias = None  # (with the bias stage, the released item biases stay)
         if state.spec.clients_need_encoder:
             state.encoder_params = self.encoder.get_flat()
 

@@ -196,3 +196,21 @@ def test_am_ssp_with_the_bias_stage_fits_the_residual_on_both_engines(tmp_path):
     assert m_fl["test_rmse"] == pytest.approx(m_in["test_rmse"], rel=1e-6)
     with pytest.raises(ConfigError, match="bias_stage"):
         plan_releases("am-dpsgd", ALSConfig.from_overrides({"bias_stage": "true"}, "am-dpsgd"), False)
+
+
+def test_the_factor_floor_gives_the_same_model_on_both_engines(tmp_path):
+    """The stage's released weight sums (item_support) stay on the server, which alone solves
+    the items: a run with factors and a factor floor releases the same model on both engines."""
+    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.flower.server_app import run_job
+    from fedpriv.run import run
+
+    data = "synthetic-mf:users=80,items=40,ratings=2400,seed=5"
+    over = {"rank": "2", "steps": "2", "factor_floor": "10"}
+    kw = dict(epsilon=20.0, progress=False, noise_seed=2, second_opinion=False)
+    m_in, led_in = run("adadpals", data, overrides={**over, "users_per_shard": "20"}, **kw)
+    m_off, _ = run("adadpals", data, overrides={**over, "factor_floor": "0", "users_per_shard": "20"}, **kw)
+    assert m_off["test_rmse"] != m_in["test_rmse"]  # the floor removes some items' factors here
+    m_fl, led_fl = run("adadpals", data, overrides={**over, "users_per_node": "20"}, engine="flower", flower_runner=lambda job, n: run_job(LocalGrid(n), job), work_dir=tmp_path, **kw)
+    assert led_in == led_fl and "bias" in [r["name"] for r in led_in]
+    assert m_fl["test_rmse"] == pytest.approx(m_in["test_rmse"], rel=1e-6)

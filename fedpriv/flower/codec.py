@@ -31,7 +31,8 @@ def _arr(x) -> Array:
 
 
 # ------------------------------------------------------------------ server -> clients
-STATE_ARRAYS = ("item_factors", "item_bias", "item_support", "counts_hat", "omega", "encoder_params")
+# what the clients read (the bias stage's item_support stays on the server: only its item solve reads it)
+STATE_ARRAYS = ("item_factors", "item_bias", "counts_hat", "omega", "encoder_params")
 
 
 def encode_state(state: als.PublicState, data_dir: str, users_per_node: int, round_index: int = 0, key_file: str | None = None) -> RecordDict:

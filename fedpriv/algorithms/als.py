@@ -83,9 +83,9 @@ def needs_user_count(algorithm: str, cfg: ALSConfig | None = None) -> bool:
     batch q*n), the noise-aware defaults read it, or the bias stage of implicit data (gravity)
     weighs the unobserved entries by it: private runs release it (sensitivity 1) instead of
     reading it off the data."""
-    if registry.get(algorithm).needs_user_count or cfg is None:
-        return registry.get(algorithm).needs_user_count
-    return cfg.defaults == "noise-aware" or (cfg.bias_stage and cfg.gravity > 0 and has_bias_stage(algorithm, cfg))
+    if registry.get(algorithm).needs_user_count:
+        return True
+    return cfg is not None and (cfg.defaults == "noise-aware" or (cfg.gravity > 0 and has_bias_stage(algorithm, cfg)))
 
 
 def has_bias_stage(algorithm: str, cfg: ALSConfig) -> bool:
@@ -403,7 +403,7 @@ def release_bias(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | 
     total = np.asarray(_release("bias", np.asarray(total, dtype=np.float64), state, ledger), dtype=np.float64)
     W, B = total[: state.n_items], total[state.n_items :]
     state.item_support = W
-    unobserved = cfg.gravity * state.n_users if cfg.gravity > 0 else 0.0
+    unobserved = cfg.gravity * state.n_users
     if state.private:
         ridge = cfg.reg_item_private + cfg.bias_ridge_units * noise_std("bias", state)
         return cfg.rating_clip * B / (np.maximum(W, 0.0) + ridge + unobserved)

@@ -62,16 +62,16 @@ class CentralAggregator:
         self.client_seconds = 0.0
 
     def users(self, transport: Transport, state: als.PublicState) -> int:
-        return als.release_user_count(transport.vector("users", 1, state), state, self.ledger)
+        return als.release_user_count(transport.vector("users", als.pre_release_length("users", state), state), state, self.ledger)
 
     def mean(self, transport: Transport, state: als.PublicState) -> float:
-        return als.release_mean(transport.vector("mean", 2, state), state, self.ledger)
+        return als.release_mean(transport.vector("mean", als.pre_release_length("mean", state), state), state, self.ledger)
 
     def counts(self, transport: Transport, state: als.PublicState) -> np.ndarray:
-        return als.release_counts(transport.vector("counts", state.n_items, state), state, self.ledger)
+        return als.release_counts(transport.vector("counts", als.pre_release_length("counts", state), state), state, self.ledger)
 
     def bias(self, transport: Transport, state: als.PublicState) -> np.ndarray:
-        return als.release_bias(transport.vector("bias", 2 * state.n_items, state), state, self.ledger)
+        return als.release_bias(transport.vector("bias", als.pre_release_length("bias", state), state), state, self.ledger)
 
     def step(self, transport: Transport, state: als.PublicState, step: int):
         t = time.perf_counter()

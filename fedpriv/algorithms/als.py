@@ -225,6 +225,11 @@ def client_bias_stats(shard: UserShard, state: PublicState) -> np.ndarray:
 PRE_RELEASES = ("users", "mean", "counts", "bias")
 
 
+def pre_release_length(kind: str, state: PublicState) -> int:
+    """The length of a pre-processing release's summed vector (what a reply must carry)."""
+    return {"users": 1, "mean": 2, "counts": state.n_items, "bias": 2 * state.n_items}[kind]
+
+
 def client_vector(kind: str, shard: UserShard, state: PublicState) -> np.ndarray:
     """The shard's clipped contribution to a pre-processing release ('users', 'mean' or
     'counts'), in any engine and aggregation mode."""

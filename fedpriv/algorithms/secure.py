@@ -41,8 +41,7 @@ def check_secure(state: als.PublicState) -> None:
 
 
 def _pre_parts(kind: str, state: als.PublicState) -> list[Part]:
-    length = {"users": 1, "mean": 2, "counts": state.n_items, "bias": 2 * state.n_items}[kind]
-    return [Part(kind, 0, (length,))]
+    return [Part(kind, 0, (als.pre_release_length(kind, state),))]
 
 
 def declared(kind: str, state: als.PublicState) -> list[Part]:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch  # noqa: F401 - loaded: the kernels take their multi-threaded torch path in this process
 from tqdm.auto import tqdm
 
 from .algorithms import als, protocol, recommend, registry, secure

@@ -90,7 +90,7 @@ def rmse_from_sums(sse: np.ndarray, cnt: np.ndarray, item_counts: np.ndarray) ->
 def shard_logistic_sums(state: als.PublicState, history, target, item_bucket: np.ndarray, n_buckets: int = 5) -> dict[str, np.ndarray]:
     """Per-bucket (log-loss sum, correct predictions, count) of one shard's binarised target
     ratings, its users solved from their history by the local logistic solve."""
-    from .algorithms import ssp
+    from .algorithms import ssp_client as ssp
 
     out = {k: np.zeros(n_buckets) for k in ("logloss", "correct", "n")}
     if target.n_ratings == 0:

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import ConfigError
-from ..privacy.accounting import PlannedRelease, calibrate
 from ..privacy.clipping import clip_rows, clip_values
 from ..privacy.ledger import PrivacyLedger, public_gaussian
 from ..privacy.weights import adaptive_omega, uniform_user_weights
@@ -39,6 +39,9 @@ from . import registry
 from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
 from .kernels import project_psd, segment_stats, solve_spd
 from .shards import UserShard
+
+if TYPE_CHECKING:
+    from ..privacy.accounting import PlannedRelease
 
 # ---------------------------------------------------------------------------- public state
 @dataclass
@@ -118,6 +121,8 @@ def resamples(algorithm: str, cfg: ALSConfig) -> int:
 def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[PlannedRelease]:
     """The releases a private run will make, with their budget shares (see ``calibrate``): the
     pre-processing releases its spec asks for, then its step releases."""
+    from ..privacy.accounting import PlannedRelease  # the server's planning: dp-accounting, never on a client
+
     spec = registry.get(algorithm)
     if not spec.private:
         return []
@@ -143,6 +148,8 @@ def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[Planne
 
 
 def calibrate_plan(algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: float, delta: float) -> dict[str, float]:
+    from ..privacy.accounting import calibrate
+
     plan = plan_releases(algorithm, cfg, implicit)
     if not plan:
         return {}

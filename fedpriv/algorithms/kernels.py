@@ -9,14 +9,20 @@ packed by size class (ratio sqrt(2)) into padded 3-D blocks gathered straight fr
 table (padding entries have weight 0), each block is reduced with one batched GEMM of the
 augmented rows [sqrt(w) x, sqrt(w) y] (so one Gram matrix holds A, b and c), and the pieces
 are accumulated into their segments. No per-rating Python loop and no outer-product scatter.
+
+Two back ends compute the same float32 sums: torch (multi-threaded gathers and batched GEMM) when
+this process has imported torch already (the in-process engine, a server, an AM-DPSGD client),
+numpy otherwise. A ClientApp of the ALS or AM-SSP family therefore never imports torch: its
+import and its messages stay light (a test guards the import set).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..privacy.symmetric import from_upper, upper  # noqa: F401 - the wire format of d x d blocks
 
@@ -28,6 +34,15 @@ _SMALL_ENTRIES = 2048  # below this many entries, segment_stats runs in numpy
 _SMALL_SYSTEMS = 16  # solve_spd of at most this many systems runs in numpy
 
 
+if TYPE_CHECKING:
+    import torch
+
+
+def _loaded_torch():
+    """torch if this process imported it already, else None (never imports it)."""
+    return sys.modules.get("torch")
+
+
 @dataclass
 class SegmentStats:
     A: np.ndarray  # (n_segments, d, d) float32
@@ -35,8 +50,9 @@ class SegmentStats:
     c: np.ndarray  # (n_segments,) float32
 
 
-def _to_torch(x: np.ndarray, dtype=torch.float32) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
+def _to_torch(x: np.ndarray, dtype=None) -> torch.Tensor:
+    torch = _loaded_torch()
+    return torch.from_numpy(np.ascontiguousarray(x)).to(dtype or torch.float32)
 
 
 def _pieces(indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -69,6 +85,9 @@ def segment_stats(
     width = d + 1
     if n <= _SMALL_ENTRIES:  # one user's or a few users' ratings: numpy beats torch's op overhead
         return _segment_stats_small(factors, index, indptr, weights, targets)
+    torch = _loaded_torch()
+    if torch is None:
+        return _segment_stats_numpy(factors, index, indptr, weights, targets)
     # source table with a spare last column (filled with sqrt(w) y per entry) and a zero padding
     # row; per-entry arrays with one extra padding slot of weight 0
     F = torch.zeros((n_src + 1, width), dtype=torch.float32)
@@ -83,14 +102,8 @@ def segment_stats(
 
     piece_seg, piece_start, piece_len = _pieces(indptr)
     G = torch.zeros((n_seg, width * width), dtype=torch.float32)
-    # size classes of ratio sqrt(2): padding waste < 1.42x
-    size_class = np.floor(2.0 * np.log2(np.maximum(piece_len, 1))).astype(np.int64)
-    order = np.argsort(size_class, kind="stable")
-    bounds = np.flatnonzero(np.diff(size_class[order])) + 1
     buf = torch.empty(_BLOCK_FLOATS + _PIECE * width, dtype=torch.float32)  # reused gather buffer
-    for cls in np.split(order, bounds):
-        if not len(cls):  # no entries at all
-            continue
+    for cls in _size_classes(piece_len):
         L = int(piece_len[cls].max())
         B = max(1, _BLOCK_FLOATS // (L * width))
         ar = torch.arange(L)
@@ -106,6 +119,45 @@ def segment_stats(
             # accumulate per segment (2-D index_add_ is fast; several pieces may share a segment)
             G.index_add_(0, torch.from_numpy(piece_seg[block]), torch.bmm(Xb.transpose(1, 2), Xb).view(len(block), -1))
     G3 = G.view(n_seg, width, width).numpy()
+    return SegmentStats(A=G3[:, :d, :d], b=G3[:, :d, d], c=G3[:, d, d])
+
+
+def _size_classes(piece_len: np.ndarray) -> list[np.ndarray]:
+    """Pieces grouped by size class (ratio sqrt(2): padding waste < 1.42x)."""
+    size_class = np.floor(2.0 * np.log2(np.maximum(piece_len, 1))).astype(np.int64)
+    order = np.argsort(size_class, kind="stable")
+    return [c for c in np.split(order, np.flatnonzero(np.diff(size_class[order])) + 1) if len(c)]
+
+
+def _segment_stats_numpy(factors, index, indptr, weights, targets) -> SegmentStats:
+    """The torch path's algorithm in numpy (padded blocks, one batched GEMM each)."""
+    n_src, d = factors.shape
+    n_seg, n, width = len(indptr) - 1, len(index), d + 1
+    F = np.zeros((n_src + 1, width), dtype=np.float32)
+    F[:n_src, :d] = factors
+    idx = np.full(n + 1, n_src, dtype=np.int64)
+    idx[:n] = index
+    sw = np.zeros(n + 1, dtype=np.float32)
+    sw[:n] = np.sqrt(np.maximum(weights, 0.0)) if weights is not None else 1.0
+    ty = np.zeros(n + 1, dtype=np.float32)
+    if targets is not None:
+        ty[:n] = targets
+    piece_seg, piece_start, piece_len = _pieces(indptr)
+    G = np.zeros((n_seg, width * width), dtype=np.float32)
+    for cls in _size_classes(piece_len):
+        L = int(piece_len[cls].max())
+        B = max(1, _BLOCK_FLOATS // (L * width))
+        ar = np.arange(L)
+        for b0 in range(0, len(cls), B):
+            block = cls[b0 : b0 + B]
+            ent = np.where(ar[None, :] < piece_len[block][:, None], piece_start[block][:, None] + ar[None, :], n).reshape(-1)
+            X = F[idx[ent]]
+            X[:, d] = ty[ent]
+            X *= sw[ent][:, None]
+            Xb = X.reshape(len(block), L, width)
+            P = np.matmul(Xb.transpose(0, 2, 1), Xb).reshape(len(block), -1)
+            np.add.at(G, piece_seg[block], P)  # several pieces may share a segment
+    G3 = G.reshape(n_seg, width, width)
     return SegmentStats(A=G3[:, :d, :d], b=G3[:, :d, d], c=G3[:, d, d])
 
 
@@ -138,17 +190,9 @@ def solve_spd(A: np.ndarray, b: np.ndarray, reg: np.ndarray | float) -> np.ndarr
     Float32 Cholesky for speed; systems it rejects (not positive definite, e.g. zero reg on a
     singular Gram matrix) are solved again in float64 by least squares.
     """
-    if len(A) <= _SMALL_SYSTEMS:  # a node's few users: numpy, without torch's per-op overhead
-        A32 = np.array(A, dtype=np.float32)
-        idx = np.arange(A32.shape[-1])
-        A32[:, idx, idx] += np.broadcast_to(np.asarray(reg, dtype=np.float32), (len(A32),))[:, None]
-        try:
-            np.linalg.cholesky(A32)  # positive definite, as the torch path requires
-            x = np.linalg.solve(A32, np.asarray(b, dtype=np.float32)[..., None])[..., 0].astype(np.float64)
-            if np.isfinite(x).all():
-                return x
-        except np.linalg.LinAlgError:
-            pass  # the torch path below handles the rejected systems
+    torch = _loaded_torch()
+    if len(A) <= _SMALL_SYSTEMS or torch is None:  # a node's users: numpy, without torch's per-op overhead
+        return _solve_spd_numpy(A, b, reg)
     At = torch.from_numpy(np.ascontiguousarray(A, dtype=np.float32)).clone()
     n = At.shape[0]
     reg_t = torch.from_numpy(np.broadcast_to(np.asarray(reg, dtype=np.float32), (n,)).copy())
@@ -163,8 +207,44 @@ def solve_spd(A: np.ndarray, b: np.ndarray, reg: np.ndarray | float) -> np.ndarr
     return x.numpy()
 
 
+def _solve_spd_numpy(A: np.ndarray, b: np.ndarray, reg) -> np.ndarray:
+    """:func:`solve_spd` in numpy: batched float32 Cholesky check and solve; the systems it
+    rejects are solved again in float64 by least squares."""
+    A32 = np.array(A, dtype=np.float32)
+    n, d = A32.shape[0], A32.shape[-1]
+    idx = np.arange(d)
+    A32[:, idx, idx] += np.broadcast_to(np.asarray(reg, dtype=np.float32), (n,))[:, None]
+    b32 = np.asarray(b, dtype=np.float32)
+    x = np.zeros((n, d), dtype=np.float64)
+    if n == 0:
+        return x
+    try:
+        np.linalg.cholesky(A32)  # all positive definite (the common case): one batched solve
+        good = np.ones(n, dtype=bool)
+    except np.linalg.LinAlgError:
+        good = np.zeros(n, dtype=bool)
+        for i in range(n):
+            try:
+                np.linalg.cholesky(A32[i])
+                good[i] = True
+            except np.linalg.LinAlgError:
+                pass
+    if good.any():
+        x[good] = np.linalg.solve(A32[good], b32[good][..., None])[..., 0]
+    bad = ~good | ~np.isfinite(x).all(axis=-1)
+    for i in np.flatnonzero(bad):
+        x[i] = np.linalg.lstsq(A32[i].astype(np.float64), b32[i].astype(np.float64), rcond=None)[0]
+    return x
+
+
 def project_psd(A: np.ndarray, floor: float = 0.0) -> np.ndarray:
     """Project a batch of symmetric matrices onto {X : X >= floor I} (eigenvalue clipping)."""
+    torch = _loaded_torch()
+    if torch is None:
+        A32 = np.asarray(A, dtype=np.float32)
+        A32 = 0.5 * (A32 + A32.transpose(0, 2, 1))
+        evals, evecs = np.linalg.eigh(A32)
+        return (evecs * np.maximum(evals, floor)[..., None, :]) @ evecs.transpose(0, 2, 1)
     At = torch.from_numpy(np.ascontiguousarray(A, dtype=np.float32))
     At = 0.5 * (At + At.transpose(-1, -2))
     evals, evecs = torch.linalg.eigh(At)

@@ -36,17 +36,20 @@ import math
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import ConfigError
 from .config import PAMConfig  # noqa: F401 - re-exported
-from ..privacy.accounting import BestOfAccountant, PlannedRelease, calibrate
 from ..privacy.clipping import clip_rows
 from ..privacy.distributed import secure_round
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import PURPOSE_GROUP, user_uniform
 from .kernels import from_upper, upper
+
+if TYPE_CHECKING:
+    from ..privacy.accounting import PlannedRelease
 
 PAM_ALGORITHMS = ("pam", "pam-own-data", "pam-single-model", "pam-nonprivate", "pam-exp")
 PRIVATE = ("pam", "pam-single-model", "pam-exp")
@@ -136,6 +139,8 @@ def sensitivity(name: str, state: PAMState) -> float:
 
 
 def plan_releases(algorithm: str, cfg: PAMConfig) -> list[PlannedRelease]:
+    from ..privacy.accounting import PlannedRelease  # the server's planning only
+
     if algorithm == "pam-single-model":
         return [PlannedRelease("single_A", 1, 0.5), PlannedRelease("single_b", 1, 0.5)]
     if algorithm != "pam":
@@ -155,6 +160,8 @@ def new_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsi
         raise ConfigError(f"must be <= d={d}, got {k}", field="rank")
     if samples < 4 and cfg.schedule == "disjoint":
         raise ConfigError("the disjoint schedule splits each user's samples in quarters: needs >= 4 samples", field="schedule")
+    from ..privacy.accounting import BestOfAccountant, calibrate  # server side: a client never plans
+
     state = PAMState(algorithm, cfg, d, k, samples, {})
     budget = None
     if state.private:

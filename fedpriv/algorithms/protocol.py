@@ -11,11 +11,15 @@ comparing names.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..privacy.ledger import PrivacyLedger
 from . import als, registry
-from .encoder import FeatureTable
 from .shards import UserShard
 from .steps import client_encoder, stats_dim  # noqa: F401 - re-exported for the engines and the tests
+
+if TYPE_CHECKING:
+    from .encoder import FeatureTable
 
 
 def contribution_kind(algorithm: str) -> str:

@@ -29,8 +29,9 @@ from ..errors import ConfigError
 from ..privacy.ledger import PrivacyLedger
 from . import als
 from .encoder import FeatureTable, ItemEncoder, parse_fields, per_user_clipped_gradient
-from .kernels import project_psd, segment_stats, solve_spd
+from .kernels import project_psd
 from .shards import UserShard
+from .ssp_client import _sigmoid, client_convex_stats, item_outputs, labels, logistic_user_vectors  # noqa: F401 - the client side, re-exported
 
 
 def out_dim(cfg: als.ALSConfig) -> int:
@@ -46,15 +47,6 @@ def feature_table(features, n_items: int, cfg: als.ALSConfig) -> FeatureTable:
 def build_encoder(table: FeatureTable, cfg: als.ALSConfig) -> ItemEncoder:
     d = out_dim(cfg)
     return ItemEncoder(table, d, cfg.enc_hidden or d, seed=cfg.seed, init_scale=cfg.init_scale)
-
-
-def item_outputs(state: als.PublicState) -> np.ndarray:
-    """The broadcast item embeddings as encoder outputs e_j = [v_j, bias_j / kappa]."""
-    E = state.item_factors.astype(np.float64)
-    if als.item_bias_coordinate(state.config):
-        kappa = als.bias_coordinate(state)
-        E = np.hstack([E, (state.item_bias / kappa)[:, None]])
-    return E
 
 
 def ssp_objective(E: torch.Tensor, A: torch.Tensor, b: torch.Tensor, reg: float, G: torch.Tensor | None = None) -> torch.Tensor:
@@ -198,51 +190,6 @@ def release_encoder_gradient(G: np.ndarray, state: als.PublicState, ledger: Priv
 
 
 # ---------------------------------------------------------------------------- clients
-def labels(shard: UserShard, state: als.PublicState) -> np.ndarray:
-    return (shard.ratings >= state.config.convex_threshold).astype(np.float64)
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * z))
-
-
-def logistic_user_vectors(shard: UserShard, state: als.PublicState) -> np.ndarray:
-    """Each user's regularised logistic regression on its binarised ratings (Newton steps,
-    local; never released). Columns as :func:`als.client_user_vectors`."""
-    cfg = state.config
-    V = als.user_design(state).astype(np.float64)
-    d = V.shape[1]
-    ib = state.item_bias if state.item_bias is not None else np.zeros(state.n_items)
-    y = labels(shard, state)
-    rows, items = shard.local_user_of_rating, shard.items
-    n = np.diff(shard.indptr).astype(np.float64)
-    reg = cfg.reg_user * (np.maximum(n, 1.0) if cfg.weighted_reg else 1.0)
-    U = np.zeros((shard.n_users, d))
-    Vr = V[items]
-    for _ in range(cfg.newton_steps):
-        p = _sigmoid(np.einsum("nd,nd->n", U[rows], Vr) + ib[items])
-        H = segment_stats(V, items, shard.indptr, weights=p * (1 - p)).A
-        grad = np.zeros((shard.n_users, d))
-        np.add.at(grad, rows, (y - p)[:, None] * Vr)
-        grad -= reg[:, None] * U if np.ndim(reg) else reg * U
-        U = U + solve_spd(H, grad, reg)
-    return U
-
-
-def client_convex_stats(shard: UserShard, state: als.PublicState) -> als.ItemStats:
-    """Local logistic user solve, then H_j = sum w p(1-p) x x^T and g_j = sum w (p - y) x at the
-    broadcast item embeddings (x: the clipped released user vector)."""
-    U, ubias = als.split_user_vectors(logistic_user_vectors(shard, state), state)
-    X = als.released_user_vectors(U, state)
-    E0 = item_outputs(state)
-    rows, items = shard.local_user_of_rating, shard.items
-    p = _sigmoid(ubias[rows] + np.einsum("nd,nd->n", X[rows], E0[items]))
-    w = als.client_rating_weights(shard, state)
-    order = shard.by_item_order
-    item_ids, indptr = shard.item_groups
-    H = segment_stats(X, shard.by_item_local_users, indptr, weights=(w * p * (1 - p))[order]).A
-    g = segment_stats(X, shard.by_item_local_users, indptr, weights=w[order], targets=(p - labels(shard, state))[order]).b
-    return als.ItemStats(item_ids=item_ids.astype(np.int64), A=H, b=g)
 
 
 def _subshard(shard: UserShard, keep: np.ndarray) -> UserShard:

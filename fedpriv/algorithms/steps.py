@@ -15,14 +15,25 @@ An algorithm names its step in its :class:`~fedpriv.algorithms.registry.Algorith
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..privacy.ledger import PrivacyLedger
-from . import als, dpsgd, ssp
-from .encoder import FeatureTable
+from . import als, dpsgd, ssp_client
 from .shards import UserShard
+
+if TYPE_CHECKING:
+    from . import ssp
+    from .encoder import FeatureTable
+
+
+def _ssp():
+    """The encoder server module (torch), imported by the steps that need it only: a client of
+    the ALS family or of AM-SSP's statistics never loads torch."""
+    return importlib.import_module(".ssp", __package__)
 
 
 def stats_dim(state: als.PublicState) -> int:
@@ -52,7 +63,7 @@ class Part:
 
 def client_encoder(state: als.PublicState, table: FeatureTable):
     """The broadcast encoder, rebuilt on a client from public features and parameters."""
-    enc = ssp.build_encoder(table, state.config)
+    enc = _ssp().build_encoder(table, state.config)
     enc.set_flat(state.encoder_params)
     return enc
 
@@ -96,7 +107,7 @@ class EncoderStep(AlternatingStep):
     """The encoder family: the item side is a torch encoder over public item features."""
 
     def setup(self, state: als.PublicState, features) -> ssp.EncoderServer:
-        return ssp.init_server(state, features)
+        return _ssp().init_server(state, features)
 
 
 class SSPStep(EncoderStep):
@@ -104,7 +115,7 @@ class SSPStep(EncoderStep):
 
     def release(self, sums: tuple, state: als.PublicState, ledger) -> object:
         A, b, *g = sums
-        return ssp.release_ssp_stats(A, b, g[0] if g else None, state, ledger)
+        return _ssp().release_ssp_stats(A, b, g[0] if g else None, state, ledger)
 
     def server(self, release, state: als.PublicState, server: ssp.EncoderServer) -> None:
         server.ssp_update(release)
@@ -114,7 +125,7 @@ class ConvexStep(EncoderStep):
     """AM-SSP for the logistic model: per-item Hessian and gradient statistics."""
 
     def client(self, shard: UserShard, state: als.PublicState, step: int, table: FeatureTable | None = None):
-        return ssp.client_convex_stats(shard, state)
+        return ssp_client.client_convex_stats(shard, state)
 
     def parts(self, state: als.PublicState) -> list[Part]:
         n, d = state.n_items, stats_dim(state)
@@ -124,7 +135,7 @@ class ConvexStep(EncoderStep):
         return als.sum_item_stats(parts, state.n_items, stats_dim(state))[:2]
 
     def release(self, sums: tuple, state: als.PublicState, ledger) -> object:
-        return ssp.release_convex_stats(*sums, state, ledger)
+        return _ssp().release_convex_stats(*sums, state, ledger)
 
     def server(self, release, state: als.PublicState, server: ssp.EncoderServer) -> None:
         server.convex_update(*release)
@@ -153,7 +164,7 @@ class EncoderDPSGDStep(EncoderStep):
     """AM-DPSGD: clients rebuild the broadcast encoder and send clipped parameter gradients."""
 
     def client(self, shard: UserShard, state: als.PublicState, step: int, table: FeatureTable | None = None):
-        return ssp.client_encoder_gradient(shard, state, step, client_encoder(state, table))
+        return _ssp().client_encoder_gradient(shard, state, step, client_encoder(state, table))
 
     def parts(self, state: als.PublicState) -> list[Part]:
         return [Part("encoder_grad", 0, (len(state.encoder_params),))]
@@ -165,7 +176,7 @@ class EncoderDPSGDStep(EncoderStep):
         return (total,)
 
     def release(self, sums: tuple, state: als.PublicState, ledger) -> object:
-        return ssp.release_encoder_gradient(sums[0], state, ledger)
+        return _ssp().release_encoder_gradient(sums[0], state, ledger)
 
     def server(self, release, state: als.PublicState, server: ssp.EncoderServer) -> None:
         server.sgd_update(release)

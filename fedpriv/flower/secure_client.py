@@ -15,6 +15,7 @@ Messages (all ``query``): ``secagg_keys`` (advertise the channel key, once per r
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -22,15 +23,19 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from ..algorithms import secure
 from ..privacy.distributed import DistributedPlan
 from ..privacy.randomness import node_noise_rng
-from ..privacy.secagg import SecAggNode, SecAggParams
 from . import codec
 from .node_secrets import with_keys
 from .partition import data_dir_of, load_feature_table, load_shard
+
+if TYPE_CHECKING:
+    from ..privacy.secagg import SecAggNode, SecAggParams
 
 STATE_KEY = "fedpriv-secagg"
 
 
 def _node(context: Context, node_id: int) -> SecAggNode:
+    from ..privacy.secagg import SecAggNode  # secure rounds only
+
     rec = context.state.config_records.get(STATE_KEY)
     if rec is None or "blob" not in rec:
         return SecAggNode(node_id)
@@ -50,11 +55,15 @@ def _by_id(d: dict[int, bytes]) -> ConfigRecord:
 
 
 def _release(cfg) -> tuple[bytes, SecAggParams]:
+    from ..privacy.secagg import SecAggParams
+
     return str(cfg["label"]).encode(), SecAggParams(int(cfg["bits"]), int(cfg["degree"]), int(cfg["threshold"]))
 
 
 def keys(msg: Message, context: Context) -> Message:
     """Advertise this node's channel public key (a fresh node state for the run)."""
+    from ..privacy.secagg import SecAggNode  # secure rounds only
+
     node = SecAggNode(context.node_id)
     _save(context, node)
     return Message(RecordDict({"secagg": ConfigRecord({"channel_key": node.channel_key()})}), reply_to=msg)

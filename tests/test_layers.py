@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("algorithms", ("fedpriv.algorithms.", "fedpriv.selection.", "fedpriv.metrics", "fedpriv.evaluation")),
     ("engines", ("fedpriv.loop", "fedpriv.engine", "fedpriv.personalization", "fedpriv.flower.")),
     ("run", ("fedpriv.run", "fedpriv.tuning")),
-    ("operations", ("fedpriv.experiments.", "fedpriv.report", "fedpriv.flower.app", "fedpriv.flower.launcher", "fedpriv.flower.deploy")),
+    ("operations", ("fedpriv.experiments.", "fedpriv.report", "fedpriv.flower.app", "fedpriv.flower.launcher", "fedpriv.flower.deploy.")),
     ("cli", ("fedpriv.cli", "fedpriv.__main__")),
 ]
 

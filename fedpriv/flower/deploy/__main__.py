@@ -1,0 +1,10 @@
+"""``python -m fedpriv.flower.deploy``: the same commands as ``fedpriv deploy``."""
+
+import signal
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Starting and watching the processes: spawning, free ports, the ``flwr`` CLI helpers (node and
+run listing, ``flwr stop``), registering node keys, :func:`up` and :func:`wait_for_nodes`.
+The PID records and :func:`stop` are in :mod:`.pids`."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from ... import atomic
+from ...errors import ConfigError, FedprivError
+from .. import launcher
+from .commands import _exe, connection_toml, register_command, superlink_command, supernode_command
+from .config import CLI_SECONDS, CONNECTION, PIDS_FILE, DeployConfig, _bin_dir
+from .pids import _start_ticks, _write_pids, running, stop
+from .prepare import prepare
+
+
+def _env(cfg: DeployConfig, home: Path) -> dict[str, str]:
+    home.mkdir(parents=True, exist_ok=True)
+    env = launcher._flwr_env(home)  # noqa: SLF001 - offline env, our bin dir first on PATH, FLWR_HOME
+    for key in ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _spawn(cfg: DeployConfig, name: str, cmd: list[str], home: Path) -> dict:
+    cfg.logs_dir.mkdir(parents=True, exist_ok=True)
+    with open(cfg.logs_dir / f"{name}.log", "ab") as log:
+        proc = subprocess.Popen(cmd, cwd=cfg.run_dir, env=_env(cfg, home), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return {"name": name, "pid": proc.pid, "start": _start_ticks(proc.pid), "cmd": cmd}
+
+
+def _tail(path: Path, n: int = 30) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(launcher._ANSI.sub("", line) for line in lines[-n:])  # noqa: SLF001
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports (held open together while choosing)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _free_block(n: int) -> int:
+    """The first of ``n`` consecutive free loopback ports."""
+    for _ in range(200):
+        base = _free_ports(1)[0]
+        if base + n > 65535:
+            continue
+        if all(_bindable(p) for p in range(base, base + n)):
+            return base
+    raise FedprivError(f"found no {n} consecutive free loopback ports")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def write_connection(cfg: DeployConfig) -> Path:
+    """``RUN_DIR/flwr-home/config.toml`` (rewritten before every CLI call: the run folder may be
+    mounted at another path than where it was prepared)."""
+    cfg.flwr_home.mkdir(parents=True, exist_ok=True)
+    path = cfg.flwr_home / "config.toml"
+    text = connection_toml(cfg)
+    if not path.is_file() or path.read_text() != text:
+        atomic.write_text(path, text)
+    return path
+
+
+def _flwr_cli(cfg: DeployConfig, cmd: list[str], timeout: float = CLI_SECONDS) -> tuple[int, str]:
+    """Run a ``flwr`` CLI command against the connection ``deploy``: (exit code, output)."""
+    write_connection(cfg)
+    try:
+        r = subprocess.run(cmd, cwd=cfg.run_dir, env=_env(cfg, cfg.flwr_home), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124, f"`{' '.join(cmd)}` did not finish within {timeout:g} s"
+    return r.returncode, launcher._ANSI.sub("", r.stdout + r.stderr)  # noqa: SLF001
+
+
+def _json_of(output: str):
+    start = output.find("{")
+    if start < 0:
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(output[start:])[0]
+    except ValueError:
+        return None
+
+
+def list_nodes(cfg: DeployConfig, timeout: float = CLI_SECONDS) -> list[dict]:
+    """``flwr supernode ls``: the SuperLink's nodes (``node-id``, ``status``, ...)."""
+    code, out = _flwr_cli(cfg, [_exe(cfg, "flwr"), "supernode", "ls", CONNECTION, "--format", "json"], timeout)
+    data = _json_of(out)
+    if code != 0 or not isinstance(data, dict) or not data.get("success"):
+        raise FedprivError(f"`flwr supernode ls` failed (exit {code}): {out.strip()[-2000:]}")
+    return list(data.get("nodes", []))
+
+
+def list_runs(cfg: DeployConfig) -> list[dict]:
+    """``flwr ls``: the SuperLink's runs (``run-id``, ``status``, ...); empty if it does not answer."""
+    code, out = _flwr_cli(cfg, [_exe(cfg, "flwr"), "ls", CONNECTION, "--format", "json"])
+    data = _json_of(out)
+    return list(data.get("runs", [])) if code == 0 and isinstance(data, dict) else []
+
+
+def stop_runs(cfg: DeployConfig, exclude=()) -> list[str]:
+    """``flwr stop`` every unfinished run (but those in ``exclude``): after a failed or
+    interrupted ``flwr run`` its ServerApp would otherwise go on on the SuperLink."""
+    stopped = []
+    for r in list_runs(cfg):
+        rid = r.get("run-id")
+        if rid and rid not in exclude and not str(r.get("status", "")).startswith("finished"):
+            _flwr_cli(cfg, [_exe(cfg, "flwr"), "stop", str(rid), CONNECTION])
+            stopped.append(rid)
+    return stopped
+
+
+def register(cfg: DeployConfig, *, wait: float = 60.0, indices: list[int] | None = None, workers: int = 4) -> list[str]:
+    """Register the public key of every node (or of ``indices``) with the SuperLink, waiting up
+    to ``wait`` seconds for its Control API; returns the node ids. A key registered before
+    counts as registered."""
+    if not cfg.auth:
+        return []
+    deadline = time.monotonic() + wait
+    while not _port_open(cfg.superlink_host, cfg.control_port):
+        if time.monotonic() > deadline:
+            raise FedprivError(f"the SuperLink's Control API at {cfg.control_address} did not answer within {wait:g} s")
+        time.sleep(0.5)
+    indices = list(range(cfg.nodes)) if indices is None else indices
+
+    def one(i: int) -> str:
+        code, out = _flwr_cli(cfg, register_command(cfg, i))
+        data = _json_of(out)
+        if code == 0 and isinstance(data, dict) and data.get("success"):
+            return str(data.get("node-id"))
+        if "already" in out.lower():
+            return "registered before"
+        raise FedprivError(f"`flwr supernode register` of node {i} failed (exit {code}): {out.strip()[-2000:]}")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(one, indices))
+
+
+def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
+    """Prepare the run folder, start the SuperLink and the SuperNodes in the background
+    (``pids.json``, ``logs/``), register the node keys, and wait until every node is online.
+    Any failure stops every process started here."""
+    cfg.run_dir = Path(cfg.run_dir).expanduser().resolve()
+    if cfg.bin_dir is None:
+        cfg.bin_dir = _bin_dir()
+    live = running(DeployConfig(run_dir=cfg.run_dir, nodes=1))
+    if live:
+        raise ConfigError(f"a deployment is running in {cfg.run_dir} (PIDs {', '.join(str(e['pid']) for e in live)}): `fedpriv deploy down` first", field="--run-dir")
+    # fresh loopback ports unless given (0 = choose)
+    if 0 in (cfg.fleet_port, cfg.control_port, cfg.node_port_base):
+        chosen = iter(_free_ports(2))
+        cfg.fleet_port = cfg.fleet_port or next(chosen)
+        cfg.control_port = cfg.control_port or next(chosen)
+        if not cfg.node_port_base:
+            while True:
+                base = _free_block(cfg.nodes)
+                if not {cfg.fleet_port, cfg.control_port} & set(range(base, base + cfg.nodes)):
+                    break
+            cfg.node_port_base = base
+    prepare(cfg, job=job)
+    (cfg.run_dir / PIDS_FILE).unlink(missing_ok=True)
+    shutil.rmtree(cfg.logs_dir, ignore_errors=True)
+    entries: list[dict] = []
+    try:
+        entries.append(_spawn(cfg, "superlink", superlink_command(cfg), cfg.flwr_home))
+        _write_pids(cfg, entries)
+        deadline = time.monotonic() + wait
+        while not (_port_open(cfg.superlink_host, cfg.control_port) and _port_open(cfg.superlink_host, cfg.fleet_port)):
+            if not launcher._alive(entries[0]["pid"]):  # noqa: SLF001
+                raise FedprivError("the SuperLink exited; its log:\n" + _tail(cfg.logs_dir / "superlink.log"))
+            if time.monotonic() > deadline:
+                raise FedprivError(f"the SuperLink did not listen within {wait:g} s; its log:\n" + _tail(cfg.logs_dir / "superlink.log"))
+            time.sleep(0.3)
+        register(cfg, wait=max(5.0, deadline - time.monotonic()))
+        for i in range(cfg.nodes):
+            entries.append(_spawn(cfg, f"supernode-{i}", supernode_command(cfg, i), cfg.node_home(i)))
+            _write_pids(cfg, entries)
+        wait_for_nodes(cfg, entries, deadline)
+    except BaseException:
+        stop(cfg.run_dir, also=entries)
+        raise
+    return cfg
+
+
+def wait_for_nodes(cfg: DeployConfig, entries: list[dict], deadline: float) -> None:
+    """Until ``flwr supernode ls`` shows every node online; fails early if a SuperNode exits.
+    A slow or failing ``ls`` (a loaded machine while many nodes start) is retried until the
+    deadline."""
+    online, error = 0, ""
+    while True:
+        for e in entries:
+            if e["name"].startswith("supernode") and not launcher._alive(e["pid"]):  # noqa: SLF001
+                raise FedprivError(f"{e['name']} exited; its log:\n" + _tail(cfg.logs_dir / f"{e['name']}.log"))
+        try:
+            online = sum(1 for n in list_nodes(cfg, timeout=max(10.0, min(CLI_SECONDS, deadline - time.monotonic()))) if n.get("status") == "online")
+            error = ""
+        except FedprivError as exc:
+            error = f" (last `flwr supernode ls`: {exc})"
+        if online >= cfg.nodes:
+            return
+        if time.monotonic() > deadline:
+            raise FedprivError(f"{online} of {cfg.nodes} SuperNodes online after the wait{error}; last SuperNode log:\n" + _tail(cfg.logs_dir / f"supernode-{cfg.nodes - 1}.log"))
+        time.sleep(1.0 if cfg.nodes <= 10 else 3.0)

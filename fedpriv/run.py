@@ -177,6 +177,8 @@ def run(
         raise ConfigError(f"{algorithm!r} trains on ratings; synthetic-personal data is for {', '.join(pam.PAM_ALGORITHMS)}", field="--data")
     ds = dataset if dataset is not None else load_spec(spec)
     inter = ds.interactions
+    if inter is None:  # a partitioned deployment's public folder: the server holds no ratings
+        return _run_public(algorithm, spec, ds, cfg, opts, overrides, engine, epsilon, delta, private, work_dir, flower_runner, secrets, t0, second_opinion, progress)
     protocol = opts.split
     if protocol == "auto":
         protocol = "heldout" if (ds.implicit or spec.kind in HELDOUT_KINDS) else "random"
@@ -230,7 +232,7 @@ def run(
         metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
         metrics["tuning"] = tuning_report
     elif engine == "flower":
-        state, ledger, timings, rec_ledger = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, flower_runner, ds.item_features, rec_cfg, secrets)
+        state, ledger, timings, rec_ledger = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, flower_runner, ds.item_features, rec_cfg, secrets, progress=progress)
         if protocol == "heldout":
             _recall_metrics(metrics, state, train, split, cfg.eval_k)
     else:
@@ -268,6 +270,14 @@ def run(
 
     if capture is not None:
         capture.update(state=state, train=train)
+    return _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, algorithm=algorithm, spec=spec, engine=engine, epsilon=epsilon,
+                   delta=delta, private=private, opts=opts, t0=t0, protocol=protocol, second_opinion=second_opinion)
+
+
+def _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, *, algorithm, spec, engine, epsilon, delta, private, opts, t0, protocol, second_opinion):
+    """The run's epsilon (dp-accounting, from the ledger), noise multipliers, timings and
+    config in ``metrics``; returns (metrics, ledger records)."""
+    cfg = state.config
     records = ledger.to_list()
     if rec_ledger is not None:
         # the recommendation phase: its own ledger, composed with training for the run's epsilon
@@ -319,22 +329,61 @@ def _recall_metrics(metrics: dict, state, train, split, k: int) -> None:
     )
 
 
-def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None, item_features=None, rec_cfg=None, secrets=None):
+def _run_public(algorithm, spec, public, cfg, opts, overrides, engine, epsilon, delta, private, work_dir, flower_runner, secrets, t0, second_opinion, progress=False):
+    """A run whose server starts from a deployment's public metadata only (``public:DIR``): the
+    nodes hold the ratings, split them with the public seed and evaluate them; the server never
+    opens a ratings file. Flower engine, random split, no tuning."""
+    if engine != "flower":
+        raise ConfigError("public:DIR holds no ratings: it is the server side of a partitioned deployment (--engine flower)", field="--data")
+    if public.protocol != "random" or opts.split not in ("auto", "random"):
+        raise ConfigError(f"a partitioned deployment evaluates on the nodes with the random split; got {opts.split if opts.split != 'auto' else public.protocol!r}", field="split")
+    if opts.tune:
+        raise ConfigError("private tuning runs on the in-process engine", field="tune")
+    if opts.split_seed != RunOptions.split_seed and opts.split_seed != public.split_seed:
+        raise ConfigError(f"the nodes split with the partition's public seed {public.split_seed}", field="split_seed")
+    if opts.users_per_node != public.users_per_node:
+        raise ConfigError(f"the partition put {public.users_per_node} users on each node, got {opts.users_per_node}", field="users-per-node")
+    metrics: dict = {
+        **run_header(algorithm, spec, engine, cfg.seed, epsilon, delta, private, "random"),
+        "n_users": int(public.n_users),
+        "n_items": int(public.n_items),
+        "n_ratings": None,  # held by the nodes only
+        "data_source": public.source,
+        "server_holds_ratings": False,
+        "duplicates_dropped": None,
+        **noise_statement(secrets),
+        "aggregation": cfg.aggregation,
+    }
+    rec_cfg = opts.recommend_config() if opts.recommend else None
+    rating_range = (0.0, 1.0) if public.implicit else tuple(public.rating_range)
+    state, ledger, timings, rec_ledger = _train_flower(
+        algorithm, None, cfg, opts, rating_range, public.implicit, epsilon, delta, work_dir, metrics, flower_runner, public.item_features, rec_cfg, secrets, public=public, progress=progress,
+    )
+    return _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, algorithm=algorithm, spec=spec, engine=engine, epsilon=epsilon,
+                   delta=delta, private=private, opts=opts, t0=t0, protocol="random", second_opinion=second_opinion)
+
+
+def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None, item_features=None, rec_cfg=None, secrets=None, public=None, progress=False):
     """Train over Flower (by default a new simulation); adds rounds, bytes and (random split)
-    the node-side RMSE evaluation to ``metrics``."""
+    the node-side RMSE evaluation to ``metrics``. ``public``: a partitioned deployment (no
+    ratings here; ``split`` is None)."""
     from .flower.server_app import FlowerJob
 
     if runner is None:
         from .flower.simulation import simulate as runner
 
     upn = max(1, opts.users_per_node)
-    n_nodes = opts.nodes or -(-split.train.n_users // upn)
+    n_nodes = opts.nodes or -(-(split.train.n_users if public is None else public.n_users) // upn)
     tmp = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-flower-"))
-    valid, test = (None, None) if isinstance(split, HeldoutSplit) else (split.valid, split.test)
+    if public is not None:
+        train, valid, test = None, None, None
+    else:
+        train = split.train
+        valid, test = (None, None) if isinstance(split, HeldoutSplit) else (split.valid, split.test)
     job = FlowerJob(
-        algorithm, epsilon, delta, cfg, split.train, valid, test, rating_range, tmp, users_per_node=upn, implicit=implicit,
+        algorithm, epsilon, delta, cfg, train, valid, test, rating_range, tmp, users_per_node=upn, implicit=implicit,
         item_features=item_features, recommend=rec_cfg, round_timeout=opts.round_timeout or None, node_wait_seconds=opts.node_wait,
-        secrets=secrets if secrets is not None else RunSecrets(),
+        secrets=secrets if secrets is not None else RunSecrets(), public=public, progress=bool(progress),
     )
     try:
         res = runner(job, n_nodes)
@@ -345,7 +394,7 @@ def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, 
         for part in ("valid", "test"):
             metrics[f"{part}_logloss"], metrics[f"{part}_accuracy"] = res.logistic[part]["logloss"], res.logistic[part]["accuracy"]
         metrics["valid_sliced"], metrics["sliced"] = res.logistic["valid"]["sliced"], res.logistic["test"]["sliced"]
-    elif valid is not None:
+    elif valid is not None or public is not None:
         metrics.update({"valid_rmse": res.valid_rmse, "valid_sliced": res.valid_sliced, "test_rmse": res.test_rmse, "sliced": res.test_sliced})
     metrics.update(
         {

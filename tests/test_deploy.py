@@ -95,7 +95,7 @@ def test_docker_prepare_matches_the_compose_file(tmp_path, capsys):
     for i in range(3):
         svc = services[f"supernode-{i}"]
         assert svc["entrypoint"] + svc["command"] == deploy.supernode_command(inside, i)
-        assert (run_dir / "keys" / f"node-{i}").is_file() and (run_dir / "node-data" / f"node-{i}" / "train_indptr.npy").is_file()
+        assert (run_dir / "keys" / f"node-{i}").is_file() and (run_dir / "node-data" / f"node-{i}" / "ratings.npz").is_file()
     deploy.verify_server_cert(run_dir / "certs" / "ca.crt", run_dir / "certs" / "server.pem", "superlink")
     # a data file inside the run folder is stored relative to it (the folder is mounted elsewhere)
     assert deploy._portable_data(f"ml-100k:{run_dir}/dataset/u.zip", run_dir) == "ml-100k:{run_dir}/dataset/u.zip"
@@ -139,29 +139,30 @@ def test_node_keys_are_what_flwr_reads(tmp_path):
 
 # ------------------------------------------------------------------------------ per-node data
 def test_node_partition_holds_only_its_users(tmp_path):
+    """``deploy prepare --data``: node i's folder holds only its users' ratings and the public
+    metadata; the node's own split equals the global split on its users; the server's public
+    folder holds no ratings (tests/test_partitioned.py runs a job from it)."""
+    from fedpriv.data.splits import random_split
     from fedpriv.flower.partition import data_dir_of, load_shard, write_partitions
 
     cfg = deploy.prepare(_cfg(tmp_path, data=SYN, users_per_node=100, tls=False, auth=False))
-    job = deploy.split_job(SYN, 100)
-    full = write_partitions(tmp_path / "full", {"train": job.train, "valid": job.valid, "test": job.test}, {"n_users": job.train.n_users})
-    n_users = job.train.n_users
+    part = deploy.split_job(SYN, 100)
+    split = random_split(part.interactions, seed=1234)
+    full = write_partitions(tmp_path / "full", {"train": split.train, "valid": split.valid, "test": split.test}, {"n_users": part.n_users})
+    assert sorted(p.name for p in (cfg.run_dir / "public").iterdir()) == ["item_features.json", "item_features.npz", "item_ids.npy", "meta.json"]
     for i in range(3):
-        own = str(cfg.node_data_dir(i))
-        for part in ("train", "valid", "test"):
-            mine, ref = load_shard(own, part, i, 100), load_shard(str(full), part, i, 100)
+        own = data_dir_of({"data-dir": str(cfg.node_data_dir(i)), "partition-id": i}, "")
+        for name in ("train", "valid", "test"):
+            mine, ref = load_shard(own, name, i, 100), load_shard(str(full), name, i, 100)
             assert np.array_equal(mine.user_ids, ref.user_ids) and np.array_equal(mine.indptr, ref.indptr)
             assert np.array_equal(mine.items, ref.items) and np.array_equal(mine.ratings, ref.ratings)
             assert ref.n_ratings > 0
-            indptr = np.load(Path(own) / f"{part}_indptr.npy")
-            per_user = np.diff(indptr)
-            assert len(per_user) == n_users
-            others = np.ones(n_users, bool)
-            others[i * 100 : (i + 1) * 100] = False
-            assert per_user[others].sum() == 0  # nobody else's ratings are in node i's folder
-            assert per_user[~others].sum() == ref.n_ratings
+        with np.load(cfg.node_data_dir(i) / "ratings.npz") as z:
+            assert set(np.unique(z["users"])) <= set(range(i * 100, (i + 1) * 100))  # nobody else's ratings
         raw = np.load(Path(own) / "user_ids.npy")  # the raw ids that key its users' secrets: its own only
-        assert np.array_equal(raw[~others], np.asarray(job.train.user_ids)[~others]) and np.all(raw[others] == -1)
-    assert json.loads((cfg.node_data_dir(1) / "meta.json").read_text())["users"] == [100, 200]
+        others = np.ones(part.n_users, bool)
+        others[i * 100 : (i + 1) * 100] = False
+        assert np.array_equal(raw[~others], np.asarray(part.interactions.user_ids)[~others]) and np.all(raw[others] == -1)
     state = json.loads((cfg.run_dir / "deploy.json").read_text())
     assert state["data"] == SYN and state["nodes"] == 3 and "run_dir" not in state
     # the ClientApp reads a deployed node's own folder, else the broadcast one
@@ -179,10 +180,12 @@ def test_client_handlers_read_the_node_folder(tmp_path):
     from fedpriv.flower import client_app, codec
 
     cfg = deploy.prepare(_cfg(tmp_path, data=SYN, users_per_node=100, tls=False, auth=False))
-    job = deploy.split_job(SYN, 100)
+    part = deploy.split_job(SYN, 100)
     from fedpriv.algorithms import protocol
+    from fedpriv.data.splits import random_split
 
-    state, _ = new_state("als", als.ALSConfig.from_overrides({"rank": "3"}), job.train, job.rating_range, False, None, 1e-5)
+    train = random_split(part.interactions, seed=1234).train
+    state, _ = new_state("als", als.ALSConfig.from_overrides({"rank": "3"}), train, part.rating_range, False, None, 1e-5)
     protocol.server_setup(state, None)
     content = codec.encode_state(state, str(tmp_path / "no-such-folder"), 100, 0)
     from flwr.supercore.task_identity import TaskIdentity
@@ -197,7 +200,7 @@ def test_client_handlers_read_the_node_folder(tmp_path):
     reply = client_app.app(Message(content=content, dst_node_id=7, message_type="query.info"), ctx)
     assert not reply.has_error(), reply.error
     meta = reply.content.config_records["meta"]
-    assert meta["partition_id"] == 1 and meta["n_users"] == 100 and meta["n_ratings"] == int((job.train.users // 100 == 1).sum())
+    assert meta["partition_id"] == 1 and meta["n_users"] == 100 and meta["n_ratings"] == int((train.users // 100 == 1).sum())
     train = client_app.app(Message(content=codec.encode_state(state, str(tmp_path / "no-such-folder"), 100, 0), dst_node_id=7, message_type="train"), ctx)
     assert not train.has_error(), train.error
 

@@ -14,6 +14,8 @@ SYNTHETIC_KINDS = {
 }
 # data sets evaluated with the held-out-users protocol (Recall@k) unless told otherwise
 HELDOUT_KINDS = ("ml-20m", "ml-25m", "lastfm")
+# ``public:DIR``: the public folder of a partitioned deployment (metadata, no ratings)
+PUBLIC_KIND = "public"
 
 
 @dataclass
@@ -32,7 +34,7 @@ def parse_data_spec(spec: str) -> DataSpec:
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise ConfigError(f"expected KIND:PATH or synthetic-mf:users=N,...; got {spec!r}", field="--data")
-    if kind in FILE_KINDS:
+    if kind in FILE_KINDS or kind == PUBLIC_KIND:
         return DataSpec(kind, path=rest)
     if kind in SYNTHETIC_KINDS:
         types = SYNTHETIC_KINDS[kind]
@@ -50,13 +52,17 @@ def parse_data_spec(spec: str) -> DataSpec:
             if required not in params:
                 raise ConfigError(f"{kind} needs {required}=N", field="--data")
         return DataSpec(kind, params=params)
-    raise ConfigError(f"unknown data kind {kind!r} (known: {', '.join((*FILE_KINDS, *SYNTHETIC_KINDS))})", field="--data")
+    raise ConfigError(f"unknown data kind {kind!r} (known: {', '.join((*FILE_KINDS, *SYNTHETIC_KINDS, PUBLIC_KIND))})", field="--data")
 
 
 def load_spec(spec: DataSpec):
     """Load or generate the data set of a spec: a :class:`fedpriv.data.loaders.Dataset`."""
     from .loaders import Dataset, load_dataset, load_jester
 
+    if spec.kind == PUBLIC_KIND:  # a deployment's public metadata: no ratings
+        from .public import load_public
+
+        return load_public(spec.path)
     if spec.kind == "jester":
         return load_jester(spec.path)
     if spec.path is not None:

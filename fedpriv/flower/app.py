@@ -53,7 +53,7 @@ def main(grid: Grid, context: Context) -> None:
         delta=float(rc.get("delta", 1e-5)),
         overrides=overrides,
         engine="flower",
-        progress=False,
+        progress=True,  # one line per round, then a summary table (mirrored to `flwr run --stream`)
         work_dir=work_dir,
         flower_runner=lambda job, n_nodes: run_job(grid, job),
         noise_seed=noise_seed,

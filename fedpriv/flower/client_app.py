@@ -15,7 +15,7 @@ from .pam_client import register as register_pam_handlers
 from .recommend_handlers import register as register_recommend_handlers
 from .secure_client import register as register_secure_handlers
 from .node_secrets import with_keys
-from .partition import data_dir_of, load_feature_table, load_shard
+from .partition import data_dir_of, load_shard, node_feature_table
 
 
 def _partition_id(context: Context) -> int:
@@ -52,7 +52,7 @@ def train(msg: Message, context: Context) -> Message:
     folder = data_dir_of(context.node_config, data_dir)
     shard = load_shard(folder, "train", _partition_id(context), upn)
     shard, _ = with_keys(shard, folder, msg.content.config_records["cfg"], context)  # the users' own randomness
-    table = load_feature_table(data_dir) if protocol.clients_need_encoder(state.algorithm) else None  # public: from the server's folder
+    table = node_feature_table(folder, data_dir, state.config) if protocol.clients_need_encoder(state.algorithm) else None  # public features
     contribution = protocol.client_step(shard, state, codec.round_of(msg.content), table)
     return Message(codec.encode_contribution(contribution, state, shard.n_users), reply_to=msg)
 

@@ -65,7 +65,7 @@ def _plan(algorithm: str, data: str, epsilon: float | None, delta: float, overri
             raise _Planned(job.n_parts())
         if job.epsilon is not None:  # checks epsilon, delta and the release plan
             als.calibrate_plan(job.algorithm, job.cfg, job.implicit, job.epsilon, job.delta)
-        raise _Planned(-(-job.train.n_users // job.users_per_node))
+        raise _Planned(-(-job.n_users // job.users_per_node))
 
     try:
         run(algorithm, data, epsilon=epsilon, delta=delta, overrides=overrides, engine="flower", progress=False, flower_runner=planner)

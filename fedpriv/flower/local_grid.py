@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 
 class LocalGrid:
-    def __init__(self, n_nodes: int, client_app=None, on_round=None, observer=None, run_config: dict | None = None):
+    def __init__(self, n_nodes: int, client_app=None, on_round=None, observer=None, run_config: dict | None = None, node_config=None):
         if client_app is None:
             from fedpriv.flower.client_app import app as client_app
         for key in ("run_id", "node_id", "task_id"):  # Message() needs a task identity
@@ -32,6 +32,7 @@ class LocalGrid:
         self.observer = observer  # called with (node id, message) for every message a node receives
         self.run_config = dict(run_config or {})  # the run config every node's context carries
         self.states: dict[int, RecordDict] = {}  # each node's own context.state, kept across messages (as a SuperNode does)
+        self.node_config = node_config  # partition id -> extra node config (e.g. a deployment node's own data-dir)
 
     def get_node_ids(self) -> list[int]:
         if self.on_round is not None:
@@ -63,7 +64,10 @@ class LocalGrid:
             if self.observer is not None:
                 self.observer(nid, msg)
             state = self.states.setdefault(nid, RecordDict())
-            ctx = Context(run_id=1, node_id=nid, node_config={"partition-id": self.partition[nid], "num-partitions": self.n_partitions}, state=state, run_config=self.run_config)
+            node_config = {"partition-id": self.partition[nid], "num-partitions": self.n_partitions}
+            if self.node_config is not None:
+                node_config.update(self.node_config(self.partition[nid]))
+            ctx = Context(run_id=1, node_id=nid, node_config=node_config, state=state, run_config=self.run_config)
             try:
                 replies.append(self.app(msg, ctx))
             except Exception as exc:  # noqa: BLE001 - as a SuperNode does: the node's error becomes an error reply

@@ -49,9 +49,67 @@ def write_user_partitions(folder: str | Path, parts: dict[str, Interactions], me
 
 def data_dir_of(node_config, broadcast_dir: str) -> str:
     """The folder a node reads its shards from: its own ``data-dir`` (node config of a
-    deployment, holding only its users) or else the folder the server broadcasts."""
+    deployment, holding only its users) or else the folder the server broadcasts. A node folder
+    of ``fedpriv deploy partition`` (its users' ratings and the public metadata) is split by the
+    node itself, once, into ``DATA_DIR/split``."""
     own = node_config.get("data-dir") if node_config is not None else None
-    return str(own) if own else broadcast_dir
+    if not own:
+        if not broadcast_dir:
+            raise FileNotFoundError("this node has no data-dir in its node config, and the server holds no ratings to broadcast")
+        return broadcast_dir
+    return _split_node_folder(str(own)) if (Path(own) / "ratings.npz").is_file() else str(own)
+
+
+@lru_cache(maxsize=8)
+def _split_node_folder(folder: str) -> str:
+    """``folder/split``: the node's own train / valid / test parts (:func:`fedpriv.data.public.node_split`
+    with the public seed), written atomically the first time (several ClientApp processes may race)."""
+    import os
+    import shutil
+    import tempfile
+
+    from ..data.public import load_public, node_interactions, node_split
+
+    target = Path(folder) / "split"
+    if not (target / "meta.json").is_file() and not os.access(folder, os.W_OK):  # e.g. a read-only mount
+        import hashlib
+
+        tag = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+        target = Path(tempfile.gettempdir()) / f"fedpriv-node-split-{os.getuid()}-{tag}"
+    if (target / "meta.json").is_file():
+        return str(target)
+    public = load_public(Path(folder) / "public")
+    parts = node_split(folder, public)
+    tmp = Path(tempfile.mkdtemp(prefix=".split-", dir=target.parent))
+    try:
+        write_partitions(tmp, parts, {"n_users": public.n_users, "split_seed": public.split_seed}, node_interactions(folder, public).user_ids)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process won the race: its split is the same
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+def node_feature_table(folder: str, broadcast_dir: str, cfg):
+    """The encoder's public feature table on a node: built from the node's own copy of the public
+    item features (a partitioned deployment shares no filesystem), else read from the folder the
+    server broadcasts (simulation)."""
+    public = Path(folder).parent / "public" if Path(folder).name == "split" else None
+    if public is not None and (public / "item_features.npz").is_file():
+        return _own_feature_table(str(public), str(cfg.features))
+    return load_feature_table(broadcast_dir)
+
+
+@lru_cache(maxsize=4)
+def _own_feature_table(public_dir: str, fields: str):
+    """The same table the server's encoder is built on (:func:`fedpriv.algorithms.ssp.feature_table`)."""
+    from ..algorithms.encoder import FeatureTable, parse_fields
+    from ..data.public import load_public
+
+    public = load_public(public_dir)
+    return FeatureTable.build(public.item_features, public.n_items, parse_fields(fields))
 
 
 @lru_cache(maxsize=8)

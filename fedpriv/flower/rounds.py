@@ -18,14 +18,19 @@ log = logging.getLogger("fedpriv.flower")
 class Rounds:
     """Sends one message per node and collects replies, with byte counting and rejection log."""
 
-    def __init__(self, grid: Grid, nodes: list[int], result: RoundCounters, timeout: float | None):
+    def __init__(self, grid: Grid, nodes: list[int], result: RoundCounters, timeout: float | None, progress=None):
         self.grid, self.nodes, self.result, self.timeout = grid, nodes, result, timeout
+        self.progress = progress  # fedpriv.flower.progress.Progress: one line per round, or None
+        self._deferred = False
 
     def ask(self, message_type: str, content, name: str, timeout: float | None = ..., nodes: list[int] | None = None) -> list[tuple[int, Message]]:
         """One message per node (``nodes``, default the serving nodes), all with the same
         (broadcast) ``content``, or ``content[node]`` when it is a dict of per-node contents;
         ``timeout`` defaults to the job's round timeout."""
+        if self.progress is not None:
+            self.progress.flush()  # the previous round's line, with the epsilon of its release
         t0 = time.perf_counter()
+        self._rejected_before = len(self.result.rejected)
         targets = list(self.nodes if nodes is None else nodes)
         per_node = content if isinstance(content, dict) else {nid: content for nid in targets}
         msgs = [Message(content=per_node[nid], dst_node_id=nid, message_type=message_type) for nid in targets]
@@ -55,7 +60,15 @@ class Rounds:
         self.result.bytes_down += down
         self.result.bytes_up += up
         self.result.round_log.append({"round": name, "seconds": time.perf_counter() - t0, "bytes_down": down, "bytes_up": up, "replies": len(ok), "nodes": len(targets)})
+        if not self._deferred:
+            self._report(0)
         return ok
+
+    def _report(self, rejected_after_reply: int) -> None:
+        """The round's progress line: accepted = replies minus those rejected when decoded."""
+        if self.progress is not None:
+            entry = self.result.round_log[-1]
+            self.progress.round_done(entry, entry["replies"] - rejected_after_reply, len(self.result.rejected) - self._rejected_before)
 
     def gather(self, message_type: str, content, name: str, decode, nodes: list[int] | None = None) -> list[tuple[int, object]]:
         """:meth:`ask`, then ``decode(node, reply)`` of every reply in the serving nodes' order;
@@ -63,7 +76,12 @@ class Rounds:
         ValueError, KeyError or TypeError of a malformed record) is rejected with the reason and
         left out. Returns (node, decoded value) of the accepted replies."""
         targets = list(self.nodes if nodes is None else nodes)
-        replies = dict(self.ask(message_type, content, name, nodes=targets))
+        self._deferred = True  # the round's line waits for the decoding (rejected replies)
+        try:
+            replies = dict(self.ask(message_type, content, name, nodes=targets))
+        finally:
+            self._deferred = False
+        before = len(self.result.rejected)
         out = []
         for nid in targets:
             if nid not in replies:
@@ -72,6 +90,7 @@ class Rounds:
                 out.append((nid, decode(nid, replies[nid])))
             except (ValueError, KeyError, TypeError) as exc:  # codec.RejectedReply is a ValueError
                 self.reject(name, nid, str(exc))
+        self._report(len(self.result.rejected) - before)
         return out
 
     def reject(self, name: str, node: int, reason: str) -> None:

@@ -25,7 +25,7 @@ from ..privacy.distributed import DistributedPlan
 from ..privacy.randomness import node_noise_rng
 from . import codec
 from .node_secrets import with_keys
-from .partition import data_dir_of, load_feature_table, load_shard
+from .partition import data_dir_of, load_shard, node_feature_table
 
 if TYPE_CHECKING:
     from ..privacy.secagg import SecAggNode, SecAggParams
@@ -97,7 +97,7 @@ def mask(msg: Message, context: Context) -> Message:
         rec_cfg, _ = _cfg_of(content)
         values = secure.node_histogram(shard, state, content.array_records["rec"]["candidates"].numpy().astype("int64"), rec_cfg)
     else:
-        table = load_feature_table(data_dir) if kind == "step" and state.spec.clients_need_encoder else None
+        table = node_feature_table(folder, data_dir, state.config) if kind == "step" and state.spec.clients_need_encoder else None
         values = secure.node_values(kind, shard, state, step, table)
     words = secure.node_words(plan, values, secure.node_rng(shard, secure.label(kind, step), reproducible))
     return masked_reply(msg, context, words, shard.n_users)

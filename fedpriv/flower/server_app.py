@@ -44,7 +44,7 @@ class FlowerJob:
     epsilon: float | None
     delta: float
     cfg: als.ALSConfig
-    train: object  # Interactions
+    train: object  # Interactions; None when the server holds no ratings (``public``)
     valid: object | None  # None: no node-side RMSE evaluation (held-out-users protocol)
     test: object | None
     rating_range: tuple[float, float]
@@ -62,6 +62,24 @@ class FlowerJob:
     # the run's secret randomness: fresh OS randomness unless a noise seed asked for reproducible
     # noise (never sent to a node; a reproducible run's nodes read the clients' key from a file)
     secrets: RunSecrets = field(default_factory=RunSecrets, repr=False)
+    # a partitioned deployment (fedpriv.data.public.PublicData): the server holds public metadata
+    # only, every node splits its own users' ratings and evaluates them
+    public: object = None
+    progress: bool = False  # one line per round and a summary table on stdout (fedpriv.flower.progress)
+
+    @property
+    def shape(self):
+        """``n_users`` and ``n_items``: of the training ratings, or of the public metadata."""
+        return self.train if self.train is not None else self.public
+
+    @property
+    def n_users(self) -> int:
+        return int(self.shape.n_users)
+
+    @property
+    def evaluates_on_nodes(self) -> bool:
+        """RMSE (or log-loss) sums on the nodes: the random split."""
+        return self.valid is not None or self.public is not None
 
 
 @dataclass
@@ -102,7 +120,8 @@ class _Checkpoint:
         self.path = Path(job.work_dir) / "checkpoint.pkl"
         self.marker = Path(job.work_dir) / "release.marker"
         key = {"algorithm": job.algorithm, "epsilon": job.epsilon, "delta": job.delta, "cfg": job.cfg.to_dict(),
-               "n_users": int(job.train.n_users), "n_items": int(job.train.n_items), "n_ratings": int(len(job.train)),
+               "n_users": job.n_users, "n_items": int(job.shape.n_items),
+               "n_ratings": int(len(job.train)) if job.train is not None else job.public.source,
                "users_per_node": job.users_per_node, "rating_range": list(job.rating_range)}
         self.fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -146,7 +165,7 @@ class _Nodes:
 
     def __init__(self, grid: Grid, job: FlowerJob, rounds: Rounds, down):
         self.grid, self.job, self.rounds, self.down = grid, job, rounds, down
-        self.n_parts = -(-job.train.n_users // job.users_per_node)
+        self.n_parts = -(-job.n_users // job.users_per_node)
         self.partition_of: dict[int, int] = {}
         self.retired: set[int] = set()  # ids whose partition moved to a new id, or that never answered a rejoin query
 
@@ -214,7 +233,7 @@ class _GridTransport:
         return total
 
     def start(self, state: als.PublicState, server) -> None:
-        if server is not None and protocol.clients_need_encoder(state.algorithm):
+        if server is not None and protocol.clients_need_encoder(state.algorithm) and self.data_dir:
             write_feature_table(self.data_dir, server.encoder.table)  # public: clients rebuild the encoder
             self.n_params = server.encoder.n_params()
 
@@ -231,7 +250,11 @@ def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content) -> 
     """Evaluation on the nodes: per-bucket sums only. Its rounds and bytes are measurement,
     kept out of the protocol's counters. Returns (valid, valid sliced, test, test sliced)."""
     before = (result.rounds, result.bytes_up, result.bytes_down)
-    item_counts = job.train.item_counts()
+    if job.train is not None:
+        item_counts = job.train.item_counts()
+    else:  # no ratings on the server: slice by the released counts (if any), else one order of ids
+        counts = result.state.counts_hat
+        item_counts = np.asarray(counts, dtype=np.float64) if counts is not None else np.zeros(job.shape.n_items)
     content["eval"] = ArrayRecord({"item_bucket": codec._arr(metrics.frequency_buckets(item_counts))})  # noqa: SLF001
     convex = protocol.is_logistic(job.algorithm)
     keys = [f"{p}_{k}" for p in ("valid", "test") for k in (("logloss", "correct", "n") if convex else ("sse", "n"))]
@@ -258,10 +281,14 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
     if isinstance(job, PamJob):  # DP model personalization: its own rounds
         return run_pam_job(grid, job)
-    cfg, n_users = job.cfg, job.train.n_users
-    parts = {"train": job.train, "valid": job.valid, "test": job.test}
-    data_dir = str(write_partitions(job.work_dir / "node-data", {k: v for k, v in parts.items() if v is not None}, {"n_users": n_users}))
-    state, ledger = new_state(job.algorithm, cfg, job.train, job.rating_range, job.implicit, job.epsilon, job.delta, secrets=job.secrets)
+    cfg, n_users = job.cfg, job.n_users
+    if job.train is not None:  # simulation: the server writes the nodes' folders
+        parts = {"train": job.train, "valid": job.valid, "test": job.test}
+        data_dir = str(write_partitions(job.work_dir / "node-data", {k: v for k, v in parts.items() if v is not None}, {"n_users": n_users}))
+    else:  # partitioned deployment: every node reads its own data-dir; nothing to broadcast
+        data_dir = ""
+        Path(job.work_dir).mkdir(parents=True, exist_ok=True)
+    state, ledger = new_state(job.algorithm, cfg, job.shape, job.rating_range, job.implicit, job.epsilon, job.delta, secrets=job.secrets)
     result = FlowerResult(state=state, ledger=ledger)
     # reproducible runs only: the nodes read the clients' key (derived from the noise seed) from a file
     key_file = write_key_file(job.work_dir, job.secrets.client_key()) if job.secrets.reproducible else None
@@ -274,7 +301,12 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     registered = wait_for_nodes(grid, n_parts, job.node_wait_seconds)
     if len(registered) < n_parts:
         raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(registered)} registered", field="users-per-node")
-    rounds = Rounds(grid, registered, result, job.round_timeout)
+    progress = None
+    if job.progress:
+        from .progress import Progress
+
+        progress = Progress(job.delta, lambda: result.ledger, job.epsilon)
+    rounds = Rounds(grid, registered, result, job.round_timeout, progress=progress)
     nodes = _Nodes(grid, job, rounds, down)
     nodes.first_info(registered)
 
@@ -297,7 +329,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     t_start = [time.perf_counter()]  # protocol time (evaluation rounds are subtracted)
 
     def after_step(step, state, server, seconds):
-        if job.valid is not None and job.eval_every and ((step + 1) % job.eval_every == 0 or step + 1 == cfg.steps):
+        if job.evaluates_on_nodes and job.eval_every and ((step + 1) % job.eval_every == 0 or step + 1 == cfg.steps):
             spent = time.perf_counter() - t_start[0]  # protocol time, before the measurement
             valid = _evaluate(job, rounds, result, down())[0]
             result.curve.append({"step": step + 1, "rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down, "seconds": spent, "valid_rmse": valid})
@@ -317,7 +349,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     train_rounds(transport, make_aggregator(cfg, ledger), state, item_features=job.item_features, server=server,
                  first_step=first_step, resumed=saved is not None, hooks=hooks)
 
-    if job.valid is not None:
+    if job.evaluates_on_nodes:
         result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = _evaluate(job, rounds, result, down())
     if job.recommend is not None:
         from .partition import node_users
@@ -325,13 +357,17 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
         users_of = {nid: node_users(nodes.partition_of[nid], job.users_per_node, n_users) for nid in rounds.nodes}
         summary, result.rec_ledger, reports = run_rounds(
-            rounds, state, down(), {nid: len(u) for nid, u in users_of.items()}, job.recommend, job.secrets.ledger_seed("recommend"), job.test is not None,
+            rounds, state, down(), {nid: len(u) for nid, u in users_of.items()}, job.recommend, job.secrets.ledger_seed("recommend"), job.test is not None or job.public is not None,
             secure=transport.secure,
         )
         result.recommendation = summary
         result.rec_picks = np.full(n_users, -1, dtype=np.int64)
         for nid, items in reports.items():
             result.rec_picks[users_of[nid]] = items
+    if progress is not None:
+        shown = {"valid RMSE": result.valid_rmse, "test RMSE": result.test_rmse} if not result.logistic else \
+            {"valid log-loss": result.logistic["valid"]["logloss"], "test log-loss": result.logistic["test"]["logloss"]}
+        progress.summary(result.round_log, result.rejected, {k: v for k, v in shown.items() if v == v})
     return result
 
 

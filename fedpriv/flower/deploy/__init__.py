@@ -13,10 +13,12 @@ loopback (``fedpriv deploy up|run|down``), or the same processes in Docker conta
   the SuperLink runs with ``--enable-supernode-auth`` and every public key is registered with
   ``flwr supernode register`` before its node connects. An unregistered node is refused (the
   SuperNode exits with Flower's exit code 305).
-* **Per-node data**: with ``--data``, ``up`` computes the split the ServerApp will compute (the
-  same :func:`fedpriv.run.run` code, default split seed) and writes, for node i, a folder with
-  only its users' ratings; the node gets ``data-dir`` in its node config and the ClientApp reads
-  its shard from there instead of the folder the server broadcasts.
+* **Per-node data** (``deploy partition``, or ``up``/``prepare`` with ``--data``): the data
+  owner's step writes, for node i, a folder with only its users' ratings and a copy of the
+  public metadata, and a ``public`` folder for the server (item count and ids, item features,
+  rating range, the public split seed). The node gets ``data-dir`` in its node config and splits
+  its own users' ratings; the ServerApp of ``deploy run`` starts from ``public:RUN_DIR/public``
+  and never opens a ratings file.
 
 Layout of a run folder::
 
@@ -26,7 +28,8 @@ Layout of a run folder::
     RUN_DIR/certs/                 ca.crt, server.pem, server.key
     RUN_DIR/keys/node-<i>          private key of node i (0600)
     RUN_DIR/public-keys/node-<i>.pub
-    RUN_DIR/node-data/node-<i>/    node i's partition files (only its users are non-empty)
+    RUN_DIR/node-data/node-<i>/    node i's ratings.npz (its users only), public/ copy, split/ (its own)
+    RUN_DIR/public/                the server's public metadata (no ratings)
     RUN_DIR/flwr-home/config.toml  the CLI connection ``deploy`` (project-local FLWR_HOME)
     RUN_DIR/app/, run-config.toml  the generated Flower app and run config of the last ``run``
     RUN_DIR/out/                   metrics.json and ledger.json of the last ``run``
@@ -39,7 +42,7 @@ Modules of this package (each imports only modules listed above it)::
     config.py      DeployConfig (the run folder's files, deploy.json), constants, docker_config
     commands.py    command builders (superlink, supernode, register, flwr run), connection_toml
     certs.py       keys and certificates: make_certs, make_node_keys, verify_server_cert
-    nodedata.py    per-node data: split_job, n_partitions, write_node_data
+    nodedata.py    per-node data (the data owner's step): split_job, write_partition, write_node_data
     pids.py        pids.json: running, stop (SIGTERM, then SIGKILL, with children)
     prepare.py     preparing a run folder: prepare
     processes.py   spawning, ports, flwr CLI helpers, register, up, wait_for_nodes
@@ -71,7 +74,7 @@ from .config import (
     docker_config,
 )
 from .job import run_job
-from .nodedata import n_partitions, split_job, write_node_data
+from .nodedata import Partition, n_partitions, split_job, write_node_data, write_partition
 from .pids import running, stop
 from .prepare import _portable_data as _portable_data  # private helpers the tests call
 from .prepare import prepare
@@ -83,5 +86,5 @@ __all__ = [
     "STOP_SECONDS", "DeployConfig", "add_arguments", "command", "compose_services", "compose_yaml", "connection_toml", "docker_config",
     "flwr_run_command", "list_nodes", "list_runs", "main", "make_certs", "make_node_keys", "n_partitions", "node_config", "prepare",
     "register", "register_command", "run_job", "running", "split_job", "stop", "stop_runs", "superlink_command", "supernode_command", "up",
-    "verify_server_cert", "wait_for_nodes", "write_connection", "write_node_data",
+    "verify_server_cert", "wait_for_nodes", "write_connection", "write_node_data", "write_partition", "Partition",
 ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The command line: ``deploy up|run|down|status|prepare|register|compose|certs`` (argparse,
+"""The command line: ``deploy partition|up|run|down|status|prepare|register|compose|certs`` (argparse,
 :func:`command`, :func:`main`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from .certs import make_certs, make_node_keys
 from .compose import compose_yaml
 from .config import DEFAULT_RUN_DIR, DOCKER_PORTS, LOCAL_HOSTS, PIDS_FILE, STOP_SECONDS, DeployConfig, _positive_int
 from .job import run_job
-from .nodedata import n_partitions, split_job
+from .nodedata import SPLIT_SEED, n_partitions, split_job, write_partition
 from .pids import running, stop
 from .prepare import prepare
 from .processes import list_nodes, register, up
@@ -39,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--control-port", type=int, default=default, help="SuperLink Control/Runtime HTTP API port" + (" (default: a free port)" if local else " (default 8000)"))
         p.add_argument("--node-port-base", type=int, default=default, help="SuperNode i serves its runtime API on this port + i" + (" (default: free ports)" if local else " (default 9094)"))
         p.add_argument("--san", action="append", default=[], metavar="HOST", help="extra host name or address in the server certificate (repeatable)")
+
+    pa = sub.add_parser("partition", help="the data owner's step: one folder per node with only its users' ratings (+ public metadata), and the server's public folder")
+    pa.add_argument("--data", required=True, help="data spec of the ratings to distribute")
+    pa.add_argument("--nodes", type=int, default=None, help="number of node folders (default: one per block of --users-per-node users)")
+    pa.add_argument("--users-per-node", type=int, default=1, help="users held by each node (default 1)")
+    pa.add_argument("--split-seed", type=int, default=SPLIT_SEED, help=f"public seed of the nodes' own train/valid/test split (default {SPLIT_SEED})")
+    pa.add_argument("--out", required=True, help="new folder: OUT/public (the server's) and OUT/node-<i> (node i's, copy it to that host)")
 
     u = sub.add_parser("up", help="start a SuperLink and N SuperNodes on loopback (TLS and node authentication by default)")
     layout(u, local=True)
@@ -113,6 +120,8 @@ def _layout_config(args, *, docker: bool = False) -> tuple[DeployConfig, object]
 def command(args) -> int:
     """Run a parsed ``deploy`` command."""
     what = args.deploy_command
+    if what == "partition":
+        return _partition(args)
     if what == "up":
         cfg, job = _layout_config(args)
         cfg = up(cfg, wait=args.wait, job=job)
@@ -169,6 +178,32 @@ def command(args) -> int:
         print(json.dumps({"certs": str(folder / "certs"), "keys": args.nodes, "names": names}))
         return 0
     raise AssertionError(what)  # pragma: no cover
+
+
+def _partition(args) -> int:
+    import shutil
+    import tempfile
+
+    _positive_int(args.users_per_node, "--users-per-node")
+    if args.nodes is not None:
+        _positive_int(args.nodes, "--nodes")
+    out = Path(args.out).expanduser().resolve()
+    if out.exists():
+        raise ConfigError(f"{out} exists: a partition is written into a new folder", field="--out")
+    part = split_job(args.data, args.users_per_node, args.split_seed)
+    nodes = args.nodes or n_partitions(part)
+    if n_partitions(part) > nodes:
+        raise ConfigError(f"{n_partitions(part)} partitions of {part.users_per_node} users need at least {n_partitions(part)} nodes, got {nodes}", field="--nodes")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        write_partition(part, nodes, stage)
+        stage.rename(out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    print(json.dumps({"out": str(out), "public": str(out / "public"), "nodes": nodes, "users_per_node": part.users_per_node,
+                      "n_users": part.n_users, "server_data": f"public:{out / 'public'}"}))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,7 +65,7 @@ def prepare(cfg: DeployConfig, *, job=None) -> DeployConfig:
         state = cfg.to_dict()
         state["data"] = _portable_data(cfg.data, cfg.run_dir)
         (stage / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-        for name in ("certs", "keys", "public-keys", "node-data", "node-home"):
+        for name in ("certs", "keys", "public-keys", "node-data", "node-home", "public"):
             shutil.rmtree(cfg.run_dir / name, ignore_errors=True)
         for entry in stage.iterdir():
             target = cfg.run_dir / entry.name

@@ -54,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pr = sub.add_parser("prepare", help="write certificates, node keys, per-node data and deploy.json without starting anything")
     layout(pr, local=False)
     pr.add_argument("--docker", action="store_true", help="the layout of docker/compose.yml (SuperLink `superlink` on 0.0.0.0 in its container)")
+    pr.add_argument("--bind-host", default=None, help="address the SuperLink listens on (default 127.0.0.1): its host's own address for nodes on other hosts")
+    pr.add_argument("--superlink-host", default=None, help="address the nodes and the CLI dial (default 127.0.0.1; added to the certificate)")
 
     r = sub.add_parser("run", help="run one job on the running deployment (`flwr run APP deploy --stream`)")
     run_dir(r)
@@ -132,6 +134,9 @@ def command(args) -> int:
         if args.docker and args.data is None:
             raise ConfigError("the compose file gives every SuperNode its own data folder: give --data", field="--data")
         cfg, job = _layout_config(args, docker=args.docker)
+        if args.bind_host or args.superlink_host:  # separate hosts (README, "cross-host")
+            cfg.bind_host = args.bind_host or cfg.bind_host
+            cfg.superlink_host = args.superlink_host or cfg.superlink_host
         if not args.docker and 0 in (cfg.fleet_port, cfg.control_port, cfg.node_port_base):
             cfg.fleet_port, cfg.control_port, cfg.node_port_base = (cfg.fleet_port or 9092, cfg.control_port or 8000, cfg.node_port_base or 9094)
         cfg = prepare(cfg, job=job)

@@ -105,6 +105,16 @@ class DeployConfig:
     def node_data_dir(self, i: int) -> Path:
         return self.run_dir / "node-data" / f"node-{i}"
 
+    def node_files(self, i: int) -> list[Path]:
+        """What SuperNode ``i`` needs on its own host, relative to the run folder: the CA
+        certificate (TLS), its private key (authentication) and its data folder (per-node data).
+        Copied to the same relative paths under another folder ``D``, the command of
+        ``dataclasses.replace(cfg, run_dir=D)`` reads only them."""
+        files = [self.ca_cert] if self.tls else []
+        files += [self.node_private_key(i)] if self.auth else []
+        files += [self.node_data_dir(i)] if self.data is not None else []
+        return [f.relative_to(self.run_dir) for f in files]
+
     @property
     def flwr_home(self) -> Path:
         return self.run_dir / "flwr-home"

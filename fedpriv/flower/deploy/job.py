@@ -72,13 +72,18 @@ def run_job(
     for name, value in (("--round-timeout", round_timeout), ("--node-wait", node_wait)):
         if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
             raise ConfigError(f"must be a finite number >= 0, got {value!r}", field=name)
-    if cfg.data is None:
+    from ...algorithms.pam import PAM_ALGORITHMS
+
+    if cfg.data is None and algorithm in PAM_ALGORITHMS:  # synthetic-personal data: the ServerApp generates it and broadcasts its folder
+        if data is None:
+            raise ConfigError("give --data synthetic-personal:... (the deployment was started without per-node data)", field="--data")
+    elif cfg.data is None:
         raise ConfigError("the deployment was started without per-node data: give --data to `fedpriv deploy up` "
                           "(the nodes hold the ratings; the server of a deployment holds none)", field="--data")
-    if data is not None and launcher._absolute_data(data) != launcher._absolute_data(cfg.data):  # noqa: SLF001
+    elif data is not None and launcher._absolute_data(data) != launcher._absolute_data(cfg.data):  # noqa: SLF001
         raise ConfigError(f"the nodes hold partitions of {cfg.data!r}; run with that data (or omit --data)", field="--data")
-    # the ServerApp starts from the partition's public metadata only: it never opens a ratings file
-    data = f"public:{cfg.run_dir / 'public'}"
+    else:  # the ServerApp starts from the partition's public metadata only: it never opens a ratings file
+        data = f"public:{cfg.run_dir / 'public'}"
     n_parts = launcher._plan(algorithm, data, epsilon, delta, {**overrides, "users_per_node": str(cfg.users_per_node)})  # noqa: SLF001
     if n_parts > cfg.nodes:
         raise ConfigError(f"{n_parts} partitions of {cfg.users_per_node} users need {n_parts} nodes; the deployment has {cfg.nodes}", field="--users-per-node")

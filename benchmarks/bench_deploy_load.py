@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -80,7 +81,11 @@ def main() -> None:
     p.add_argument("--min-free-gb", type=float, default=2.5, help="stop everything when available memory falls below this")
     p.add_argument("--timeout", type=float, default=3600.0)
     args = p.parse_args()
-    runs = [_one(args, int(n)) for n in str(args.nodes).split(",") if n.strip()]
+    runs = []
+    for n in str(args.nodes).split(","):
+        if n.strip():
+            runs.append(_one(args, int(n)))
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # each node count as it ends
     print(json.dumps({"benchmark": "deploy_load", "cores": os.cpu_count(), "runs": runs}))
 
 
@@ -93,14 +98,15 @@ def _one(args, nodes: int) -> dict:
     cfg = deploy.DeployConfig(run_dir=run_dir, nodes=nodes, tls=secure, auth=secure, data=data, users_per_node=args.users_per_node, fleet_port=0, control_port=0, node_port_base=0)
 
     base_used = _mem_used_gb()
-    low = {"gb": _mem_available_gb(), "clientapps": 0, "aborted": False, "peak_used": base_used}
+    low = {"gb": _mem_available_gb(), "clientapps": 0, "aborted": False, "peak_used": base_used, "queued": 0}
     done = threading.Event()
 
     def watch():
         while not done.wait(0.5):
             low["gb"] = min(low["gb"], _mem_available_gb())
             low["peak_used"] = max(low["peak_used"], _mem_used_gb())
-            low["clientapps"] = max(low["clientapps"], len(launcher._pids_matching("flwr-clientapp")))  # noqa: SLF001
+            low["clientapps"] = max(low["clientapps"], len(launcher._pids_matching("bin/python", "bin/flwr-clientapp")))  # noqa: SLF001 - running
+            low["queued"] = max(low["queued"], len(launcher._pids_matching("clientapp-gate/flwr-clientapp")))  # noqa: SLF001 - waiting at the gate
             if low["gb"] < args.min_free_gb and not low["aborted"]:
                 low["aborted"] = True
                 deploy.stop(cfg.run_dir, 5.0)
@@ -112,9 +118,9 @@ def _one(args, nodes: int) -> dict:
     try:
         deploy.up(cfg, wait=1800)
         result["up_seconds"] = time.perf_counter() - t0
-        execs = launcher._pids_matching("flower-superexec", str(cfg.run_dir))  # noqa: SLF001
-        if not execs:  # SuperExec command lines may not name the run folder: every SuperExec then
-            execs = launcher._pids_matching("flower-superexec")  # noqa: SLF001
+        # the SuperNodes' SuperExecs (they start and reap the ClientApp processes); their command
+        # lines do not name the run folder: every SuperExec on this host (the benchmark's own)
+        execs = launcher._pids_matching("flower-superexec", "--parent-pid")  # noqa: SLF001
         cpu0 = _children_cpu_seconds(execs)
         launches0 = _launches(cfg)
         t1 = time.perf_counter()
@@ -151,6 +157,7 @@ def _one(args, nodes: int) -> dict:
     result["min_mem_available_gb"] = round(low["gb"], 2)
     result["peak_memory_gb"] = round(low["peak_used"] - base_used, 2)
     result["max_concurrent_clientapps"] = low["clientapps"]
+    result["max_queued_at_gate"] = low["queued"]
     result["aborted_low_memory"] = low["aborted"]
     return result
 

@@ -451,3 +451,35 @@ def test_failed_up_stops_everything(tmp_path):
             deploy.up(cfg, wait=120)
     assert not (run_dir / "pids.json").exists() and (run_dir / "logs" / "supernode-1.log").is_file()
     assert _all_gone(launcher._pids_matching(str(run_dir)), 5.0), launcher._pids_matching(str(run_dir))
+
+
+def test_clientapp_gate_bounds_concurrent_processes(tmp_path, monkeypatch):
+    """Many SuperNodes on one host: the flwr-clientapp wrapper on their PATH lets at most N
+    processes run at once (the others wait at the gate, then run with their own arguments)."""
+    import shutil
+    import subprocess
+    import time
+
+    from fedpriv.flower.deploy.processes import CLIENTAPP_SLOTS_ENV, clientapp_gate
+
+    if shutil.which("flock") is None:
+        pytest.skip("no flock (util-linux)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "flwr-clientapp"  # stands for Flower's: records when it runs
+    fake.write_text(f'#!/bin/sh\necho "start $1 $(date +%s.%N)" >> {tmp_path}/log\nsleep 0.6\necho "end $1 $(date +%s.%N)" >> {tmp_path}/log\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv(CLIENTAPP_SLOTS_ENV, "2")
+    cfg = _cfg(tmp_path, bin_dir=str(bin_dir))
+    cfg.run_dir.mkdir(parents=True)
+    gate = clientapp_gate(cfg)
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([str(gate / "flwr-clientapp"), f"task{i}"]) for i in range(6)]
+    assert all(p.wait(timeout=60) == 0 for p in procs)
+    events = sorted((float(t), kind, name) for kind, name, t in (line.split() for line in (tmp_path / "log").read_text().splitlines()))
+    running, peak = 0, 0
+    for _, kind, _ in events:
+        running += 1 if kind == "start" else -1
+        peak = max(peak, running)
+    assert peak == 2 and {n for _, k, n in events if k == "end"} == {f"task{i}" for i in range(6)}
+    assert time.monotonic() - t0 >= 3 * 0.6  # three waves of two

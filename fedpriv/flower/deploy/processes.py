@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,10 +31,53 @@ def _env(cfg: DeployConfig, home: Path) -> dict[str, str]:
     return env
 
 
-def _spawn(cfg: DeployConfig, name: str, cmd: list[str], home: Path) -> dict:
+CLIENTAPP_SLOTS_ENV = "FEDPRIV_CLIENTAPP_SLOTS"  # ClientApp processes running at once on this host (default: 8 per core)
+
+
+def clientapp_gate(cfg: DeployConfig) -> Path | None:
+    """A ``flwr-clientapp`` wrapper that lets at most N of them run at once on this host (a lock
+    file per slot, held by the process until it exits), first on the SuperNodes' PATH.
+
+    Flower 1.39 starts one ``flwr-clientapp`` process per message. With many SuperNodes on one
+    host they all start in the same second, share the cores, and some do not reach their
+    SuperNode within Flower's claim window: the task then goes back to pending and another
+    process is started for it, so processes pile up (measured: 237 at once for 50 nodes, until
+    memory ran out). Queued at the gate, a process costs nothing, and each one that runs gets
+    the cores. A ClientApp process lives about 6 s, mostly in Flower's fixed 3 s polling waits,
+    so the default allows 8 per core. The SuperNodes run with a claim window the queue fits in
+    (:mod:`fedpriv.flower.deploy.supernode_main`). None without ``flock`` (util-linux): the nodes
+    then start processes ungated, with Flower's own window."""
+    flock = shutil.which("flock")
+    if flock is None:
+        return None
+    n = int(os.environ.get(CLIENTAPP_SLOTS_ENV, "0") or 0) or 8 * (os.cpu_count() or 1)
+    gate = cfg.run_dir / "clientapp-gate"
+    (gate / "slots").mkdir(parents=True, exist_ok=True)
+    real = Path(cfg.bin_dir or _bin_dir()) / "flwr-clientapp"
+    script = gate / "flwr-clientapp"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"# fedpriv deploy: at most {n} flwr-clientapp processes at once on this host (see fedpriv/flower/deploy/processes.py)\n"
+        "while :; do\n"
+        f"  i=0; while [ $i -lt {n} ]; do\n"
+        f"    exec 9>\"{gate}/slots/$i\"\n"
+        f"    if {flock} -n 9; then exec \"{real}\" \"$@\"; fi\n"
+        "    i=$((i+1))\n"
+        "  done\n"
+        "  sleep 0.05\n"
+        "done\n"
+    )
+    script.chmod(0o755)
+    return gate
+
+
+def _spawn(cfg: DeployConfig, name: str, cmd: list[str], home: Path, gate: Path | None = None) -> dict:
     cfg.logs_dir.mkdir(parents=True, exist_ok=True)
+    env = _env(cfg, home)
+    if gate is not None:
+        env["PATH"] = f"{gate}{os.pathsep}{env.get('PATH', '')}"
     with open(cfg.logs_dir / f"{name}.log", "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=cfg.run_dir, env=_env(cfg, home), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=cfg.run_dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return {"name": name, "pid": proc.pid, "start": _start_ticks(proc.pid), "cmd": cmd}
 
 
@@ -207,14 +252,44 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
                 raise FedprivError(f"the SuperLink did not listen within {wait:g} s; its log:\n" + _tail(cfg.logs_dir / "superlink.log"))
             time.sleep(0.3)
         register(cfg, wait=max(5.0, deadline - time.monotonic()))
-        for i in range(cfg.nodes):
-            entries.append(_spawn(cfg, f"supernode-{i}", supernode_command(cfg, i), cfg.node_home(i)))
-            _write_pids(cfg, entries)
+        wave = node_wave()
+        gate = clientapp_gate(cfg)
+        for start in range(0, cfg.nodes, wave):
+            started = []
+            for i in range(start, min(start + wave, cfg.nodes)):
+                cmd = supernode_command(cfg, i)
+                if gate is not None:  # Flower's SuperNode with a claim window the gate's queue fits in
+                    cmd = [sys.executable, "-m", "fedpriv.flower.deploy.supernode_main", *cmd[1:]]
+                started.append(_spawn(cfg, f"supernode-{i}", cmd, cfg.node_home(i), gate))
+                entries.append(started[-1])
+                _write_pids(cfg, entries)
+            if start + wave < cfg.nodes:
+                _wait_connected(cfg, started, min(deadline, time.monotonic() + WAVE_SECONDS))
         wait_for_nodes(cfg, entries, deadline)
     except BaseException:
         stop(cfg.run_dir, also=entries)
         raise
     return cfg
+
+
+WAVE_SECONDS = 120.0  # at most this long for one wave of SuperNodes to connect before the next starts
+
+
+def node_wave() -> int:
+    """SuperNodes started at once: four per core. All at once (100 nodes: 200 Python processes
+    importing flwr on 2 cores) starve their first heartbeats; the SuperLink then lists some of
+    them offline for good (measured: 15 of 100 here)."""
+    return max(4, 4 * (os.cpu_count() or 1))
+
+
+def _wait_connected(cfg: DeployConfig, started: list[dict], until: float) -> None:
+    """Until every SuperNode of ``started`` logged that it has connected and started its
+    SuperExec (or ``until``: the final check is :func:`wait_for_nodes`)."""
+    pending = [e["name"] for e in started]
+    while pending and time.monotonic() < until:
+        pending = [n for n in pending if "Starting Flower SuperExec" not in _tail(cfg.logs_dir / f"{n}.log", 200)]
+        if pending:
+            time.sleep(0.5)
 
 
 def wait_for_nodes(cfg: DeployConfig, entries: list[dict], deadline: float) -> None:

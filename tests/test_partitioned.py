@@ -81,7 +81,7 @@ class _Audit:
 _AUDIT = _Audit()
 
 
-@pytest.mark.parametrize("algorithm", ["adadpals", "am-ssp"])
+@pytest.mark.parametrize("algorithm", ["adadpals", "am-ssp", "am-dpsgd"])
 def test_the_server_starts_from_public_metadata_only(partition, tmp_path, algorithm):
     from fedpriv.flower.client_app import app as client_app
 
@@ -108,6 +108,7 @@ def test_the_server_starts_from_public_metadata_only(partition, tmp_path, algori
     nodes = [o for o in _AUDIT.server_opens if "/node-" in o or o.endswith(("ratings.npz", "_ratings.npy", "_items.npy"))]
     assert nodes == [], nodes  # the server never opened a node folder or a ratings file
     assert metrics["server_holds_ratings"] is False and metrics["n_ratings"] is None
+    assert metrics["rejected_replies"] == []  # every node's reply was accepted
     # the same job on the in-process engine over the full data: same split, same noise seed
     ref, ref_ledger = run(algorithm, SMALL, epsilon=4.0, overrides={**overrides, "users_per_shard": str(UPN)}, engine="inprocess", progress=False, noise_seed=7)
     assert [r["name"] for r in ledger] == [r["name"] for r in ref_ledger]

@@ -103,21 +103,15 @@ def segment_stats(
     piece_seg, piece_start, piece_len = _pieces(indptr)
     G = torch.zeros((n_seg, width * width), dtype=torch.float32)
     buf = torch.empty(_BLOCK_FLOATS + _PIECE * width, dtype=torch.float32)  # reused gather buffer
-    for cls in _size_classes(piece_len):
-        L = int(piece_len[cls].max())
-        B = max(1, _BLOCK_FLOATS // (L * width))
-        ar = torch.arange(L)
-        for b0 in range(0, len(cls), B):
-            block = cls[b0 : b0 + B]
-            ent = torch.from_numpy(piece_start[block])[:, None] + ar[None, :]
-            ent = torch.where(ar[None, :] < torch.from_numpy(piece_len[block])[:, None], ent, n).reshape(-1)
-            X = buf[: len(ent) * width].view(len(ent), width)
-            torch.index_select(F, 0, torch.index_select(idx, 0, ent), out=X)
-            X[:, d] = torch.index_select(ty, 0, ent)
-            X.mul_(torch.index_select(sw, 0, ent)[:, None])
-            Xb = X.view(len(block), L, width)
-            # accumulate per segment (2-D index_add_ is fast; several pieces may share a segment)
-            G.index_add_(0, torch.from_numpy(piece_seg[block]), torch.bmm(Xb.transpose(1, 2), Xb).view(len(block), -1))
+    for block, L in _blocks(piece_len, width):
+        ent = torch.from_numpy(_entries(block, L, piece_start, piece_len, n))
+        X = buf[: len(ent) * width].view(len(ent), width)
+        torch.index_select(F, 0, torch.index_select(idx, 0, ent), out=X)
+        X[:, d] = torch.index_select(ty, 0, ent)
+        X.mul_(torch.index_select(sw, 0, ent)[:, None])
+        Xb = X.view(len(block), L, width)
+        # accumulate per segment (2-D index_add_ is fast; several pieces may share a segment)
+        G.index_add_(0, torch.from_numpy(piece_seg[block]), torch.bmm(Xb.transpose(1, 2), Xb).view(len(block), -1))
     G3 = G.view(n_seg, width, width).numpy()
     return SegmentStats(A=G3[:, :d, :d], b=G3[:, :d, d], c=G3[:, d, d])
 
@@ -127,6 +121,22 @@ def _size_classes(piece_len: np.ndarray) -> list[np.ndarray]:
     size_class = np.floor(2.0 * np.log2(np.maximum(piece_len, 1))).astype(np.int64)
     order = np.argsort(size_class, kind="stable")
     return [c for c in np.split(order, np.flatnonzero(np.diff(size_class[order])) + 1) if len(c)]
+
+
+def _blocks(piece_len: np.ndarray, width: int):
+    """(pieces, padded length L) of every block: pieces of one size class, at most
+    _BLOCK_FLOATS floats of gathered rows per block."""
+    for cls in _size_classes(piece_len):
+        L = int(piece_len[cls].max())
+        B = max(1, _BLOCK_FLOATS // (L * width))
+        for b0 in range(0, len(cls), B):
+            yield cls[b0 : b0 + B], L
+
+
+def _entries(block: np.ndarray, L: int, piece_start: np.ndarray, piece_len: np.ndarray, pad: int) -> np.ndarray:
+    """Entry index of every padded slot of a block, row-major (``pad``: the zero-weight slot)."""
+    ar = np.arange(L)
+    return np.where(ar[None, :] < piece_len[block][:, None], piece_start[block][:, None] + ar[None, :], pad).reshape(-1)
 
 
 def _segment_stats_numpy(factors, index, indptr, weights, targets) -> SegmentStats:
@@ -144,19 +154,14 @@ def _segment_stats_numpy(factors, index, indptr, weights, targets) -> SegmentSta
         ty[:n] = targets
     piece_seg, piece_start, piece_len = _pieces(indptr)
     G = np.zeros((n_seg, width * width), dtype=np.float32)
-    for cls in _size_classes(piece_len):
-        L = int(piece_len[cls].max())
-        B = max(1, _BLOCK_FLOATS // (L * width))
-        ar = np.arange(L)
-        for b0 in range(0, len(cls), B):
-            block = cls[b0 : b0 + B]
-            ent = np.where(ar[None, :] < piece_len[block][:, None], piece_start[block][:, None] + ar[None, :], n).reshape(-1)
-            X = F[idx[ent]]
-            X[:, d] = ty[ent]
-            X *= sw[ent][:, None]
-            Xb = X.reshape(len(block), L, width)
-            P = np.matmul(Xb.transpose(0, 2, 1), Xb).reshape(len(block), -1)
-            np.add.at(G, piece_seg[block], P)  # several pieces may share a segment
+    for block, L in _blocks(piece_len, width):
+        ent = _entries(block, L, piece_start, piece_len, n)
+        X = F[idx[ent]]
+        X[:, d] = ty[ent]
+        X *= sw[ent][:, None]
+        Xb = X.reshape(len(block), L, width)
+        P = np.matmul(Xb.transpose(0, 2, 1), Xb).reshape(len(block), -1)
+        np.add.at(G, piece_seg[block], P)  # several pieces may share a segment
     G3 = G.reshape(n_seg, width, width)
     return SegmentStats(A=G3[:, :d, :d], b=G3[:, :d, d], c=G3[:, d, d])
 

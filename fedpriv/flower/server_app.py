@@ -233,8 +233,9 @@ class _GridTransport:
         return total
 
     def start(self, state: als.PublicState, server) -> None:
-        if server is not None and protocol.clients_need_encoder(state.algorithm) and self.data_dir:
-            write_feature_table(self.data_dir, server.encoder.table)  # public: clients rebuild the encoder
+        if server is not None and protocol.clients_need_encoder(state.algorithm):
+            if self.data_dir:  # simulation: the nodes read the public table from the broadcast folder
+                write_feature_table(self.data_dir, server.encoder.table)  # (a partitioned node has its own copy)
             self.n_params = server.encoder.n_params()
 
     def prepare(self, step: int) -> None:

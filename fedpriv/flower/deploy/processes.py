@@ -55,17 +55,20 @@ def clientapp_gate(cfg: DeployConfig) -> Path | None:
     (gate / "slots").mkdir(parents=True, exist_ok=True)
     real = Path(cfg.bin_dir or _bin_dir()) / "flwr-clientapp"
     script = gate / "flwr-clientapp"
+    # one pass over the slots without waiting; all taken: wait (blocked, no CPU) on one slot
+    # picked by the process id. A spinning wait cost more CPU than the ClientApps themselves
+    # with 90 processes queued (measured: load average 160, 27 launches in 8 minutes).
     script.write_text(
         "#!/bin/sh\n"
         f"# fedpriv deploy: at most {n} flwr-clientapp processes at once on this host (see fedpriv/flower/deploy/processes.py)\n"
-        "while :; do\n"
-        f"  i=0; while [ $i -lt {n} ]; do\n"
-        f"    exec 9>\"{gate}/slots/$i\"\n"
-        f"    if {flock} -n 9; then exec \"{real}\" \"$@\"; fi\n"
-        "    i=$((i+1))\n"
-        "  done\n"
-        "  sleep 0.05\n"
+        f"i=0; while [ $i -lt {n} ]; do\n"
+        f"  exec 9>\"{gate}/slots/$i\"\n"
+        f"  if {flock} -n 9; then exec \"{real}\" \"$@\"; fi\n"
+        "  i=$((i+1))\n"
         "done\n"
+        f"exec 9>\"{gate}/slots/$(($$ % {n}))\"\n"
+        f"{flock} 9 && exec \"{real}\" \"$@\"\n"
+        "exit 1\n"
     )
     script.chmod(0o755)
     return gate

@@ -90,17 +90,17 @@ def rmse_from_sums(sse: np.ndarray, cnt: np.ndarray, item_counts: np.ndarray) ->
 def shard_logistic_sums(state: als.PublicState, history, target, item_bucket: np.ndarray, n_buckets: int = 5) -> dict[str, np.ndarray]:
     """Per-bucket (log-loss sum, correct predictions, count) of one shard's binarised target
     ratings, its users solved from their history by the local logistic solve."""
-    from .algorithms import ssp_client as ssp
+    from .algorithms import ssp_client
 
     out = {k: np.zeros(n_buckets) for k in ("logloss", "correct", "n")}
     if target.n_ratings == 0:
         return out
-    U, ubias = als.split_user_vectors(ssp.logistic_user_vectors(history, state), state)
+    U, ubias = als.split_user_vectors(ssp_client.logistic_user_vectors(history, state), state)
     rows, items = target.local_user_of_rating, target.items
     z = ubias[rows] + np.einsum("nd,nd->n", U[rows], state.item_factors[items].astype(np.float64))
     if state.item_bias is not None:
         z = z + state.item_bias[items]
-    y = ssp.labels(target, state)
+    y = ssp_client.labels(target, state)
     loss = np.logaddexp(0.0, z) - y * z  # -log sigmoid(z) for y=1, -log(1 - sigmoid(z)) for y=0
     bucket = item_bucket[items]
     out["logloss"] = np.bincount(bucket, weights=loss, minlength=n_buckets)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,10 +33,6 @@ _SMALL_ENTRIES = 2048  # below this many entries, segment_stats runs in numpy
 _SMALL_SYSTEMS = 16  # solve_spd of at most this many systems runs in numpy
 
 
-if TYPE_CHECKING:
-    import torch
-
-
 def _loaded_torch():
     """torch if this process imported it already, else None (never imports it)."""
     return sys.modules.get("torch")
@@ -48,11 +43,6 @@ class SegmentStats:
     A: np.ndarray  # (n_segments, d, d) float32
     b: np.ndarray  # (n_segments, d) float32
     c: np.ndarray  # (n_segments,) float32
-
-
-def _to_torch(x: np.ndarray, dtype=None) -> torch.Tensor:
-    torch = _loaded_torch()
-    return torch.from_numpy(np.ascontiguousarray(x)).to(dtype or torch.float32)
 
 
 def _pieces(indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -78,7 +68,7 @@ def segment_stats(
     ``factors``: (n_src, d); ``index``: (N,) source row of each entry, grouped by segment with
     ``indptr`` (n_segments + 1,); ``weights``/``targets``: (N,) per entry (default 1 / 0).
     """
-    n_src, d = factors.shape
+    d = factors.shape[1]
     n_seg = len(indptr) - 1
     n = len(index)
     indptr = np.asarray(indptr, dtype=np.int64)
@@ -88,18 +78,7 @@ def segment_stats(
     torch = _loaded_torch()
     if torch is None:
         return _segment_stats_numpy(factors, index, indptr, weights, targets)
-    # source table with a spare last column (filled with sqrt(w) y per entry) and a zero padding
-    # row; per-entry arrays with one extra padding slot of weight 0
-    F = torch.zeros((n_src + 1, width), dtype=torch.float32)
-    F[:n_src, :d] = _to_torch(factors)
-    idx = torch.full((n + 1,), n_src, dtype=torch.int64)
-    idx[:n] = torch.from_numpy(np.asarray(index, dtype=np.int64))
-    sw = torch.zeros(n + 1, dtype=torch.float32)
-    sw[:n] = _to_torch(np.sqrt(np.maximum(weights, 0.0))) if weights is not None else 1.0
-    ty = torch.zeros(n + 1, dtype=torch.float32)
-    if targets is not None:
-        ty[:n] = _to_torch(targets)
-
+    F, idx, sw, ty = (torch.from_numpy(x) for x in _padded_inputs(factors, index, weights, targets))
     piece_seg, piece_start, piece_len = _pieces(indptr)
     G = torch.zeros((n_seg, width * width), dtype=torch.float32)
     buf = torch.empty(_BLOCK_FLOATS + _PIECE * width, dtype=torch.float32)  # reused gather buffer
@@ -139,11 +118,13 @@ def _entries(block: np.ndarray, L: int, piece_start: np.ndarray, piece_len: np.n
     return np.where(ar[None, :] < piece_len[block][:, None], piece_start[block][:, None] + ar[None, :], pad).reshape(-1)
 
 
-def _segment_stats_numpy(factors, index, indptr, weights, targets) -> SegmentStats:
-    """The torch path's algorithm in numpy (padded blocks, one batched GEMM each)."""
+def _padded_inputs(factors, index, weights, targets) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Both back ends' inputs: the source table with a spare last column (filled with sqrt(w) y
+    per entry) and a zero padding row; per-entry source rows, sqrt weights and targets, each with
+    one extra padding slot of weight 0."""
     n_src, d = factors.shape
-    n_seg, n, width = len(indptr) - 1, len(index), d + 1
-    F = np.zeros((n_src + 1, width), dtype=np.float32)
+    n = len(index)
+    F = np.zeros((n_src + 1, d + 1), dtype=np.float32)
     F[:n_src, :d] = factors
     idx = np.full(n + 1, n_src, dtype=np.int64)
     idx[:n] = index
@@ -152,6 +133,14 @@ def _segment_stats_numpy(factors, index, indptr, weights, targets) -> SegmentSta
     ty = np.zeros(n + 1, dtype=np.float32)
     if targets is not None:
         ty[:n] = targets
+    return F, idx, sw, ty
+
+
+def _segment_stats_numpy(factors, index, indptr, weights, targets) -> SegmentStats:
+    """The torch path's algorithm in numpy (padded blocks, one batched GEMM each)."""
+    d = factors.shape[1]
+    n_seg, n, width = len(indptr) - 1, len(index), d + 1
+    F, idx, sw, ty = _padded_inputs(factors, index, weights, targets)
     piece_seg, piece_start, piece_len = _pieces(indptr)
     G = np.zeros((n_seg, width * width), dtype=np.float32)
     for block, L in _blocks(piece_len, width):

@@ -48,8 +48,6 @@ class PublicData:
     nodes: int
     users_per_node: int
     item_features: object = None  # ItemFeatures or None
-    folder: str = ""
-    duplicates_dropped: int = 0
 
     interactions = None  # no ratings, by construction
 
@@ -101,7 +99,6 @@ def load_public(folder: str | Path) -> PublicData:
             rating_range=(float(meta["rating_range"][0]), float(meta["rating_range"][1])), implicit=bool(meta["implicit"]),
             protocol=str(meta["protocol"]), split_seed=int(meta["split_seed"]), source=str(meta["source"]),
             nodes=int(meta["nodes"]), users_per_node=int(meta["users_per_node"]), item_features=_read_features(folder),
-            folder=str(folder.resolve()),
         )
     except (KeyError, TypeError, ValueError, OSError, json.JSONDecodeError) as exc:
         raise DataError(f"{path}: {type(exc).__name__}: {exc}") from None

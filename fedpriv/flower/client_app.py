@@ -52,7 +52,7 @@ def train(msg: Message, context: Context) -> Message:
     folder = data_dir_of(context.node_config, data_dir)
     shard = load_shard(folder, "train", _partition_id(context), upn)
     shard, _ = with_keys(shard, folder, msg.content.config_records["cfg"], context)  # the users' own randomness
-    table = node_feature_table(folder, data_dir, state.config) if protocol.clients_need_encoder(state.algorithm) else None  # public features
+    table = node_feature_table(context.node_config, data_dir, state.config) if protocol.clients_need_encoder(state.algorithm) else None  # public features
     contribution = protocol.client_step(shard, state, codec.round_of(msg.content), table)
     return Message(codec.encode_contribution(contribution, state, shard.n_users), reply_to=msg)
 

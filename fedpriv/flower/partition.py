@@ -68,7 +68,7 @@ def _split_node_folder(folder: str) -> str:
     import shutil
     import tempfile
 
-    from ..data.public import load_public, node_interactions, node_split
+    from ..data.public import load_public, node_split
 
     target = Path(folder) / "split"
     if not (target / "meta.json").is_file() and not os.access(folder, os.W_OK):  # e.g. a read-only mount
@@ -82,7 +82,8 @@ def _split_node_folder(folder: str) -> str:
     parts = node_split(folder, public)
     tmp = Path(tempfile.mkdtemp(prefix=".split-", dir=target.parent))
     try:
-        write_partitions(tmp, parts, {"n_users": public.n_users, "split_seed": public.split_seed}, node_interactions(folder, public).user_ids)
+        # the parts keep the node's raw user ids (its own; the others' blanked): its users' keys
+        write_partitions(tmp, parts, {"n_users": public.n_users, "split_seed": public.split_seed})
         try:
             os.rename(tmp, target)
         except OSError:  # another process won the race: its split is the same
@@ -92,13 +93,13 @@ def _split_node_folder(folder: str) -> str:
     return str(target)
 
 
-def node_feature_table(folder: str, broadcast_dir: str, cfg):
+def node_feature_table(node_config, broadcast_dir: str, cfg):
     """The encoder's public feature table on a node: built from the node's own copy of the public
-    item features (a partitioned deployment shares no filesystem), else read from the folder the
-    server broadcasts (simulation)."""
-    public = Path(folder).parent / "public" if Path(folder).name == "split" else None
-    if public is not None and (public / "item_features.npz").is_file():
-        return _own_feature_table(str(public), str(cfg.features))
+    item features (``DATA_DIR/public`` of a partitioned deployment, which shares no filesystem),
+    else read from the folder the server broadcasts (simulation)."""
+    own = node_config.get("data-dir") if node_config is not None else None
+    if own and (Path(own) / "public" / "item_features.npz").is_file():
+        return _own_feature_table(str(Path(own) / "public"), str(cfg.features))
     return load_feature_table(broadcast_dir)
 
 

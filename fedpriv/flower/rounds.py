@@ -21,16 +21,17 @@ class Rounds:
     def __init__(self, grid: Grid, nodes: list[int], result: RoundCounters, timeout: float | None, progress=None):
         self.grid, self.nodes, self.result, self.timeout = grid, nodes, result, timeout
         self.progress = progress  # fedpriv.flower.progress.Progress: one line per round, or None
-        self._deferred = False
 
-    def ask(self, message_type: str, content, name: str, timeout: float | None = ..., nodes: list[int] | None = None) -> list[tuple[int, Message]]:
+    def ask(self, message_type: str, content, name: str, timeout: float | None = ..., nodes: list[int] | None = None,
+            report: bool = True) -> list[tuple[int, Message]]:
         """One message per node (``nodes``, default the serving nodes), all with the same
         (broadcast) ``content``, or ``content[node]`` when it is a dict of per-node contents;
-        ``timeout`` defaults to the job's round timeout."""
+        ``timeout`` defaults to the job's round timeout. ``report=False``: the caller reports the
+        round's progress line (after decoding the replies)."""
         if self.progress is not None:
             self.progress.flush()  # the previous round's line, with the epsilon of its release
         t0 = time.perf_counter()
-        self._rejected_before = len(self.result.rejected)
+        rejected_before = len(self.result.rejected)
         targets = list(self.nodes if nodes is None else nodes)
         per_node = content if isinstance(content, dict) else {nid: content for nid in targets}
         msgs = [Message(content=per_node[nid], dst_node_id=nid, message_type=message_type) for nid in targets]
@@ -60,15 +61,15 @@ class Rounds:
         self.result.bytes_down += down
         self.result.bytes_up += up
         self.result.round_log.append({"round": name, "seconds": time.perf_counter() - t0, "bytes_down": down, "bytes_up": up, "replies": len(ok), "nodes": len(targets)})
-        if not self._deferred:
-            self._report(0)
+        if report:
+            self._report(len(ok), rejected_before)
         return ok
 
-    def _report(self, rejected_after_reply: int) -> None:
-        """The round's progress line: accepted = replies minus those rejected when decoded."""
+    def _report(self, accepted: int, rejected_before: int) -> None:
+        """The last round's progress line: replies accepted, and replies rejected since
+        ``rejected_before`` (node errors, timeouts, failed decoding)."""
         if self.progress is not None:
-            entry = self.result.round_log[-1]
-            self.progress.round_done(entry, entry["replies"] - rejected_after_reply, len(self.result.rejected) - self._rejected_before)
+            self.progress.round_done(self.result.round_log[-1], accepted, len(self.result.rejected) - rejected_before)
 
     def gather(self, message_type: str, content, name: str, decode, nodes: list[int] | None = None) -> list[tuple[int, object]]:
         """:meth:`ask`, then ``decode(node, reply)`` of every reply in the serving nodes' order;
@@ -76,12 +77,8 @@ class Rounds:
         ValueError, KeyError or TypeError of a malformed record) is rejected with the reason and
         left out. Returns (node, decoded value) of the accepted replies."""
         targets = list(self.nodes if nodes is None else nodes)
-        self._deferred = True  # the round's line waits for the decoding (rejected replies)
-        try:
-            replies = dict(self.ask(message_type, content, name, nodes=targets))
-        finally:
-            self._deferred = False
-        before = len(self.result.rejected)
+        rejected_before = len(self.result.rejected)
+        replies = dict(self.ask(message_type, content, name, nodes=targets, report=False))
         out = []
         for nid in targets:
             if nid not in replies:
@@ -90,7 +87,7 @@ class Rounds:
                 out.append((nid, decode(nid, replies[nid])))
             except (ValueError, KeyError, TypeError) as exc:  # codec.RejectedReply is a ValueError
                 self.reject(name, nid, str(exc))
-        self._report(len(self.result.rejected) - before)
+        self._report(len(out), rejected_before)
         return out
 
     def reject(self, name: str, node: int, reason: str) -> None:

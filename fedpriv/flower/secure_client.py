@@ -97,7 +97,7 @@ def mask(msg: Message, context: Context) -> Message:
         rec_cfg, _ = _cfg_of(content)
         values = secure.node_histogram(shard, state, content.array_records["rec"]["candidates"].numpy().astype("int64"), rec_cfg)
     else:
-        table = node_feature_table(folder, data_dir, state.config) if kind == "step" and state.spec.clients_need_encoder else None
+        table = node_feature_table(context.node_config, data_dir, state.config) if kind == "step" and state.spec.clients_need_encoder else None
         values = secure.node_values(kind, shard, state, step, table)
     words = secure.node_words(plan, values, secure.node_rng(shard, secure.label(kind, step), reproducible))
     return masked_reply(msg, context, words, shard.n_users)

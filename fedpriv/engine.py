@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from .algorithms import als, protocol, recommend, registry, secure
 from .algorithms.shards import UserShard, shard_users, split_users
 from .data.interactions import Interactions
+from . import threads
 from .errors import ConfigError
 from .loop import Hooks, make_aggregator, recommend_rounds, train_rounds
 from .privacy.accounting import BestOfAccountant
@@ -102,6 +103,7 @@ def train_inprocess(
     run's secret randomness (default: fresh, from the OS); ``ledger``: a ledger to release
     through instead of the run's own (sensitivity tests replay one run's releases in another)."""
     t0 = time.perf_counter()
+    threads.configure()
     secrets = secrets if secrets is not None else RunSecrets()
     state, own = new_state(algorithm, cfg, train, rating_range, implicit, epsilon, delta, multipliers, secrets)
     ledger = ledger if ledger is not None else own

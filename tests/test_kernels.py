@@ -73,3 +73,99 @@ def test_segment_stats_empty_input_on_both_paths(monkeypatch):
         monkeypatch.setattr(kernels, "_SMALL_ENTRIES", small)
         got = segment_stats(F, np.zeros(0, np.int64), np.zeros(4, np.int64))
         assert got.A.shape == (3, 3, 3) and not got.A.any() and not got.b.any()
+
+
+# ---------------------------------------------------------------- issue 20: the fast paths
+def test_user_solves_match_the_per_user_computation_with_empty_users_and_singular_systems():
+    """The whole client user update (cached packing, threaded batched Cholesky) against one
+    least-squares solve per user, on random data with empty users, users with fewer ratings than
+    the rank (singular Gram matrices) and, with no ridge, their least-squares fallback."""
+    from fedpriv.algorithms import als
+    from fedpriv.algorithms.shards import UserShard
+
+    rng = np.random.default_rng(11)
+    n_users, n_items, d = 3000, 400, 6
+    counts = rng.integers(0, 40, n_users)
+    counts[::17] = 0  # empty users
+    counts[5::23] = 2  # fewer ratings than d: singular without a ridge
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    items = np.concatenate([rng.choice(n_items, c, replace=False) for c in counts]).astype(np.int32)
+    ratings = rng.uniform(1, 5, indptr[-1]).astype(np.float32)
+    shard = UserShard(user_ids=np.arange(n_users), indptr=indptr, items=items, ratings=ratings)
+    for reg_user in (0.5, 0.0):
+        cfg = als.ALSConfig(rank=d, steps=1, reg_user=reg_user, weighted_reg=False, user_bias=False)
+        state = als.PublicState("als", cfg, n_items, n_users, (1.0, 5.0), mean=3.0)
+        state.item_factors = rng.normal(size=(n_items, d)).astype(np.float32)
+        got = als.client_user_vectors(shard, state)
+        for u in range(n_users):
+            its = items[indptr[u] : indptr[u + 1]]
+            V = state.item_factors[its].astype(np.float64)
+            y = ratings[indptr[u] : indptr[u + 1]].astype(np.float64) - 3.0
+            ref = np.linalg.lstsq(V.T @ V + reg_user * np.eye(d), V.T @ y, rcond=None)[0]
+            if reg_user == 0.0 and 0 < len(its) < d:  # singular: any least-squares solution fits
+                assert np.allclose(V @ got[u], V @ ref, atol=1e-3), u
+            else:
+                assert np.allclose(got[u], ref, atol=2e-3 * max(1.0, np.abs(ref).max())), (reg_user, u)
+        assert np.all(got[counts == 0] == 0)
+
+
+def test_project_psd_skips_only_matrices_already_above_the_floor():
+    rng = np.random.default_rng(3)
+    M = rng.normal(size=(3000, 5, 5))
+    S = (M + np.swapaxes(M, 1, 2)).astype(np.float32)
+    S[::2] = (M[::2] @ np.swapaxes(M[::2], 1, 2) + 2.0 * np.eye(5)).astype(np.float32)  # inside for floor 1
+    got = project_psd(S, floor=1.0)
+    evals, evecs = np.linalg.eigh(S.astype(np.float64))
+    ref = (evecs * np.maximum(evals, 1.0)[..., None, :]) @ np.swapaxes(evecs, 1, 2)
+    assert np.allclose(got, ref, atol=1e-4 * np.abs(ref).max())
+    assert np.allclose(got[::2], S[::2], rtol=1e-6, atol=1e-6)  # inside: returned as they are (symmetrised)
+
+
+def test_cached_packing_is_keyed_by_the_layout(monkeypatch):
+    """Two layouts of the same length and total reuse nothing of each other's packing."""
+    monkeypatch.setattr(kernels, "_SMALL_ENTRIES", -1)
+    rng = np.random.default_rng(4)
+    F = rng.normal(size=(30, 3)).astype(np.float32)
+    for counts in ([5, 0, 7, 3], [3, 7, 0, 5], [5, 0, 7, 3]):
+        indptr = np.concatenate([[0], np.cumsum(counts)])
+        idx, w, y = rng.integers(0, 30, indptr[-1]), rng.random(indptr[-1]), rng.normal(size=indptr[-1])
+        got = segment_stats(F, idx, indptr, weights=w, targets=y)
+        A, b, c = _naive(F, idx, indptr, w, y)
+        assert np.allclose(got.A, A, atol=1e-4) and np.allclose(got.b, b, atol=1e-4) and np.allclose(got.c, c, atol=1e-4)
+
+
+def test_thread_count_and_chunks(monkeypatch):
+    from fedpriv import threads
+    from fedpriv.errors import ConfigError
+
+    monkeypatch.setenv("FEDPRIV_THREADS", "3")
+    assert threads.thread_count() == 3
+    monkeypatch.delenv("FEDPRIV_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Ray sets in a worker given one CPU
+    assert threads.thread_count() == 1
+    assert threads.map_chunks(lambda s: (s.start, s.stop), 10_000) == [(0, 10_000)]
+    monkeypatch.setenv("FEDPRIV_THREADS", "2")
+    assert threads.map_chunks(lambda s: (s.start, s.stop), 10_000) == [(0, 5000), (5000, 10_000)]
+    monkeypatch.setenv("FEDPRIV_THREADS", "zero")
+    with pytest.raises(ConfigError, match="FEDPRIV_THREADS"):
+        threads.thread_count()
+
+
+def test_secure_normal_in_threads_has_unit_variance(monkeypatch):
+    from fedpriv.privacy.ledger import secure_standard_normal
+
+    monkeypatch.setenv("FEDPRIV_THREADS", "2")
+    z = secure_standard_normal((700_001,))
+    assert z.shape == (700_001,) and np.isfinite(z).all()
+    assert abs(z.mean()) < 0.01 and abs(z.var() - 1.0) < 0.01
+    assert abs(np.corrcoef(z[:350_000], z[350_001:])[0, 1]) < 0.01  # the cos and sin halves
+
+
+@pytest.mark.parametrize("n", [0, 3, 5000])
+def test_zero_width_and_empty_batches(n):
+    """Rank-0 runs (the bias model alone) pass 0 x 0 systems; empty batches have no systems."""
+    A, b = np.zeros((n, 0, 0)), np.zeros((n, 0))
+    assert project_psd(A, 0.5).shape == (n, 0, 0)
+    assert solve_spd(A, b, 1.0).shape == (n, 0)
+    B = np.tile(np.eye(2), (n, 1, 1))
+    assert project_psd(B, 0.5).shape == (n, 2, 2) and solve_spd(B, np.ones((n, 2)), 1.0).shape == (n, 2)

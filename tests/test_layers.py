@@ -19,7 +19,7 @@ SUMMARY: list[str] = []  # printed at the end of the pytest run (tests/conftest.
 
 #: (layer, modules): exact module names or package prefixes ending with "."
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("fedpriv", "fedpriv.errors", "fedpriv.atomic", "fedpriv.draws")),
+    ("base", ("fedpriv", "fedpriv.errors", "fedpriv.atomic", "fedpriv.draws", "fedpriv.threads")),
     ("data", ("fedpriv.data.",)),
     ("privacy", ("fedpriv.privacy.",)),
     ("algorithms", ("fedpriv.algorithms.", "fedpriv.selection.", "fedpriv.metrics", "fedpriv.evaluation")),

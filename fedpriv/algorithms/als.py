@@ -289,7 +289,7 @@ def user_design(state: PublicState) -> np.ndarray:
     return V
 
 
-def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int = 1 << 26) -> np.ndarray:
+def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int = 1 << 27) -> np.ndarray:
     """Exact local least squares for every user of the shard (never released).
 
     Returns (n_users, d) factors, or (n_users, d + 1) with the user's bias last when
@@ -312,7 +312,7 @@ def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int 
             A = A + gravity.astype(np.float32)
         n = counts[u0:u1].astype(np.float64)
         reg = cfg.reg_user * (np.maximum(n, 1.0) if cfg.weighted_reg else 1.0)
-        U[u0:u1] = solve_spd(A, stats.b, reg)
+        U[u0:u1] = solve_spd(A, stats.b, reg, overwrite_a=True)  # A: this chunk's own scratch
     return U
 
 

@@ -10,27 +10,41 @@ table (padding entries have weight 0), each block is reduced with one batched GE
 augmented rows [sqrt(w) x, sqrt(w) y] (so one Gram matrix holds A, b and c), and the pieces
 are accumulated into their segments. No per-rating Python loop and no outer-product scatter.
 
+The packing depends only on the segment layout (``indptr``) and the row width, so it is built
+once and cached (an alternating run passes the same user and item layouts every step): a step
+then gathers the padded entries in one pass and runs one GEMM per block.
+
 Two back ends compute the same float32 sums: torch (multi-threaded gathers and batched GEMM) when
 this process has imported torch already (the in-process engine, a server, an AM-DPSGD client),
 numpy otherwise. A ClientApp of the ALS or AM-SSP family therefore never imports torch: its
 import and its messages stay light (a test guards the import set).
+
+Batched Cholesky solves and eigen-decompositions run one small matrix after another inside
+torch and LAPACK; :func:`solve_spd` and :func:`project_psd` split the batch over
+:func:`fedpriv.threads.thread_count` threads, and :func:`project_psd` decomposes only the
+matrices that need it (a Cholesky test finds those already above the floor).
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..privacy.symmetric import from_upper, upper  # noqa: F401 - the wire format of d x d blocks
+from ..threads import map_chunks
 
-# a padded block holds at most this many floats
-_BLOCK_FLOATS = 1 << 23
+# a padded block holds at most this many floats (about 4 MB: the gathered rows of a block stay
+# in the cache between the gather, the scaling and the GEMM)
+_BLOCK_FLOATS = 1 << 20
 # segments are cut into pieces of at most this many entries
 _PIECE = 512
 _SMALL_ENTRIES = 2048  # below this many entries, segment_stats runs in numpy
 _SMALL_SYSTEMS = 16  # solve_spd of at most this many systems runs in numpy
+_PLAN_CACHE_SIZE = 8
 
 
 def _loaded_torch():
@@ -56,6 +70,41 @@ def _pieces(indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return seg, start, length
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The packing of one segment layout: ``slots`` is the entry of every padded slot, block
+    after block (padding slots hold the entry count n, the zero-weight slot); each block is
+    (first slot, pieces, padded length L, segment of each piece)."""
+
+    slots: np.ndarray
+    blocks: tuple
+
+
+_plans: OrderedDict = OrderedDict()
+
+
+def _plan(indptr: np.ndarray, width: int) -> _Plan:
+    """The cached packing of ``indptr`` for rows of ``width`` floats."""
+    key = (width, _PIECE, _BLOCK_FLOATS, len(indptr), hashlib.blake2b(indptr.tobytes(), digest_size=16).digest())
+    plan = _plans.get(key)
+    if plan is not None:
+        _plans.move_to_end(key)
+        return plan
+    n = int(indptr[-1])
+    piece_seg, piece_start, piece_len = _pieces(indptr)
+    slots, blocks, offset = [], [], 0
+    for block, L in _blocks(piece_len, width):
+        ent = _entries(block, L, piece_start, piece_len, n)
+        slots.append(ent)
+        blocks.append((offset, len(block), L, piece_seg[block]))
+        offset += len(ent)
+    plan = _Plan(np.concatenate(slots) if slots else np.zeros(0, np.int64), tuple(blocks))
+    _plans[key] = plan
+    while len(_plans) > _PLAN_CACHE_SIZE:
+        _plans.popitem(last=False)
+    return plan
+
+
 def segment_stats(
     factors: np.ndarray,
     index: np.ndarray,
@@ -68,29 +117,36 @@ def segment_stats(
     ``factors``: (n_src, d); ``index``: (N,) source row of each entry, grouped by segment with
     ``indptr`` (n_segments + 1,); ``weights``/``targets``: (N,) per entry (default 1 / 0).
     """
-    d = factors.shape[1]
-    n_seg = len(indptr) - 1
     n = len(index)
-    indptr = np.asarray(indptr, dtype=np.int64)
-    width = d + 1
+    indptr = np.ascontiguousarray(indptr, dtype=np.int64)
     if n <= _SMALL_ENTRIES:  # one user's or a few users' ratings: numpy beats torch's op overhead
         return _segment_stats_small(factors, index, indptr, weights, targets)
     torch = _loaded_torch()
     if torch is None:
         return _segment_stats_numpy(factors, index, indptr, weights, targets)
+    d = factors.shape[1]
+    n_seg, width = len(indptr) - 1, d + 1
+    plan = _plan(indptr, width)
     F, idx, sw, ty = (torch.from_numpy(x) for x in _padded_inputs(factors, index, weights, targets))
-    piece_seg, piece_start, piece_len = _pieces(indptr)
+    slots = torch.from_numpy(plan.slots)
     G = torch.zeros((n_seg, width * width), dtype=torch.float32)
-    buf = torch.empty(_BLOCK_FLOATS + _PIECE * width, dtype=torch.float32)  # reused gather buffer
-    for block, L in _blocks(piece_len, width):
-        ent = torch.from_numpy(_entries(block, L, piece_start, piece_len, n))
-        X = buf[: len(ent) * width].view(len(ent), width)
-        torch.index_select(F, 0, torch.index_select(idx, 0, ent), out=X)
-        X[:, d] = torch.index_select(ty, 0, ent)
-        X.mul_(torch.index_select(sw, 0, ent)[:, None])
-        Xb = X.view(len(block), L, width)
+    most = max((pieces * L for _, pieces, L, _ in plan.blocks), default=0)
+    buf = torch.empty(most * width, dtype=torch.float32)  # reused buffers: they stay in the cache
+    src = torch.empty(most, dtype=torch.int64)
+    swp = torch.empty(most, dtype=torch.float32)
+    typ = torch.empty(most, dtype=torch.float32)
+    for offset, pieces, L, segs in plan.blocks:
+        m = pieces * L
+        ent = slots[offset : offset + m]
+        X = buf[: m * width].view(m, width)
+        torch.index_select(F, 0, torch.index_select(idx, 0, ent, out=src[:m]), out=X)  # padding: F's zero row
+        if targets is not None:
+            X[:, d] = torch.index_select(ty, 0, ent, out=typ[:m])
+        if weights is not None:
+            X.mul_(torch.index_select(sw, 0, ent, out=swp[:m])[:, None])
+        Xb = X.view(pieces, L, width)
         # accumulate per segment (2-D index_add_ is fast; several pieces may share a segment)
-        G.index_add_(0, torch.from_numpy(piece_seg[block]), torch.bmm(Xb.transpose(1, 2), Xb).view(len(block), -1))
+        G.index_add_(0, torch.from_numpy(segs), torch.bmm(Xb.transpose(1, 2), Xb).view(pieces, -1))
     G3 = G.view(n_seg, width, width).numpy()
     return SegmentStats(A=G3[:, :d, :d], b=G3[:, :d, d], c=G3[:, d, d])
 
@@ -121,15 +177,20 @@ def _entries(block: np.ndarray, L: int, piece_start: np.ndarray, piece_len: np.n
 def _padded_inputs(factors, index, weights, targets) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Both back ends' inputs: the source table with a spare last column (filled with sqrt(w) y
     per entry) and a zero padding row; per-entry source rows, sqrt weights and targets, each with
-    one extra padding slot of weight 0."""
+    one extra padding slot of weight 0 (float32; one pass over each input)."""
     n_src, d = factors.shape
     n = len(index)
     F = np.zeros((n_src + 1, d + 1), dtype=np.float32)
     F[:n_src, :d] = factors
-    idx = np.full(n + 1, n_src, dtype=np.int64)
+    idx = np.empty(n + 1, dtype=np.int64)
     idx[:n] = index
+    idx[n] = n_src
     sw = np.zeros(n + 1, dtype=np.float32)
-    sw[:n] = np.sqrt(np.maximum(weights, 0.0)) if weights is not None else 1.0
+    if weights is not None:
+        np.maximum(weights, 0.0, out=sw[:n], casting="unsafe")
+        np.sqrt(sw, out=sw)
+    else:
+        sw[:n] = 1.0
     ty = np.zeros(n + 1, dtype=np.float32)
     if targets is not None:
         ty[:n] = targets
@@ -137,20 +198,20 @@ def _padded_inputs(factors, index, weights, targets) -> tuple[np.ndarray, np.nda
 
 
 def _segment_stats_numpy(factors, index, indptr, weights, targets) -> SegmentStats:
-    """The torch path's algorithm in numpy (padded blocks, one batched GEMM each)."""
+    """The torch path's algorithm in numpy (the same cached packing, one batched GEMM per block)."""
     d = factors.shape[1]
-    n_seg, n, width = len(indptr) - 1, len(index), d + 1
+    n_seg, width = len(indptr) - 1, d + 1
     F, idx, sw, ty = _padded_inputs(factors, index, weights, targets)
-    piece_seg, piece_start, piece_len = _pieces(indptr)
+    plan = _plan(indptr, width)
     G = np.zeros((n_seg, width * width), dtype=np.float32)
-    for block, L in _blocks(piece_len, width):
-        ent = _entries(block, L, piece_start, piece_len, n)
+    for offset, pieces, L, segs in plan.blocks:
+        ent = plan.slots[offset : offset + pieces * L]
         X = F[idx[ent]]
         X[:, d] = ty[ent]
         X *= sw[ent][:, None]
-        Xb = X.reshape(len(block), L, width)
-        P = np.matmul(Xb.transpose(0, 2, 1), Xb).reshape(len(block), -1)
-        np.add.at(G, piece_seg[block], P)  # several pieces may share a segment
+        Xb = X.reshape(pieces, L, width)
+        P = np.matmul(Xb.transpose(0, 2, 1), Xb).reshape(pieces, -1)
+        np.add.at(G, segs, P)  # several pieces may share a segment
     G3 = G.reshape(n_seg, width, width)
     return SegmentStats(A=G3[:, :d, :d], b=G3[:, :d, d], c=G3[:, d, d])
 
@@ -178,23 +239,34 @@ def gram_flops(n_entries: int, d: int) -> float:
     return 2.0 * n_entries * (d + 1) ** 2
 
 
-def solve_spd(A: np.ndarray, b: np.ndarray, reg: np.ndarray | float) -> np.ndarray:
+def solve_spd(A: np.ndarray, b: np.ndarray, reg: np.ndarray | float, *, overwrite_a: bool = False) -> np.ndarray:
     """Solve (A_s + reg_s I) x_s = b_s for a batch of symmetric PSD systems.
 
     Float32 Cholesky for speed; systems it rejects (not positive definite, e.g. zero reg on a
-    singular Gram matrix) are solved again in float64 by least squares.
+    singular Gram matrix) are solved again in float64 by least squares. Large batches are split
+    over the kernels' threads. ``overwrite_a``: a float32 ``A`` may be used as scratch (its
+    diagonal gets the ridge), saving a copy.
     """
     torch = _loaded_torch()
     if len(A) <= _SMALL_SYSTEMS or torch is None:  # a node's users: numpy, without torch's per-op overhead
         return _solve_spd_numpy(A, b, reg)
-    At = torch.from_numpy(np.ascontiguousarray(A, dtype=np.float32)).clone()
+    At = torch.from_numpy(np.asarray(A))
+    if not (overwrite_a and At.dtype == torch.float32):
+        At = At.to(torch.float32, copy=True)
     n = At.shape[0]
     reg_t = torch.from_numpy(np.broadcast_to(np.asarray(reg, dtype=np.float32), (n,)).copy())
     At.diagonal(dim1=-2, dim2=-1).add_(reg_t[:, None])
     bt = torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32))[..., None]
-    L, info = torch.linalg.cholesky_ex(At)
-    x = torch.cholesky_solve(bt, L)[..., 0].to(torch.float64)
-    bad = (info != 0) | ~torch.isfinite(x).all(dim=-1)
+    x = torch.empty((n, At.shape[-1]), dtype=torch.float64)
+    bad = torch.zeros(n, dtype=torch.bool)
+
+    def part(s: slice) -> None:
+        L, info = torch.linalg.cholesky_ex(At[s])
+        y = torch.linalg.solve_triangular(L, bt[s], upper=False)
+        x[s] = torch.linalg.solve_triangular(L.mT, y, upper=True)[..., 0]
+        bad[s] = (info != 0) | ~torch.isfinite(x[s]).all(dim=-1)
+
+    map_chunks(part, n, min_chunk=max(256, (1 << 24) // max(1, At.shape[-1]) ** 3))  # small systems: threads cost more than they save
     if bad.any():
         Ab = At[bad].to(torch.float64)
         x[bad] = torch.linalg.lstsq(Ab, bt[bad].to(torch.float64)).solution[..., 0]
@@ -232,7 +304,11 @@ def _solve_spd_numpy(A: np.ndarray, b: np.ndarray, reg) -> np.ndarray:
 
 
 def project_psd(A: np.ndarray, floor: float = 0.0) -> np.ndarray:
-    """Project a batch of symmetric matrices onto {X : X >= floor I} (eigenvalue clipping)."""
+    """Project a batch of symmetric matrices onto {X : X >= floor I} (eigenvalue clipping).
+
+    Matrices whose Cholesky factorisation of X - floor I succeeds are already in the set (up to
+    float32 rounding) and are returned symmetrised; only the others are eigen-decomposed. Both
+    passes are split over the kernels' threads."""
     torch = _loaded_torch()
     if torch is None:
         A32 = np.asarray(A, dtype=np.float32)
@@ -241,6 +317,22 @@ def project_psd(A: np.ndarray, floor: float = 0.0) -> np.ndarray:
         return (evecs * np.maximum(evals, floor)[..., None, :]) @ evecs.transpose(0, 2, 1)
     At = torch.from_numpy(np.ascontiguousarray(A, dtype=np.float32))
     At = 0.5 * (At + At.transpose(-1, -2))
-    evals, evecs = torch.linalg.eigh(At)
-    evals = torch.clamp(evals, min=floor)
-    return ((evecs * evals[..., None, :]) @ evecs.transpose(-1, -2)).numpy()
+    n, d = At.shape[0], At.shape[-1]
+    inside = torch.zeros(n, dtype=torch.bool)
+    eye = torch.eye(d, dtype=torch.float32) * floor
+
+    def check(s: slice) -> None:
+        inside[s] = torch.linalg.cholesky_ex(At[s] - eye)[1] == 0
+
+    map_chunks(check, n, min_chunk=max(256, (1 << 24) // max(1, d) ** 3))
+    outside = torch.nonzero(~inside).flatten()
+    if len(outside):
+        B = At[outside]
+
+        def project(s: slice) -> None:
+            evals, evecs = torch.linalg.eigh(B[s])
+            B[s] = (evecs * torch.clamp(evals, min=floor)[..., None, :]) @ evecs.transpose(-1, -2)
+
+        map_chunks(project, len(outside), min_chunk=max(64, (1 << 21) // max(1, d) ** 3))
+        At[outside] = B
+    return At.numpy()

@@ -278,7 +278,10 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     """One job over the nodes of ``grid``: the info round, then the loop of
     :func:`fedpriv.loop.train_rounds` (checkpointed after every step), the evaluation and the
     private recommendation."""
+    from .. import threads
     from .pam_server import PamJob, run_pam_job
+
+    threads.configure()  # the server's solves: its kernels' threads and allocator
 
     if isinstance(job, PamJob):  # DP model personalization: its own rounds
         return run_pam_job(grid, job)

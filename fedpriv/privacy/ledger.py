@@ -26,6 +26,7 @@ import numpy as np
 
 from ..draws import _sanctioned, drawing_context, public_draws, public_gaussian  # noqa: F401 - re-exported
 from ..errors import PrivacyError
+from ..threads import map_chunks
 from . import selection as mech
 from .records import Release, RepeatAndSelect, records_from_list
 from .symmetric import from_upper
@@ -37,12 +38,20 @@ def _secure_uniform(n: int) -> np.ndarray:
 
 
 def secure_standard_normal(shape) -> np.ndarray:
-    """Standard Gaussians from ``os.urandom`` by the Box-Muller transform."""
+    """Standard Gaussians from ``os.urandom`` by the Box-Muller transform (large draws are split
+    over the kernels' threads: ``os.urandom`` and numpy's ufuncs release the GIL)."""
     n = int(np.prod(shape, dtype=np.int64))
     m = (n + 1) // 2
-    r = np.sqrt(-2.0 * np.log(_secure_uniform(m)))
-    t = 2.0 * np.pi * _secure_uniform(m)
-    return np.concatenate([r * np.cos(t), r * np.sin(t)])[:n].reshape(shape)
+    out = np.empty(2 * m, dtype=np.float64)
+
+    def part(s: slice) -> None:
+        r = np.sqrt(-2.0 * np.log(_secure_uniform(s.stop - s.start)))
+        t = 2.0 * np.pi * _secure_uniform(s.stop - s.start)
+        out[s] = r * np.cos(t)
+        out[m + s.start : m + s.stop] = r * np.sin(t)
+
+    map_chunks(part, m, min_chunk=1 << 18)
+    return out[:n].reshape(shape)
 
 
 def _positive(name: str, what: str, value: float) -> None:

@@ -16,8 +16,20 @@ def upper(A: np.ndarray) -> np.ndarray:
 
 def from_upper(T: np.ndarray, d: int) -> np.ndarray:
     """The symmetric d x d matrices whose upper triangles are the last axis of ``T``."""
-    iu = np.triu_indices(d)
-    A = np.zeros((*T.shape[:-1], d, d), dtype=T.dtype)
-    A[..., iu[0], iu[1]] = T
-    A[..., iu[1], iu[0]] = T
-    return A
+    T = np.asarray(T)
+    return np.take(T, _triangle_position(d), axis=-1)
+
+
+_positions: dict[int, np.ndarray] = {}
+
+
+def _triangle_position(d: int) -> np.ndarray:
+    """(d, d): the position in the upper-triangle vector of every entry of a symmetric matrix."""
+    pos = _positions.get(d)
+    if pos is None:
+        iu = np.triu_indices(d)
+        pos = np.empty((d, d), dtype=np.intp)
+        pos[iu] = np.arange(len(iu[0]))
+        pos[iu[1], iu[0]] = np.arange(len(iu[0]))
+        _positions[d] = pos
+    return pos

@@ -32,8 +32,12 @@ def adaptive_omega(counts_hat: np.ndarray, mu: float, n_users: int, beta: float,
 
 
 def _per_user_sum(values: np.ndarray, indptr: np.ndarray) -> np.ndarray:
-    rows = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-    return np.bincount(rows, weights=values, minlength=len(indptr) - 1)
+    counts = np.diff(indptr)
+    out = np.zeros(len(counts), dtype=np.float64)
+    rated = counts > 0
+    if rated.any():  # reduceat over the non-empty users (an empty one would read its neighbour)
+        out[rated] = np.add.reduceat(np.asarray(values, dtype=np.float64), indptr[:-1][rated])
+    return out
 
 
 def uniform_user_weights(indptr: np.ndarray, beta: float) -> np.ndarray:

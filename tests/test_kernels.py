@@ -169,3 +169,17 @@ def test_zero_width_and_empty_batches(n):
     assert solve_spd(A, b, 1.0).shape == (n, 0)
     B = np.tile(np.eye(2), (n, 1, 1))
     assert project_psd(B, 0.5).shape == (n, 2, 2) and solve_spd(B, np.ones((n, 2)), 1.0).shape == (n, 2)
+
+
+def test_fused_projection_solve_equals_project_then_solve():
+    from fedpriv.algorithms.kernels import project_psd_solve
+
+    rng = np.random.default_rng(8)
+    M = rng.normal(size=(2500, 6, 6))
+    S = M + np.swapaxes(M, 1, 2)
+    S[::3] = M[::3] @ np.swapaxes(M[::3], 1, 2) + 3.0 * np.eye(6)  # inside the set: the Cholesky branch
+    b = rng.normal(size=(2500, 6))
+    for floor, reg in ((0.0, 0.5), (0.2, 0.0), (1.0, 2.0)):
+        ref = solve_spd(project_psd(S, floor), b, reg)
+        got = project_psd_solve(S, b, floor, reg)
+        assert np.allclose(got, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max()), (floor, reg)

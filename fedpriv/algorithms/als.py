@@ -37,7 +37,7 @@ from ..privacy.ledger import PrivacyLedger, public_gaussian
 from ..privacy.weights import adaptive_omega, uniform_user_weights
 from . import registry
 from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
-from .kernels import project_psd, segment_stats, solve_spd
+from .kernels import project_psd, project_psd_solve, segment_stats, solve_spd
 from .shards import UserShard
 
 if TYPE_CHECKING:
@@ -61,6 +61,8 @@ class PublicState:
     item_bias: np.ndarray | None = None
     item_support: np.ndarray | None = None  # bias stage: the released per-item weight sums W
     encoder_params: np.ndarray | None = None  # am-dpsgd: the public encoder, broadcast to clients
+    # the AM-SSP family's released encoder, flattened (kept for saved models; never broadcast)
+    encoder_release: np.ndarray | None = field(default=None, repr=False)
     multipliers: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -289,8 +291,9 @@ def user_design(state: PublicState) -> np.ndarray:
     return V
 
 
-def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int = 1 << 27) -> np.ndarray:
-    """Exact local least squares for every user of the shard (never released).
+def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int = 1 << 27, *, targets: np.ndarray | None = None) -> np.ndarray:
+    """Exact local least squares for every user of the shard (never released). ``targets``:
+    :func:`client_targets` of the shard when the caller has them already.
 
     Returns (n_users, d) factors, or (n_users, d + 1) with the user's bias last when
     ``user_bias`` is on.
@@ -298,7 +301,7 @@ def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int 
     cfg = state.config
     V = user_design(state)
     d = V.shape[1]
-    y = client_targets(shard, state)
+    y = client_targets(shard, state) if targets is None else targets
     U = np.zeros((shard.n_users, d), dtype=np.float64)
     gravity = cfg.gravity * (V.T.astype(np.float64) @ V) if cfg.gravity > 0 else None
     step = max(1, chunk_floats // ((d + 1) ** 2))
@@ -342,8 +345,10 @@ class ItemStats:
 def client_item_stats(shard: UserShard, state: PublicState) -> ItemStats:
     """Local user update followed by the shard's clipped, weighted per-item statistics."""
     cfg = state.config
-    U, bias = split_user_vectors(client_user_vectors(shard, state), state)
-    y = client_targets(shard, state, minus_item_bias=False) - bias[shard.local_user_of_rating]
+    y = client_targets(shard, state, minus_item_bias=False)
+    y_user = y - state.item_bias[shard.items] if (not cfg.bias_stage and state.item_bias is not None) else y
+    U, bias = split_user_vectors(client_user_vectors(shard, state, targets=y_user), state)
+    y = y - bias[shard.local_user_of_rating]
     U = released_user_vectors(U, state)
     if state.private:
         y = clip_values(y, cfg.rating_clip)
@@ -462,15 +467,18 @@ def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state
     """Item solve from (noised) statistics: PSD projection, regularisation, batched solve;
     sets the state's item factors (and item biases)."""
     cfg = state.config
-    if state.private:
-        A = project_psd(A, cfg.psd_floor)
-        reg = private_item_ridge(state)
+    if state.private and g is None and cfg.psd_floor + private_item_ridge(state) > 0:
+        theta = project_psd_solve(A, b, cfg.psd_floor, private_item_ridge(state))  # one pass, same solution
     else:
-        reg = cfg.reg_item * (np.maximum(state.counts_hat, 1.0) if cfg.weighted_reg else 1.0)
-    if g is not None:
-        g = project_psd(g[None], 0.0)[0] if state.private else g
-        A = A + cfg.gravity * g
-    theta = solve_spd(A, b, reg)
+        if state.private:
+            A = project_psd(A, cfg.psd_floor)
+            reg = private_item_ridge(state)
+        else:
+            reg = cfg.reg_item * (np.maximum(state.counts_hat, 1.0) if cfg.weighted_reg else 1.0)
+        if g is not None:
+            g = project_psd(g[None], 0.0)[0] if state.private else g
+            A = A + cfg.gravity * g
+        theta = solve_spd(A, b, reg)
     if state.private and state.item_support is not None and cfg.factor_floor > 0:
         # items the bias stage saw too little of keep no factors (their solve would be noise)
         theta[state.item_support < cfg.factor_floor * noise_std("bias", state), : cfg.rank] = 0.0

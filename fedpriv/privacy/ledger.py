@@ -50,7 +50,7 @@ def secure_standard_normal(shape) -> np.ndarray:
         out[s] = r * np.cos(t)
         out[m + s.start : m + s.stop] = r * np.sin(t)
 
-    map_chunks(part, m, min_chunk=1 << 18)
+    map_chunks(part, m, min_chunk=1 << 16)
     return out[:n].reshape(shape)
 
 

@@ -1,1 +1,44 @@
+"""fedpriv: federated, user-level differentially private recommendation on Flower.
+
+The Python API (:mod:`fedpriv.api`, :mod:`fedpriv.model`), exported here and loaded on first
+use, so that ``import fedpriv`` stays light (no torch, no Flower, no pandas):
+
+- :func:`load_data`: a data spec (``"ml-100k:PATH"``, ``"csv:PATH"``, ...) or a pandas DataFrame;
+- :func:`train`: any algorithm at (epsilon, delta) on either engine, returning a :class:`Result`
+  (metrics, ledger, epsilon spent, the released :class:`Model`);
+- :func:`plan`: a calibrated budget plan without training;
+- :func:`load_model`: a saved model, whose :meth:`Model.recommend` solves a user's vector locally;
+- :class:`Interactions`: ratings with dense ids (``Interactions.from_pandas``).
+"""
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "load_data": "fedpriv.api",
+    "train": "fedpriv.api",
+    "plan": "fedpriv.api",
+    "Result": "fedpriv.api",
+    "Model": "fedpriv.model",
+    "load_model": "fedpriv.model",
+    "Interactions": "fedpriv.data.interactions",
+    "FedprivError": "fedpriv.errors",
+    "ConfigError": "fedpriv.errors",
+    "DataError": "fedpriv.errors",
+    "PrivacyError": "fedpriv.errors",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fedpriv' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])

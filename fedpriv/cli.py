@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from .errors import FedprivError
+from .errors import ConfigError, DataError, FedprivError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,7 +19,9 @@ def _parser() -> argparse.ArgumentParser:
     from .algorithms import registry
 
     r.add_argument("algorithm", help=f"{', '.join(registry.names())}; on synthetic-personal data: pam, pam-exp, pam-own-data, pam-single-model, pam-nonprivate")
-    r.add_argument("--data", required=True, help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, jester:PATH, synthetic-mf:users=N,items=M,ratings=R,seed=S or synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R")
+    r.add_argument("--data", required=True, help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, jester:PATH, csv:PATH, parquet:PATH (your own ratings; see --data-opt), synthetic-mf:users=N,items=M,ratings=R,seed=S or synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R")
+    r.add_argument("--data-opt", dest="data_options", action="append", default=[], metavar="KEY=VALUE", help="csv/parquet option (repeatable): user=COL, item=COL, rating=COL, sep=',', header=1, rating_range=LO,HI (required for explicit ratings), implicit=1, duplicates=error|last, features=PATH (item features table), feature_item=COL, categorical=A;B, numeric=C, multi_sep='|', name=COL, bins=5")
+    r.add_argument("--save-model", default=None, metavar="DIR", help="write the released model (item embeddings and biases, encoder, mean, config, ledger) to DIR (in-process engine)")
     r.add_argument("--epsilon", type=float, default=None, help="target epsilon (private algorithms)")
     r.add_argument("--delta", type=float, default=1e-5)
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter or run option (repeatable); e.g. recommend=mgem rec_epsilon=1 rec_sensitivity=quantile: after training every user reports one item by private selection")
@@ -58,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--tune-share", type=float, default=0.05)
     pl.add_argument("--aggregation", choices=("central", "secure"), default=None, help="plan for secure aggregation (distributed Skellam noise: subsampled releases get no amplification)")
     pl.add_argument("--json", action="store_true", help="print JSON instead of markdown tables")
+    rc = sub.add_parser("recommend", help="top-k unseen items for one user from a saved model: the user's vector is solved locally from their own ratings (no privacy cost)")
+    rc.add_argument("--model", required=True, help="a model folder written by `fedpriv run --save-model`")
+    rc.add_argument("--ratings", required=True, help="the user's ratings: a CSV file with a header, columns item,rating (item alone for implicit feedback)")
+    rc.add_argument("--k", type=int, default=10)
+    rc.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     sel = sub.add_parser("selection", help="private selection with heterogeneous sensitivities: synthetic scenarios, bandit under shift")
     ssub = sel.add_subparsers(dest="selection_command", required=True)
     from .flower import deploy  # light at import: flwr and the data code load on use
@@ -83,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "privacy":
             return _privacy_plan(args)
+        if args.command == "recommend":
+            return _recommend(args)
         if args.command == "deploy":
             from .flower import deploy
 
@@ -106,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from .run import parse_overrides, run, write_outputs
+    from .run import parse_overrides, write_outputs
 
     overrides = parse_overrides(args.overrides)
     if args.aggregation is not None:
@@ -119,6 +128,9 @@ def _run(args) -> int:
         overrides["tune_shape"] = str(args.tune_shape)
     if args.engine == "flower":
         from .flower.launcher import flwr_run
+
+        if args.save_model is not None or args.data_options:
+            raise ConfigError("--save-model and --data-opt run on the in-process engine here (the Python API's train(engine='flower') takes both)", field="--engine")
 
         metrics = flwr_run(
             args.algorithm,
@@ -138,25 +150,53 @@ def _run(args) -> int:
         overrides["nodes"] = str(args.nodes)
     if args.users_per_node is not None:
         overrides["users_per_node"] = str(args.users_per_node)
-    metrics, ledger = run(
+    from . import api
+    from .model import check_model_folder
+
+    if args.save_model is not None:
+        check_model_folder(args.save_model)  # before training: a refused folder costs nothing
+    result = api.train(
         args.algorithm,
         args.data,
         epsilon=args.epsilon,
         delta=args.delta,
-        overrides=overrides,
         engine=args.engine,
         progress=not args.quiet,
         noise_seed=args.noise_seed,
+        data_options=parse_overrides(args.data_options, field="--data-opt"),
+        **overrides,
     )
-    write_outputs(args.out, metrics, ledger)
-    _print_summary(metrics)
+    if args.save_model is not None and result.model is None:
+        raise ConfigError(f"{args.algorithm} releases no shared item model to save", field="--save-model")
+    write_outputs(args.out, result.metrics, result.ledger)
+    if args.save_model is not None:
+        result.save_model(args.save_model)
+    _print_summary(result.metrics)
+    return 0
+
+
+def _recommend(args) -> int:
+    from .model import load_model, read_user_ratings
+
+    model = load_model(args.model)
+    items, ratings = read_user_ratings(args.ratings, implicit=model.state.implicit)
+    try:
+        recs = model.recommend(items, ratings, k=args.k)
+    except DataError as exc:  # name the user's file
+        if exc.path is not None:
+            raise
+        raise DataError(str(exc), path=args.ratings) from None
+    if args.json:
+        for rank, r in enumerate(recs, 1):
+            print(json.dumps({"rank": rank, **r}))
+        return 0
+    for rank, r in enumerate(recs, 1):
+        print(f"{rank:>3}  {r['item']!s:>10}  {r['score']:7.3f}  {r['name'] or ''}")
     return 0
 
 
 def _privacy_plan(args) -> int:
-    from .algorithms.als import ALSConfig
-    from .errors import ConfigError
-    from .algorithms.plans import budget_plan
+    from . import api
     from .privacy.plan import TuningPlan
     from .run import parse_overrides
 
@@ -167,9 +207,8 @@ def _privacy_plan(args) -> int:
     overrides = parse_overrides(args.overrides)
     if args.aggregation is not None:
         overrides["aggregation"] = args.aggregation
-    cfg = ALSConfig.from_overrides(overrides, args.algorithm)
     tuning = None if args.tune_mean is None else TuningPlan(args.tune_mean, args.tune_shape, args.tune_share)
-    plan = budget_plan(args.algorithm, cfg, args.epsilon, args.delta, implicit=args.implicit, rating_range=(lo, hi), tuning=tuning)
+    plan = api.plan(args.algorithm, epsilon=args.epsilon, delta=args.delta, rating_range=(lo, hi), implicit=args.implicit, tuning=tuning, **overrides)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.to_markdown(), end="" if not args.json else "\n")
     return 0
 

@@ -269,7 +269,7 @@ def run(
             )
 
     if capture is not None:
-        capture.update(state=state, train=train)
+        capture.update(state=state, train=train, dataset=ds)
     return _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, algorithm=algorithm, spec=spec, engine=engine, epsilon=epsilon,
                    delta=delta, private=private, opts=opts, t0=t0, protocol=protocol, second_opinion=second_opinion)
 

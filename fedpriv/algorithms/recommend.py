@@ -124,9 +124,11 @@ def _widen(lo: np.ndarray, hi: np.ndarray, r0: float, r1: float, width: float) -
 
 
 # ---------------------------------------------------------------- client
-def client_scores(shard: UserShard, state: als.PublicState, candidates: np.ndarray, user_clip: float | None = None) -> np.ndarray:
+def client_scores(shard: UserShard, state: als.PublicState, candidates: np.ndarray, user_clip: float | None = None, *, clip: bool = True) -> np.ndarray:
     """(n_users, k) predicted ratings of the shard's users for the candidates, clipped to the
-    rating range; the user vectors are solved locally (and clipped to ``user_clip``)."""
+    rating range (``clip=False``: as predicted, for ranking); the user vectors are solved
+    locally (and clipped to ``user_clip``). The one scoring function of the ClientApp's private
+    recommendation and of a saved model's :meth:`fedpriv.model.Model.recommend`."""
     if shard.n_users == 0:
         return np.zeros((0, len(candidates)))
     U = als.client_user_vectors(shard, state).astype(np.float64)
@@ -138,7 +140,7 @@ def client_scores(shard: UserShard, state: als.PublicState, candidates: np.ndarr
     pred = state.mean + U @ V.T
     if state.item_bias is not None:
         pred = pred + state.item_bias[candidates]
-    return np.clip(pred, *state.rating_range)
+    return np.clip(pred, *state.rating_range) if clip else pred
 
 
 def rated_mask(shard: UserShard, candidates: np.ndarray) -> np.ndarray:

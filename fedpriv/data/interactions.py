@@ -94,6 +94,25 @@ class Interactions:
     def __len__(self) -> int:
         return len(self.ratings)
 
+    @classmethod
+    def from_pandas(
+        cls, df, user: str = "user", item: str = "item", rating: str = "rating", *, implicit: bool = False
+    ) -> Interactions:
+        """Interactions from a DataFrame with one row per rating (``implicit``: one interaction of
+        value 1 per row, no rating column), with the checks of the ``csv:`` loader: ids are kept
+        as raw ids (int64 when all are plain integers), users and items renumbered densely in raw
+        id order; the items are the rated ones (``meta["catalogue"] == "ratings"``). An empty id,
+        a rating that is not a finite number or a repeated (user, item) pair is a
+        :class:`~fedpriv.errors.DataError` naming the 0-based row. No rating range is checked:
+        use :func:`fedpriv.data.tabular.dataset_from_pandas` for that, for duplicate policies and
+        item features."""
+        from . import frames  # imports pandas: only when a DataFrame is read
+
+        table = frames.Table(frames.require_frame(df, "df"), "DataFrame", "frame")
+        raw = frames.read_ratings(table, user=user, item=item, rating=rating, implicit=bool(implicit))
+        inter, _ = from_raw_ids(raw.users, raw.items, raw.ratings, name="DataFrame")
+        return inter
+
     @cached_property
     def by_user(self) -> CSR:
         """Ratings grouped by user: ``indices`` are item ids."""

@@ -1,5 +1,7 @@
 """Data specs of the CLI: ``KIND:PATH`` for files, ``synthetic-mf:key=value,...`` for generated
-data."""
+data, ``csv:PATH`` / ``parquet:PATH`` for a user's own rating table (its options, such as the
+column names and the rating range, come separately: ``--data-opt KEY=VALUE``; see
+:mod:`fedpriv.data.tabular`)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ SYNTHETIC_KINDS = {
 HELDOUT_KINDS = ("ml-20m", "ml-25m", "lastfm")
 # ``public:DIR``: the public folder of a partitioned deployment (metadata, no ratings)
 PUBLIC_KIND = "public"
+# a user's own rating table; the only kinds that take options (``--data-opt KEY=VALUE``)
+TABULAR_KINDS = ("csv", "parquet")
 
 
 @dataclass
@@ -29,11 +33,32 @@ class DataSpec:
             return f"{self.kind}:{self.path}"
         return f"{self.kind}:" + ",".join(f"{k}={v}" for k, v in self.params.items())
 
+    def options(self) -> dict[str, str]:
+        """The string options (``--data-opt``) that give this spec's ``params`` back through
+        :func:`parse_data_spec`; empty for kinds other than csv/parquet."""
+        if self.kind not in TABULAR_KINDS:
+            return {}
+        from .tabular import format_options
 
-def parse_data_spec(spec: str) -> DataSpec:
+        return format_options(self.params)
+
+
+def parse_data_spec(spec: str, options: dict[str, str] | None = None) -> DataSpec:
+    """Parse ``--data``; ``options`` (``--data-opt KEY=VALUE``, as strings) apply to the csv and
+    parquet kinds only and are validated here (kept typed in ``params``)."""
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise ConfigError(f"expected KIND:PATH or synthetic-mf:users=N,...; got {spec!r}", field="--data")
+    if kind in TABULAR_KINDS:
+        from .tabular import parse_options
+
+        return DataSpec(kind, path=rest, params=parse_options(kind, options))
+    known = (*FILE_KINDS, *SYNTHETIC_KINDS, PUBLIC_KIND, *TABULAR_KINDS)
+    if kind in known and options:
+        raise ConfigError(
+            f"{kind}: data takes no options (got {', '.join(options)}); they apply to csv: and parquet: data",
+            field="--data-opt",
+        )
     if kind in FILE_KINDS or kind == PUBLIC_KIND:
         return DataSpec(kind, path=rest)
     if kind in SYNTHETIC_KINDS:
@@ -52,13 +77,17 @@ def parse_data_spec(spec: str) -> DataSpec:
             if required not in params:
                 raise ConfigError(f"{kind} needs {required}=N", field="--data")
         return DataSpec(kind, params=params)
-    raise ConfigError(f"unknown data kind {kind!r} (known: {', '.join((*FILE_KINDS, *SYNTHETIC_KINDS, PUBLIC_KIND))})", field="--data")
+    raise ConfigError(f"unknown data kind {kind!r} (known: {', '.join(known)})", field="--data")
 
 
 def load_spec(spec: DataSpec):
     """Load or generate the data set of a spec: a :class:`fedpriv.data.loaders.Dataset`."""
     from .loaders import Dataset, load_dataset, load_jester
 
+    if spec.kind in TABULAR_KINDS:
+        from .tabular import load_tabular
+
+        return load_tabular(spec.kind, spec.path, **spec.params)
     if spec.kind == PUBLIC_KIND:  # a deployment's public metadata: no ratings
         from .public import load_public
 

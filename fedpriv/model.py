@@ -1,0 +1,257 @@
+"""Saved models: what a run released, written in an open format, and recommendations from it.
+
+A model folder holds three files, written together or not at all (a temporary folder renamed
+into place):
+
+- ``model.npz``: numpy arrays: ``item_factors`` (n_items, d), ``item_bias`` (n_items,) when the
+  model has item biases, ``item_ids`` (the raw item ids, when they are numbers), and
+  ``encoder_params`` (the AM-SSP family's released item encoder, flattened) when there is one;
+- ``model.json``: the algorithm, its config, the rating range, implicit or not, the released
+  mean, the number of items, the raw item ids (when they are strings), the item display names,
+  epsilon and delta spent, and the format version;
+- ``ledger.json``: the releases that produced it (the accountant's input).
+
+Everything in it is released: noised statistics and their post-processing (item embeddings and
+biases solved from noised sums, the released mean), public metadata (item ids and names) and
+public choices (the config). Nothing about any user is saved; a user's vector is solved on
+their own device from their own ratings, by the same function the Flower ClientApp uses for its
+private recommendations (:func:`fedpriv.algorithms.recommend.client_scores`), and spends no
+privacy budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .algorithms import als
+from .algorithms.config import ALSConfig
+from .algorithms.shards import UserShard
+from .errors import ConfigError, DataError
+
+FORMAT = "fedpriv-model/1"
+FILES = ("model.npz", "model.json", "ledger.json")
+
+
+@dataclass
+class Model:
+    """A released model: the public state of a finished run plus its public item metadata."""
+
+    state: als.PublicState
+    item_ids: np.ndarray  # raw item id of every dense item id
+    item_names: list[str] | None = None
+    ledger: list[dict] = field(default_factory=list)
+    epsilon_spent: float | None = None
+    delta: float | None = None
+    info: dict = field(default_factory=dict)  # dataset, engine, metrics summary (public)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_run(cls, state: als.PublicState, train, ledger: list[dict], metrics: dict, item_names: list[str] | None = None) -> Model:
+        """The model of a finished run (``train``: its training interactions, for the item ids)."""
+        if state.item_factors is None:
+            raise ConfigError(f"{state.algorithm} released no item embeddings to save", field="--save-model")
+        info = {k: metrics.get(k) for k in ("algorithm", "dataset", "engine", "epsilon", "test_rmse", "test_recall") if k in metrics}
+        return cls(state=state, item_ids=np.asarray(train.item_ids), item_names=item_names, ledger=list(ledger),
+                   epsilon_spent=metrics.get("epsilon_spent"), delta=metrics.get("delta"), info=info)
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the model folder ``path`` (replacing an existing model folder there; a folder
+        holding anything else is refused). All files appear at once or not at all."""
+        path = Path(path)
+        check_model_folder(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        try:
+            arrays = {"item_factors": np.asarray(self.state.item_factors, dtype=np.float32)}
+            if self.state.item_bias is not None:
+                arrays["item_bias"] = np.asarray(self.state.item_bias, dtype=np.float64)
+            encoder = self.state.encoder_release if self.state.encoder_release is not None else self.state.encoder_params
+            if encoder is not None:
+                arrays["encoder_params"] = np.asarray(encoder, dtype=np.float32)
+            numeric_ids = np.issubdtype(self.item_ids.dtype, np.number)
+            if numeric_ids:
+                arrays["item_ids"] = self.item_ids
+            np.savez(tmp / "model.npz", **arrays)
+            meta = {
+                "format": FORMAT,
+                "algorithm": self.state.algorithm,
+                "config": self.state.config.to_dict(),
+                "n_items": int(self.state.n_items),
+                "n_users_released": int(self.state.n_users),
+                "rating_range": [float(x) for x in self.state.rating_range],
+                "implicit": bool(self.state.implicit),
+                "mean": float(self.state.mean),
+                "item_ids": None if numeric_ids else [str(x) for x in self.item_ids],
+                "item_names": self.item_names,
+                "epsilon_spent": self.epsilon_spent,
+                "delta": self.delta,
+                "info": self.info,
+            }
+            (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            (tmp / "ledger.json").write_text(json.dumps(self.ledger, indent=2) + "\n", encoding="utf-8")
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Model:
+        """Read a model folder written by :meth:`save` (clear errors naming the file)."""
+        path = Path(path)
+        for name in FILES:
+            if not (path / name).is_file():
+                raise DataError(f"not a fedpriv model folder: {name} is missing", path=str(path))
+        try:
+            meta = json.loads((path / "model.json").read_text(encoding="utf-8"))
+            ledger = json.loads((path / "ledger.json").read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DataError(f"not valid JSON: {exc}", path=str(path / "model.json")) from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise DataError(f"unknown model format {meta.get('format') if isinstance(meta, dict) else None!r} (expected {FORMAT})", path=str(path / "model.json"))
+        try:
+            with np.load(path / "model.npz", allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (OSError, ValueError) as exc:
+            raise DataError(f"cannot read the arrays: {exc}", path=str(path / "model.npz")) from None
+        try:
+            cfg = ALSConfig(**meta["config"])
+            cfg.validate()
+            n_items = int(meta["n_items"])
+            state = als.PublicState(meta["algorithm"], cfg, n_items, int(meta["n_users_released"]), tuple(meta["rating_range"]),
+                                    implicit=bool(meta["implicit"]), mean=float(meta["mean"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"bad or missing field: {exc}", path=str(path / "model.json")) from None
+        V = arrays.get("item_factors")
+        if V is None or V.ndim != 2 or V.shape[0] != n_items or not np.isfinite(V).all():
+            raise DataError(f"item_factors must be a finite ({n_items}, d) array", path=str(path / "model.npz"))
+        state.item_factors = V.astype(np.float32)
+        state.item_bias = arrays.get("item_bias")
+        state.encoder_release = arrays.get("encoder_params")
+        ids = arrays["item_ids"] if "item_ids" in arrays else np.asarray(meta.get("item_ids") or [], dtype=object)
+        if len(ids) != n_items:
+            raise DataError(f"expected {n_items} item ids, got {len(ids)}", path=str(path / "model.json"))
+        names = meta.get("item_names")
+        return cls(state=state, item_ids=ids, item_names=names, ledger=ledger, epsilon_spent=meta.get("epsilon_spent"),
+                   delta=meta.get("delta"), info=meta.get("info") or {})
+
+    # ------------------------------------------------------------------ recommendations
+    def dense_items(self, raw_items) -> np.ndarray:
+        """Dense ids of raw item ids; an id the model does not know is an error naming it."""
+        raw = np.asarray(raw_items)
+        ids = self.item_ids
+        if np.issubdtype(ids.dtype, np.number):
+            try:
+                raw = raw.astype(ids.dtype)
+            except ValueError:
+                raise DataError(f"item ids of this model are numbers; got {raw[:3].tolist()}") from None
+            order = np.argsort(ids)
+            pos = np.searchsorted(ids, raw, sorter=order)
+            pos = np.minimum(pos, len(ids) - 1)
+            dense = order[pos]
+            unknown = ids[dense] != raw
+        else:
+            index = {str(x): i for i, x in enumerate(ids)}
+            dense = np.array([index.get(str(x), -1) for x in raw], dtype=np.int64)
+            unknown = dense < 0
+        if unknown.any():
+            raise DataError(f"item {_plain(raw[np.flatnonzero(unknown)[0]])!r} is not in the model's catalogue")
+        return dense.astype(np.int64)
+
+    def recommend(self, items, ratings=None, k: int = 10, *, exclude_seen: bool = True) -> list[dict]:
+        """The top ``k`` items for one user from their own ratings: ``items`` (raw ids) and
+        ``ratings`` (same length; None for implicit feedback: all 1). The user's vector is
+        solved locally (no privacy cost); returns [{item, score, name}] best first."""
+        if k < 1:
+            raise ConfigError(f"must be >= 1, got {k}", field="k")
+        dense = self.dense_items(items)
+        if ratings is None:
+            y = np.ones(len(dense), dtype=np.float32)
+        else:
+            y = np.asarray(ratings, dtype=np.float32)
+            if y.shape != dense.shape:
+                raise DataError(f"expected one rating per item ({len(dense)}), got {y.size}")
+            lo, hi = self.state.rating_range
+            if not np.isfinite(y).all() or (y < lo).any() or (y > hi).any():
+                raise DataError(f"ratings must be finite and lie in the model's range [{lo:g}, {hi:g}]")
+        if len(np.unique(dense)) != len(dense):
+            raise DataError("an item is rated twice")
+        shard = UserShard(user_ids=np.zeros(1, np.int64), indptr=np.array([0, len(dense)], np.int64),
+                          items=dense.astype(np.int32), ratings=y)
+        from .algorithms.recommend import client_scores
+
+        everything = np.arange(self.state.n_items)
+        scores = client_scores(shard, self.state, everything, clip=False)[0]
+        if exclude_seen:
+            scores[dense] = -np.inf
+        k = min(k, int(np.isfinite(scores).sum()))
+        top = np.argsort(-scores, kind="stable")[:k]
+        return [{"item": _plain(self.item_ids[i]), "score": float(scores[i]), "name": self.item_names[i] if self.item_names else None} for i in top]
+
+
+def check_model_folder(path: str | os.PathLike) -> None:
+    """Refuse a model destination that holds anything but a model (before any training)."""
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(p.name not in FILES for p in path.iterdir())):
+        raise ConfigError(f"{path} exists and is not a fedpriv model folder; choose a new folder", field="--save-model")
+
+
+def read_user_ratings(path: str | os.PathLike, *, implicit: bool = False) -> tuple[list, list[float] | None]:
+    """One user's ratings from a CSV file with a header: columns ``item`` and ``rating``
+    (``item`` alone for implicit feedback). Errors name the file and line."""
+    import csv
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise DataError(f"cannot read the file: {exc.strerror or exc}", path=str(path)) from None
+    except UnicodeDecodeError:
+        raise DataError("not UTF-8 text", path=str(path)) from None
+    rows = list(csv.reader(text.splitlines()))
+    if not rows:
+        raise DataError("empty file (expected a header: item,rating)", path=str(path))
+    header = [h.strip() for h in rows[0]]
+    if "item" not in header:
+        raise DataError(f"no 'item' column in the header {header}", path=str(path), line=1)
+    if not implicit and "rating" not in header:
+        raise DataError(f"no 'rating' column in the header {header} (this model is for explicit ratings)", path=str(path), line=1)
+    ci, cr = header.index("item"), (header.index("rating") if "rating" in header else None)
+    items, ratings = [], []
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(header):
+            raise DataError(f"expected {len(header)} fields, got {len(row)}", path=str(path), line=line)
+        item = row[ci].strip()
+        if not item:
+            raise DataError("empty item id", path=str(path), line=line)
+        items.append(item)
+        if cr is not None and not implicit:
+            try:
+                ratings.append(float(row[cr]))
+            except ValueError:
+                raise DataError(f"rating {row[cr]!r} is not a number", path=str(path), line=line) from None
+    if not items:
+        raise DataError("no ratings (the file has no data rows)", path=str(path))
+    return items, (None if implicit else ratings)
+
+
+def _plain(x):
+    """A raw id as a JSON-friendly Python value."""
+    return x.item() if isinstance(x, np.generic) else x
+
+
+def load_model(path: str | os.PathLike) -> Model:
+    """:meth:`Model.load`."""
+    return Model.load(path)

@@ -1,0 +1,155 @@
+"""The Python API (issue 21): the same metrics as the CLI, saved models that recommend, a light
+``import fedpriv``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fedpriv
+from fedpriv.cli import main
+from fedpriv.errors import ConfigError, DataError
+
+SPEC = "synthetic-mf:users=400,items=90,ratings=9000,seed=3"
+TIMING = ("wall_seconds", "timings")
+
+
+def _comparable(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k not in TIMING}
+
+
+def test_api_reproduces_the_cli_metrics(tmp_path):
+    out = tmp_path / "cli"
+    argv = ["run", "adadpals", "--data", SPEC, "--epsilon", "5", "--set", "steps=2", "--set", "rank=4",
+            "--noise-seed", "11", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    cli = json.loads((out / "metrics.json").read_text())
+    res = fedpriv.train("adadpals", SPEC, epsilon=5, steps=2, rank=4, noise_seed=11)
+    assert _comparable(json.loads(json.dumps(res.metrics))) == _comparable(cli)
+    assert res.ledger == json.loads((out / "ledger.json").read_text())
+    assert res.epsilon == cli["epsilon_spent"] and 4.9 < res.epsilon <= 5.0 + 1e-9
+
+
+def test_plan_matches_the_cli_plan(capsys):
+    assert main(["privacy", "plan", "adadpals", "--epsilon", "2", "--set", "steps=4", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert fedpriv.plan("adadpals", epsilon=2, steps=4).to_dict() == cli
+
+
+def test_same_errors_as_the_command_line(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="is private: give --epsilon"):
+        fedpriv.train("adadpals", SPEC)
+    assert main(["run", "adadpals", "--data", SPEC, "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    assert "is private: give --epsilon" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(ConfigError, match="rank"):
+        fedpriv.train("als", SPEC, rank="lots")
+
+
+def test_saved_model_recommends_the_same_in_a_fresh_process(tmp_path):
+    res = fedpriv.train("adadpals", SPEC, epsilon=5, steps=2, rank=4, noise_seed=5)
+    path = res.save_model(tmp_path / "model")
+    assert sorted(p.name for p in Path(path).iterdir()) == ["ledger.json", "model.json", "model.npz"]
+    meta = json.loads((Path(path) / "model.json").read_text())
+    assert meta["epsilon_spent"] == res.epsilon and meta["algorithm"] == "adadpals"
+    items = [int(x) for x in res.model.item_ids[:6]]
+    ratings = [5, 4, 1, 3, 5, 2]
+    here = res.model.recommend(items, ratings, k=7)
+    code = (
+        "import json, fedpriv; m = fedpriv.load_model(%r); print(json.dumps(m.recommend(%r, %r, k=7)))" % (str(path), items, ratings)
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == json.loads(json.dumps(here))
+    assert len(here) == 7 and not {r["item"] for r in here} & set(items)  # k unseen items
+    scores = [r["score"] for r in here]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_saved_model_holds_only_released_values(tmp_path):
+    res = fedpriv.train("adadpals", SPEC, epsilon=5, steps=1, rank=3, noise_seed=2)
+    path = Path(res.save_model(tmp_path / "m"))
+    with np.load(path / "model.npz") as z:
+        assert set(z.files) <= {"item_factors", "item_bias", "item_ids", "encoder_params"}
+        assert np.array_equal(z["item_factors"], res.model.state.item_factors)
+    meta = json.loads((path / "model.json").read_text())
+    assert meta["mean"] == res.metrics["released_mean"]
+    assert meta["n_users_released"] == res.metrics["released_n_users"]
+    text = (path / "model.json").read_text() + (path / "ledger.json").read_text()
+    assert "noise_seed" not in text and '"seed": 2' not in text
+
+
+def test_am_ssp_model_keeps_its_encoder(tmp_path):
+    res = fedpriv.train("am-ssp", SPEC, epsilon=5, steps=1, rank=3, noise_seed=4)
+    path = Path(res.save_model(tmp_path / "enc"))
+    with np.load(path / "model.npz") as z:
+        assert "encoder_params" in z.files and z["encoder_params"].size > 0
+    assert len(fedpriv.load_model(path).recommend([0, 1], [4, 2], k=3)) == 3
+
+
+def test_recommend_command(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "als", "--data", SPEC, "--set", "steps=2", "--set", "rank=4", "--out", str(out), "--quiet",
+                 "--save-model", str(tmp_path / "model")]) == 0
+    capsys.readouterr()
+    ratings = tmp_path / "me.csv"
+    ratings.write_text("item,rating\n3,5\n7,4\n11,1\n")
+    assert main(["recommend", "--model", str(tmp_path / "model"), "--ratings", str(ratings), "--k", "10", "--json"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["rank"] for r in lines] == list(range(1, 11))
+    assert not {r["item"] for r in lines} & {3, 7, 11}
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("item,rating\n3,five\n", r"me\.csv:2: rating 'five' is not a number"),
+        ("it,rating\n3,5\n", r"me\.csv:1: no 'item' column"),
+        ("item,rating\n", r"me\.csv: no ratings"),
+        ("item,rating\n99999,5\n", r"item '?99999'? is not in the model's catalogue"),
+        ("item,rating\n3,9\n", r"must be finite and lie in the model's range"),
+    ],
+)
+def test_recommend_bad_ratings_file(tmp_path, capsys, content, message):
+    res = fedpriv.train("als", SPEC, steps=1, rank=2)
+    res.save_model(tmp_path / "model")
+    (tmp_path / "me.csv").write_text(content)
+    assert main(["recommend", "--model", str(tmp_path / "model"), "--ratings", str(tmp_path / "me.csv")]) == 2
+    import re
+
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_bad_model_folder_and_refused_destination(tmp_path, capsys):
+    (tmp_path / "notamodel").mkdir()
+    (tmp_path / "notamodel" / "notes.txt").write_text("mine")
+    assert main(["recommend", "--model", str(tmp_path / "notamodel"), "--ratings", "x.csv"]) == 2
+    assert "not a fedpriv model folder: model.npz is missing" in capsys.readouterr().err
+    # a destination holding other files is refused before training; nothing is written
+    assert main(["run", "als", "--data", SPEC, "--out", str(tmp_path / "out"), "--quiet", "--save-model", str(tmp_path / "notamodel")]) == 2
+    assert "is not a fedpriv model folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and (tmp_path / "notamodel" / "notes.txt").read_text() == "mine"
+    with pytest.raises(DataError, match="model.json"):
+        bad = tmp_path / "bad"
+        bad.mkdir()
+        for name in ("model.npz", "ledger.json"):
+            (bad / name).write_text("x")
+        (bad / "model.json").write_text("{")
+        fedpriv.load_model(bad)
+
+
+def test_personalization_has_no_shared_model():
+    res = fedpriv.train("pam-nonprivate", "synthetic-personal:users=60,samples=20,d=10,k=2,noise=0.1,seed=1", epochs=2)
+    assert res.model is None
+    with pytest.raises(ConfigError, match="releases no shared item model"):
+        res.save_model("/nonexistent/never")
+
+
+def test_import_fedpriv_is_light():
+    code = "import sys, fedpriv; fedpriv.train; fedpriv.load_model; print(sorted(m for m in ('torch', 'flwr', 'ray', 'pandas', 'scipy', 'dp_accounting') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.replace("'", '"')) == []

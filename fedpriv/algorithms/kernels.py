@@ -303,6 +303,22 @@ def _solve_spd_numpy(A: np.ndarray, b: np.ndarray, reg) -> np.ndarray:
     return x
 
 
+def _symmetric_and_inside(torch, A: np.ndarray, floor: float):
+    """(float32 symmetrised A as a torch tensor, mask of the matrices with A - floor I positive
+    definite by a Cholesky test: those already in {X >= floor I}, up to float32 rounding)."""
+    At = torch.from_numpy(np.ascontiguousarray(A, dtype=np.float32))
+    At = 0.5 * (At + At.transpose(-1, -2))
+    n, d = At.shape[0], At.shape[-1]
+    inside = torch.zeros(n, dtype=torch.bool)
+    eye = torch.eye(d, dtype=torch.float32) * floor
+
+    def check(s: slice) -> None:
+        inside[s] = torch.linalg.cholesky_ex(At[s] - eye)[1] == 0
+
+    map_chunks(check, n, min_chunk=max(256, (1 << 24) // max(1, d) ** 3))
+    return At, inside
+
+
 def project_psd(A: np.ndarray, floor: float = 0.0) -> np.ndarray:
     """Project a batch of symmetric matrices onto {X : X >= floor I} (eigenvalue clipping).
 
@@ -315,16 +331,7 @@ def project_psd(A: np.ndarray, floor: float = 0.0) -> np.ndarray:
         A32 = 0.5 * (A32 + A32.transpose(0, 2, 1))
         evals, evecs = np.linalg.eigh(A32)
         return (evecs * np.maximum(evals, floor)[..., None, :]) @ evecs.transpose(0, 2, 1)
-    At = torch.from_numpy(np.ascontiguousarray(A, dtype=np.float32))
-    At = 0.5 * (At + At.transpose(-1, -2))
-    n, d = At.shape[0], At.shape[-1]
-    inside = torch.zeros(n, dtype=torch.bool)
-    eye = torch.eye(d, dtype=torch.float32) * floor
-
-    def check(s: slice) -> None:
-        inside[s] = torch.linalg.cholesky_ex(At[s] - eye)[1] == 0
-
-    map_chunks(check, n, min_chunk=max(256, (1 << 24) // max(1, d) ** 3))
+    At, inside = _symmetric_and_inside(torch, A, floor)
     outside = torch.nonzero(~inside).flatten()
     if len(outside):
         B = At[outside]
@@ -345,16 +352,8 @@ def project_psd_solve(A: np.ndarray, b: np.ndarray, floor: float, reg: float) ->
     torch = _loaded_torch()
     if torch is None or len(A) <= _SMALL_SYSTEMS:
         return solve_spd(project_psd(A, floor), b, reg)
-    At = torch.from_numpy(np.ascontiguousarray(A, dtype=np.float32))
-    At = 0.5 * (At + At.transpose(-1, -2))
+    At, inside = _symmetric_and_inside(torch, A, floor)
     n, d = At.shape[0], At.shape[-1]
-    inside = torch.zeros(n, dtype=torch.bool)
-    eye = torch.eye(d, dtype=torch.float32) * floor
-
-    def check(s: slice) -> None:
-        inside[s] = torch.linalg.cholesky_ex(At[s] - eye)[1] == 0
-
-    map_chunks(check, n, min_chunk=max(256, (1 << 24) // max(1, d) ** 3))
     x = np.zeros((n, d), dtype=np.float64)
     ins = inside.numpy()
     if ins.any():

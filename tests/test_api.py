@@ -153,3 +153,41 @@ def test_import_fedpriv_is_light():
     code = "import sys, fedpriv; fedpriv.train; fedpriv.load_model; print(sorted(m for m in ('torch', 'flwr', 'ray', 'pandas', 'scipy', 'dp_accounting') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.replace("'", '"')) == []
+
+
+@pytest.mark.parametrize(
+    "content, options, message",
+    [
+        ("user,item,rating\n1,1,4\n1,2,7\n", ["rating_range=1,5"], r"bad\.csv:3: rating 7 is outside the rating range \[1, 5\]"),
+        ("user,item,rating\n1,1,4\n1,1,5\n", ["rating_range=1,5"], r"bad\.csv:3: duplicate \(user, item\) pair \(1, 1\), first given at line 2"),
+        ("user,item,rating\n1,1,4\n", [], r"rating_range: explicit ratings need their declared rating range"),
+        ("user,item,rating\n1,1,4\n", ["rating_range=1,5", "colour=red"], r"--data-opt: unknown option 'colour'"),
+    ],
+)
+def test_own_data_errors_on_the_command_line(tmp_path, capsys, content, options, message):
+    """A bad file or option: exit 2, a message naming the file and line (or the option), and
+    neither the run's outputs nor the model folder written."""
+    import re
+
+    (tmp_path / "bad.csv").write_text(content)
+    argv = ["run", "als", "--data", f"csv:{tmp_path / 'bad.csv'}", "--out", str(tmp_path / "out"), "--quiet",
+            "--save-model", str(tmp_path / "model")]
+    for opt in options:
+        argv += ["--data-opt", opt]
+    assert main(argv) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "model").exists()
+
+
+def test_own_csv_trains_and_saves_on_the_command_line(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    rows = ["user,item,rating"] + [f"u{u},i{i},{rng.integers(1, 6)}" for u in range(300) for i in rng.choice(40, 12, replace=False)]
+    (tmp_path / "mine.csv").write_text("\n".join(rows) + "\n")
+    argv = ["run", "adadpals", "--data", f"csv:{tmp_path / 'mine.csv'}", "--data-opt", "rating_range=1,5", "--epsilon", "3",
+            "--out", str(tmp_path / "out"), "--quiet", "--save-model", str(tmp_path / "model")]
+    assert main(argv) == 0
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["dataset"] == f"csv:{tmp_path / 'mine.csv'}" and metrics["epsilon_spent"] <= 3.0 + 1e-9
+    model = fedpriv.load_model(tmp_path / "model")
+    recs = model.recommend(["i1", "i2"], [5, 1], k=4)
+    assert len(recs) == 4 and all(r["item"].startswith("i") and r["item"] not in ("i1", "i2") for r in recs)

@@ -68,8 +68,7 @@ def _spec_and_dataset(data: Any, options: dict[str, Any] | None) -> tuple[DataSp
 
     options = {k: v for k, v in (options or {}).items() if v is not None}
     if isinstance(data, str):
-        text = {k: _text(v) for k, v in options.items()}
-        return (parse_data_spec(data, text) if text else parse_data_spec(data)), None
+        return parse_data_spec(data, {k: _text(v) for k, v in options.items()} or None), None
     if isinstance(data, DataSpec):
         if options:
             raise ConfigError("options go with a spec string, not a parsed DataSpec", field="data")
@@ -140,10 +139,8 @@ def train(
     model = None
     state = capture.get("state")
     if state is not None and getattr(state, "item_factors", None) is not None:
-        features = (ds if ds is not None else capture.get("dataset"))
-        names = None
-        if features is not None and features.item_features is not None:
-            names = features.item_features.names
+        features = capture["dataset"].item_features  # the data set the run trained on (given or loaded)
+        names = features.names if features is not None else None
         model = Model.from_run(state, capture["train"], ledger, metrics, names)
     return Result(metrics=metrics, ledger=ledger, model=model)
 

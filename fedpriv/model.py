@@ -73,9 +73,8 @@ class Model:
             arrays = {"item_factors": np.asarray(self.state.item_factors, dtype=np.float32)}
             if self.state.item_bias is not None:
                 arrays["item_bias"] = np.asarray(self.state.item_bias, dtype=np.float64)
-            encoder = self.state.encoder_release if self.state.encoder_release is not None else self.state.encoder_params
-            if encoder is not None:
-                arrays["encoder_params"] = np.asarray(encoder, dtype=np.float32)
+            if self.state.encoder_release is not None:
+                arrays["encoder_params"] = np.asarray(self.state.encoder_release, dtype=np.float32)
             numeric_ids = np.issubdtype(self.item_ids.dtype, np.number)
             if numeric_ids:
                 arrays["item_ids"] = self.item_ids

@@ -81,11 +81,10 @@ def keep_freed_memory() -> bool:
     return ok and mallopt(m_top_pad, 64 << 20) == 1
 
 
-def configure(n: int | None = None, *, allocator: bool = True) -> int:
+def configure(n: int | None = None) -> int:
     """Set torch's (if loaded) and the BLAS pools' thread counts to ``n`` (default
-    :func:`thread_count`) and, with ``allocator``, :func:`keep_freed_memory`; returns the count."""
-    if allocator:
-        keep_freed_memory()
+    :func:`thread_count`) and apply :func:`keep_freed_memory`; returns the count."""
+    keep_freed_memory()
     n = thread_count() if n is None else int(n)
     if n < 1:
         raise ConfigError(f"must be >= 1, got {n}", field="threads")
@@ -113,7 +112,7 @@ def _one_thread_each() -> None:
 def map_chunks(fn, n_items: int, min_chunk: int = 1024) -> list:
     """``[fn(slice) for slice in chunks]``: the range ``0..n_items`` cut into at most
     :func:`thread_count` contiguous slices of at least ``min_chunk`` items, run on a shared
-    thread pool (for calls that release the GIL). One slice runs in the calling thread."""
+    thread pool (for calls that release the GIL); a single slice runs in the calling thread."""
     global _pool, _pool_size
     workers = min(thread_count(), max(1, n_items // max(1, min_chunk)))
     if workers <= 1:

@@ -467,14 +467,15 @@ def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state
     """Item solve from (noised) statistics: PSD projection, regularisation, batched solve;
     sets the state's item factors (and item biases)."""
     cfg = state.config
-    if state.private and g is None and cfg.psd_floor + private_item_ridge(state) > 0:
-        theta = project_psd_solve(A, b, cfg.psd_floor, private_item_ridge(state))  # one pass, same solution
+    if state.private:
+        reg = private_item_ridge(state)
+    else:
+        reg = cfg.reg_item * (np.maximum(state.counts_hat, 1.0) if cfg.weighted_reg else 1.0)
+    if state.private and g is None:
+        theta = project_psd_solve(A, b, cfg.psd_floor, reg)  # = solve_spd(project_psd(A), b, reg), one pass
     else:
         if state.private:
             A = project_psd(A, cfg.psd_floor)
-            reg = private_item_ridge(state)
-        else:
-            reg = cfg.reg_item * (np.maximum(state.counts_hat, 1.0) if cfg.weighted_reg else 1.0)
         if g is not None:
             g = project_psd(g[None], 0.0)[0] if state.private else g
             A = A + cfg.gravity * g

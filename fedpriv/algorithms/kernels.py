@@ -348,9 +348,11 @@ def project_psd(A: np.ndarray, floor: float = 0.0) -> np.ndarray:
 def project_psd_solve(A: np.ndarray, b: np.ndarray, floor: float, reg: float) -> np.ndarray:
     """``solve_spd(project_psd(A, floor), b, reg)`` in one pass: matrices already above the floor
     (a Cholesky test) are solved directly; the others are solved from their eigendecomposition,
-    x = Q diag(1 / (max(lambda, floor) + reg)) Q^T b, without rebuilding the projected matrix."""
+    x = Q diag(1 / (max(lambda, floor) + reg)) Q^T b, without rebuilding the projected matrix
+    (with floor + reg <= 0 that division is undefined: the two steps then run as they are, and
+    solve_spd's least-squares fallback takes the singular systems)."""
     torch = _loaded_torch()
-    if torch is None or len(A) <= _SMALL_SYSTEMS:
+    if torch is None or len(A) <= _SMALL_SYSTEMS or floor + reg <= 0:
         return solve_spd(project_psd(A, floor), b, reg)
     At, inside = _symmetric_and_inside(torch, A, floor)
     n, d = At.shape[0], At.shape[-1]

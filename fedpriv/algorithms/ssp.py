@@ -78,9 +78,9 @@ class EncoderServer:
             state.item_bias = E[:, cfg.rank] * als.bias_coordinate(state)
         elif not cfg.bias_stage:
             state.item_bias = None  # (with the bias stage, the released item biases stay)
-        if state.spec.clients_need_encoder:
-            state.encoder_params = self.encoder.get_flat()
         state.encoder_release = self.encoder.get_flat()
+        if state.spec.clients_need_encoder:
+            state.encoder_params = state.encoder_release
 
     def _batches(self, step: int):
         cfg, n = self.state.config, self.state.n_items

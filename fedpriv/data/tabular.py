@@ -72,7 +72,7 @@ from .frames import (
     require_frame,
     stripped_text,
 )
-from .interactions import Interactions, from_raw_ids
+from .interactions import from_raw_ids
 from .loaders import Dataset
 
 #: Data spec kinds read by this module.
@@ -350,11 +350,6 @@ def dataset_from_pandas(
     table = Table(df, source, "frame")
     ftable = None if features is None else Table(features, f"{source} features", "frame")
     return _dataset(table, opts, ftable, source=source, name=source)
-
-
-def interactions_from_pandas(df, user: str = "user", item: str = "item", rating: str = "rating", *, implicit: bool = False) -> Interactions:
-    """The interactions of a DataFrame of ratings (see :meth:`Interactions.from_pandas`)."""
-    return Interactions.from_pandas(df, user, item, rating, implicit=implicit)
 
 
 # --------------------------------------------------------------------------- reading

@@ -3,7 +3,7 @@
     import fedpriv
 
     data = fedpriv.load_data("ml-100k:../shared/data/ml-100k")          # or a pandas DataFrame
-    result = fedpriv.train("adadpals", data, epsilon=5.0, rank=8, steps=3)
+    result = fedpriv.train("adadpals", data, epsilon=5.0)              # noise-aware defaults; rank=8, steps=3 to override
     print(result.epsilon, result.metrics["test_rmse"])                  # dp-accounting, from the ledger
     result.save_model("model/")
     fedpriv.load_model("model/").recommend(items=[1, 50, 181], ratings=[5, 4, 5], k=10)

@@ -1,8 +1,22 @@
 import numpy as np
 import pytest
 
-from fedpriv.algorithms import kernels
+from fedpriv.algorithms import kernels, native
 from fedpriv.algorithms.kernels import project_psd, segment_stats, solve_spd
+
+PATHS = ["native", "torch", "numpy"]
+
+
+def use_path(monkeypatch, path: str) -> None:
+    """Route segment_stats to one back end: the native kernel, or (FEDPRIV_NATIVE=0) torch blocks
+    or numpy."""
+    if path == "native":
+        if native.library() is None:
+            pytest.skip(f"native kernel unavailable: {native.unavailable_reason()}")
+        monkeypatch.delenv("FEDPRIV_NATIVE", raising=False)
+    else:
+        monkeypatch.setenv("FEDPRIV_NATIVE", "0")
+        monkeypatch.setattr(kernels, "_SMALL_ENTRIES", -1 if path == "torch" else 10**9)
 
 
 def _naive(F, idx, indptr, w, y):
@@ -17,15 +31,19 @@ def _naive(F, idx, indptr, w, y):
 
 
 @pytest.mark.parametrize("piece", [3, 512])
-@pytest.mark.parametrize("small", [-1, 10**9], ids=["torch", "numpy"])
-def test_segment_stats_matches_naive_sums(monkeypatch, piece, small):
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("d", [1, 5, 16, 33, 70])
+def test_segment_stats_matches_naive_sums(monkeypatch, piece, path, d):
+    """Every back end against per-segment float64 sums; widths below, at and between the native
+    kernel's vector widths (its column groups and row tiles), segments longer than its packed
+    chunk, empty and one-entry segments."""
     monkeypatch.setattr(kernels, "_PIECE", piece)
-    monkeypatch.setattr(kernels, "_SMALL_ENTRIES", small)  # both paths: torch blocks, numpy below the size
-    rng = np.random.default_rng(0)
+    use_path(monkeypatch, path)
+    rng = np.random.default_rng(d)
     counts = np.concatenate([rng.integers(0, 12, 40), [0, 1, 700, 2500]])
     indptr = np.concatenate([[0], np.cumsum(counts)])
     n = indptr[-1]
-    F = rng.normal(size=(60, 5)).astype(np.float32)
+    F = rng.normal(size=(60, d)).astype(np.float32)
     idx, w, y = rng.integers(0, 60, n), rng.random(n), rng.normal(size=n)
     got = segment_stats(F, idx, indptr, weights=w, targets=y)
     A, b, c = _naive(F, idx, indptr, w, y)
@@ -36,7 +54,7 @@ def test_segment_stats_matches_naive_sums(monkeypatch, piece, small):
 
 def test_segment_stats_small_blocks(monkeypatch):
     monkeypatch.setattr(kernels, "_BLOCK_FLOATS", 64)  # forces tiny blocks
-    monkeypatch.setattr(kernels, "_SMALL_ENTRIES", -1)  # of the torch path
+    use_path(monkeypatch, "torch")  # the torch path's blocks
     rng = np.random.default_rng(1)
     counts = np.array([5, 0, 40, 3, 1])
     indptr = np.concatenate([[0], np.cumsum(counts)])
@@ -67,12 +85,16 @@ def test_project_psd_and_solve(monkeypatch, small):
     assert np.allclose(got, [[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
 
 
-def test_segment_stats_empty_input_on_both_paths(monkeypatch):
+@pytest.mark.parametrize("path", PATHS)
+def test_segment_stats_empty_input_on_every_path(monkeypatch, path):
+    use_path(monkeypatch, path)
     F = np.ones((4, 3), np.float32)
-    for small in (-1, 10**9):
-        monkeypatch.setattr(kernels, "_SMALL_ENTRIES", small)
-        got = segment_stats(F, np.zeros(0, np.int64), np.zeros(4, np.int64))
-        assert got.A.shape == (3, 3, 3) and not got.A.any() and not got.b.any()
+    got = segment_stats(F, np.zeros(0, np.int64), np.zeros(4, np.int64))
+    assert got.A.shape == (3, 3, 3) and not got.A.any() and not got.b.any() and not got.c.any()
+    none = segment_stats(F, np.zeros(0, np.int64), np.zeros(1, np.int64))
+    assert none.A.shape == (0, 3, 3) and none.b.shape == (0, 3)
+    zero_width = segment_stats(np.ones((4, 0), np.float32), np.array([0, 1, 3]), np.array([0, 2, 3]), targets=np.array([1.0, 2.0, 3.0]))
+    assert zero_width.A.shape == (2, 0, 0) and np.allclose(zero_width.c, [5.0, 9.0])
 
 
 # ---------------------------------------------------------------- issue 20: the fast paths
@@ -123,7 +145,7 @@ def test_project_psd_skips_only_matrices_already_above_the_floor():
 
 def test_cached_packing_is_keyed_by_the_layout(monkeypatch):
     """Two layouts of the same length and total reuse nothing of each other's packing."""
-    monkeypatch.setattr(kernels, "_SMALL_ENTRIES", -1)
+    use_path(monkeypatch, "torch")
     rng = np.random.default_rng(4)
     F = rng.normal(size=(30, 3)).astype(np.float32)
     for counts in ([5, 0, 7, 3], [3, 7, 0, 5], [5, 0, 7, 3]):
@@ -183,3 +205,107 @@ def test_fused_projection_solve_equals_project_then_solve():
         ref = solve_spd(project_psd(S, floor), b, reg)
         got = project_psd_solve(S, b, floor, reg)
         assert np.allclose(got, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max()), (floor, reg)
+
+
+# ---------------------------------------------------------------- the native kernel
+def _random_layout(rng, n_seg=300, n_src=2000, d=32, big=9000):
+    counts = rng.integers(0, 60, n_seg)
+    counts[::11] = 0
+    counts[5] = big  # longer than many packed chunks, on its own thread range
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    n = int(indptr[-1])
+    F = rng.normal(size=(n_src, d))
+    return F, rng.integers(0, n_src, n), indptr, rng.random(n) - 0.2, rng.normal(size=n)  # some negative weights: clipped to 0
+
+
+def test_native_kernel_loads_where_a_compiler_exists():
+    """The fast path is the one the benchmarks measure: it must not fall back silently here."""
+    if native._compiler() is None:
+        pytest.skip("no C compiler on this machine: the torch/numpy path runs")
+    assert native.library() is not None, native.unavailable_reason()
+    assert native.library().fedpriv_vector_width() in (4, 8, 16)
+
+
+@pytest.mark.parametrize("d", [8, 32, 128])
+def test_native_equals_fallback_with_order_and_threads(monkeypatch, d):
+    """Native (threaded over entry-balanced segment ranges, weights and targets read through
+    ``order``) against the torch path on gathered inputs, and against one thread."""
+    use_path(monkeypatch, "native")
+    rng = np.random.default_rng(d)
+    F, idx, indptr, w, y = _random_layout(rng, d=d)
+    order = rng.permutation(len(idx))
+    monkeypatch.setenv("FEDPRIV_THREADS", "2")
+    got = segment_stats(F, idx, indptr, weights=w, targets=y, order=order)
+    monkeypatch.setenv("FEDPRIV_THREADS", "1")
+    one = segment_stats(F, idx, indptr, weights=w, targets=y, order=order)
+    monkeypatch.setenv("FEDPRIV_NATIVE", "0")
+    monkeypatch.setattr(kernels, "_SMALL_ENTRIES", -1)
+    ref = segment_stats(F, idx, indptr, weights=w[order], targets=y[order])
+    scale = np.abs(ref.A).max()
+    for x in (got, one):
+        assert np.allclose(x.A, ref.A, atol=1e-5 * scale) and np.allclose(x.b, ref.b, atol=1e-5 * np.abs(ref.b).max())
+        assert np.allclose(x.c, ref.c, rtol=1e-5)
+        assert np.array_equal(x.A, np.swapaxes(x.A, 1, 2))  # mirrored exactly
+    assert np.all(got.A[::11] == 0) and np.all(got.b[::11] == 0) and np.all(got.c[::11] == 0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_out_of_range_entries_are_errors_not_reads(monkeypatch, path):
+    use_path(monkeypatch, path)
+    F = np.ones((10, 4), np.float32)
+    indptr = np.array([0, 2, 5])
+    for bad in (10, -1):
+        with pytest.raises(IndexError):
+            segment_stats(F, np.array([0, 1, 2, bad, 3]), indptr, weights=np.ones(5))
+    with pytest.raises(IndexError):
+        segment_stats(F, np.arange(5), indptr, weights=np.ones(5), order=np.array([0, 1, 2, 3, 5]))
+    with pytest.raises(ValueError, match="indptr"):
+        segment_stats(F, np.arange(5), np.array([0, 3, 2, 5]))
+    with pytest.raises(ValueError, match="weights has 4 entries"):
+        segment_stats(F, np.arange(5), indptr, weights=np.ones(4))
+    with pytest.raises(ValueError, match="order has 4 entries"):
+        segment_stats(F, np.arange(5), indptr, weights=np.ones(5), order=np.arange(4))
+
+
+def test_without_a_compiler_the_fallback_computes_the_same_sums(monkeypatch):
+    monkeypatch.setattr(native, "_compiler", lambda: None)
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(native, "_lib", None)
+    assert native.library() is None and "no C compiler" in native.unavailable_reason()
+    rng = np.random.default_rng(5)
+    F, idx, indptr, w, y = _random_layout(rng, n_seg=40, d=6, big=300)
+    got = segment_stats(F, idx, indptr, weights=w, targets=y)
+    A, b, c = _naive(F, idx, indptr, np.maximum(w, 0), y)
+    assert np.allclose(got.A, A, rtol=1e-4, atol=1e-3) and np.allclose(got.b, b, rtol=1e-4, atol=1e-3)
+    monkeypatch.setenv("FEDPRIV_NATIVE", "0")
+    assert native.library() is None and native.unavailable_reason() == "FEDPRIV_NATIVE=0"
+
+
+def test_a_failing_compiler_leaves_no_library_behind(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "false")
+    monkeypatch.setenv("FEDPRIV_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(native, "_lib", None)
+    assert native.library() is None
+    assert "false failed" in native.unavailable_reason()
+    assert list(tmp_path.iterdir()) == []  # no half-built library for the next process to load
+
+
+def test_the_library_is_built_once_per_cache_and_reused_by_later_processes(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    env = {**os.environ, "FEDPRIV_NATIVE_CACHE": str(tmp_path)}
+    env.pop("FEDPRIV_NATIVE", None)
+    code = "from fedpriv.algorithms import native; lib = native.library(); print(lib is not None, native.unavailable_reason())"
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        assert out.startswith("True"), out
+        built = sorted(tmp_path.iterdir())
+        assert len(built) == 1 and built[0].name.startswith("segment_stats-") and built[0].suffix == ".so"
+        if _ == 0:
+            first = built[0].stat().st_mtime_ns
+    assert built[0].stat().st_mtime_ns == first

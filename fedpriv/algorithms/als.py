@@ -355,7 +355,7 @@ def client_item_stats(shard: UserShard, state: PublicState) -> ItemStats:
     w = client_rating_weights(shard, state)
     order = shard.by_item_order
     item_ids, indptr = shard.item_groups
-    stats = segment_stats(U, shard.by_item_local_users, indptr, weights=w[order], targets=y[order])
+    stats = segment_stats(U, shard.by_item_local_users, indptr, weights=w, targets=y, order=order)
     gravity = U.T @ U if cfg.gravity > 0 else None  # includes the bias coordinate
     return ItemStats(item_ids=item_ids.astype(np.int64), A=stats.A, b=stats.b, gravity=gravity)
 

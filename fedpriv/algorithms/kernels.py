@@ -4,20 +4,24 @@ For segments s (items, or users) with member rows r in s, computes in one pass
 
     A_s = sum_r w_r x_r x_r^T        b_s = sum_r w_r y_r x_r        c_s = sum_r w_r y_r^2
 
-where x_r = factors[index[r]]. Segments are cut into pieces of at most 512 entries; pieces are
-packed by size class (ratio sqrt(2)) into padded 3-D blocks gathered straight from the factor
-table (padding entries have weight 0), each block is reduced with one batched GEMM of the
-augmented rows [sqrt(w) x, sqrt(w) y] (so one Gram matrix holds A, b and c), and the pieces
-are accumulated into their segments. No per-rating Python loop and no outer-product scatter.
+where x_r = factors[index[r]] (negative weights count as 0). Three back ends compute the same
+float32 sums, and every caller (both engines, every ClientApp) goes through
+:func:`segment_stats`, which picks one:
 
-The packing depends only on the segment layout (``indptr``) and the row width, so it is built
-once and cached (an alternating run passes the same user and item layouts every step): a step
-then gathers the padded entries in one pass and runs one GEMM per block.
-
-Two back ends compute the same float32 sums: torch (multi-threaded gathers and batched GEMM) when
-this process has imported torch already (the in-process engine, a server, an AM-DPSGD client),
-numpy otherwise. A ClientApp of the ALS or AM-SSP family therefore never imports torch: its
-import and its messages stay light (a test guards the import set).
+- **native** (the default wherever a C compiler exists, :mod:`fedpriv.algorithms.native`): one
+  fused pass per segment chunk: rows are gathered, scaled and packed into a cache-resident buffer
+  (b and c accumulate while packing), then register-blocked rank-k updates compute the tiles of
+  A on or above the diagonal and the rest is mirrored. Segments are split over the threads in
+  ranges of about equal entry counts (ctypes releases the GIL). No torch, so ClientApps use it too;
+- **torch** (``FEDPRIV_NATIVE=0`` or no compiler, when this process has imported torch already:
+  the in-process engine, a server, an AM-DPSGD client): segments are cut into pieces of at most
+  512 entries, packed by size class (ratio sqrt(2)) into padded 3-D blocks gathered straight from
+  the factor table (padding entries have weight 0), and each block is reduced with one batched
+  GEMM of the augmented rows [sqrt(w) x, sqrt(w) y] (one Gram matrix holds A, b and c). The
+  packing depends only on the segment layout and the row width, so it is built once and cached;
+- **numpy** (the same, without torch): the torch path's packing with numpy's batched matmul, and
+  a direct sum for small inputs. A ClientApp of the ALS or AM-SSP family never imports torch:
+  its import and its messages stay light (a test guards the import set).
 
 Batched Cholesky solves and eigen-decompositions run one small matrix after another inside
 torch and LAPACK; :func:`solve_spd` and :func:`project_psd` split the batch over
@@ -35,7 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..privacy.symmetric import from_upper, upper  # noqa: F401 - the wire format of d x d blocks
-from ..threads import map_chunks
+from ..threads import map_chunks, thread_count
+from . import native
 
 # a padded block holds at most this many floats (about 4 MB: the gathered rows of a block stay
 # in the cache between the gather, the scaling and the GEMM)
@@ -45,6 +50,7 @@ _PIECE = 512
 _SMALL_ENTRIES = 2048  # below this many entries, segment_stats runs in numpy
 _SMALL_SYSTEMS = 16  # solve_spd of at most this many systems runs in numpy
 _PLAN_CACHE_SIZE = 8
+_NATIVE_THREADED_FLOATS = 1 << 18  # the native kernel splits inputs of at least this many gathered floats over the threads
 
 
 def _loaded_torch():
@@ -111,14 +117,26 @@ def segment_stats(
     indptr: np.ndarray,
     weights: np.ndarray | None = None,
     targets: np.ndarray | None = None,
+    *,
+    order: np.ndarray | None = None,
 ) -> SegmentStats:
     """Weighted Gram matrices per segment (see module docstring).
 
     ``factors``: (n_src, d); ``index``: (N,) source row of each entry, grouped by segment with
-    ``indptr`` (n_segments + 1,); ``weights``/``targets``: (N,) per entry (default 1 / 0).
+    ``indptr`` (n_segments + 1,); ``weights``/``targets``: per entry (default 1 / 0), read at
+    ``order[r]`` for entry r when ``order`` (N,) is given (saves gathering them into segment
+    order first), else at r.
     """
     n = len(index)
     indptr = np.ascontiguousarray(indptr, dtype=np.int64)
+    _check_entries(n, indptr, weights, targets, order)
+    lib = native.library()
+    if lib is not None and factors.shape[1] > 0 and len(indptr) > 1:
+        return _segment_stats_native(lib, factors, index, indptr, weights, targets, order)
+    _check_sources(index, len(factors), order, weights, targets)
+    if order is not None:
+        weights = None if weights is None else np.asarray(weights)[order]
+        targets = None if targets is None else np.asarray(targets)[order]
     if n <= _SMALL_ENTRIES:  # one user's or a few users' ratings: numpy beats torch's op overhead
         return _segment_stats_small(factors, index, indptr, weights, targets)
     torch = _loaded_torch()
@@ -149,6 +167,50 @@ def segment_stats(
         G.index_add_(0, torch.from_numpy(segs), torch.bmm(Xb.transpose(1, 2), Xb).view(pieces, -1))
     G3 = G.view(n_seg, width, width).numpy()
     return SegmentStats(A=G3[:, :d, :d], b=G3[:, :d, d], c=G3[:, d, d])
+
+
+def _check_entries(n: int, indptr: np.ndarray, weights, targets, order) -> None:
+    if len(indptr) == 0 or indptr[0] != 0 or indptr[-1] != n or (len(indptr) > 1 and np.any(indptr[1:] < indptr[:-1])):
+        raise ValueError(f"segment_stats: indptr must rise from 0 to the {n} entries")
+    if order is not None and len(order) != n:
+        raise ValueError(f"segment_stats: order has {len(order)} entries, index has {n}")
+    if order is None:
+        for name, a in (("weights", weights), ("targets", targets)):
+            if a is not None and len(a) != n:
+                raise ValueError(f"segment_stats: {name} has {len(a)} entries, index has {n}")
+    elif weights is not None and targets is not None and len(weights) != len(targets):
+        raise ValueError(f"segment_stats: weights ({len(weights)}) and targets ({len(targets)}) differ in length")
+
+
+def _check_sources(index, n_src: int, order, weights, targets) -> None:
+    """The fallback paths' bounds check (numpy would wrap negative indices around)."""
+    for name, a, size in (("index", index, n_src), ("order", order, len(weights if weights is not None else targets if targets is not None else index))):
+        if a is not None and len(a) and (np.min(a) < 0 or np.max(a) >= size):
+            raise IndexError(f"segment_stats: {name} holds entries outside 0..{size - 1}")
+
+
+def _segment_stats_native(lib, factors, index, indptr, weights, targets, order) -> SegmentStats:
+    """The fused C kernel (:mod:`fedpriv.algorithms.native`), its segments split over the
+    threads in ranges of about equal entry counts."""
+    F = np.ascontiguousarray(factors, dtype=np.float32)
+    index = np.ascontiguousarray(index, dtype=np.int64)
+    w = None if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
+    y = None if targets is None else np.ascontiguousarray(targets, dtype=np.float64)
+    order = None if order is None else np.ascontiguousarray(order, dtype=np.int64)
+    n_wy = len(index) if order is None else len(w if w is not None else y if y is not None else order)
+    n_seg, d = len(indptr) - 1, F.shape[1]
+    A = np.empty((n_seg, d, d), dtype=np.float32)
+    b = np.empty((n_seg, d), dtype=np.float32)
+    c = np.empty(n_seg, dtype=np.float32)
+    n = len(index)
+    parts = thread_count() if n * d >= _NATIVE_THREADED_FLOATS else 1
+    bounds = np.unique(np.concatenate([[0], np.searchsorted(indptr, np.arange(1, parts) * n // parts), [n_seg]]).clip(0, n_seg))
+
+    def run(s: slice) -> None:
+        native.segment_stats(lib, F, index, indptr, int(bounds[s.start]), int(bounds[s.stop]), w, y, order, n_wy, A, b, c)
+
+    map_chunks(run, len(bounds) - 1, min_chunk=1)
+    return SegmentStats(A=A, b=b, c=c)
 
 
 def _size_classes(piece_len: np.ndarray) -> list[np.ndarray]:

@@ -30,7 +30,7 @@ from ..privacy.ledger import PrivacyLedger
 from . import als
 from .encoder import FeatureTable, ItemEncoder, parse_fields, per_user_clipped_gradient
 from .kernels import project_psd
-from .shards import UserShard
+from .shards import UserShard, sub_shard
 from .ssp_client import _sigmoid, client_convex_stats, item_outputs, labels, logistic_user_vectors  # noqa: F401 - the client side, re-exported
 
 
@@ -193,14 +193,6 @@ def release_encoder_gradient(G: np.ndarray, state: als.PublicState, ledger: Priv
 # ---------------------------------------------------------------------------- clients
 
 
-def _subshard(shard: UserShard, keep: np.ndarray) -> UserShard:
-    lengths = np.diff(shard.indptr)
-    sel = np.repeat(keep, lengths)
-    indptr = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(shard.indptr.dtype)
-    keys = None if shard.user_keys is None else shard.user_keys[keep]
-    return UserShard(shard.user_ids[keep], indptr, shard.items[sel], shard.ratings[sel], keys)
-
-
 def client_encoder_gradient(shard: UserShard, state: als.PublicState, round_index: int, encoder: ItemEncoder) -> np.ndarray:
     """AM-DPSGD client: the shard's Poisson-sampled users solve their vectors from the broadcast
     item embeddings, then each user's gradient of its weighted squared error with respect to the
@@ -211,7 +203,7 @@ def client_encoder_gradient(shard: UserShard, state: als.PublicState, round_inde
     take = sampled_users(shard, state, round_index)
     if not take.any():
         return np.zeros(encoder.n_params())
-    sub = _subshard(shard, take)
+    sub = sub_shard(shard, take)
     U, ubias = als.split_user_vectors(als.client_user_vectors(sub, state), state)
     X = U
     if cfg.item_bias:

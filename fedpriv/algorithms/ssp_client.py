@@ -62,6 +62,6 @@ def client_convex_stats(shard: UserShard, state: als.PublicState) -> als.ItemSta
     w = als.client_rating_weights(shard, state)
     order = shard.by_item_order
     item_ids, indptr = shard.item_groups
-    H = segment_stats(X, shard.by_item_local_users, indptr, weights=(w * p * (1 - p))[order]).A
-    g = segment_stats(X, shard.by_item_local_users, indptr, weights=w[order], targets=(p - labels(shard, state))[order]).b
+    H = segment_stats(X, shard.by_item_local_users, indptr, weights=w * p * (1 - p), order=order).A
+    g = segment_stats(X, shard.by_item_local_users, indptr, weights=w, targets=p - labels(shard, state), order=order).b
     return als.ItemStats(item_ids=item_ids.astype(np.int64), A=H, b=g)

@@ -309,3 +309,16 @@ def test_the_library_is_built_once_per_cache_and_reused_by_later_processes(tmp_p
         if _ == 0:
             first = built[0].stat().st_mtime_ns
     assert built[0].stat().st_mtime_ns == first
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_non_finite_inputs_propagate_to_the_sums(monkeypatch, path):
+    """A NaN weight or target is not silently dropped: it reaches the statistics, where the
+    aggregator's reply check rejects non-finite contributions."""
+    use_path(monkeypatch, path)
+    F = np.ones((4, 3), np.float32)
+    idx, indptr = np.array([0, 1, 2, 3]), np.array([0, 2, 4])
+    got = segment_stats(F, idx, indptr, weights=np.array([1.0, np.nan, 1.0, 1.0]), targets=np.ones(4))
+    assert np.isnan(got.A[0]).all() and np.isfinite(got.A[1]).all()
+    got = segment_stats(F, idx, indptr, weights=np.ones(4), targets=np.array([1.0, 1.0, np.inf, 1.0]))
+    assert not np.isfinite(got.b[1]).all() and np.isfinite(got.b[0]).all()

@@ -64,6 +64,29 @@ def test_encoder_gradient_from_noised_statistics_touches_only_active_feature_row
     assert np.isfinite(A).all() and A.std() > 0  # the statistics really were noised
 
 
+def test_full_batch_sparse_pooling_equals_the_gathered_encoder(small_mf):
+    """The server's full-batch steps pool with one sparse product per field; outputs and
+    parameter gradients equal the per-item gather path (used for mini-batches and per-user
+    gradients), with multi-valued fields, items without a feature and the pad row kept at zero."""
+    feats = small_mf.item_features
+    table = FeatureTable.build(feats, feats.n_items, ["genre", "year", "id"])
+    enc = ItemEncoder(table, out_dim=4, hidden=5, seed=3)
+    every = torch.arange(feats.n_items)
+    g = torch.randn(feats.n_items, 4, generator=torch.Generator().manual_seed(0))
+    grads = []
+    for items in (None, every):
+        enc.zero_grad()
+        out = enc(items)
+        (out * g).sum().backward()
+        grads.append((out.detach(), [p.grad.clone() for p in enc.parameters()]))
+    (o1, g1), (o2, g2) = grads
+    assert torch.allclose(o1, o2, atol=1e-6)
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, atol=1e-5 * max(1.0, b.abs().max().item()))
+    for emb, v in zip(enc.embeddings, table.vocab):
+        assert emb.grad[v].abs().max() == 0  # the pad row gets no gradient on either path
+
+
 def test_id_only_encoder_reaches_the_item_solve():
     """With the item id as the only field, SSP's encoder steps minimise the same quadratic as
     the ALS item solve: they converge to (PSD(A) + reg I)^-1 b."""

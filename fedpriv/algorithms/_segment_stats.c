@@ -1,7 +1,7 @@
 /* fedpriv's fused statistics kernel (loaded by fedpriv/algorithms/native.py; see kernels.py).
  *
  * For segments s in [s0, s1) with entries r in [indptr[s], indptr[s+1]):
- *     x_r = sqrt(max(w_r, 0)) * F[index[r]]          (w_r = 1 without weights)
+ *     x_r = sqrt(max(w_r, 0)) * F[index[r]]          (w_r = 1 without weights; a NaN weight gives NaN)
  *     A_s = sum_r x_r x_r^T                          (d x d, symmetric)
  *     b_s = sum_r sqrt(max(w_r, 0)) * y_r * x_r      (y_r = 0 without targets)
  *     c_s = sum_r max(w_r, 0) * y_r^2
@@ -156,7 +156,7 @@ int64_t fedpriv_segment_stats(const float *F, int64_t n_src, int64_t d,
                 float sw = 1.0f;
                 if (w) {
                     const double wr = w[at];
-                    sw = wr > 0.0 ? (float)sqrt(wr) : 0.0f;
+                    sw = wr > 0.0 ? (float)sqrt(wr) : (wr != wr ? NAN : 0.0f); /* NaN stays NaN: the reply check rejects it */
                 }
                 const float yr = y ? sw * (float)y[at] : 0.0f;
                 yv[k] = yr;

@@ -97,10 +97,30 @@ class ItemEncoder(nn.Module):
             self.dense = nn.Parameter(torch.randn((out_dim, fan_in), generator=gen) / np.sqrt(fan_in))
         self.offset = nn.Parameter(torch.zeros(out_dim))
 
+    def _pooling(self) -> list[torch.Tensor]:
+        """Per field, the mean pooling of all items as a sparse (n_items, vocab + 1) matrix: row j
+        holds 1 / (item j's active feature count) at its features (pad entries left out). It
+        depends only on the public feature table, so it is built once."""
+        pools = getattr(self, "_pools", None)
+        if pools is None:
+            pools = []
+            for idx, v in zip(self.table.index, self.table.vocab):
+                mask = idx < v
+                count = mask.sum(-1, keepdim=True).clamp_min(1).to(torch.float32)
+                rows = torch.arange(idx.shape[0]).repeat_interleave(mask.sum(-1))
+                vals = (mask.to(torch.float32) / count)[mask]
+                pools.append(torch.sparse_coo_tensor(torch.stack([rows, idx[mask]]), vals, (idx.shape[0], v + 1), check_invariants=True).coalesce())
+            self._pools = pools
+        return pools
+
     def hidden(self, items: torch.Tensor | None = None) -> torch.Tensor:
         parts = []
+        if items is None:  # every item (the server's full-batch steps): one sparse product per field
+            for emb, pool in zip(self.embeddings, self._pooling()):
+                parts.append(torch.sparse.mm(pool if pool.dtype == emb.dtype else pool.to(emb.dtype), emb))
+            return torch.cat(parts, dim=-1)
         for emb, idx, v in zip(self.embeddings, self.table.index, self.table.vocab):
-            sub = idx if items is None else idx[items]
+            sub = idx[items]
             mask = (sub < v).to(emb.dtype)
             pooled = (emb[sub] * mask[..., None]).sum(-2) / mask.sum(-1, keepdim=True).clamp_min(1.0)
             parts.append(pooled)

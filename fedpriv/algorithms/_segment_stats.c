@@ -100,6 +100,9 @@ int64_t fedpriv_multiply_adds_per_entry(int64_t d) {
     return total;
 }
 
+/* an ALIGN-aligned buffer of at least n floats (aligned_alloc wants a multiple of ALIGN) */
+static float *alloc_floats(long n) { return aligned_alloc(ALIGN, (size_t)(n * 4 + ALIGN) / ALIGN * ALIGN); }
+
 int64_t fedpriv_segment_stats(const float *F, int64_t n_src, int64_t d,
                               const int64_t *index, const int64_t *indptr, int64_t s0, int64_t s1,
                               const double *w, const double *y, const int64_t *order, int64_t n_wy,
@@ -108,12 +111,11 @@ int64_t fedpriv_segment_stats(const float *F, int64_t n_src, int64_t d,
     const int ncv = (int)(ld / VW);
     long chunk = CHUNK_BYTES / (ld * 4);
     if (chunk < 16) chunk = 16;
-    float *P = aligned_alloc(ALIGN, (size_t)(chunk * ld * 4 + ALIGN) / ALIGN * ALIGN);
-    float *M = aligned_alloc(ALIGN, (size_t)((d > 0 ? d : 1) * ld * 4 + ALIGN) / ALIGN * ALIGN);
-    float *yv = aligned_alloc(ALIGN, (size_t)(chunk * 4 + ALIGN) / ALIGN * ALIGN);
-    float *bacc = aligned_alloc(ALIGN, (size_t)(ld * 4 + ALIGN) / ALIGN * ALIGN);
+    float *P = alloc_floats(chunk * ld);
+    float *M = alloc_floats((d > 0 ? d : 1) * ld);
+    float *bacc = alloc_floats(ld);
     int64_t status = 0;
-    if (!P || !M || !yv || !bacc) {
+    if (!P || !M || !bacc) {
         status = -((int64_t)1 << 62);
         goto done;
     }
@@ -159,7 +161,6 @@ int64_t fedpriv_segment_stats(const float *F, int64_t n_src, int64_t d,
                     sw = wr > 0.0 ? (float)sqrt(wr) : (wr != wr ? NAN : 0.0f); /* NaN stays NaN: the reply check rejects it */
                 }
                 const float yr = y ? sw * (float)y[at] : 0.0f;
-                yv[k] = yr;
                 cs += (double)yr * yr;
                 const float *fr = F + src * d;
                 float *pr = P + k * ld;
@@ -196,7 +197,6 @@ int64_t fedpriv_segment_stats(const float *F, int64_t n_src, int64_t d,
 done:
     free(P);
     free(M);
-    free(yv);
     free(bacc);
     return status;
 }

@@ -182,9 +182,14 @@ def _check_entries(n: int, indptr: np.ndarray, weights, targets, order) -> None:
         raise ValueError(f"segment_stats: weights ({len(weights)}) and targets ({len(targets)}) differ in length")
 
 
+def _value_count(index, weights, targets) -> int:
+    """How many per-entry values there are to read (``order`` indexes into these)."""
+    return len(weights if weights is not None else targets if targets is not None else index)
+
+
 def _check_sources(index, n_src: int, order, weights, targets) -> None:
     """The fallback paths' bounds check (numpy would wrap negative indices around)."""
-    for name, a, size in (("index", index, n_src), ("order", order, len(weights if weights is not None else targets if targets is not None else index))):
+    for name, a, size in (("index", index, n_src), ("order", order, _value_count(index, weights, targets))):
         if a is not None and len(a) and (np.min(a) < 0 or np.max(a) >= size):
             raise IndexError(f"segment_stats: {name} holds entries outside 0..{size - 1}")
 
@@ -197,7 +202,7 @@ def _segment_stats_native(lib, factors, index, indptr, weights, targets, order) 
     w = None if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
     y = None if targets is None else np.ascontiguousarray(targets, dtype=np.float64)
     order = None if order is None else np.ascontiguousarray(order, dtype=np.int64)
-    n_wy = len(index) if order is None else len(w if w is not None else y if y is not None else order)
+    n_wy = len(index) if order is None else _value_count(index, w, y)  # order has len(index) entries (checked)
     n_seg, d = len(indptr) - 1, F.shape[1]
     A = np.empty((n_seg, d, d), dtype=np.float32)
     b = np.empty((n_seg, d), dtype=np.float32)

@@ -68,6 +68,9 @@ def _spec_and_dataset(data: Any, options: dict[str, Any] | None) -> tuple[DataSp
 
     options = {k: v for k, v in (options or {}).items() if v is not None}
     if isinstance(data, str):
+        items = options.get("items")
+        if items is not None and not isinstance(items, (str, os.PathLike)):
+            return _spec_with_item_list(data, options, items)
         return parse_data_spec(data, {k: _text(v) for k, v in options.items()} or None), None
     if isinstance(data, DataSpec):
         if options:
@@ -85,6 +88,22 @@ def _spec_and_dataset(data: Any, options: dict[str, Any] | None) -> tuple[DataSp
     raise ConfigError(f"expected a data spec string, a DataSpec, a Dataset or a pandas DataFrame, got {type(data).__name__}", field="data")
 
 
+def _spec_with_item_list(data: str, options: dict[str, Any], items: Any) -> tuple[DataSpec, Dataset]:
+    """A csv/parquet spec string whose catalogue is given as a sequence of item ids: the other
+    options are parsed as strings (a placeholder stands for the list in the checks), the file is
+    loaded with the ids."""
+    from .data.spec import TABULAR_KINDS, DataSpec, parse_data_spec
+    from .data.tabular import load_tabular
+
+    text = {k: _text(v) for k, v in options.items() if k != "items"}
+    spec = parse_data_spec(data, {**text, "items": "<list>"})
+    if spec.kind not in TABULAR_KINDS:
+        raise ConfigError(f"items= applies to csv:/parquet: data and DataFrames, not {spec.kind}: data", field="items")
+    params = {k: v for k, v in spec.params.items() if k != "items"}
+    ds = load_tabular(spec.kind, spec.path, **params, items=items)
+    return DataSpec(spec.kind, path=spec.path, params=params), ds
+
+
 def _text(value: Any) -> str:
     """A keyword value as the CLI would have written it (``rating_range=(1, 5)`` -> ``1,5``)."""
     if isinstance(value, bool):
@@ -97,8 +116,10 @@ def _text(value: Any) -> str:
 def load_data(data: str | DataSpec | pd.DataFrame, **options: Any) -> Dataset:
     """Load a data set: a spec string (``"ml-100k:PATH"``, ``"csv:PATH"``, ``"parquet:PATH"``,
     ``"synthetic-mf:users=...,items=...,ratings=..."``; ``options`` are the ``--data-opt``
-    options of csv/parquet, e.g. ``user="uid", rating_range=(1, 5)``) or a pandas DataFrame
-    (``options``: those of :func:`fedpriv.data.tabular.dataset_from_pandas`)."""
+    options of csv/parquet, e.g. ``user="uid", rating_range=(1, 5), items="items.csv"``) or a
+    pandas DataFrame (``options``: those of :func:`fedpriv.data.tabular.dataset_from_pandas`).
+    ``items`` (a file, or a sequence of raw item ids) declares the item catalogue, which the
+    private algorithms need when there is no features table."""
     from .data.spec import load_spec
 
     spec, ds = _spec_and_dataset(data, options)
@@ -126,7 +147,8 @@ def train(
     ``noise_seed``: reproducible noise (privacy then holds only against those who do not know
     it); by default all noise comes from the OS CSPRNG. ``data_options``: csv/parquet options
     for a spec string, or :func:`fedpriv.data.tabular.dataset_from_pandas` keywords for a
-    DataFrame.
+    DataFrame; a private algorithm on your own data needs its item catalogue declared there
+    (``items``: a file or a sequence of item ids, or ``features``).
     """
     from .model import Model
     from .run import run

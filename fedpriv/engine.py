@@ -198,10 +198,22 @@ class _ShardRecommendTransport:
             total = distributed.add_words(plan, total, words)
         return (lambda: total), len(self.shards)
 
-    def reports(self, state, candidates, lo, hi, cfg):
+    def reports(self, state, candidates, lo, hi, cfg, secure: bool = False):
+        self.pending = []
         for i, (s, h) in enumerate(zip(self.shards, self.held)):
             rep = recommend.client_recommend(s, state, candidates, lo, hi, cfg, h, reproducible=self.reproducible)
-            yield i, s.n_users, rep.picks, rep.records, rep.sums
+            if secure:
+                self.pending.append(rep.sums)
+            yield i, s.n_users, rep.picks, rep.records, None if secure else rep.sums
+
+    def measure_eval(self, parts):
+        """Secure mode: the arithmetic of the measurement sum (fixed point, mod 2^64), as the
+        Flower rounds compute it."""
+        plan = distributed.ExactPlan(tuple(parts), len(self.shards))
+        total = np.zeros(plan.length, dtype=np.uint64)
+        for sums in self.pending:
+            total = total + plan.encode(sums)  # uint64 arithmetic wraps mod 2^64
+        return plan.decode(total)
 
     def reject(self, key, reason: str) -> None:
         raise ValueError(f"shard {key}: {reason}")  # in process, the client code is ours: a bug

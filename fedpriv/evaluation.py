@@ -129,3 +129,21 @@ def evaluate_logistic(state: als.PublicState, history: Interactions, target: Int
     users = np.unique(target.users)
     sums = shard_logistic_sums(state, shard_users(history, users), shard_users(target, users), metrics.frequency_buckets(item_counts))
     return logistic_from_sums(sums, item_counts)
+
+
+def eval_keys(logistic: bool) -> tuple[str, ...]:
+    """The keys of a node's evaluation sums (each an array of 5 frequency buckets)."""
+    return tuple(f"{p}_{k}" for p in ("valid", "test") for k in (("logloss", "correct", "n") if logistic else ("sse", "n")))
+
+
+def node_eval_sums(state: als.PublicState, history, valid, test, item_bucket: np.ndarray, logistic: bool) -> dict[str, np.ndarray]:
+    """One node's per-bucket evaluation sums on its validation and test ratings (:func:`eval_keys`):
+    sent in plaintext in central mode, as a secure measurement sum in secure mode."""
+    out = {}
+    for part, target in (("valid", valid), ("test", test)):
+        if logistic:
+            out.update({f"{part}_{k}": v for k, v in shard_logistic_sums(state, history, target, item_bucket).items()})
+        else:
+            sse, cnt = shard_squared_errors(state, history, target, item_bucket)
+            out[f"{part}_sse"], out[f"{part}_n"] = sse, cnt
+    return out

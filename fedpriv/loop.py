@@ -87,8 +87,8 @@ class SecureAggregator:
     ledger checks the budget and records each part before it is decoded. No code here sees an
     exact sum."""
 
-    def __init__(self, ledger: PrivacyLedger, dropout: float = 0.0):
-        self.ledger, self.dropout = ledger, dropout
+    def __init__(self, ledger: PrivacyLedger, dropout: float = 0.0, colluders: int = 1):
+        self.ledger, self.dropout, self.colluders = ledger, dropout, colluders
         self.client_seconds = 0.0
 
     def _round(self, transport, kind: str, state: als.PublicState, step: int = 0):
@@ -102,7 +102,8 @@ class SecureAggregator:
             return out
 
         # the budget check comes first; only then is the sum unmasked, decoded and recorded
-        values, proxy = distributed.secure_round(self.ledger, secure.round_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=self.dropout, secure_sum=gather)
+        values, proxy = distributed.secure_round(self.ledger, secure.round_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=self.dropout,
+                                                   colluders=self.colluders, secure_sum=gather)
         return secure.release(kind, values, state, proxy.plan)
 
     def users(self, transport, state: als.PublicState) -> int:
@@ -124,7 +125,7 @@ class SecureAggregator:
 def make_aggregator(cfg, ledger: PrivacyLedger | None):
     """The aggregator of ``cfg.aggregation``."""
     if getattr(cfg, "aggregation", "central") == "secure":
-        return SecureAggregator(ledger, cfg.secure_dropout)
+        return SecureAggregator(ledger, cfg.secure_dropout, cfg.secure_collusion)
     return CentralAggregator(ledger)
 
 
@@ -191,8 +192,12 @@ class RecommendTransport(Protocol):
     def histogram(self, state: als.PublicState, candidates: np.ndarray, cfg) -> np.ndarray:
         """The summed (candidates x bins) score histograms, each checked by the transport."""
 
-    def reports(self, state: als.PublicState, candidates: np.ndarray, lo: np.ndarray, hi: np.ndarray, cfg):
-        """Yields (client key, users, picks, ledger records, evaluation sums) per client."""
+    def reports(self, state: als.PublicState, candidates: np.ndarray, lo: np.ndarray, hi: np.ndarray, cfg, secure: bool = False):
+        """Yields (client key, users, picks, ledger records, evaluation sums) per client; with
+        ``secure`` the sums stay with the clients (None) until :meth:`measure_eval`."""
+
+    def measure_eval(self, parts: list[tuple[str, int]]) -> dict[str, np.ndarray]:
+        """Secure mode: the clients' evaluation sums, totalled by a secure measurement sum."""
 
     def reject(self, key, reason: str) -> None:
         """A client's report failed the checks."""
@@ -212,15 +217,19 @@ def recommend_rounds(transport: RecommendTransport, state: als.PublicState, cfg,
     else:
         lo, hi = recommend.public_ranges(state, candidates, cfg)
     sums, reports = None, {}
-    for key, n_users, picks, records, part in transport.reports(state, candidates, lo, hi, cfg):
+    secure_eval = state.config.aggregation == "secure"  # the server sees no client's own evaluation sums
+    for key, n_users, picks, records, part in transport.reports(state, candidates, lo, hi, cfg, secure_eval):
         try:
-            rels = recommend.check_report(picks, records, part, n_users, len(candidates), cfg)
+            rels = recommend.check_report(picks, records, None if secure_eval else part, n_users, len(candidates), cfg)
         except (KeyError, ValueError, TypeError) as exc:  # RejectedReport is a ValueError
             transport.reject(key, f"recommendation reply rejected: {exc}")
             continue
         recommend.merge_records(ledger, rels)
-        sums = recommend.add_sums(sums, part)
+        if not secure_eval:
+            sums = recommend.add_sums(sums, part)
         reports[key] = candidates[np.asarray(picks, dtype=np.int64)]
+    if secure_eval and reports:
+        sums = transport.measure_eval(recommend.eval_parts())
     return recommend.summarize(sums, lo, hi), reports
 
 
@@ -230,7 +239,8 @@ def _secure_ranges(transport, state: als.PublicState, candidates: np.ndarray, cf
     the ranges are read off the noised sum by the same release function (post-processing)."""
     k = len(candidates)
     n_nodes, max_users = transport.population()
-    parts = [(recommend.HIST_RELEASE, k * cfg.bins, float(np.sqrt(k)), recommend.hist_multiplier(cfg))]
+    parts = [(recommend.HIST_RELEASE, k * cfg.bins, float(np.sqrt(k)), recommend.hist_multiplier(cfg, integer_orders=True))]
     values, proxy = distributed.secure_round(ledger, parts, n_nodes=n_nodes, max_users=max_users, dropout=state.config.secure_dropout,
+                                             colluders=state.config.secure_collusion,
                                              secure_sum=lambda plan: transport.secure_histogram(plan, state, candidates, cfg))
     return recommend.release_ranges(values[recommend.HIST_RELEASE].reshape(k, cfg.bins), state, cfg, proxy)

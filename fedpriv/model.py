@@ -7,16 +7,20 @@ into place):
   model has item biases, ``item_ids`` (the raw item ids, when they are numbers), and
   ``encoder_params`` (the AM-SSP family's released item encoder, flattened) when there is one;
 - ``model.json``: the algorithm, its config, the rating range, implicit or not, the released
-  mean, the number of items, the raw item ids (when they are strings), the item display names,
-  epsilon and delta spent, and the format version;
+  mean, the released number of users (0 when none was released), the number of items, the raw
+  item ids (when they are strings), the item display names, epsilon and delta spent, the format
+  version, and ``info``: the algorithm, the data set's public label (its kind: ``ml-100k``,
+  ``csv``, ``synthetic-mf``, ...), the engine and the target epsilon;
 - ``ledger.json``: the releases that produced it (the accountant's input).
 
 Everything in it is released: noised statistics and their post-processing (item embeddings and
 biases solved from noised sums, the released mean), public metadata (item ids and names) and
-public choices (the config). Nothing about any user is saved; a user's vector is solved on
-their own device from their own ratings, by the same function the Flower ClientApp uses for its
-private recommendations (:func:`fedpriv.algorithms.recommend.client_scores`), and spends no
-privacy budget.
+public choices (the config). Nothing about any user is saved, and nothing computed on private
+data that was not released: no test or validation metric (those are measured on held-out
+private ratings; they stay in the run's ``metrics.json``), no local path (the data spec's path
+or parameters). A user's vector is solved on their own device from their own ratings, by the
+same function the Flower ClientApp uses for its private recommendations
+(:func:`fedpriv.algorithms.recommend.client_scores`), and spends no privacy budget.
 """
 
 from __future__ import annotations
@@ -37,6 +41,27 @@ from .errors import ConfigError, DataError
 
 FORMAT = "fedpriv-model/1"
 FILES = ("model.npz", "model.json", "ledger.json")
+#: The keys of ``model.json``'s ``info``: public configuration only (older models also held a
+#: test metric and the data spec with its path; loading drops them).
+INFO_KEYS = ("algorithm", "dataset", "engine", "epsilon")
+
+
+def public_data_label(spec_text) -> str | None:
+    """The public label of a data spec: its kind (``ml-100k``, ``csv``, ``synthetic-mf``,
+    ``dataframe``, ...), never its path nor its parameters; None for an unknown kind."""
+    from .data.spec import FILE_KINDS, PUBLIC_KIND, SYNTHETIC_KINDS, TABULAR_KINDS
+
+    kind = str(spec_text).partition(":")[0]
+    return kind if kind in (*FILE_KINDS, *SYNTHETIC_KINDS, *TABULAR_KINDS, PUBLIC_KIND, "dataframe", "dataset") else None
+
+
+def public_info(info) -> dict:
+    """``info`` cut down to :data:`INFO_KEYS`, the data set reduced to its public label."""
+    info = info if isinstance(info, dict) else {}
+    out = {k: info[k] for k in INFO_KEYS if k in info}
+    if "dataset" in out:
+        out["dataset"] = public_data_label(out["dataset"])
+    return out
 
 
 @dataclass
@@ -49,7 +74,7 @@ class Model:
     ledger: list[dict] = field(default_factory=list)
     epsilon_spent: float | None = None
     delta: float | None = None
-    info: dict = field(default_factory=dict)  # dataset, engine, metrics summary (public)
+    info: dict = field(default_factory=dict)  # algorithm, data set label, engine, target epsilon (public)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -57,7 +82,7 @@ class Model:
         """The model of a finished run (``train``: its training interactions, for the item ids)."""
         if state.item_factors is None:
             raise ConfigError(f"{state.algorithm} released no item embeddings to save", field="--save-model")
-        info = {k: metrics.get(k) for k in ("algorithm", "dataset", "engine", "epsilon", "test_rmse", "test_recall") if k in metrics}
+        info = public_info(metrics)  # no metric: they are measured on held-out private ratings
         return cls(state=state, item_ids=np.asarray(train.item_ids), item_names=item_names, ledger=list(ledger),
                    epsilon_spent=metrics.get("epsilon_spent"), delta=metrics.get("delta"), info=info)
 
@@ -84,7 +109,8 @@ class Model:
                 "algorithm": self.state.algorithm,
                 "config": self.state.config.to_dict(),
                 "n_items": int(self.state.n_items),
-                "n_users_released": int(self.state.n_users),
+                # private runs: the released (noised) count, or 0; a non-private run releases none
+                "n_users_released": int(self.state.n_users) if self.state.private else 0,
                 "rating_range": [float(x) for x in self.state.rating_range],
                 "implicit": bool(self.state.implicit),
                 "mean": float(self.state.mean),
@@ -92,7 +118,7 @@ class Model:
                 "item_names": self.item_names,
                 "epsilon_spent": self.epsilon_spent,
                 "delta": self.delta,
-                "info": self.info,
+                "info": public_info(self.info),
             }
             (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             (tmp / "ledger.json").write_text(json.dumps(self.ledger, indent=2) + "\n", encoding="utf-8")
@@ -142,7 +168,7 @@ class Model:
             raise DataError(f"expected {n_items} item ids, got {len(ids)}", path=str(path / "model.json"))
         names = meta.get("item_names")
         return cls(state=state, item_ids=ids, item_names=names, ledger=ledger, epsilon_spent=meta.get("epsilon_spent"),
-                   delta=meta.get("delta"), info=meta.get("info") or {})
+                   delta=meta.get("delta"), info=public_info(meta.get("info")))
 
     # ------------------------------------------------------------------ recommendations
     def dense_items(self, raw_items) -> np.ndarray:

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from . import evaluation
-from .algorithms import als
+from .algorithms import als, registry
 from .algorithms import protocol as algorithm_protocol
 from .algorithms.names import is_private
-from .data.spec import HELDOUT_KINDS, DataSpec, load_spec, parse_data_spec
+from .data.spec import HELDOUT_KINDS, DataSpec, load_spec, parse_data_spec, require_declared_catalogue
 from .data.splits import HeldoutSplit, heldout_users_split, random_split
 from .engine import train_inprocess
 from .errors import ConfigError
@@ -179,6 +179,11 @@ def run(
     inter = ds.interactions
     if inter is None:  # a partitioned deployment's public folder: the server holds no ratings
         return _run_public(algorithm, spec, ds, cfg, opts, overrides, engine, epsilon, delta, private, work_dir, flower_runner, secrets, t0, second_opinion, progress)
+    # a private run needs an item catalogue that does not depend on the ratings (before any training)
+    if registry.get(algorithm).private:
+        require_declared_catalogue(ds, spec, f"algorithm {algorithm!r}")
+    elif opts.recommend:
+        require_declared_catalogue(ds, spec, f"the private recommendation (recommend={opts.recommend})")
     protocol = opts.split
     if protocol == "auto":
         protocol = "heldout" if (ds.implicit or spec.kind in HELDOUT_KINDS) else "random"

@@ -183,11 +183,14 @@ def test_own_csv_trains_and_saves_on_the_command_line(tmp_path, capsys):
     rng = np.random.default_rng(1)
     rows = ["user,item,rating"] + [f"u{u},i{i},{rng.integers(1, 6)}" for u in range(300) for i in rng.choice(40, 12, replace=False)]
     (tmp_path / "mine.csv").write_text("\n".join(rows) + "\n")
-    argv = ["run", "adadpals", "--data", f"csv:{tmp_path / 'mine.csv'}", "--data-opt", "rating_range=1,5", "--epsilon", "3",
-            "--out", str(tmp_path / "out"), "--quiet", "--save-model", str(tmp_path / "model")]
+    # a private run declares its item catalogue: every item id, rated or not (i40, i41 are not)
+    (tmp_path / "items.csv").write_text("item\n" + "".join(f"i{i}\n" for i in range(42)))
+    argv = ["run", "adadpals", "--data", f"csv:{tmp_path / 'mine.csv'}", "--data-opt", "rating_range=1,5", "--data-opt",
+            f"items={tmp_path / 'items.csv'}", "--epsilon", "3", "--out", str(tmp_path / "out"), "--quiet", "--save-model", str(tmp_path / "model")]
     assert main(argv) == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["dataset"] == f"csv:{tmp_path / 'mine.csv'}" and metrics["epsilon_spent"] <= 3.0 + 1e-9
+    assert metrics["n_items"] == 42
     model = fedpriv.load_model(tmp_path / "model")
     recs = model.recommend(["i1", "i2"], [5, 1], k=4)
     assert len(recs) == 4 and all(r["item"].startswith("i") and r["item"] not in ("i1", "i2") for r in recs)

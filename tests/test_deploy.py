@@ -199,10 +199,13 @@ def test_client_handlers_read_the_node_folder(tmp_path):
     ctx = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
     reply = client_app.app(Message(content=content, dst_node_id=7, message_type="query.info"), ctx)
     assert not reply.has_error(), reply.error
-    meta = reply.content.config_records["meta"]
-    assert meta["partition_id"] == 1 and meta["n_users"] == 100 and meta["n_ratings"] == int((train.users // 100 == 1).sum())
+    assert dict(reply.content.config_records["meta"]) == {"partition_id": 1}  # configuration only, no count of the node's data
+    n_rated = len(np.unique(train.items[train.users // 100 == 1]))
     train = client_app.app(Message(content=codec.encode_state(state, str(tmp_path / "no-such-folder"), 100, 0), dst_node_id=7, message_type="train"), ctx)
     assert not train.has_error(), train.error
+    # the contribution comes from the node's own folder: its 100 users and the items they rated
+    assert train.content.config_records["meta"]["n_users"] == 100
+    assert len(train.content.array_records["contrib"]["item_ids"].numpy()) == n_rated
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -64,7 +64,8 @@ def test_noise_shares_add_up_to_the_planned_noise_and_more_contributors_add_more
         for i in range(n):
             total = dn.add_words(plan, total, dn.encode(plan, zero, np.random.default_rng(i)))
         noise = dn.decode(plan, total, n)["A"] * p.scale
-        assert np.std(noise) == pytest.approx(p.std * math.sqrt(n / 4), rel=0.1)
+        # shares sized against one colluder (the default): n shares of std^2 / (4 - 1) each
+        assert np.std(noise) == pytest.approx(p.std * math.sqrt(n / 3), rel=0.1)
     # the planned std is the central z * Delta2, times kappa (~1)
     assert p.std == pytest.approx(p.noise_multiplier * p.delta2, rel=1e-9)
     assert p.delta2 <= p.sensitivity * p.scale * (1 + 1.01 * dn.ROUNDING_SHARE)
@@ -111,7 +112,8 @@ def test_skellam_accounting_never_exceeds_the_gaussian_it_replaces(z):
         assert xi + rho * alpha <= alpha / (2 * z * z)
     sk = Release("s", "skellam", p.delta2, dn.released_std(plan, p, 10), 20, None, 5000, l1_sensitivity=p.delta1)
     ga = Release("s", "gaussian", 1.0, z, 20, None, 5000)
-    e_sk, e_ga = epsilon_rdp([sk], 1e-5), epsilon_rdp([ga], 1e-5)
+    # Skellam records are accounted at integer orders only (the bound is proven there): compare there
+    e_sk, e_ga = epsilon_rdp([sk], 1e-5), epsilon_rdp([ga], 1e-5, integer_orders=True)
     assert e_sk <= e_ga
     assert e_sk == pytest.approx(e_ga, rel=1e-4)
 
@@ -131,9 +133,9 @@ def test_the_ledger_records_a_secure_round_and_json_recomputes_its_epsilon(tmp_p
     assert again == ledger.releases
     eps = RdpAccountant().epsilon(again, 1e-5)
     assert eps == pytest.approx(epsilon_rdp(ledger.releases, 1e-5), rel=1e-12)
-    # and it is the Gaussian epsilon of z = 1.5 and z = 3 composed (to 4 digits)
+    # and it is the Gaussian epsilon of z = 1.5 and z = 3 composed at integer orders (to 4 digits)
     ga = [Release("b", "gaussian", 1.0, 1.5, 1, None, 300), Release("A", "gaussian", 1.0, 3.0, 1, None, 1000)]
-    assert eps == pytest.approx(epsilon_rdp(ga, 1e-5), rel=1e-4)
+    assert eps == pytest.approx(epsilon_rdp(ga, 1e-5, integer_orders=True), rel=1e-4)
     # a budget the round would exceed refuses before unmasking
     tight = PrivacyLedger(budget=(0.5, 1e-5), accountant=RdpAccountant())
     called = []

@@ -105,3 +105,43 @@ def test_user_choices_do_not_move_when_another_user_leaves():
     before = user_groups(user_keys(key, data.user_ids), 5)
     after = user_groups(user_keys(key, data.without(17).user_ids), 5)
     assert np.array_equal(np.delete(before, 17), after)
+
+
+# the private bias model and the bias stage (the noise-aware defaults' usual choice): every
+# release, the stage's "bias" release (per item: sum of weights, sum of clipped residuals) included
+BIAS_RUNS = {
+    "bias": ("bias", lambda: als.ALSConfig.from_overrides({}, "bias")),
+    "adadpals+bias_stage": ("adadpals", lambda: als.ALSConfig(rank=3, steps=2, init_scale=1.0, bias_stage=True)),
+    "dpals-uniform+bias_stage": ("dpals-uniform", lambda: als.ALSConfig(rank=3, steps=2, k=8, init_scale=1.0, bias_stage=True)),
+    # the noise-aware defaults on this small set: the bias model alone (rank 0, no steps)
+    "adadpals-noise-aware": ("adadpals", lambda: als.ALSConfig.from_overrides({}, "adadpals")),
+}
+
+
+@pytest.mark.parametrize("run", list(BIAS_RUNS))
+def test_removing_a_renumbered_user_moves_the_bias_releases_within_their_sensitivity(tmp_path, raw, run):
+    algorithm, make_cfg = BIAS_RUNS[run]
+    worst = {}
+    for n, user in enumerate(_removable(raw)):
+        d, d_prime = _neighbours(tmp_path / str(n), raw, user)
+        common = dict(rating_range=(1.0, 5.0), epsilon=2.0, progress=False, users_per_shard=16)
+        # with the run's budget, as its own ledger: the noise-aware rule chooses as in a real run
+        on_d = ReplayLedger(budget=(2.0, 1e-5))
+        res = train_inprocess(algorithm, random_split(d.interactions).train, make_cfg(), secrets=RunSecrets(77), ledger=on_d, **common)
+        on_d_prime = ReplayLedger(replay=on_d, budget=(2.0, 1e-5))  # D' replays D's released count: the rule chooses the same plan
+        res_prime = train_inprocess(algorithm, random_split(d_prime.interactions).train, make_cfg(), secrets=RunSecrets(77), ledger=on_d_prime, **common)
+        cfg = res.state.config
+        assert res_prime.state.config == cfg
+        planned = {p.name for p in als.plan_releases(algorithm, cfg, False)}
+        moved = influence(on_d, on_d_prime)
+        assert set(moved) == planned
+        for name, ratio in moved.items():
+            assert ratio <= TOL, f"{run}: removing user {user} moves {name} by {ratio:.3f} x its sensitivity"
+            worst[name] = max(worst.get(name, 0.0), ratio)
+    if algorithm == "bias":  # the bias model's step: rank-0 item statistics (kappa alone)
+        assert cfg.rank == 0 and {"item_stats_A", "item_stats_b"} <= set(worst) and "bias" not in worst
+    else:
+        assert cfg.bias_stage and "bias" in worst
+    if run == "adadpals-noise-aware":
+        assert (cfg.rank, cfg.steps) == (0, 0) and set(worst) == {"users", "mean", "bias"}
+    assert all(v > 0.01 for v in worst.values()), worst

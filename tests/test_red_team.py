@@ -16,14 +16,19 @@ def red_team():
 
 
 def test_default_outputs_give_nothing_away(red_team):
-    rep = red_team(DATA, small_seeds=200, neighbour_algorithms=("adadpals", "dpals-uniform", "dpsgd"))
+    rep = red_team(DATA, small_seeds=200, neighbour_algorithms=("adadpals", "dpals-uniform", "dpsgd", "bias", "adadpals+bias_stage", "adadpals+defaults=noise-aware"))
     assert rep["noise"].startswith("secret")
     assert rep["published"]["messages_seen_by_nodes"] > 0 and rep["published"]["integers_tried"] > 200
     regen = rep["noise_regeneration"]
     assert regen["applicable"] and not regen["recovered"] and regen["best_residual_over_noise_std"] > 0.5
     ren = rep["renumbering"]
     assert ren["n_items"][0] == ren["n_items"][1] and not ren["recovered"]
-    assert all(ren[a]["holds"] for a in ("adadpals", "dpals-uniform", "dpsgd"))
+    assert all(ren[a]["holds"] and ren[a]["unmeasured"] == [] for a in ("adadpals", "dpals-uniform", "dpsgd", "bias", "adadpals+bias_stage", "adadpals+defaults=noise-aware"))
+    # the bias stage's release is measured (and moved by the removed user), with and without the noise-aware rule
+    for entry in ("adadpals+bias_stage", "adadpals+defaults=noise-aware"):
+        assert 0.01 < ren[entry]["max_move_over_sensitivity"]["bias"] <= 1 + 1e-5
+    # the bias model: its rank-0 item statistics
+    assert {"item_stats_A", "item_stats_b"} <= set(ren["bias"]["max_move_over_sensitivity"])
     assert not rep["sample_inference"]["recovered"]
     assert rep["recovered_anything"] is False
 
@@ -60,3 +65,19 @@ def test_a_node_sees_no_exact_user_count_and_no_secret(algorithm):
         assert "noise_seed" not in _json.loads(str(cfg["config"]))
     # before the users round 0, then the released count (the noise-aware defaults read it)
     assert counts == {0, metrics["released_n_users"]}
+
+
+def test_neighbour_entries():
+    """Attack 2's entries: ALG (the small fixed-defaults run, no bias stage), ALG+KEY[=VALUE]
+    (``+bias_stage``: the stage on), and the bias model from its own fixed defaults (rank 0)."""
+    from conftest import load_script
+
+    rt = load_script("red_team")
+    alg, cfg = rt.neighbour_config("adadpals")
+    assert alg == "adadpals" and (cfg.rank, cfg.steps, cfg.bias_stage, cfg.defaults) == (4, 2, False, "fixed")
+    alg, cfg = rt.neighbour_config("adadpals+bias_stage")
+    assert alg == "adadpals" and (cfg.rank, cfg.steps, cfg.bias_stage) == (4, 2, True)
+    assert rt.neighbour_config("adadpals+defaults=noise-aware")[1].defaults == "noise-aware"
+    alg, cfg = rt.neighbour_config("bias")
+    assert alg == "bias" and cfg.rank == 0 and cfg.defaults == "noise-aware"
+    assert {"bias", "adadpals+bias_stage"} <= set(rt.NEIGHBOUR_ALGORITHMS)

@@ -41,11 +41,12 @@ def test_flower_secure_rounds_release_what_the_inprocess_engine_releases(tmp_pat
     assert {r["mechanism"] for r in res.ledger.to_list()} == {"skellam"}
     # no plain contribution round: only the secure rounds (keys once; share, mask, unmask per release)
     types = set(seen)
-    assert not types & {"query.users", "query.mean", "query.counts", "train"}
+    assert not types & {"query.users", "query.mean", "query.counts", "train", "evaluate"}
     releases = 3 + cfg.steps  # users, mean, counts, then one per step
+    measurements = 1  # the evaluation's sums: a secure sum without noise, no ledger record
     assert seen.count("query.secagg_keys") == 10
     for t in ("query.secagg_share", "query.secagg_mask", "query.secagg_unmask"):
-        assert seen.count(t) == 10 * releases
+        assert seen.count(t) == 10 * (releases + measurements)
     assert res.rejected == []
 
 

@@ -1,15 +1,17 @@
 """From a pandas DataFrame to a private model to one user's recommendations.
 
-    python examples/python-api/dataframe_to_recommendations.py [--ratings ratings.csv]
+    python examples/python-api/dataframe_to_recommendations.py [--ratings ratings.csv --items items.csv]
 
-Without --ratings it builds a small synthetic table (user, item, rating) in memory; with it,
-it reads your CSV (columns user,item,rating; ratings on a 1..5 scale).
+Without --ratings it builds a small synthetic table (user, item, rating) in memory, and its item
+catalogue; with it, it reads your CSV (columns user,item,rating; ratings on a 1..5 scale) and
+your item catalogue (--items: a file with a header line, then one item id per line: every item,
+rated or not). A private algorithm needs the catalogue declared: taken from the ratings, it
+would change when a user who is an item's only rater joins.
 """
 
 from __future__ import annotations
 
 import argparse
-import warnings
 
 import numpy as np
 import pandas as pd
@@ -17,7 +19,10 @@ import pandas as pd
 import fedpriv
 
 
-def synthetic_table(n_users: int = 3000, n_items: int = 150, seed: int = 0) -> pd.DataFrame:
+N_ITEMS = 150
+
+
+def synthetic_table(n_users: int = 3000, n_items: int = N_ITEMS, seed: int = 0) -> pd.DataFrame:
     """Low-rank ratings on a 1..5 scale, about 30 per user (public synthetic data)."""
     rng = np.random.default_rng(seed)
     U, V = rng.normal(0, 0.7, size=(n_users, 3)), rng.normal(0, 0.7, size=(n_items, 3))
@@ -31,13 +36,14 @@ def synthetic_table(n_users: int = 3000, n_items: int = 150, seed: int = 0) -> p
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ratings", help="CSV with columns user,item,rating")
+    p.add_argument("--items", help="the item catalogue: a header line, then one item id per line (needed with --ratings)")
     args = p.parse_args()
+    if args.ratings and not args.items:
+        p.error("--ratings needs --items: the private model's item catalogue is declared, never read off the ratings")
     df = pd.read_csv(args.ratings) if args.ratings else synthetic_table()
-    warnings.simplefilter("ignore", UserWarning)  # no features table: the catalogue is the rated items (said once here)
-    print("item catalogue: the rated items (give data_options={'features': ...} for a public catalogue)")
-
-    # the rating range is public: it is declared, never read off the data
-    options = {"rating_range": (1, 5)}
+    # the item catalogue and the rating range are public: declared, never read off the data
+    items = args.items if args.items else [f"item{i}" for i in range(N_ITEMS)]
+    options = {"rating_range": (1, 5), "items": items}
     result = fedpriv.train("adadpals", df, epsilon=5.0, data_options=options)
     print(f"epsilon spent {result.epsilon:.3f} (dp-accounting, from {len(result.ledger)} ledger records)")
     # beside the private model: the private bias model and the non-private model, on the same split

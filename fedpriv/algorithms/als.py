@@ -155,7 +155,8 @@ def calibrate_plan(algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: floa
     plan = plan_releases(algorithm, cfg, implicit)
     if not plan:
         return {}
-    return calibrate(plan, epsilon, delta).multipliers
+    # secure mode: the releases carry Skellam noise, whose RDP bound holds at integer orders only
+    return calibrate(plan, epsilon, delta, integer_orders=cfg.aggregation == "secure").multipliers
 
 
 # ---------------------------------------------------------------------------- sensitivities

@@ -113,6 +113,7 @@ class ALSConfig:
     # (nodes add Skellam noise shares and mask their words: only the noised sum is revealed)
     aggregation: str = "central"
     secure_dropout: float = 0.0  # secure: fraction of nodes that may drop (shares sized for the rest)
+    secure_collusion: int = 1  # secure: nodes that may pool their own noise shares (the noise holds without them)
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, str | float | int | bool], algorithm: str | None = None) -> "ALSConfig":
@@ -165,6 +166,8 @@ class ALSConfig:
             raise ConfigError(f"must be 'central' or 'secure', got {self.aggregation!r}", field="aggregation")
         if not (0 <= self.secure_dropout < 1):
             raise ConfigError(f"must be in [0, 1), got {self.secure_dropout}", field="secure_dropout")
+        if not (isinstance(self.secure_collusion, int) and self.secure_collusion >= 0):
+            raise ConfigError(f"must be an integer >= 0, got {self.secure_collusion!r}", field="secure_collusion")
         if self.defaults not in ("fixed", "noise-aware"):
             raise ConfigError(f"must be 'fixed' or 'noise-aware', got {self.defaults!r}", field="defaults")
         if self.weight_mode not in ("clip", "normalize"):
@@ -195,6 +198,7 @@ class PAMConfig:
     seed: int = 1234  # public seed (the pam-exp net); noise and user groups come from secret randomness
     aggregation: str = "central"  # or 'secure' (pam, pam-single-model): nodes add distributed noise and mask
     secure_dropout: float = 0.0  # secure: fraction of nodes that may drop (shares sized for the rest)
+    secure_collusion: int = 1  # secure: nodes that may pool their own noise shares (the noise holds without them)
 
     @classmethod
     def from_overrides(cls, overrides: dict) -> "PAMConfig":
@@ -223,6 +227,8 @@ class PAMConfig:
             raise ConfigError(f"must be 'central' or 'secure', got {self.aggregation!r}", field="aggregation")
         if not (0 <= self.secure_dropout < 1):
             raise ConfigError(f"must be in [0, 1), got {self.secure_dropout}", field="secure_dropout")
+        if not (isinstance(self.secure_collusion, int) and self.secure_collusion >= 0):
+            raise ConfigError(f"must be an integer >= 0, got {self.secure_collusion!r}", field="secure_collusion")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -89,5 +89,6 @@ def apply(state, ledger) -> None:
     new = dataclasses.replace(cfg, **chosen)
     new.validate()
     plan = als.plan_releases(state.algorithm, new, state.implicit)
-    state.multipliers = dict(calibrate(plan, epsilon, delta, pinned={"users": state.multipliers["users"]}).multipliers)
+    # secure mode's Skellam records are accounted at integer orders only: calibrate there too
+    state.multipliers = dict(calibrate(plan, epsilon, delta, pinned={"users": state.multipliers["users"]}, integer_orders=new.aggregation == "secure").multipliers)
     state.config = new

@@ -172,7 +172,7 @@ def new_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsi
                 raise ConfigError(f"must be a finite number > 0, got {epsilon}", field="--epsilon")
             state.exp_epsilon = float(epsilon)
         else:
-            state.multipliers = calibrate(plan_releases(algorithm, cfg), epsilon, delta).multipliers
+            state.multipliers = calibrate(plan_releases(algorithm, cfg), epsilon, delta, integer_orders=cfg.aggregation == "secure").multipliers  # Skellam: integer orders
         budget = (epsilon, delta)  # the ledger refuses any release beyond it (pure bound included)
     return state, PrivacyLedger(seed=ledger_seed, budget=budget, accountant=BestOfAccountant() if budget else None)
 
@@ -442,7 +442,7 @@ def _secure_round(transport, kind: str, state: PAMState, ledger: PrivacyLedger, 
     """Plan a secure round, let the transport sum the nodes' noised words, check the budget,
     unmask and record; returns (decoded noised sums, a stand-in ledger for the release functions)."""
     n_nodes, max_users = transport.population()
-    return secure_round(ledger, secure_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=state.config.secure_dropout,
+    return secure_round(ledger, secure_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=state.config.secure_dropout, colluders=state.config.secure_collusion,
                         secure_sum=lambda plan: transport.secure_sum(kind, plan, state, step, group), groups=groups)
 
 

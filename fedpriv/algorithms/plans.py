@@ -21,7 +21,8 @@ def budget_plan(
     als.validate_algorithm(algorithm)
     planned = als.plan_releases(algorithm, cfg, implicit)
     sens = {p.name: als.sensitivity(p.name, cfg, rating_range) for p in planned}
-    plan = calibrated_plan(algorithm, planned, sens, epsilon, delta, rating_range=rating_range, tuning=tuning)
+    secure = cfg.aggregation == "secure"  # Skellam noise: calibrated and accounted at integer RDP orders
+    plan = calibrated_plan(algorithm, planned, sens, epsilon, delta, rating_range=rating_range, tuning=tuning, integer_orders=secure)
     plan.one_shot = als.PRE_RELEASES
     before = plan.calibration.share_rule
     if tuning is None and before is not None:
@@ -38,13 +39,15 @@ def budget_plan(
             "with the count's release pinned, spending the same epsilon; the run's ledger records the plan it chose "
             "(--set defaults=fixed to run this plan as it is)."
         )
-    if cfg.aggregation == "secure":
+    if secure:
         plan.notes.append(
             "Secure aggregation: each release is a secure sum of the nodes' words (scaled so that one user moves them by "
             "2^20 or more integers, rounded, plus each node's share of Skellam noise). Its noise has standard deviation "
             "kappa * z * Delta2 in integer units, Delta2 the rounded sensitivity, kappa^2 = 1 + 3.5 / (z Delta2)^2, which "
-            "keeps its (xi, rho)-zCDP below the Gaussian's at every order: the run's ledger records Skellam releases "
-            "whose epsilon is at most the RDP epsilon above. Sampled releases are planned unsampled (no amplification "
+            "keeps its (xi, rho)-zCDP below the Gaussian's at every order. The Skellam RDP bound (Agarwal, Kairouz and "
+            "Liu 2021) is proven at integer orders only, so the run's ledger is accounted at integer orders and this "
+            "plan is calibrated at them: the Skellam releases the run records spend at most the RDP epsilon above. "
+            "Sampled releases are planned unsampled (no amplification "
             "for distributed noise), and the PLD line is the Gaussian's (dp-accounting has no Skellam PLD)."
         )
     return plan

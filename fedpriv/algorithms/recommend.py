@@ -236,10 +236,14 @@ def evaluation_sums(q: np.ndarray, sens: np.ndarray, picks: np.ndarray, shard: U
 HIST_RELEASE = "rec_score_hist"
 
 
-def hist_multiplier(cfg: RecommendConfig) -> float:
+def hist_multiplier(cfg: RecommendConfig, *, integer_orders: bool = False) -> float:
+    """z of the histogram release, calibrated to (hist_epsilon, hist_delta). ``integer_orders``:
+    True for secure mode (Skellam noise, accounted at integer RDP orders only), False for central
+    mode (dp-accounting's usual orders)."""
     from ..privacy.accounting import PlannedRelease, calibrate
 
-    return calibrate([PlannedRelease("rec_score_hist", 1, 1.0)], cfg.hist_epsilon, cfg.hist_delta).multiplier("rec_score_hist")
+    plan = [PlannedRelease(HIST_RELEASE, 1, 1.0)]
+    return calibrate(plan, cfg.hist_epsilon, cfg.hist_delta, integer_orders=integer_orders).multiplier(HIST_RELEASE)
 
 
 def release_ranges(total: np.ndarray, state: als.PublicState, cfg: RecommendConfig, ledger: PrivacyLedger) -> tuple[np.ndarray, np.ndarray]:
@@ -247,7 +251,8 @@ def release_ranges(total: np.ndarray, state: als.PublicState, cfg: RecommendConf
     through the ledger (L2 sensitivity sqrt(k)), then read [lo_a, hi_a] off the noised
     histogram (post-processing)."""
     k = total.shape[0]
-    noised = ledger.gaussian(HIST_RELEASE, total, sensitivity=math.sqrt(k), noise_multiplier=hist_multiplier(cfg))
+    z = hist_multiplier(cfg, integer_orders=state.config.aggregation == "secure")  # secure: the decoded Skellam sum's planned z
+    noised = ledger.gaussian(HIST_RELEASE, total, sensitivity=math.sqrt(k), noise_multiplier=z)
     return quantile_ranges(noised, hist_edges(state, cfg.bins), cfg.quantiles)
 
 
@@ -272,9 +277,16 @@ class RejectedReport(ValueError):
     pass
 
 
+def eval_parts() -> list[tuple[str, int]]:
+    """(name, length) of a client's evaluation sums (:func:`evaluation_sums`): what secure mode
+    sums as one measurement."""
+    return [(key, 1) for key in ("n", "sq_err", "abs_err", "hits", "argmax_hits", "uniform_hits", "n_eval")] + [("spearman_hist", len(CORR_BINS) - 1)]
+
+
 def check_report(picks, records, sums, n_users: int, k: int, cfg: RecommendConfig) -> list[Release]:
     """Validate one client's reply; returns its ledger records to merge. Raises
-    :class:`RejectedReport` with the reason when anything is off."""
+    :class:`RejectedReport` with the reason when anything is off. ``sums`` None: secure mode,
+    where the evaluation sums travel as one secure measurement, not in the reply."""
     picks = np.asarray(picks)
     if picks.shape != (n_users,) or picks.dtype.kind not in "iu":
         raise RejectedReport(f"expected {n_users} integer reports, got shape {picks.shape} dtype {picks.dtype}")
@@ -290,6 +302,8 @@ def check_report(picks, records, sums, n_users: int, k: int, cfg: RecommendConfi
         g[:2] != e[:2] or g[3:] != e[3:] or not math.isclose(g[2], e[2], rel_tol=1e-12) for g, e in zip(got, expected)
     ):
         raise RejectedReport(f"ledger records {got} differ from the declared selection {expected}")
+    if sums is None:
+        return [r for r in rels if isinstance(r, Release)]
     limits = {"n": n_users, "n_eval": n_users, "sq_err": None, "abs_err": None, "hits": n_users, "argmax_hits": n_users, "uniform_hits": n_users}
     for key, lim in limits.items():
         v = np.asarray(sums.get(key, np.zeros(0)), dtype=np.float64)

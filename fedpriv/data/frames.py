@@ -53,7 +53,8 @@ class RawRatings:
     ``users`` / ``items``: raw ids (int64, or a unicode array); ``ratings``: float32;
     ``duplicates_dropped``: the number of repeated (user, item) pairs that renumbering will drop
     (keeping the last rating of each; 0 with ``duplicates="error"``); ``catalogue``: with a
-    features table, the raw item id of each of its rows (the item catalogue), else None.
+    table listing the items (a features table or an items list), the raw item id of each of its
+    rows (the item catalogue), else None.
     """
 
     users: np.ndarray
@@ -300,6 +301,7 @@ def read_ratings(
     duplicates: str = "error",
     features: Table | None = None,
     feature_item: str | None = None,
+    listing: str = "features table",
 ) -> RawRatings:
     """Check the ratings of ``table`` (and the item column of a ``features`` table).
 
@@ -307,8 +309,10 @@ def read_ratings(
     ``implicit``: every row is one interaction of value 1 (no rating column); ``rating_range``:
     the declared (LO, HI) every rating must lie in (None: not checked); ``duplicates``:
     ``"error"`` (a repeated (user, item) pair is a DataError) or ``"last"`` (counted, with a
-    warning); ``feature_item``: the item column of ``features`` (default ``item``). Every item
-    rated must be listed in ``features``. Warns when a mostly integer id column is kept as text.
+    warning); ``features``: a table listing the item catalogue, one item per row (a features
+    table, or an items list: ``listing`` names it in messages); ``feature_item``: its item
+    column (default ``item``). Every item rated must be listed in it, and listed once. Warns
+    when a mostly integer id column is kept as text.
     """
     user_col, user_label = table.column(user, 0, "user", "set it with user=NAME")
     item_col, item_label = table.column(item, 1, "item", "set it with item=NAME")
@@ -333,7 +337,7 @@ def read_ratings(
         fitem = feature_item or item
         fcol, flabel = features.column(fitem, 0, "item", "set it with feature_item=NAME")
         if not len(features):
-            raise DataError("the features table has no item rows", path=features.where)
+            raise DataError(f"the {listing} has no item rows", path=features.where)
         fids = _ids(fcol, "item", flabel)
         if fids.problem is not None:
             raise features.error(*fids.problem)
@@ -344,14 +348,14 @@ def read_ratings(
         if dup.any():
             r = int(np.flatnonzero(dup)[0])
             first = int(np.flatnonzero(fids.values[:r] == fids.values[r])[0])
-            raise features.error(r, f"item {_show(fids.values[r])} is listed twice in the features table (first at {features.at(first)})")
+            raise features.error(r, f"item {_show(fids.values[r])} is listed twice in the {listing} (first at {features.at(first)})")
         catalogue = fids.values
 
     problems = []
     if catalogue is not None:
         unlisted = pd.Index(catalogue).get_indexer(items.values) < 0
         where = features.where if features is not None else ""
-        problems.append(_first((unlisted, lambda r: f"item {_show(items.values[r])} is not listed in the features table ({where})")))
+        problems.append(_first((unlisted, lambda r: f"item {_show(items.values[r])} is not listed in the {listing} ({where})")))
     u_codes = pd.factorize(users.values)[0].astype(np.int64)
     i_codes, i_uniques = pd.factorize(items.values)
     key = u_codes * max(len(i_uniques), 1) + i_codes

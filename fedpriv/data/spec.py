@@ -80,6 +80,48 @@ def parse_data_spec(spec: str, options: dict[str, str] | None = None) -> DataSpe
     raise ConfigError(f"unknown data kind {kind!r} (known: {', '.join(known)})", field="--data")
 
 
+# what declares the item catalogue of each kind of data (see require_declared_catalogue)
+_CATALOGUE_REMEDY = {
+    "tabular": (
+        "--data-opt items=FILE (a file with a header line, then one item id per line: every item, rated or not) "
+        "or a features table --data-opt features=PATH; in Python, items=FILE or items=[ids] among the data options"
+    ),
+    "frame": (
+        "items=[ids] (every item id, rated or not: fedpriv.train(..., data_options={'items': ids}), "
+        "fedpriv.load_data(df, items=ids) or dataset_from_pandas(df, items=ids)) or a features table features=DataFrame; "
+        "for a csv:/parquet: file, --data-opt items=FILE"
+    ),
+    "builtin": (
+        "the data set's item metadata file next to its ratings (ML-100K u.item, ML-1M/10M movies.dat, "
+        "ML-20M/25M/latest movies.csv, Last.fm artists.dat)"
+    ),
+}
+
+
+def require_declared_catalogue(dataset, spec: DataSpec, why: str) -> None:
+    """Refuse, for a private run, a data set whose item catalogue was read off its ratings
+    (``interactions.meta["catalogue"] == "ratings"``): adding a user who is an item's only rater
+    would add an item (``n_items`` 20 -> 21), so the neighbouring data sets of user-level DP would
+    not share the item space. ``why``: what makes the run private (named in the message). A
+    non-private run only gets the loader's warning."""
+    inter = getattr(dataset, "interactions", None)
+    if inter is None or inter.meta.get("catalogue") != "ratings":
+        return
+    if spec.kind in TABULAR_KINDS:
+        remedy, field_ = _CATALOGUE_REMEDY["tabular"], "--data-opt items"
+    elif spec.kind in FILE_KINDS:
+        remedy, field_ = _CATALOGUE_REMEDY["builtin"], "--data"
+    else:  # a DataFrame or a Dataset loaded beforehand
+        remedy, field_ = _CATALOGUE_REMEDY["frame"], "items"
+    where = getattr(dataset, "source", None) or spec.kind
+    raise ConfigError(
+        f"{where}: no item catalogue: {why} is private, but the items were taken from the ratings, so n_items and the "
+        "item ids would depend on who rated what (a new user who is the only rater of an item adds an item) and the "
+        f"privacy guarantee would not hold; declare the catalogue: {remedy}",
+        field=field_,
+    )
+
+
 def load_spec(spec: DataSpec):
     """Load or generate the data set of a spec: a :class:`fedpriv.data.loaders.Dataset`."""
     from .loaders import Dataset, load_dataset, load_jester

@@ -17,6 +17,15 @@ Options (strings in a data spec, see :func:`parse_options`; keyword arguments of
 * ``implicit=1``: implicit feedback; each row is one interaction of value 1, no rating column.
 * ``duplicates=error|last`` (default ``error``): a repeated (user, item) pair is an error, or
   keeps the last rating of the pair (with a warning; counted in ``Dataset.duplicates_dropped``).
+* ``items=PATH``: the item catalogue, declared without features: a file with a header line,
+  then one item id per line (CSV with the same ``sep``; parquet for ``.parquet``/``.pq``). A
+  file of one column is read whatever its header says; with several columns the ids are in the
+  ``feature_item`` column (default the ``item`` name) and the others are ignored. In Python
+  (:func:`dataset_from_pandas`, ``fedpriv.load_data`` / ``fedpriv.train``) ``items`` may also be
+  a sequence or array of raw item ids. It lists the item catalogue as the features table does
+  (below): every item listed gets a dense id, rated or not; a rated item not listed, an item
+  listed twice, an empty id are errors naming the file and line (``items: row N`` for a
+  sequence). Give it or a features table, not both.
 * Item features from a second table: ``features=PATH`` (parquet for ``.parquet``/``.pq``, else
   CSV with the same ``sep``, always with a header line), ``feature_item`` (its item column;
   default the ``item`` name), ``categorical=A;B`` and ``numeric=C`` (the feature columns, ``;``-
@@ -29,8 +38,13 @@ Options (strings in a data spec, see :func:`parse_options`; keyword arguments of
   otherwise, plus ``year=unknown`` for a missing value). Categorical columns give one feature
   column per value (``genre=Comedy``; an empty cell activates none). The features table lists
   the item catalogue: every item it lists gets a dense id, rated or not, and a rated item it
-  does not list is an error. Without it the rated items are the catalogue (with a warning, and
-  ``interactions.meta["catalogue"] == "ratings"``).
+  does not list is an error.
+
+The item catalogue must not depend on the ratings: a catalogue read off the ratings changes
+when a user who is an item's only rater joins (``n_items`` 20 -> 21), so add/remove-one-user
+privacy would not hold. Without ``items`` or ``features`` the rated items are the catalogue,
+with a warning and ``interactions.meta["catalogue"] == "ratings"``; a private run refuses such a
+data set (:func:`fedpriv.data.spec.require_declared_catalogue`), a non-private one trains on it.
 
 Ids are read as text and stripped of surrounding blanks; when every id of a column is an integer
 written plainly (``42``, ``-7``, ``42.0``; not ``007`` nor ``+7``) the column becomes int64, so a
@@ -99,6 +113,7 @@ class TabularOptions:
     rating_range: tuple[float, float] | None = None
     implicit: bool = False
     duplicates: str = "error"
+    items: object = None  # a file path (str), or a sequence of raw item ids (Python)
     features: str | None = None
     feature_item: str | None = None
     categorical: tuple[str, ...] | None = None
@@ -187,7 +202,7 @@ def _bins(key: str, value: str) -> int:
 
 _PARSERS: dict[str, Callable[[str, str], object]] = {
     "user": _column_name, "item": _column_name, "rating": _column_name, "sep": _separator, "header": _flag,
-    "rating_range": _range_text, "implicit": _flag, "duplicates": _duplicates, "features": _path,
+    "rating_range": _range_text, "implicit": _flag, "duplicates": _duplicates, "items": _path, "features": _path,
     "feature_item": _column_name, "categorical": _column_list, "numeric": _column_list, "multi_sep": _multi_sep,
     "name": _column_name, "bins": _bins,
 }  # fmt: skip
@@ -236,10 +251,10 @@ def _check_combination(kind: str, given: Mapping[str, object], field: str | None
         return ConfigError(message, field=field or key)
 
     if kind != "csv":
-        feature_csv = given.get("features") is not None and not _is_parquet(str(given["features"]))
+        side_csv = any(isinstance(given.get(k), str) and not _is_parquet(given[k]) for k in ("features", "items"))
         for key in _CSV_ONLY:
-            if key in given and not (key == "sep" and feature_csv):
-                raise fail(key, f"{key} applies to csv: data only (and sep to a CSV features table)")
+            if key in given and not (key == "sep" and side_csv):
+                raise fail(key, f"{key} applies to csv: data only (and sep to a CSV features table or items list)")
     implicit = bool(given.get("implicit", False))
     if implicit and given.get("rating_range") is not None:
         raise fail("rating_range", "implicit=1 data has no rating scale: leave out rating_range (it is [0, 1])")
@@ -252,8 +267,11 @@ def _check_combination(kind: str, given: Mapping[str, object], field: str | None
         )
     if given.get("duplicates", "error") not in ("error", "last"):
         raise fail("duplicates", f"expected error or last, got {given['duplicates']!r}")
+    if given.get("items") is not None and given.get("features") is not None:
+        raise fail("items", "give items=PATH or features=PATH, not both: the features table already lists the item catalogue")
     if given.get("features") is None:
-        extra = [k for k in _FEATURE_OPTIONS if given.get(k) is not None and given[k] != getattr(TabularOptions, k)]
+        allowed = ("feature_item",) if given.get("items") is not None else ()  # the items list's item column
+        extra = [k for k in _FEATURE_OPTIONS if k not in allowed and given.get(k) is not None and given[k] != getattr(TabularOptions, k)]
         if extra:
             raise fail(extra[0], f"{', '.join(extra)}: only with a features table (give features=PATH)")
         return
@@ -302,7 +320,8 @@ def load_tabular(kind: str, path: str | Path, **params) -> Dataset:
     features = None
     if opts.features is not None:
         features = _read_parquet(opts.features) if _is_parquet(opts.features) else _read_csv(opts.features, opts.sep, True)
-    return _dataset(table, opts, features, source=str(path), name=kind)
+    items = None if opts.items is None else _items_table(opts.items, opts.sep, "items")
+    return _dataset(table, opts, features, items, source=str(path), name=kind)
 
 
 def dataset_from_pandas(
@@ -314,6 +333,7 @@ def dataset_from_pandas(
     rating_range: tuple[float, float] | None = None,
     implicit: bool = False,
     duplicates: str = "error",
+    items=None,
     features=None,
     feature_item: str | None = None,
     categorical: Sequence[str] | str | None = None,
@@ -324,10 +344,12 @@ def dataset_from_pandas(
     source: str = "DataFrame",
 ) -> Dataset:
     """A data set from a DataFrame of ratings (one row per rating), with the checks of the file
-    loaders (``csv:``/``parquet:``): see the module docstring for the options. ``features`` is an
-    optional DataFrame of item features (one row per item of the catalogue); ``categorical`` /
-    ``numeric`` are lists of its columns (or ``"a;b"`` strings). Errors name ``source`` and the
-    0-based row position. A named index level can stand for a column.
+    loaders (``csv:``/``parquet:``): see the module docstring for the options. ``items``: the
+    item catalogue, a sequence or array of raw item ids (or the path of an items file);
+    ``features``: an optional DataFrame of item features (one row per item of the catalogue;
+    it then lists the catalogue); ``categorical`` / ``numeric`` are lists of its columns (or
+    ``"a;b"`` strings). Errors name ``source`` and the 0-based row position. A named index level
+    can stand for a column.
     """
     require_frame(df, "df")
     if features is not None:
@@ -335,6 +357,8 @@ def dataset_from_pandas(
     given: dict = {"user": user, "item": item, "rating": rating, "implicit": bool(implicit), "duplicates": duplicates}
     if rating_range is not None:
         given["rating_range"] = rating_range  # checked by _options
+    if items is not None:
+        given["items"] = items
     if features is not None:
         given.update(features="<DataFrame>", feature_item=feature_item, name=name, bins=bins, multi_sep=multi_sep or None)
         for key, value in (("categorical", categorical), ("numeric", numeric)):
@@ -349,7 +373,8 @@ def dataset_from_pandas(
     opts = _options("DataFrame", given, None)
     table = Table(df, source, "frame")
     ftable = None if features is None else Table(features, f"{source} features", "frame")
-    return _dataset(table, opts, ftable, source=source, name=source)
+    itable = None if items is None else _items_table(items, ",", f"{source} items")
+    return _dataset(table, opts, ftable, itable, source=source, name=source)
 
 
 # --------------------------------------------------------------------------- reading
@@ -364,8 +389,9 @@ def _existing_file(path: str | Path) -> Path:
     return p
 
 
-def _read_csv(path: str | Path, sep: str, header: bool) -> Table:
-    """Every cell as text (pandas' C parser); blank lines (and lines of empty fields) dropped."""
+def _read_csv(path: str | Path, sep: str, header: bool, rows: str = "one rating per line") -> Table:
+    """Every cell as text (pandas' C parser); blank lines (and lines of empty fields) dropped.
+    ``rows``: what the lines after the header hold (for the message about an empty file)."""
     p = _existing_file(path)
     where = str(path)
     frame = None
@@ -382,7 +408,7 @@ def _read_csv(path: str | Path, sep: str, header: bool) -> Table:
             continue
         except pd.errors.EmptyDataError:
             need = "a header line naming the columns, then " if header else ""
-            raise DataError(f"the file is empty; expected {need}one rating per line", path=where) from None
+            raise DataError(f"the file is empty; expected {need}{rows}", path=where) from None
         except (pd.errors.ParserError, pd.errors.ParserWarning) as exc:
             raise _parse_error(p, where, encoding, sep, header, exc) from None
         except OSError as exc:
@@ -446,22 +472,48 @@ def _read_parquet(path: str | Path) -> Table:
     return Table(frame, str(path), "parquet")
 
 
-def _dataset(table: Table, opts: TabularOptions, features: Table | None, *, source: str, name: str) -> Dataset:
+def _items_table(items, sep: str, where: str) -> Table:
+    """The items list as a table: a file (``str`` or path: parquet, else CSV with a header line),
+    a DataFrame, or a sequence of raw item ids (one column ``item``; rows named ``where``)."""
+    if isinstance(items, (str, Path)):
+        return _read_parquet(items) if _is_parquet(str(items)) else _read_csv(items, sep, True, "one item id per line")
+    if isinstance(items, pd.DataFrame):
+        return Table(items, where, "frame")
+    if isinstance(items, (pd.Series, pd.Index)):
+        values = items.to_numpy()
+    elif isinstance(items, (Sequence, np.ndarray)) and not isinstance(items, (bytes, bytearray)):
+        values = np.asarray(items)
+    else:
+        raise ConfigError(f"expected a sequence or array of raw item ids, or the path of an items file; got {type(items).__name__}", field="items")
+    if values.ndim != 1:
+        raise ConfigError(f"expected a flat sequence of raw item ids, got an array of shape {values.shape}", field="items")
+    return Table(pd.DataFrame({"item": pd.Series(values)}), where, "frame")
+
+
+def _dataset(table: Table, opts: TabularOptions, features: Table | None, items: Table | None, *, source: str, name: str) -> Dataset:
+    """The data set of the ratings ``table``; its item catalogue is listed by the ``features``
+    table or the ``items`` list (at most one is given), else taken from the ratings."""
+    listing, what, item_column = features, "features table", opts.feature_item
+    if items is not None:
+        listing, what = items, "items list"
+        if item_column is None and items.frame.shape[1] == 1:
+            item_column = items.columns()[0]  # one column: the ids, whatever its header says
     raw = read_ratings(
         table, user=opts.user, item=opts.item, rating=opts.rating, implicit=opts.implicit, rating_range=opts.rating_range,
-        duplicates=opts.duplicates, features=features, feature_item=opts.feature_item,
+        duplicates=opts.duplicates, features=listing, feature_item=item_column, listing=what,
     )  # fmt: skip
     catalogue = raw.catalogue
     inter, n_dup = from_raw_ids(raw.users, raw.items, raw.ratings, name=name, item_universe=catalogue)
     assert n_dup == raw.duplicates_dropped
     item_features = None
-    if features is None:
+    if catalogue is None:
         warnings.warn(
-            f"{table.where}: no features table (features=PATH): the item catalogue is taken from the ratings, "
-            "so n_items depends on the ratings (removing a user can remove items)",
+            f"{table.where}: no item catalogue (items=FILE listing the item ids, or features=PATH): the item catalogue "
+            "is taken from the ratings, so n_items depends on the ratings (adding or removing a user can add or remove "
+            "items); private algorithms refuse such data",
             stacklevel=3,
         )
-    else:
+    elif features is not None:
         assert catalogue is not None
         item_features = _item_features(features, opts, inter.item_ids, catalogue)
     rating_range = (0.0, 1.0) if opts.implicit else opts.rating_range

@@ -14,6 +14,7 @@ from . import codec
 from .pam_client import register as register_pam_handlers
 from .recommend_handlers import register as register_recommend_handlers
 from .secure_client import register as register_secure_handlers
+from .node_eval import node_eval
 from .node_secrets import with_keys
 from .partition import data_dir_of, load_shard, node_feature_table
 
@@ -28,9 +29,8 @@ def _shard(msg: Message, context: Context, part: str = "train"):
 
 
 def info(msg: Message, context: Context) -> Message:
-    state, shard = _shard(msg, context)
-    meta = ConfigRecord({"partition_id": _partition_id(context), "n_users": shard.n_users, "n_ratings": shard.n_ratings})
-    return Message(RecordDict({"meta": meta}), reply_to=msg)
+    """The node's partition id: configuration, not data (no count of users or ratings)."""
+    return Message(RecordDict({"meta": ConfigRecord({"partition_id": _partition_id(context)})}), reply_to=msg)
 
 
 def _pre_release(kind: str):
@@ -58,23 +58,10 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def evaluate(msg: Message, context: Context) -> Message:
-    """Per-bucket squared errors on the node's validation and test ratings."""
-    state, data_dir, upn = codec.decode_state(msg.content)
-    data_dir = data_dir_of(context.node_config, data_dir)
-    pid = _partition_id(context)
-    item_bucket = msg.content.array_records["eval"]["item_bucket"].numpy()
-    history = load_shard(data_dir, "train", pid, upn)
-    out = {}
-    if protocol.is_logistic(state.algorithm):
-        for part in ("valid", "test"):
-            sums = evaluation.shard_logistic_sums(state, history, load_shard(data_dir, part, pid, upn), item_bucket)
-            out.update({f"{part}_{k}": codec._arr(v) for k, v in sums.items()})  # noqa: SLF001
-        return Message(RecordDict({"eval": ArrayRecord(out)}), reply_to=msg)
-    for part in ("valid", "test"):
-        sse, cnt = evaluation.shard_squared_errors(state, history, load_shard(data_dir, part, pid, upn), item_bucket)
-        out[f"{part}_sse"] = codec._arr(sse)  # noqa: SLF001
-        out[f"{part}_n"] = codec._arr(cnt)  # noqa: SLF001
-    return Message(RecordDict({"eval": ArrayRecord(out)}), reply_to=msg)
+    """Per-bucket squared errors (or log-loss) on the node's validation and test ratings, in
+    plaintext: central mode only (secure mode sums them with ``secagg_mask``, kind ``eval``)."""
+    sums = node_eval(msg, context)
+    return Message(RecordDict({"eval": ArrayRecord({k: codec._arr(v) for k, v in sums.items()})}), reply_to=msg)  # noqa: SLF001
 
 
 def register_handlers(app) -> None:

@@ -3,8 +3,8 @@ ClientApp, in this process, as the node of its partition would (each node keeps 
 ``context.state`` across messages, as a SuperNode does). Nodes can be killed (they stop replying
 but stay listed, as on a SuperLink until their heartbeat expires) and can rejoin under a new
 node id. Used to test the ServerApp's loop (resume, rejoin) without Ray or processes, and by the
-red-team check (``observer`` sees every message a node receives). A handler that raises gives an
-error reply, as on a SuperNode."""
+red-team check (``observer`` sees every message a node receives, ``reply_observer`` every reply
+the server receives). A handler that raises gives an error reply, as on a SuperNode."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 
 class LocalGrid:
-    def __init__(self, n_nodes: int, client_app=None, on_round=None, observer=None, run_config: dict | None = None, node_config=None):
+    def __init__(self, n_nodes: int, client_app=None, on_round=None, observer=None, run_config: dict | None = None, node_config=None,
+                 reply_observer=None):
         if client_app is None:
             from fedpriv.flower.client_app import app as client_app
         for key in ("run_id", "node_id", "task_id"):  # Message() needs a task identity
@@ -30,6 +31,7 @@ class LocalGrid:
         self.on_round = on_round  # called with (grid, message_type or "get_node_ids") before each round / node listing
         self.message_types: list[str] = []
         self.observer = observer  # called with (node id, message) for every message a node receives
+        self.reply_observer = reply_observer  # called with (node id, reply) for every reply the server receives (error replies too)
         self.run_config = dict(run_config or {})  # the run config every node's context carries
         self.states: dict[int, RecordDict] = {}  # each node's own context.state, kept across messages (as a SuperNode does)
         self.node_config = node_config  # partition id -> extra node config (e.g. a deployment node's own data-dir)
@@ -69,7 +71,10 @@ class LocalGrid:
                 node_config.update(self.node_config(self.partition[nid]))
             ctx = Context(run_id=1, node_id=nid, node_config=node_config, state=state, run_config=self.run_config)
             try:
-                replies.append(self.app(msg, ctx))
+                reply = self.app(msg, ctx)
             except Exception as exc:  # noqa: BLE001 - as a SuperNode does: the node's error becomes an error reply
-                replies.append(Message(error=Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg))
+                reply = Message(error=Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+            if self.reply_observer is not None:
+                self.reply_observer(nid, reply)
+            replies.append(reply)
         return replies

@@ -88,8 +88,7 @@ def register(app) -> None:
 
     @app.query("pam_info")
     def pam_info(msg: Message, context: Context) -> Message:
-        state, users, *_ = block(msg, context)
-        return Message(RecordDict({"meta": ConfigRecord({"partition_id": pid(context), "n_users": len(users)})}), reply_to=msg)
+        return Message(RecordDict({"meta": ConfigRecord({"partition_id": pid(context)})}), reply_to=msg)  # configuration, not data
 
     @app.query("pam_init")
     def pam_init(msg: Message, context: Context) -> Message:

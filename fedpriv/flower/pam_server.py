@@ -196,7 +196,10 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
     result.timings = {"steps": pam.run_rounds(transport, state, ledger), "train_seconds": time.perf_counter() - t0}
 
     before = (result.rounds, result.bytes_up, result.bytes_down)  # evaluation is measurement
-    tot = transport.collect("pam_eval", "evaluate", {"values": 2}, {})
+    if transport.secure is not None:  # the totals only, never one node's sums
+        tot = transport.secure.measure("pam_eval", [("values", 2)], encode_state(state, data_dir, upn, None, key_file))
+    else:
+        tot = transport.collect("pam_eval", "evaluate", {"values": 2}, {})
     result.rounds, result.bytes_up, result.bytes_down = before
     result.evaluation = {"test_mse": float(tot["values"][0] / max(tot["values"][1], 1.0) + data.noise**2)}
     result.evaluation["subspace_error"] = pam.subspace_error(state.U, data.U_star) if state.U is not None else None

@@ -58,8 +58,24 @@ def register(app) -> None:
         shard, reproducible = with_keys(load_shard(data_dir, "train", pid, upn), data_dir, msg.content.config_records["cfg"], context)
         held = load_shard(data_dir, "test", pid, upn) if has_test else None
         rep = recommend.client_recommend(shard, state, cand, rec["lo"].numpy(), rec["hi"].numpy(), cfg, held, reproducible=reproducible)
-        arrays = {"picks": _arr(rep.picks.astype(np.int64)), **{k: _arr(np.asarray(v, np.float64)) for k, v in rep.sums.items()}}
+        sums = {k: _arr(np.asarray(v, np.float64)) for k, v in rep.sums.items()}
+        if state.config.aggregation == "secure":  # kept on the node for the secure measurement (rec_eval)
+            context.state[EVAL_KEY] = ArrayRecord(sums)
+            sums = {}
+        arrays = {"picks": _arr(rep.picks.astype(np.int64)), **sums}
         return Message(RecordDict({"rec": ArrayRecord(arrays), "meta": ConfigRecord({"records": json.dumps(rep.records)})}), reply_to=msg)
+
+
+EVAL_KEY = "fedpriv-rec-eval"
+
+
+def pop_eval_sums(context: Context, plan) -> dict[str, np.ndarray]:
+    """The evaluation sums this node's last recommendation reply kept (secure mode), once."""
+    rec = context.state.array_records.get(EVAL_KEY)
+    if rec is None:
+        raise ValueError("no recommendation evaluation sums kept on this node")
+    del context.state[EVAL_KEY]
+    return {name: rec[name].numpy() for name, _ in plan.parts}
 
 
 class _GridRecommendTransport:
@@ -97,10 +113,15 @@ class _GridRecommendTransport:
             total += h
         return total
 
-    def reports(self, state, candidates, lo, hi, cfg):
+    def measure_eval(self, parts):
+        return self.secure.measure("rec_eval", parts, RecordDict())
+
+    def reports(self, state, candidates, lo, hi, cfg, secure: bool = False):
         def decode(nid, rep) -> tuple:
             arrays = rep.content.array_records["rec"]
-            part = {key: arrays[key].numpy() for key in arrays.keys() if key != "picks"}
+            part = None if secure else {key: arrays[key].numpy() for key in arrays.keys() if key != "picks"}
+            if secure and set(arrays.keys()) != {"picks"}:
+                raise ValueError("a secure-mode report carries its picks only")
             return arrays["picks"].numpy(), json.loads(str(rep.content.config_records["meta"]["records"])), part
 
         for nid, (picks, records, part) in self.rounds.gather("query.recommend", self._content(candidates, cfg, {"lo": lo, "hi": hi}), "recommend", decode):

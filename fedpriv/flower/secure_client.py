@@ -21,9 +21,10 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..algorithms import secure
-from ..privacy.distributed import DistributedPlan
+from ..errors import PrivacyError
 from ..privacy.randomness import node_noise_rng
 from . import codec
+from .node_eval import node_eval
 from .node_secrets import with_keys
 from .partition import data_dir_of, load_shard, node_feature_table
 
@@ -78,19 +79,40 @@ def share(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"secagg": ConfigRecord({"mask_key": mask_key}), "ciphertexts": _by_id(ciphertexts)}), reply_to=msg)
 
 
+MEASUREMENTS = ("eval", "pam_eval", "rec_eval")  # kinds summed exactly (no noise): aggregate measurements only
+
+
+def _plan(sec, kind: str):
+    """The round's plan; an exact (noiseless) sum is accepted for the measurement kinds only, so
+    a server cannot ask for a model statistic without its noise share."""
+    from ..privacy.distributed import ExactPlan, plan_from_dict
+
+    plan = plan_from_dict(json.loads(str(sec["plan"])))
+    if isinstance(plan, ExactPlan) != (kind in MEASUREMENTS):
+        raise PrivacyError(f"secure round {kind!r}: refused a plan {'without' if isinstance(plan, ExactPlan) else 'with'} noise for this kind")
+    return plan
+
+
 def mask(msg: Message, context: Context) -> Message:
     """The node's masked words for the round: its clipped sums (the algorithm's declared parts),
-    scaled, rounded, plus its Skellam noise share, plus its masks, mod 2^bits."""
+    scaled, rounded, plus its Skellam noise share, plus its masks, mod 2^bits; or, for a
+    measurement (evaluation sums), its sums in fixed point, masked."""
     content = msg.content
     sec = content.config_records["secagg"]
-    if str(sec["kind"]).startswith("pam_"):  # DP model personalization: the node's block of users
-        return _mask_pam(msg, context)
+    kind, step = str(sec["kind"]), int(sec["step"])
+    plan = _plan(sec, kind)
+    if kind.startswith("pam_"):  # DP model personalization: the node's block of users
+        return _mask_pam(msg, context, kind, step, plan)
+    if kind == "eval":
+        return masked_reply(msg, context, plan.encode(node_eval(msg, context)))
+    if kind == "rec_eval":  # kept on the node by its recommendation reply
+        from .recommend_handlers import pop_eval_sums
+
+        return masked_reply(msg, context, plan.encode(pop_eval_sums(context, plan)))
     state, data_dir, upn = codec.decode_state(content)
     folder = data_dir_of(context.node_config, data_dir)
     shard = load_shard(folder, "train", int(context.node_config.get("partition-id", 0)), upn)
     shard, reproducible = with_keys(shard, folder, content.config_records["cfg"], context)
-    kind, step = str(sec["kind"]), int(sec["step"])
-    plan = DistributedPlan.from_dict(json.loads(str(sec["plan"])))
     if kind == "rec_hist":  # the recommendation's score histogram
         from .recommend_handlers import _cfg_of
 
@@ -100,31 +122,31 @@ def mask(msg: Message, context: Context) -> Message:
         table = node_feature_table(context.node_config, data_dir, state.config) if kind == "step" and state.spec.clients_need_encoder else None
         values = secure.node_values(kind, shard, state, step, table)
     words = secure.node_words(plan, values, secure.node_rng(shard, secure.label(kind, step), reproducible))
-    return masked_reply(msg, context, words, shard.n_users)
+    return masked_reply(msg, context, words)
 
 
-def _mask_pam(msg: Message, context: Context) -> Message:
+def _mask_pam(msg: Message, context: Context, kind: str, step: int, plan) -> Message:
     from ..algorithms import pam
     from ..privacy.distributed import encode
     from .pam_client import node_block
 
-    sec = msg.content.config_records["secagg"]
-    kind, step = str(sec["kind"]), int(sec["step"])
-    state, users, X, y, _, _, _, keys, reproducible = node_block(msg, context, with_keys=True)
-    plan = DistributedPlan.from_dict(json.loads(str(sec["plan"])))
+    state, users, X, y, V, U, meta, keys, reproducible = node_block(msg, context, with_keys=True)
+    if kind == "pam_eval":
+        return masked_reply(msg, context, plan.encode({"values": pam.client_eval_sums(X, y, V, U, state, meta["noise"])}))
     words = encode(plan, pam.node_values(kind, X, y, state), node_noise_rng(keys, f"{kind}-{step}", reproducible))
-    return masked_reply(msg, context, words, len(keys))
+    return masked_reply(msg, context, words)
 
 
-def masked_reply(msg: Message, context: Context, words: np.ndarray, n_users: int) -> Message:
+def masked_reply(msg: Message, context: Context, words: np.ndarray) -> Message:
     """Mask this node's words for the round of ``msg`` (with the shares and neighbours' keys the
-    message carries), keep the node's state, and reply with the masked words only."""
+    message carries), keep the node's state, and reply with the masked words only: no count or
+    other value of the node's in plaintext, and a size fixed by the public plan."""
     content = msg.content
     node = _node(context, context.node_id)
     label, _ = _release(content.config_records["secagg"])
     y = node.mask(label, words, _ids(content.config_records["mask_keys"]), _ids(content.config_records["ciphertexts"]))
     _save(context, node)
-    return Message(RecordDict({"masked": ArrayRecord({"y": codec._arr(y)}), "meta": ConfigRecord({"n_users": int(n_users)})}), reply_to=msg)  # noqa: SLF001
+    return Message(RecordDict({"masked": ArrayRecord({"y": codec._arr(y)})}), reply_to=msg)  # noqa: SLF001
 
 
 def unmask(msg: Message, context: Context) -> Message:

@@ -24,7 +24,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from ..errors import PrivacyError
-from ..privacy.distributed import DistributedPlan
+from ..privacy.distributed import DistributedPlan, ExactPlan
 from ..privacy.secagg import SecAggError, SecAggServer, plan_params
 from .codec import RejectedReply
 from .rounds import Rounds
@@ -93,7 +93,7 @@ class SecureRounds:
         return [n for n in self.rounds.nodes if n in self.channel_keys]
 
     # ------------------------------------------------------------------ per release
-    def secure_sum(self, kind: str, plan: DistributedPlan, content: RecordDict, step: int):
+    def secure_sum(self, kind: str, plan: DistributedPlan | ExactPlan, content: RecordDict, step: int):
         """Rounds ``share`` and ``mask`` of one release; returns (unmask, contributors), where
         ``unmask()`` runs the ``unmask`` round and returns the modular sum. Raises PrivacyError
         (nothing released) when fewer nodes contribute than the plan's noise needs."""
@@ -135,13 +135,10 @@ class SecureRounds:
 
         def decode_masked(nid, rep):
             y = rep.content.array_records["masked"]["y"].numpy()
-            n_users = int(rep.content.config_records["meta"]["n_users"])
             if y.dtype != np.uint64 or y.shape != (plan.length,):
                 raise RejectedReply(f"malformed: masked words of dtype {y.dtype} and shape {y.shape}, expected uint64 ({plan.length},)")
             if plan.bits < 64 and y.size and int(y.max()) >> plan.bits:
                 raise RejectedReply(f"malformed: masked words beyond 2^{plan.bits}")
-            if not (0 <= n_users <= self.users_per_node):
-                raise RejectedReply(f"declares {n_users} users, more than the {self.users_per_node} per node")
             return y
 
         masked = dict(self.rounds.gather(self.mask_message_type, mask_content, name, decode_masked, nodes=sorted(routed)))
@@ -166,3 +163,11 @@ class SecureRounds:
                 raise PrivacyError(f"secure round {name!r}: {exc}; nothing is released") from None
 
         return unmask, len(survivors)
+
+    def measure(self, kind: str, parts: list[tuple[str, int]], content: RecordDict) -> dict[str, np.ndarray]:
+        """An aggregate measurement (``kind`` in :data:`fedpriv.flower.secure_client.MEASUREMENTS`):
+        the exact totals of the nodes' ``parts`` over a secure sum (no noise, no ledger record);
+        the server never sees one node's values."""
+        plan = ExactPlan(tuple((str(n), int(k)) for n, k in parts), max(1, len(self._nodes())))
+        unmask, _ = self.secure_sum(kind, plan, content, 0)
+        return plan.decode(unmask())

@@ -64,12 +64,14 @@ class SecureDPFedAvg(FedAvg):
     ``noise_multiplier``: z of each round's Skellam noise (in units of ``clipping_norm``); or give
     ``epsilon`` (and ``delta``, ``num_rounds``) and z is calibrated so that the rounds spend it.
     ``dropout``: the fraction of sampled nodes that may drop (the noise shares are sized for the
-    rest; a round with fewer contributors releases nothing). ``ledger``: where the rounds are
+    rest; a round with fewer contributors releases nothing). ``collusion``: how many nodes may
+    pool their own noise shares; the noise without them still meets z (default 1: the guarantee
+    holds against every node, which knows its own share). ``ledger``: where the rounds are
     recorded (default: a new ledger with the epsilon budget).
     """
 
     def __init__(self, *, clipping_norm: float, noise_multiplier: float | None = None, epsilon: float | None = None,
-                 delta: float = 1e-5, num_rounds: int | None = None, dropout: float = 0.0, ledger: PrivacyLedger | None = None,
+                 delta: float = 1e-5, num_rounds: int | None = None, dropout: float = 0.0, collusion: int = 1, ledger: PrivacyLedger | None = None,
                  round_timeout: float | None = None, **fedavg_kwargs):
         super().__init__(**fedavg_kwargs)
         if not (clipping_norm > 0 and np.isfinite(clipping_norm)):
@@ -79,10 +81,14 @@ class SecureDPFedAvg(FedAvg):
         if epsilon is not None:
             if num_rounds is None:
                 raise ConfigError("calibrating to an epsilon needs num_rounds", field="num_rounds")
-            noise_multiplier = calibrate([PlannedRelease(RELEASE, int(num_rounds), 1.0)], epsilon, delta).multipliers[RELEASE]
+            # Skellam noise: its RDP bound (hence this calibration) holds at integer orders only
+            noise_multiplier = calibrate([PlannedRelease(RELEASE, int(num_rounds), 1.0)], epsilon, delta, integer_orders=True).multipliers[RELEASE]
         if not (0 <= dropout < 1):
             raise ConfigError(f"must be in [0, 1), got {dropout}", field="dropout")
+        if not (isinstance(collusion, int) and collusion >= 0):
+            raise ConfigError(f"must be an integer >= 0, got {collusion!r}", field="collusion")
         self.clipping_norm, self.noise_multiplier, self.dropout, self.delta = float(clipping_norm), float(noise_multiplier), dropout, delta
+        self.collusion = collusion
         budget = (epsilon, delta) if epsilon is not None else None
         self.ledger = ledger if ledger is not None else PrivacyLedger(budget=budget, accountant=RdpAccountant() if budget else None)
         self.round_timeout = round_timeout
@@ -113,7 +119,8 @@ class SecureDPFedAvg(FedAvg):
             counted.append(contributors)
             return unmask, contributors
 
-        values, _ = distributed.secure_round(self.ledger, [(RELEASE, length, self.clipping_norm, self.noise_multiplier)], n_nodes=n, max_users=n, dropout=self.dropout, secure_sum=gather)
+        values, _ = distributed.secure_round(self.ledger, [(RELEASE, length, self.clipping_norm, self.noise_multiplier)], n_nodes=n, max_users=n, dropout=self.dropout,
+                                        colluders=self.collusion, secure_sum=gather)
         mean_update = values[RELEASE] / counted[0]  # post-processing: the count of contributors is public
         return unflatten(flatten(arrays) + mean_update, arrays)
 
@@ -175,7 +182,7 @@ def secure_train(train_fn: Callable[[Message, Context], Message]) -> Callable[[M
         update = _clip(flatten(after) - flatten(before), clip)
         plan = distributed.DistributedPlan.from_dict(json.loads(str(sec["plan"])))
         words = distributed.encode(plan, {RELEASE: update}, node_noise_rng(None, str(sec["label"]), reproducible=False))
-        return secure_client.masked_reply(msg, context, words, 1)
+        return secure_client.masked_reply(msg, context, words)
 
     return train
 

@@ -247,9 +247,11 @@ class _GridTransport:
         return [part for _, part in self.rounds.gather("train", self.down(step), f"step{step + 1}", decode)]
 
 
-def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content) -> tuple:
-    """Evaluation on the nodes: per-bucket sums only. Its rounds and bytes are measurement,
-    kept out of the protocol's counters. Returns (valid, valid sliced, test, test sliced)."""
+def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content, secure: SecureRounds | None = None) -> tuple:
+    """Evaluation on the nodes: per-bucket sums only, summed over the nodes in plaintext
+    (central mode) or by a secure measurement sum (``secure``: the server learns the totals,
+    never one node's sums). Its rounds and bytes are measurement, kept out of the protocol's
+    counters. Returns (valid, valid sliced, test, test sliced)."""
     before = (result.rounds, result.bytes_up, result.bytes_down)
     if job.train is not None:
         item_counts = job.train.item_counts()
@@ -258,11 +260,14 @@ def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content) -> 
         item_counts = np.asarray(counts, dtype=np.float64) if counts is not None else np.zeros(job.shape.n_items)
     content["eval"] = ArrayRecord({"item_bucket": codec._arr(metrics.frequency_buckets(item_counts))})  # noqa: SLF001
     convex = protocol.is_logistic(job.algorithm)
-    keys = [f"{p}_{k}" for p in ("valid", "test") for k in (("logloss", "correct", "n") if convex else ("sse", "n"))]
-    sums = {k: np.zeros(5) for k in keys}
-    for _, vals in rounds.gather("evaluate", content, "evaluate", lambda nid, rep: codec.decode_eval_sums(rep.content, tuple(sums))):
-        for k in sums:
-            sums[k] += vals[k]
+    keys = evaluation.eval_keys(convex)
+    if secure is not None:
+        sums = secure.measure("eval", [(k, 5) for k in keys], content)
+    else:
+        sums = {k: np.zeros(5) for k in keys}
+        for _, vals in rounds.gather("evaluate", content, "evaluate", lambda nid, rep: codec.decode_eval_sums(rep.content, tuple(sums))):
+            for k in sums:
+                sums[k] += vals[k]
     result.rounds, result.bytes_up, result.bytes_down = before
     if convex:
         for part in ("valid", "test"):
@@ -335,7 +340,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     def after_step(step, state, server, seconds):
         if job.evaluates_on_nodes and job.eval_every and ((step + 1) % job.eval_every == 0 or step + 1 == cfg.steps):
             spent = time.perf_counter() - t_start[0]  # protocol time, before the measurement
-            valid = _evaluate(job, rounds, result, down())[0]
+            valid = _evaluate(job, rounds, result, down(), transport.secure)[0]
             result.curve.append({"step": step + 1, "rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down, "seconds": spent, "valid_rmse": valid})
             t_start[0] += time.perf_counter() - t_start[0] - spent  # exclude evaluation time
         if ckpt is not None:
@@ -354,7 +359,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
                  first_step=first_step, resumed=saved is not None, hooks=hooks)
 
     if job.evaluates_on_nodes:
-        result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = _evaluate(job, rounds, result, down())
+        result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = _evaluate(job, rounds, result, down(), transport.secure)
     if job.recommend is not None:
         from .partition import node_users
         from .recommend_handlers import run_rounds

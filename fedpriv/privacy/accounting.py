@@ -35,8 +35,45 @@ SAMPLED_RDP_ORDERS = np.unique(
 )
 
 
-def _orders(rels) -> np.ndarray:
-    return SAMPLED_RDP_ORDERS if any(r.sampling_rate not in (None, 1.0) for r in rels) else RDP_ORDERS
+# Integer RDP orders, for every ledger or plan with distributed Skellam noise ("skellam" records).
+# The Skellam mechanism's RDP bound (Agarwal, Kairouz and Liu, NeurIPS 2021, Theorem 3.5 and
+# Corollary 3.6: eps(a) <= a D2^2 / (2 mu) + min(((2a - 1) D2^2 + 6 D1) / (4 mu^2), 3 D1 / (2 mu)),
+# mu the noise variance; arXiv:2110.04995) is stated for integer orders a > 1 only, and Google's
+# implementation (google-research/federated, distributed_dp/accounting_utils.py) casts its orders to
+# int. A record's ZCDpEvent(rho, xi) would be evaluated by dp-accounting at any order it is given, so
+# the orders are restricted here: at a < 2 nothing is proven, and between integers the bound is not
+# claimed. RDP composes order by order, so a mixed ledger (skellam with gaussian, pure, ...) is
+# evaluated at these orders for the whole composition; fewer orders only make epsilon larger. Every
+# integer up to 256 (the optimal order of a Gaussian composition at epsilon >= 0.1, delta = 1e-5 is
+# below it), then about 2.4% apart up to 8192 (the largest of RDP_ORDERS; costs < 1e-4 relative there).
+INTEGER_RDP_ORDERS = np.unique(np.concatenate([np.arange(2, 257), np.round(np.geomspace(256, 8192, 150))])).astype(float)
+# with Poisson-sampled releases too (their RDP is a series at each order): the integer ones of
+# SAMPLED_RDP_ORDERS
+INTEGER_SAMPLED_RDP_ORDERS = SAMPLED_RDP_ORDERS[SAMPLED_RDP_ORDERS == np.floor(SAMPLED_RDP_ORDERS)]
+# mechanisms whose RDP bound holds at integer orders only
+INTEGER_ORDER_MECHANISMS = ("skellam",)
+
+
+def _flat(rels) -> list[Release]:
+    out: list[Release] = []
+    for r in rels:
+        out += _flat(r.releases) if isinstance(r, RepeatAndSelect) else [r]
+    return out
+
+
+def needs_integer_orders(releases) -> bool:
+    """Whether the releases (a ledger, records or plan records) hold a mechanism whose RDP bound is
+    proven at integer orders only (distributed Skellam noise): then every order used to account
+    them is an integer (:data:`INTEGER_RDP_ORDERS`)."""
+    return any(r.mechanism in INTEGER_ORDER_MECHANISMS for r in _flat(_as_releases(releases)))
+
+
+def _orders(rels, integer_orders: bool = False) -> np.ndarray:
+    """The RDP orders to account ``rels`` at: integer ones when asked or when a record needs them."""
+    sampled = any(r.sampling_rate not in (None, 1.0) for r in rels)
+    if integer_orders or needs_integer_orders(rels):
+        return INTEGER_SAMPLED_RDP_ORDERS if sampled else INTEGER_RDP_ORDERS
+    return SAMPLED_RDP_ORDERS if sampled else RDP_ORDERS
 
 
 def release_event(rel: Release | RepeatAndSelect) -> dp_accounting.DpEvent:
@@ -62,29 +99,31 @@ def _epsilon(accountant, releases, delta: float) -> float:
     return float(accountant.get_epsilon(delta))
 
 
-def epsilon_rdp(releases, delta: float) -> float:
-    """Epsilon of the composed releases (a ledger or a list of Release) at ``delta``, via RDP."""
+def epsilon_rdp(releases, delta: float, *, integer_orders: bool = False) -> float:
+    """Epsilon of the composed releases (a ledger or a list of Release) at ``delta``, via RDP.
+    ``integer_orders``: at integer orders only (as for a ledger with a skellam record, always)."""
     rels = _as_releases(releases)
-    return _epsilon(rdp_privacy_accountant.RdpAccountant(orders=_orders(rels)), rels, delta)
+    return _epsilon(rdp_privacy_accountant.RdpAccountant(orders=_orders(rels, integer_orders)), rels, delta)
 
 
 def pld_supported(releases) -> bool:
     """PLD accounting covers Gaussian (and Poisson-sampled) and Laplace releases, not private
-    tuning, the exponential mechanism nor private selection."""
+    tuning, the exponential mechanism, private selection nor distributed Skellam noise (whose
+    bound is an RDP one, at integer orders)."""
     return not any(isinstance(r, RepeatAndSelect) or r.mechanism not in ("gaussian", "laplace") for r in _as_releases(releases))
 
 
 def epsilon_pld(releases, delta: float, discretization: float = 1e-4) -> float:
     """Epsilon via privacy loss distributions (tighter; a second opinion)."""
     if not pld_supported(releases):
-        raise PrivacyError("PLD accounting does not support private tuning (repeat_and_select), the exponential mechanism or private selection; use RDP")
+        raise PrivacyError("PLD accounting does not support private tuning (repeat_and_select), the exponential mechanism, private selection or Skellam noise; use RDP")
     return _epsilon(pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization), releases, delta)
 
 
-def rdp_curve(releases) -> tuple[np.ndarray, np.ndarray]:
-    """(orders, RDP epsilons) of the composed releases."""
+def rdp_curve(releases, *, integer_orders: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(orders, RDP epsilons) of the composed releases (integer orders: see :func:`epsilon_rdp`)."""
     rels = _as_releases(releases)
-    acc = rdp_privacy_accountant.RdpAccountant(orders=_orders(rels))
+    acc = rdp_privacy_accountant.RdpAccountant(orders=_orders(rels, integer_orders))
     acc.compose(ledger_event(rels))
     return acc._orders, np.asarray(acc._rdp)  # noqa: SLF001 - no public getter in dp-accounting 0.6
 
@@ -212,6 +251,7 @@ class Calibration:
     delta: float
     scale: float
     share_rule: dict[str, float] | None = None  # fair allocation only: what z = s / sqrt(share) gave
+    integer_orders: bool = False  # calibrated at integer RDP orders (secure mode: Skellam noise)
 
     def multiplier(self, name: str) -> float:
         return self.multipliers[name]
@@ -261,7 +301,7 @@ def fair_multiplier(q: float, z_share: float, order: float) -> float:
 
 
 def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-4, repeat: tuple[float, float] | None = None, fair: bool = True,
-              pinned: dict[str, float] | None = None) -> Calibration:
+              pinned: dict[str, float] | None = None, *, integer_orders: bool = False) -> Calibration:
     """Find the noise multipliers so that the composed plan spends ``epsilon`` at ``delta``.
 
     Bisection (in log scale) on one common scale s with z_k = s / sqrt(share_k) (the share
@@ -272,7 +312,10 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
     ``rtol`` of it (relative). With ``repeat=(mean, shape)`` the plan is one run of private
     tuning by random stopping and the target is the epsilon of the whole tuning
     (``RepeatAndSelectDpEvent``). ``pinned``: releases already made with these multipliers
-    (composed as they are; the others share what is left of ``epsilon``).
+    (composed as they are; the others share what is left of ``epsilon``). ``integer_orders``:
+    the target is met at integer RDP orders only (:data:`INTEGER_RDP_ORDERS`), as secure mode
+    needs: its releases carry Skellam noise, accounted at integer orders, whose RDP is at most
+    the Gaussian's of the same multiplier at every order (:mod:`fedpriv.privacy.distributed`).
     """
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ConfigError(f"must be a finite positive number, got {epsilon}", field="epsilon")
@@ -291,19 +334,20 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
             raise ConfigError(f"pinned releases {sorted(unknown)} are not in the plan", field="plan")
         if any(p.sampling_rate is not None and p.sampling_rate < 1 for p in plan) or repeat is not None:
             raise ConfigError("pinned releases are supported for plans of unsampled releases only", field="plan")
-    share_rule = _calibrate_scale(plan, epsilon, delta, rtol, repeat, None, pinned=pinned)
+    integer = bool(integer_orders)
+    share_rule = _calibrate_scale(plan, epsilon, delta, rtol, repeat, None, pinned=pinned, integer_orders=integer)
     if fair and any(p.sampling_rate is not None and p.sampling_rate < 1 for p in plan):
         # fair rule: at the optimal order of the composition, every release spends its share of
         # the RDP; iterate the order a few times (it moves little once the sampled releases
         # get their fair, smaller multipliers)
-        order = _optimal_order(_plan_releases(plan, share_rule.scale), delta)
+        order = _optimal_order(_plan_releases(plan, share_rule.scale), delta, integer)
         cal = share_rule
         for _ in range(4):
             if repeat is None:
-                cal = _calibrate_at_order(plan, epsilon, delta, order)
+                cal = _calibrate_at_order(plan, epsilon, delta, order, integer)
             else:
-                cal = _calibrate_scale(plan, epsilon, delta, rtol, repeat, order, start=cal.scale)
-            new = _optimal_order(_plan_releases(plan, cal.scale, order), delta)
+                cal = _calibrate_scale(plan, epsilon, delta, rtol, repeat, order, start=cal.scale, integer_orders=integer)
+            new = _optimal_order(_plan_releases(plan, cal.scale, order), delta, integer)
             if new == order:
                 break
             order = new
@@ -311,7 +355,7 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
     return share_rule
 
 
-def _calibrate_at_order(plan, epsilon: float, delta: float, order: float) -> Calibration:
+def _calibrate_at_order(plan, epsilon: float, delta: float, order: float, integer_orders: bool = False) -> Calibration:
     """The fair rule's scale for one RDP order, without composing the whole curve at each try:
     at ``order`` every release spends exactly its share (``count * share * order / (2 s^2)``
     in all), so the scale whose conversion at that order gives ``epsilon`` is a 1-D bisection.
@@ -335,15 +379,17 @@ def _calibrate_at_order(plan, epsilon: float, delta: float, order: float) -> Cal
         if hi / lo < 1 + 1e-9:
             break
     rels = _plan_releases(plan, hi, order)
-    return Calibration(multipliers={r.name: r.noise_std for r in rels}, epsilon=epsilon_rdp(rels, delta), delta=delta, scale=hi)
+    return Calibration(multipliers={r.name: r.noise_std for r in rels}, epsilon=epsilon_rdp(rels, delta, integer_orders=integer_orders), delta=delta, scale=hi,
+                       integer_orders=integer_orders)
 
 
-def _optimal_order(rels: list[Release], delta: float) -> float:
-    orders, rdp = rdp_curve(rels)
+def _optimal_order(rels: list[Release], delta: float, integer_orders: bool = False) -> float:
+    orders, rdp = rdp_curve(rels, integer_orders=integer_orders)
     return float(rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)[1])
 
 
-def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, order: float | None, start: float = 1.0, pinned=None) -> Calibration:
+def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, order: float | None, start: float = 1.0, pinned=None,
+                     integer_orders: bool = False) -> Calibration:
     """Bisection on the common scale (see :func:`calibrate`); ``order``: the fair rule's order;
     ``start``: a guess of the scale (the bracket grows from it)."""
 
@@ -351,7 +397,7 @@ def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, or
         rels = _plan_releases(plan, scale, order, pinned)
         if repeat is not None:
             rels = [RepeatAndSelect("tuning", float(repeat[0]), float(repeat[1]), 0, rels)]
-        return epsilon_rdp(rels, delta)
+        return epsilon_rdp(rels, delta, integer_orders=integer_orders)
 
     lo, hi = start / 2.0, start
     while eps(hi) > epsilon:
@@ -376,6 +422,7 @@ def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, or
         epsilon=e_hi,
         delta=delta,
         scale=hi,
+        integer_orders=integer_orders,
     )
 
 
@@ -391,3 +438,21 @@ def gaussian_epsilon_closed_form(rho: float, delta: float) -> float:
 
     res = minimize_scalar(f, bounds=(math.log(1e-3), math.log(1e5)), method="bounded", options={"xatol": 1e-10})
     return max(0.0, float(res.fun))
+
+
+def epsilon_vs_colluders(records, delta: float, colluders: int = 1) -> float:
+    """The epsilon (RDP, from the ledger's ``records``) that holds against the server together
+    with ``colluders`` nodes that know their own noise shares: every skellam record whose
+    guarantee counted fewer colluders is recomputed with only ``shares - colluders`` shares of
+    noise (Gaussian records, drawn by a trusted aggregator, are unchanged). Infinite when a
+    release had no more than ``colluders`` shares."""
+    out = []
+    for r in getattr(records, "releases", records):
+        if isinstance(r, Release) and r.mechanism == "skellam" and (r.colluders or 0) < colluders:
+            shares, known = int(r.shares or 0), int(r.colluders or 0)
+            if shares <= colluders:
+                return math.inf
+            # std^2 = (shares - known) v  =>  (shares - colluders) v of noise left
+            r = dataclasses.replace(r, noise_std=r.noise_std * math.sqrt((shares - colluders) / (shares - known)), colluders=int(colluders))
+        out.append(r)
+    return epsilon_rdp(out, delta)

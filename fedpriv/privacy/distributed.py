@@ -11,10 +11,14 @@ The mechanism (the multi-dimensional Skellam mechanism, Agarwal, Kairouz and Liu
   sensitivity is ``Delta2 = c s + sqrt(length)`` and the L1 one ``Delta1 <= min(Delta2^2,
   sqrt(length) Delta2)``. No random rotation is needed: the words are 64 bits wide and ``s`` makes
   the rounding term a ``ROUNDING_SHARE`` of ``c s``.
-- **Noise shares.** Each node adds Skellam(lambda, lambda) noise, lambda = sigma^2 / (2 n_min),
-  the difference of two Poisson draws; sums of Skellam variables are Skellam, so the release
-  carries Skellam noise of variance ``n sigma^2 / n_min >= sigma^2`` when ``n >= n_min`` nodes
-  contribute. With fewer, the server must not unmask (:meth:`DistributedPlan.check_contributors`).
+- **Noise shares, sized against colluding nodes.** Each node adds Skellam(lambda, lambda) noise,
+  lambda = sigma^2 / (2 (n_min - c)), the difference of two Poisson draws; sums of Skellam
+  variables are Skellam. A node knows its own share, and ``c`` colluding nodes (``colluders``,
+  the run option ``secure_collusion``, default 1) know theirs: what is left to them of a release
+  of ``n >= n_min`` shares is ``(n - c) sigma^2 / (n_min - c) >= sigma^2``, the calibrated
+  noise. The ledger records that guaranteed noise (:func:`released_std`), so the reported
+  epsilon holds against the server together with any ``c`` nodes. With fewer than ``n_min``
+  contributors the server must not unmask (:meth:`DistributedPlan.check_contributors`).
 - **Accounting.** Skellam noise of variance sigma^2 satisfies, at every order alpha >= 1,
   eps(alpha) <= alpha Delta2^2 / (2 sigma^2) + ((2 alpha - 1) Delta2^2 + 6 Delta1) / (4 sigma^4)
   (Agarwal et al., the first branch of their bound), i.e. (xi, rho)-zCDP with
@@ -93,7 +97,8 @@ class DistributedPlan:
 
     ``max_users``: a public bound on the users summed (the range depends on it);
     ``n_nodes``: the nodes asked; ``min_contributors``: the noise shares are sized for this many
-    (fewer surviving nodes: nothing is released).
+    (fewer surviving nodes: nothing is released); ``colluders``: the noise left after removing
+    this many nodes' shares still meets the calibration.
     """
 
     parts: tuple[PartPlan, ...]
@@ -101,6 +106,7 @@ class DistributedPlan:
     n_nodes: int
     min_contributors: int
     bits: int
+    colluders: int = 0
 
     @property
     def length(self) -> int:
@@ -117,8 +123,9 @@ class DistributedPlan:
         raise KeyError(name)
 
     def share_variance(self, part: PartPlan) -> float:
-        """Variance of one node's Skellam share."""
-        return part.std**2 / self.min_contributors
+        """Variance of one node's Skellam share: the planned total over the shares that no
+        coalition of ``colluders`` nodes knows."""
+        return part.std**2 / (self.min_contributors - self.colluders)
 
     def range(self, part: PartPlan) -> float:
         """Largest absolute centred sum of ``part`` that is not a wrap-around."""
@@ -138,13 +145,14 @@ class DistributedPlan:
             "n_nodes": self.n_nodes,
             "min_contributors": self.min_contributors,
             "bits": self.bits,
+            "colluders": self.colluders,
         }
 
     @staticmethod
     def from_dict(d: dict) -> "DistributedPlan":
         try:
             parts = tuple(PartPlan(str(n), int(k), float(c), float(z), float(s), int(o)) for n, k, c, z, s, o in d["parts"])
-            plan = DistributedPlan(parts, int(d["max_users"]), int(d["n_nodes"]), int(d["min_contributors"]), int(d["bits"]))
+            plan = DistributedPlan(parts, int(d["max_users"]), int(d["n_nodes"]), int(d["min_contributors"]), int(d["bits"]), int(d["colluders"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise PrivacyError(f"secure round: malformed plan ({exc})") from None
         _validate(plan)
@@ -156,6 +164,9 @@ def _validate(plan: DistributedPlan) -> None:
         raise PrivacyError(f"secure round: bits must be in [1, {MAX_BITS}], got {plan.bits}")
     if not (1 <= plan.min_contributors <= plan.n_nodes):
         raise PrivacyError(f"secure round: min_contributors must be in [1, n_nodes={plan.n_nodes}], got {plan.min_contributors}")
+    if not (0 <= plan.colluders < plan.min_contributors):
+        raise PrivacyError(f"secure round: noise sized against {plan.colluders} colluding node(s) needs more than {plan.colluders} contributors, "
+                           f"got {plan.min_contributors} (lower secure_collusion or secure_dropout, or add nodes)")
     offset = 0
     for p in plan.parts:
         if p.offset != offset or p.length < 0 or not (p.sensitivity > 0 and p.noise_multiplier > 0 and p.scale > 0):
@@ -165,11 +176,12 @@ def _validate(plan: DistributedPlan) -> None:
             raise PrivacyError(f"secure round: part {p.name!r} does not fit in {plan.bits} bits")
 
 
-def plan_round(parts: list[tuple[str, int, float, float]], *, max_users: int, n_nodes: int, min_contributors: int | None = None) -> DistributedPlan:
+def plan_round(parts: list[tuple[str, int, float, float]], *, max_users: int, n_nodes: int, min_contributors: int | None = None,
+               colluders: int = 1) -> DistributedPlan:
     """Plan a secure round of ``parts`` = [(release name, length, L2 sensitivity, z)]: the scale
     of each part, then the narrowest word width whose range holds every part. ``min_contributors``
     defaults to all ``n_nodes`` (no dropout tolerated); lower it to tolerate dropouts (each node
-    then adds more noise)."""
+    then adds more noise). ``colluders``: nodes whose shares the guarantee does not count on."""
     if n_nodes < 1 or max_users < 1:
         raise PrivacyError(f"secure round: needs n_nodes >= 1 and max_users >= 1, got {n_nodes}, {max_users}")
     m = n_nodes if min_contributors is None else int(min_contributors)
@@ -180,11 +192,15 @@ def plan_round(parts: list[tuple[str, int, float, float]], *, max_users: int, n_
         words_per_unit = max(MIN_WORDS_PER_UNIT, math.sqrt(max(length, 1)) / ROUNDING_SHARE)
         planned.append(PartPlan(name, int(length), float(c), float(z), words_per_unit / c, offset))
         offset += int(length)
-    plan = DistributedPlan(tuple(planned), int(max_users), int(n_nodes), m, MAX_BITS)
+    c = int(colluders)
+    if not (0 <= c < m):
+        raise PrivacyError(f"secure round: noise sized against {c} colluding node(s) needs more than {c} contributing nodes, "
+                           f"got {m} of {n_nodes} (lower secure_collusion or secure_dropout, or add nodes)")
+    plan = DistributedPlan(tuple(planned), int(max_users), int(n_nodes), m, MAX_BITS, c)
     need = max((math.ceil(math.log2(2.0 * plan.range(p) + 1.0)) + 1 for p in planned), default=2)
     if need > MAX_BITS:
         raise PrivacyError(f"secure round: the range of {max_users} users needs {need} bits (> {MAX_BITS}); lower max_users or split the release")
-    plan = DistributedPlan(plan.parts, plan.max_users, plan.n_nodes, m, need)
+    plan = DistributedPlan(plan.parts, plan.max_users, plan.n_nodes, m, need, c)
     _validate(plan)
     return plan
 
@@ -244,8 +260,10 @@ def decode(plan: DistributedPlan, total: np.ndarray, contributors: int) -> dict[
 
 
 def released_std(plan: DistributedPlan, part: PartPlan, contributors: int) -> float:
-    """Standard deviation (integer units) of the noise in a release of ``contributors`` shares."""
-    return math.sqrt(plan.share_variance(part) * contributors)
+    """Standard deviation (integer units) of the noise guaranteed in a release of
+    ``contributors`` shares: the shares of ``plan.colluders`` nodes are not counted (they may
+    know them). At least the planned std when ``contributors >= plan.min_contributors``."""
+    return math.sqrt(plan.share_variance(part) * (contributors - plan.colluders))
 
 
 class Prereleased:
@@ -266,16 +284,86 @@ class Prereleased:
         return np.asarray(value, dtype=np.float64)
 
 
-def secure_round(ledger, parts: list[tuple[str, int, float, float]], *, n_nodes: int, max_users: int, dropout: float, secure_sum, groups: int = 1):
+def secure_round(ledger, parts: list[tuple[str, int, float, float]], *, n_nodes: int, max_users: int, dropout: float, secure_sum, groups: int = 1,
+                 colluders: int = 1):
     """The one secure-aggregation step of every algorithm family and both engines: plan the round
-    of ``parts`` (noise shares sized for all but ``floor(dropout * n_nodes)`` nodes), let
+    of ``parts`` (noise shares sized for all but ``floor(dropout * n_nodes)`` nodes, of which
+    ``colluders`` may know their own shares), let
     ``secure_sum(plan)`` gather the nodes' words (returning ``(unmask, contributors)``), check the
     budget in ``ledger``, unmask, decode and record. Returns (the noised sums by part, a
     :class:`Prereleased` for the algorithm's own release functions)."""
     if not (0.0 <= dropout < 1.0):
         raise PrivacyError(f"secure round: dropout must be in [0, 1), got {dropout}")
     m = max(1, n_nodes - math.floor(dropout * n_nodes))
-    plan = plan_round(parts, max_users=max_users, n_nodes=n_nodes, min_contributors=m)
+    plan = plan_round(parts, max_users=max_users, n_nodes=n_nodes, min_contributors=m, colluders=colluders)
     unmask, contributors = secure_sum(plan)
     values = ledger.skellam_round(plan, lambda: decode(plan, unmask(), contributors), contributors, groups=groups)
     return values, Prereleased(plan)
+
+
+# ---------------------------------------------------------------------------- measurement sums
+EXACT_SCALE = 2.0**32  # fixed-point integers per real unit of a measurement sum (|sum| < 2^31)
+
+
+@dataclass(frozen=True)
+class ExactPlan:
+    """A secure sum without noise, for aggregate *measurements* (the evaluation's per-bucket
+    squared errors and counts, the recommendation's hit counts): each node sends its values in
+    fixed point (``EXACT_SCALE`` per unit), masked, so the server learns only the total over the
+    nodes, exactly, and no node's own values. Not a release: no ledger record, and the total is
+    outside the (epsilon, delta) guarantee (README, trust model). ``parts``: (name, length)."""
+
+    parts: tuple[tuple[str, int], ...]
+    n_nodes: int
+    bits: int = MAX_BITS
+    min_contributors: int = 1
+
+    @property
+    def length(self) -> int:
+        return sum(n for _, n in self.parts)
+
+    def check_contributors(self, n: int) -> None:
+        if n < self.min_contributors:
+            raise PrivacyError(f"secure measurement: {n} nodes contributed, fewer than {self.min_contributors}")
+
+    def bound(self) -> float:
+        """Largest |value| one node may send: the total of ``n_nodes`` such values stays in range."""
+        return (2.0 ** (self.bits - 1) - 1.0) / EXACT_SCALE / max(1, self.n_nodes)
+
+    def to_dict(self) -> dict:
+        return {"exact": [[n, k] for n, k in self.parts], "n_nodes": self.n_nodes, "bits": self.bits}
+
+    def encode(self, values: dict[str, np.ndarray]) -> np.ndarray:
+        """A node's words: its values in fixed point, mod 2^64 (refuses non-finite or too large values)."""
+        out, at = np.empty(self.length, dtype=np.uint64), 0
+        for name, k in self.parts:
+            x = np.asarray(values[name], dtype=np.float64).ravel()
+            if x.size != k or not np.all(np.isfinite(x)) or (k and np.max(np.abs(x)) > self.bound()):
+                raise PrivacyError(f"measurement {name!r}: expected {k} finite values of magnitude <= {self.bound():.3g}")
+            out[at : at + k] = np.rint(x * EXACT_SCALE).astype(np.int64).astype(np.uint64)
+            at += k
+        return out
+
+    def decode(self, total: np.ndarray) -> dict[str, np.ndarray]:
+        """The totals, in real units, from the modular sum of the nodes' words."""
+        total = np.asarray(total, dtype=np.uint64)
+        if total.shape != (self.length,):
+            raise PrivacyError(f"secure measurement: the sum has shape {total.shape}, the plan says ({self.length},)")
+        signed, out, at = total.view(np.int64).astype(np.float64) / EXACT_SCALE, {}, 0
+        for name, k in self.parts:
+            out[name] = signed[at : at + k]
+            at += k
+        return out
+
+
+def plan_from_dict(d: dict) -> DistributedPlan | ExactPlan:
+    """The plan a node receives: a noised round (:class:`DistributedPlan`) or a measurement sum."""
+    if isinstance(d, dict) and "exact" in d:
+        try:
+            plan = ExactPlan(tuple((str(n), int(k)) for n, k in d["exact"]), int(d["n_nodes"]), int(d["bits"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PrivacyError(f"secure measurement: malformed plan ({exc})") from None
+        if plan.bits != MAX_BITS or plan.n_nodes < 1 or any(k < 0 for _, k in plan.parts):
+            raise PrivacyError("secure measurement: bad plan")
+        return plan
+    return DistributedPlan.from_dict(d)

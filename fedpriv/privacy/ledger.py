@@ -209,13 +209,15 @@ class PrivacyLedger:
         Skellam shares, :mod:`fedpriv.privacy.distributed`). The contributors and the budget are
         checked first (all parts of the round, or none); then ``unmask()`` reveals the noised
         sums, {part name: values} (it may refuse, e.g. a wrap-around: then nothing is recorded);
-        then every part is recorded with the noise of ``contributors`` shares. ``groups``: as for
+        then every part is recorded with the noise guaranteed by ``contributors`` shares when
+        ``plan.colluders`` of them may be known (:func:`fedpriv.privacy.distributed.released_std`). ``groups``: as for
         :meth:`gaussian` (a round over one of G disjoint groups of users)."""
         from .distributed import released_std
 
         plan.check_contributors(contributors)
         rels = [
-            Release(p.name, "skellam", float(p.delta2), released_std(plan, p, contributors), 1, None, int(p.length), int(groups), l1_sensitivity=float(p.delta1))
+            Release(p.name, "skellam", float(p.delta2), released_std(plan, p, contributors), 1, None, int(p.length), int(groups), l1_sensitivity=float(p.delta1),
+                    shares=int(contributors), colluders=int(plan.colluders))
             for p in plan.parts
         ]
         after = list(self.releases)

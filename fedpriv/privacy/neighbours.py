@@ -20,10 +20,18 @@ from .symmetric import upper
 class ReplayLedger(PrivacyLedger):
     """Records the exact value and declared sensitivity of every Gaussian release. Without
     ``replay`` it releases as a seeded ledger; with ``replay`` (the ledger of the run on D) it
-    returns that run's noised output of the same release instead."""
+    returns that run's noised output of the same release instead. ``budget``: (epsilon, delta)
+    as a run's own ledger has it, so that the noise-aware defaults (which read the budget after
+    the user count's release, e.g. to choose the bias stage) choose as in that run; without it
+    they keep the config as given."""
 
-    def __init__(self, replay: "ReplayLedger | None" = None, seed: int = 2024):
-        super().__init__(seed=seed)
+    def __init__(self, replay: "ReplayLedger | None" = None, seed: int = 2024, budget: tuple[float, float] | None = None):
+        accountant = None
+        if budget is not None:
+            from .accounting import BestOfAccountant
+
+            accountant = BestOfAccountant()
+        super().__init__(seed=seed, budget=budget, accountant=accountant)
         self.replay = replay
         self.exact: list[tuple[str, np.ndarray, float, bool]] = []
         self.noised: list[np.ndarray] = []

@@ -62,6 +62,11 @@ class BudgetPlan:
     one_shot: tuple[str, ...] = ()  # the pre-processing releases (made once, before the steps)
 
     @property
+    def integer_orders(self) -> bool:
+        """Calibrated and accounted at integer RDP orders only (secure mode: Skellam noise)."""
+        return self.calibration.integer_orders
+
+    @property
     def multipliers(self) -> dict[str, float]:
         return dict(self.calibration.multipliers)
 
@@ -93,7 +98,7 @@ class BudgetPlan:
                     "sensitivity": rel.sensitivity,
                     "noise_multiplier": rel.noise_multiplier,
                     "noise_std": rel.noise_std,
-                    "epsilon_alone": epsilon_rdp([rel], self.delta),
+                    "epsilon_alone": epsilon_rdp([rel], self.delta, integer_orders=self.integer_orders),
                 }
             )
         return rows
@@ -105,7 +110,7 @@ class BudgetPlan:
             "algorithm": self.algorithm,
             "epsilon_target": self.epsilon,
             "delta": self.delta,
-            "epsilon_rdp": epsilon_rdp(recs, self.delta),
+            "epsilon_rdp": epsilon_rdp(recs, self.delta, integer_orders=self.integer_orders),
             "epsilon_pld": epsilon_pld(recs, self.delta) if pld_supported(recs) else None,
             "rho_zcdp": None if (sampled or self.tuning is not None) else zcdp_rho(recs),
             "rho_zcdp_one_run": None if sampled else zcdp_rho(self.run_records()),
@@ -118,7 +123,7 @@ class BudgetPlan:
     def epsilon_one_shot(self) -> float | None:
         """RDP epsilon of the pre-processing releases alone (one run), or None without any."""
         rels = [r for r in self.run_records() if r.name in self.one_shot]
-        return epsilon_rdp(rels, self.delta) if rels else None
+        return epsilon_rdp(rels, self.delta, integer_orders=self.integer_orders) if rels else None
 
     def to_dict(self) -> dict:
         return {**self.summary(), "releases": self.rows()}
@@ -141,7 +146,7 @@ class BudgetPlan:
             "",
             "| accountant | value |",
             "|---|---|",
-            f"| epsilon (RDP, dp-accounting) | {fmt(s['epsilon_rdp'])} |",
+            f"| epsilon (RDP, dp-accounting{', integer orders' if self.integer_orders else ''}) | {fmt(s['epsilon_rdp'])} |",
             f"| epsilon (PLD, dp-accounting) | {fmt(s['epsilon_pld']) if s['epsilon_pld'] is not None else 'not supported for this plan'} |",
             f"| zCDP rho | {fmt(s['rho_zcdp']) if s['rho_zcdp'] is not None else 'not defined (sampled releases or tuning)'} |",
         ]
@@ -163,9 +168,11 @@ def calibrated_plan(
     *,
     rating_range: tuple[float, float] = (1.0, 5.0),
     tuning: TuningPlan | None = None,
+    integer_orders: bool = False,
 ) -> BudgetPlan:
     """Calibrate a release plan (the algorithm's releases and their L2 sensitivities, from the
-    algorithm layer: :func:`fedpriv.algorithms.plans.budget_plan`) to (epsilon, delta)."""
+    algorithm layer: :func:`fedpriv.algorithms.plans.budget_plan`) to (epsilon, delta);
+    ``integer_orders``: at integer RDP orders only (secure mode, see :func:`calibrate`)."""
     if not planned:
         raise ConfigError(f"algorithm {algorithm!r} is not private: it has no releases to plan", field="algorithm")
     sens = dict(sensitivities)
@@ -176,7 +183,7 @@ def calibrated_plan(
         planned.append(PlannedRelease(SCORE_RELEASE, 1, tuning.share * sum(p.share * p.count for p in planned) / (1 - tuning.share)))
         sens[SCORE_RELEASE] = score_sensitivity(tuning.clip(rating_range))
         repeat = (tuning.mean, tuning.shape)
-    cal = calibrate(planned, epsilon, delta, repeat=repeat)
+    cal = calibrate(planned, epsilon, delta, repeat=repeat, integer_orders=integer_orders)
     notes = []
     if tuning is not None:
         notes.append("PLD accounting does not cover repeat-and-select: epsilon is from RDP (Papernot and Steinke 2022, Theorem 2, in dp-accounting).")

@@ -31,6 +31,8 @@ class Release:
     pure_epsilon: float | None = None  # pure mechanisms (exponential, laplace, selection): their epsilon
     disjoint: bool = False  # every call under this name concerned new, distinct users: count and groups grow together
     l1_sensitivity: float | None = None  # skellam (distributed noise): the integer L1 sensitivity
+    shares: int | None = None  # skellam: the nodes' noise shares summed in the release
+    colluders: int | None = None  # skellam: shares not counted in noise_std (nodes that may know theirs)
 
     @property
     def noise_multiplier(self) -> float:
@@ -46,12 +48,13 @@ class Release:
             # calls on disjoint users under one name merge whatever their sensitivity, noise
             # scale (same epsilon) and size: each user is accounted once, by the pure epsilon
             return (self.name, self.mechanism, self.sampling_rate, self.pure_epsilon, True)
-        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim, self.groups, self.pure_epsilon, False, self.l1_sensitivity)
+        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim, self.groups, self.pure_epsilon, False, self.l1_sensitivity, self.shares, self.colluders)
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if d["l1_sensitivity"] is None:
-            del d["l1_sensitivity"]
+        for optional in ("l1_sensitivity", "shares", "colluders"):
+            if d[optional] is None:
+                del d[optional]
         d["noise_multiplier"] = self.noise_multiplier
         return d
 
@@ -138,7 +141,7 @@ class RepeatAndSelect:
 
 def records_from_list(items: list[dict]) -> list[Release | RepeatAndSelect]:
     """Records from their ``to_dict`` form (``ledger.json``)."""
-    keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim", "groups", "pure_epsilon", "disjoint", "l1_sensitivity")
+    keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim", "groups", "pure_epsilon", "disjoint", "l1_sensitivity", "shares", "colluders")
     out: list[Release | RepeatAndSelect] = []
     for it in items:
         if it.get("mechanism") == "repeat_and_select":

@@ -439,6 +439,11 @@ class SecAggNode:
         if len(peers) + 1 < params.threshold:
             raise SecAggError(f"{len(peers)} neighbours and this node hold fewer shares than the threshold "
                               f"{params.threshold}", field="neighbours")
+        if 2 * params.threshold <= len(peers) + 1:
+            # a smaller threshold would let a deviating server collect both kinds of share of one
+            # node: the self-mask seed from one group of holders, the mask key from another
+            raise SecAggError(f"threshold {params.threshold} is not a strict majority of the {len(peers) + 1} share holders "
+                              f"(this node and its {len(peers)} neighbours); refused", field="threshold")
         channels = {v: _channel(self._channel_key, neighbours[v], v) for v in peers}
         mask_raw, self_seed = os.urandom(_KEY_BYTES), os.urandom(_KEY_BYTES)
         mask_key = _private_key(mask_raw)

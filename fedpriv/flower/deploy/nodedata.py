@@ -45,12 +45,13 @@ def split_job(data: str, users_per_node: int, split_seed: int = SPLIT_SEED) -> P
     """Load ``data`` (the data owner's side) and cut it into node blocks. Partitioned deployments
     use the random split, evaluated on the nodes (the held-out-users protocol evaluates on the
     server and is refused here)."""
-    from ...data.spec import HELDOUT_KINDS, PUBLIC_KIND, load_spec, parse_data_spec
+    from ...data.spec import HELDOUT_KINDS, PUBLIC_KIND, load_spec, parse_data_spec, require_declared_catalogue
 
     spec = parse_data_spec(data)
     if spec.kind == PUBLIC_KIND or spec.kind == "synthetic-personal":
         raise ConfigError(f"give the rating data set to partition, not {spec.kind}:", field="--data")
     ds = load_spec(spec)
+    require_declared_catalogue(ds, spec, "a deployment")  # its public metadata fixes n_items for every run
     if ds.implicit or spec.kind in HELDOUT_KINDS:
         raise ConfigError(f"{spec.kind}: a partitioned deployment evaluates on its nodes with the random split; "
                           "the held-out-users protocol (implicit data) is not supported there yet", field="--data")

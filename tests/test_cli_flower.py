@@ -13,7 +13,7 @@ SYN = "synthetic-mf:users=60,items=40,ratings=1500,seed=2"
 
 
 def test_flower_engine_runs_flwr_and_leaves_nothing_running(tmp_path, monkeypatch, capsys):
-    assert launcher.superlink_pids() == [], "a SuperLink of an earlier launcher run is still alive"
+    # only this run's SuperLink is checked (its own FLWR_HOME): other fedpriv runs may be alive on the machine
     seen: dict = {}
     real_stop = launcher.stop_superlinks
 
@@ -43,7 +43,7 @@ def test_flower_engine_runs_flwr_and_leaves_nothing_running(tmp_path, monkeypatc
 
     # a SuperLink of our own FLWR_HOME ran, and it and its children are gone
     assert seen["stopped"], "no SuperLink was found to stop"
-    assert launcher.superlink_pids(seen["home"]) == [] and launcher.superlink_pids() == []
+    assert launcher.superlink_pids(seen["home"]) == []
     assert [p for p in seen["processes"] if launcher._alive(p)] == []
     assert not seen["home"].exists()  # the temporary FLWR_HOME and app folder are removed
     print(f"flower CLI run: {seconds:.1f} s")

@@ -105,8 +105,8 @@ def _one(args, nodes: int) -> dict:
         while not done.wait(0.5):
             low["gb"] = min(low["gb"], _mem_available_gb())
             low["peak_used"] = max(low["peak_used"], _mem_used_gb())
-            low["clientapps"] = max(low["clientapps"], len(launcher._pids_matching("bin/python", "bin/flwr-clientapp")))  # noqa: SLF001 - running
-            low["queued"] = max(low["queued"], len(launcher._pids_matching("clientapp-gate/flwr-clientapp")))  # noqa: SLF001 - waiting at the gate
+            low["clientapps"] = max(low["clientapps"], len(launcher.pids_matching("bin/python", "bin/flwr-clientapp")))  # running
+            low["queued"] = max(low["queued"], len(launcher.pids_matching("clientapp-gate/flwr-clientapp")))  # waiting at the gate
             if low["gb"] < args.min_free_gb and not low["aborted"]:
                 low["aborted"] = True
                 deploy.stop(cfg.run_dir, 5.0)
@@ -120,7 +120,7 @@ def _one(args, nodes: int) -> dict:
         result["up_seconds"] = time.perf_counter() - t0
         # the SuperNodes' SuperExecs (they start and reap the ClientApp processes); their command
         # lines do not name the run folder: every SuperExec on this host (the benchmark's own)
-        execs = launcher._pids_matching("flower-superexec", "--parent-pid")  # noqa: SLF001
+        execs = launcher.pids_matching("flower-superexec", "--parent-pid")
         cpu0 = _children_cpu_seconds(execs)
         launches0 = _launches(cfg)
         t1 = time.perf_counter()

@@ -79,7 +79,7 @@ def rmse_from_sums(sse: np.ndarray, cnt: np.ndarray, item_counts: np.ndarray) ->
     bucket = metrics.frequency_buckets(item_counts, len(sse))
     sliced = []
     for b in range(len(sse)):
-        row = metrics._bucket_info(item_counts, bucket, b)  # noqa: SLF001 - shared row layout
+        row = metrics.bucket_info(item_counts, bucket, b)
         row.update({"n_eval": int(cnt[b]), "rmse": float(np.sqrt(sse[b] / cnt[b])) if cnt[b] else float("nan")})
         sliced.append(row)
     total = float(np.sqrt(sse.sum() / cnt.sum())) if cnt.sum() else float("nan")
@@ -115,7 +115,7 @@ def logistic_from_sums(sums: dict[str, np.ndarray], item_counts: np.ndarray) -> 
     bucket = metrics.frequency_buckets(item_counts, n_buckets)
     sliced = []
     for b in range(n_buckets):
-        row = metrics._bucket_info(item_counts, bucket, b)  # noqa: SLF001 - shared row layout
+        row = metrics.bucket_info(item_counts, bucket, b)
         n = sums["n"][b]
         row.update({"n_eval": int(n), "logloss": float(sums["logloss"][b] / n) if n else float("nan"), "accuracy": float(sums["correct"][b] / n) if n else float("nan")})
         sliced.append(row)

@@ -18,7 +18,8 @@ def frequency_buckets(item_counts: np.ndarray, n_buckets: int = 5) -> np.ndarray
     return bucket
 
 
-def _bucket_info(item_counts: np.ndarray, bucket: np.ndarray, b: int) -> dict:
+def bucket_info(item_counts: np.ndarray, bucket: np.ndarray, b: int) -> dict:
+    """The first columns of a sliced-metric row: bucket ``b``, its item count and item-count range."""
     c = item_counts[bucket == b]
     return {
         "bucket": b,
@@ -39,7 +40,7 @@ def sliced_rmse(pred: np.ndarray, truth: np.ndarray, items: np.ndarray, item_cou
     out = []
     for b in range(n_buckets):
         sel = bucket[items] == b
-        row = _bucket_info(item_counts, bucket, b)
+        row = bucket_info(item_counts, bucket, b)
         row.update({"n_eval": int(sel.sum()), "rmse": rmse(pred[sel], truth[sel])})
         out.append(row)
     return out
@@ -88,7 +89,7 @@ def recall_at_k(
                 b_n[b] += 1
     sliced = []
     for b in range(n_buckets):
-        row = _bucket_info(item_counts, bucket, b)
+        row = bucket_info(item_counts, bucket, b)
         row.update({"n_eval": int(b_n[b]), "recall": float(b_sum[b] / b_n[b]) if b_n[b] else float("nan")})
         sliced.append(row)
     return (total / n_users if n_users else float("nan")), sliced

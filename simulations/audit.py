@@ -24,7 +24,7 @@ The audit. For each algorithm and epsilon the script builds the public state the
 in-process engine does (calibrated multipliers; user count, mean and counts released on D;
 weights and initial item embeddings), once, and uses it for both sides. It then releases both
 exact sums many times through the real release function (``als.release_item_stats``,
-``ssp.release_ssp_stats``; ``als._release`` / ``als.release_counts`` for the pre-processing
+``ssp.release_ssp_stats``; ``als.release_gaussian`` / ``als.release_counts`` for the pre-processing
 releases), the noise drawn by a :class:`~fedpriv.privacy.ledger.PrivacyLedger`, and thresholds
 the projection of each output on the exact difference
 (:func:`fedpriv.privacy.audit.audit_gaussian_release`): the Clopper-Pearson lower bound on
@@ -282,7 +282,7 @@ def setup_run(state: als.PublicState) -> Callable:
             if name == "counts":
                 out[name] = als.release_counts(x, state, ledger)
             else:
-                out[name] = als._release(name, x, state, ledger)  # noqa: SLF001
+                out[name] = als.release_gaussian(name, x, state, ledger)
         return out
 
     return run

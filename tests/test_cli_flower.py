@@ -19,7 +19,7 @@ def test_flower_engine_runs_flwr_and_leaves_nothing_running(tmp_path, monkeypatc
 
     def stop(flwr_home, *args, **kwargs):  # record what ran before it is stopped
         pids = launcher.superlink_pids(flwr_home)
-        seen.update(home=flwr_home, processes=pids + launcher._descendants(pids))
+        seen.update(home=flwr_home, processes=pids + launcher.descendant_pids(pids))
         seen["stopped"] = real_stop(flwr_home, *args, **kwargs)
         return seen["stopped"]
 
@@ -44,7 +44,7 @@ def test_flower_engine_runs_flwr_and_leaves_nothing_running(tmp_path, monkeypatc
     # a SuperLink of our own FLWR_HOME ran, and it and its children are gone
     assert seen["stopped"], "no SuperLink was found to stop"
     assert launcher.superlink_pids(seen["home"]) == []
-    assert [p for p in seen["processes"] if launcher._alive(p)] == []
+    assert [p for p in seen["processes"] if launcher.pid_alive(p)] == []
     assert not seen["home"].exists()  # the temporary FLWR_HOME and app folder are removed
     print(f"flower CLI run: {seconds:.1f} s")
 
@@ -62,7 +62,7 @@ def test_flower_engine_bad_input_exits_2_before_starting_flower(tmp_path, monkey
     def no_flwr(*args, **kwargs):
         raise AssertionError("flwr run was started")
 
-    monkeypatch.setattr(launcher, "_run_streaming", no_flwr)
+    monkeypatch.setattr(launcher, "run_streaming", no_flwr)
     before = launcher.superlink_pids()
     out = tmp_path / "out"
     t0 = time.perf_counter()
@@ -86,7 +86,7 @@ def test_flower_engine_runs_a_non_private_personalization_baseline_without_epsil
         captured.update(tomllib.loads(open(cmd[cmd.index("--run-config") + 1]).read()))
         return 1, ["no flwr in this test"]
 
-    monkeypatch.setattr(launcher, "_run_streaming", fake_flwr)
+    monkeypatch.setattr(launcher, "run_streaming", fake_flwr)
     out = tmp_path / "out"
     code = main(["run", "pam-own-data", "--data", "synthetic-personal:users=40,samples=4,d=3,k=1", "--engine", "flower", "--out", str(out), "--quiet"])
     assert code == 2 and "no flwr in this test" in capsys.readouterr().err  # a clean error, no TypeError

@@ -260,7 +260,7 @@ def test_compose_and_certs_commands(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------ deployment (processes)
 def _kill_tree(pid: int) -> None:
-    below = launcher._descendants([pid])
+    below = launcher.descendant_pids([pid])
     for p in [pid, *below]:
         try:
             os.kill(p, signal.SIGKILL)
@@ -270,9 +270,9 @@ def _kill_tree(pid: int) -> None:
 
 def _all_gone(pids: list[int], seconds: float = 20.0) -> bool:
     deadline = time.monotonic() + seconds
-    while any(launcher._alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(launcher.pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return not any(launcher._alive(p) for p in pids)
+    return not any(launcher.pid_alive(p) for p in pids)
 
 
 def _kill_when(log, marker: str, pid: int):
@@ -295,7 +295,7 @@ def _kill_when(log, marker: str, pid: int):
 
 def _tree(cfg) -> list[int]:
     pids = [int(e["pid"]) for e in deploy.running(cfg)]
-    return pids + launcher._descendants(pids)
+    return pids + launcher.descendant_pids(pids)
 
 
 @pytest.mark.deployment
@@ -355,7 +355,7 @@ def test_tls_auth_deployment_completes_with_a_node_killed_in_round_one(tmp_path)
     finally:
         seen += _tree(cfg)
         deploy.stop(cfg.run_dir)
-    assert _all_gone(seen), [p for p in seen if launcher._alive(p)]
+    assert _all_gone(seen), [p for p in seen if launcher.pid_alive(p)]
     assert deploy.running(cfg) == []
 
 
@@ -403,7 +403,7 @@ def test_secure_aggregation_deployment_completes_with_a_node_killed_after_sharin
     finally:
         seen += _tree(cfg)
         deploy.stop(cfg.run_dir)
-    assert _all_gone(seen), [p for p in seen if launcher._alive(p)]
+    assert _all_gone(seen), [p for p in seen if launcher.pid_alive(p)]
 
 
 @pytest.mark.deployment
@@ -453,7 +453,7 @@ def test_failed_up_stops_everything(tmp_path):
         with pytest.raises(FedprivError, match="supernode-0 exited"):
             deploy.up(cfg, wait=120)
     assert not (run_dir / "pids.json").exists() and (run_dir / "logs" / "supernode-1.log").is_file()
-    assert _all_gone(launcher._pids_matching(str(run_dir)), 5.0), launcher._pids_matching(str(run_dir))
+    assert _all_gone(launcher.pids_matching(str(run_dir)), 5.0), launcher.pids_matching(str(run_dir))
 
 
 def test_clientapp_gate_bounds_concurrent_processes(tmp_path, monkeypatch):

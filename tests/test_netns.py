@@ -90,7 +90,7 @@ def _namespaces():
         for ns in created:
             leftover = [int(p) for p in _ip("netns", "pids", ns).stdout.split()]
             if leftover:  # safety net: only this test started processes in its namespaces
-                launcher._terminate(leftover, 5.0)
+                launcher.terminate_pids(leftover, 5.0)
             _ip("netns", "del", ns)
 
 
@@ -147,11 +147,11 @@ def _start(cfg, name: str, cmd: list[str], cwd: Path, home: Path, logs: Path, pr
 
 def _stop_all(procs: dict) -> list[int]:
     pids = [p.pid for p in procs.values()]
-    below = launcher._descendants(pids)  # taken first: children get re-parented
-    launcher._terminate([p for p in pids if launcher._alive(p)], 15.0)
-    left = [p for p in below if launcher._alive(p)]
+    below = launcher.descendant_pids(pids)  # taken first: children get re-parented
+    launcher.terminate_pids([p for p in pids if launcher.pid_alive(p)], 15.0)
+    left = [p for p in below if launcher.pid_alive(p)]
     if left:
-        launcher._terminate(left, 5.0)
+        launcher.terminate_pids(left, 5.0)
     for p in procs.values():
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=5)
@@ -162,7 +162,7 @@ def _tails(logs: Path, n: int = 25) -> str:
     out = []
     for path in sorted(logs.glob("*.log")):
         lines = path.read_text(errors="replace").splitlines()[-n:]
-        out.append(f"----- {path.name} (last {len(lines)} lines)\n" + "\n".join(launcher._ANSI.sub("", x) for x in lines))
+        out.append(f"----- {path.name} (last {len(lines)} lines)\n" + "\n".join(launcher.ANSI_ESCAPE.sub("", x) for x in lines))
     return "\n".join(out)
 
 
@@ -252,7 +252,7 @@ def test_superlink_and_supernodes_on_separate_hosts(tmp_path, monkeypatch):
             for i in range(NODES):
                 r = subprocess.run(deploy.register_command(cfg, i), cwd=cfg.run_dir, env=deploy._env(cfg, cfg.flwr_home),
                                    capture_output=True, text=True, timeout=90)
-                out = launcher._ANSI.sub("", r.stdout + r.stderr)
+                out = launcher.ANSI_ESCAPE.sub("", r.stdout + r.stderr)
                 reply = json.JSONDecoder().raw_decode(out[out.find("{"):])[0] if "{" in out else {}
                 assert r.returncode == 0 and reply.get("success"), f"register node {i} (exit {r.returncode}): {out[-2000:]}"
 
@@ -303,5 +303,5 @@ def test_superlink_and_supernodes_on_separate_hosts(tmp_path, monkeypatch):
         finally:
             seen += _stop_all(procs)
     assert hosts.link not in _netns_list() and hosts.nodes not in _netns_list(), _netns_list()
-    assert not any(launcher._alive(p) for p in seen), [p for p in seen if launcher._alive(p)]
+    assert not any(launcher.pid_alive(p) for p in seen), [p for p in seen if launcher.pid_alive(p)]
     print(f"netns test total {time.perf_counter() - t0:.1f} s")

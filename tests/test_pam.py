@@ -188,7 +188,7 @@ def test_node_replies_are_validated_before_they_are_summed():
     from fedpriv.flower.pam_server import _decode
 
     def reply(n_users, **arrays):
-        return RecordDict({"contrib": ArrayRecord({k: codec._arr(np.asarray(v, np.float64)) for k, v in arrays.items()}), "meta": ConfigRecord({"n_users": n_users})})
+        return RecordDict({"contrib": ArrayRecord({k: codec.to_array(np.asarray(v, np.float64)) for k, v in arrays.items()}), "meta": ConfigRecord({"n_users": n_users})})
 
     keys, bounds, ranges = {"scores": 4}, {"scores": 2.0 * 2}, {"scores": 2.0}
     ok = _decode(reply(2, scores=[0.0, 1.0, 4.0, 3.0]), keys, bounds, 5, ranges)

@@ -380,7 +380,7 @@ def noise_std(name: str, state: PublicState) -> float:
     return state.multipliers[name] * sensitivity(name, state.config, state.rating_range)
 
 
-def _release(name: str, total, state: PublicState, ledger: PrivacyLedger | None, **kw):
+def release_gaussian(name: str, total, state: PublicState, ledger: PrivacyLedger | None, **kw):
     """Noise ``total`` through the ledger with the calibrated multiplier (non-private: as is)."""
     if not state.private:
         return total
@@ -395,18 +395,18 @@ def _release(name: str, total, state: PublicState, ledger: PrivacyLedger | None,
 
 def release_user_count(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> int:
     """The released number of users (at least 1); non-private runs keep the exact count."""
-    total = _release("users", np.asarray(total, dtype=np.float64), state, ledger)
+    total = release_gaussian("users", np.asarray(total, dtype=np.float64), state, ledger)
     return max(1, int(round(float(total[0]))))
 
 
 def release_mean(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> float:
-    total = _release("mean", total, state, ledger)
+    total = release_gaussian("mean", total, state, ledger)
     lo, hi = state.rating_range
     return float(np.clip(total[0] / max(total[1], 1.0), lo, hi))
 
 
 def release_counts(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> np.ndarray:
-    return np.asarray(_release("counts", total, state, ledger), dtype=np.float64)
+    return np.asarray(release_gaussian("counts", total, state, ledger), dtype=np.float64)
 
 
 def release_bias(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | None) -> np.ndarray:
@@ -418,7 +418,7 @@ def release_bias(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | 
     rank-0 case of the family's gravity term, and what the ``bias`` algorithm's step computes.
     Without it the residuals of all-ones data are nearly constant and the noise ranks the items."""
     cfg = state.config
-    total = np.asarray(_release("bias", np.asarray(total, dtype=np.float64), state, ledger), dtype=np.float64)
+    total = np.asarray(release_gaussian("bias", np.asarray(total, dtype=np.float64), state, ledger), dtype=np.float64)
     W, B = total[: state.n_items], total[state.n_items :]
     state.item_support = W
     unobserved = cfg.gravity * state.n_users
@@ -430,10 +430,10 @@ def release_bias(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | 
 
 def release_item_stats(A, b, g, state: PublicState, ledger: PrivacyLedger | None):
     """Add the calibrated noise once per step (the only place that sees the exact sums)."""
-    A = _release("item_stats_A", A, state, ledger, symmetric=True)
-    b = _release("item_stats_b", b, state, ledger)
+    A = release_gaussian("item_stats_A", A, state, ledger, symmetric=True)
+    b = release_gaussian("item_stats_b", b, state, ledger)
     if g is not None:
-        g = _release("gravity", g, state, ledger, symmetric=True)
+        g = release_gaussian("gravity", g, state, ledger, symmetric=True)
     return A, b, g
 
 

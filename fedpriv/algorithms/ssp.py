@@ -174,8 +174,8 @@ def release_ssp_stats(A, b, g, state: als.PublicState, ledger: PrivacyLedger):
 
 
 def release_convex_stats(H, g, state: als.PublicState, ledger: PrivacyLedger):
-    H = als._release("item_stats_H", H, state, ledger, symmetric=True)  # noqa: SLF001
-    g = als._release("item_stats_g", g, state, ledger)  # noqa: SLF001
+    H = als.release_gaussian("item_stats_H", H, state, ledger, symmetric=True)
+    g = als.release_gaussian("item_stats_g", g, state, ledger)
     return H, g
 
 

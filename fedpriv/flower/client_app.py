@@ -61,7 +61,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Per-bucket squared errors (or log-loss) on the node's validation and test ratings, in
     plaintext: central mode only (secure mode sums them with ``secagg_mask``, kind ``eval``)."""
     sums = node_eval(msg, context)
-    return Message(RecordDict({"eval": ArrayRecord({k: codec._arr(v) for k, v in sums.items()})}), reply_to=msg)  # noqa: SLF001
+    return Message(RecordDict({"eval": ArrayRecord({k: codec.to_array(v) for k, v in sums.items()})}), reply_to=msg)
 
 
 def register_handlers(app) -> None:

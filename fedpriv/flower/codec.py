@@ -26,7 +26,8 @@ class RejectedReply(ValueError):
     """A reply that must not be summed; the message says why."""
 
 
-def _arr(x) -> Array:
+def to_array(x) -> Array:
+    """``x`` as a Flower Array (C-contiguous: a message carries the buffer as is)."""
     return Array(np.ascontiguousarray(x))
 
 
@@ -42,7 +43,7 @@ def encode_state(state: als.PublicState, data_dir: str, users_per_node: int, rou
     for key in STATE_ARRAYS:
         value = getattr(state, key)
         if value is not None:
-            arrays[key] = _arr(value)
+            arrays[key] = to_array(value)
     cfg = ConfigRecord(
         {
             "algorithm": state.algorithm,
@@ -113,32 +114,32 @@ def _contrib(arrays: dict, n_users: int) -> RecordDict:
 
 
 def encode_vector(values: np.ndarray, n_users: int) -> RecordDict:
-    return _contrib({"values": _arr(np.asarray(values, np.float64))}, n_users)
+    return _contrib({"values": to_array(np.asarray(values, np.float64))}, n_users)
 
 
 def encode_item_stats(stats: als.ItemStats, n_users: int) -> RecordDict:
-    arrays = {"item_ids": _arr(stats.item_ids.astype(np.int64)), "A_upper": _arr(upper(stats.A)), "b": _arr(stats.b)}
+    arrays = {"item_ids": to_array(stats.item_ids.astype(np.int64)), "A_upper": to_array(upper(stats.A)), "b": to_array(stats.b)}
     if stats.gravity is not None:
-        arrays["gravity_upper"] = _arr(upper(np.asarray(stats.gravity, np.float32)))
+        arrays["gravity_upper"] = to_array(upper(np.asarray(stats.gravity, np.float32)))
     return _contrib(arrays, n_users)
 
 
 def encode_gradient(stats: als.ItemStats, n_users: int) -> RecordDict:
-    return _contrib({"item_ids": _arr(stats.item_ids.astype(np.int64)), "grad": _arr(np.asarray(stats.b, np.float64))}, n_users)
+    return _contrib({"item_ids": to_array(stats.item_ids.astype(np.int64)), "grad": to_array(np.asarray(stats.b, np.float64))}, n_users)
 
 
 def decode_gradient(content: RecordDict, state: als.PublicState, dim: int, max_users: int) -> als.ItemStats:
     """A validated DP-SGD contribution: sparse rows of the clipped per-user gradient sum."""
-    n, arrays = _contribution(content, max_users)
+    n, arrays = unpack_contribution(content, max_users)
     ids = _item_ids(arrays, state.n_items)
-    g = _get(arrays, "grad", 2, "f")
+    g = checked_array(arrays, "grad", 2, "f")
     if g.shape != (len(ids), dim):
         raise RejectedReply(f"malformed: gradient shape {g.shape} for {len(ids)} items of dimension {dim}")
-    _check_norm("gradient", g, n * state.config.sgd_clip)
+    check_norm("gradient", g, n * state.config.sgd_clip)
     return als.ItemStats(item_ids=ids.astype(np.int64), A=np.zeros((0, 0, 0), np.float32), b=g)
 
 
-def _contribution(content: RecordDict, max_users: int) -> tuple[int, ArrayRecord]:
+def unpack_contribution(content: RecordDict, max_users: int) -> tuple[int, ArrayRecord]:
     """(declared user count, contribution arrays) of a reply, or RejectedReply."""
     n = _declared_users(content, max_users)
     if "contrib" not in content.array_records:
@@ -147,7 +148,7 @@ def _contribution(content: RecordDict, max_users: int) -> tuple[int, ArrayRecord
 
 
 def _item_ids(arrays: ArrayRecord, n_items: int) -> np.ndarray:
-    ids = _get(arrays, "item_ids", 1, "i")
+    ids = checked_array(arrays, "item_ids", 1, "i")
     if len(ids) and (ids.min() < 0 or ids.max() >= n_items or len(np.unique(ids)) != len(ids)):
         raise RejectedReply("malformed: item ids out of range or repeated")
     return ids
@@ -163,7 +164,8 @@ def _declared_users(content: RecordDict, max_users: int) -> int:
     return n
 
 
-def _get(arrays: ArrayRecord, key: str, ndim: int, dtype_kind: str) -> np.ndarray:
+def checked_array(arrays: ArrayRecord, key: str, ndim: int, dtype_kind: str) -> np.ndarray:
+    """``arrays[key]`` decoded, with ``ndim`` dimensions, dtype kind ``dtype_kind`` and finite floats, or RejectedReply."""
     if key not in arrays:
         raise RejectedReply(f"malformed: missing array {key!r}")
     try:
@@ -177,7 +179,8 @@ def _get(arrays: ArrayRecord, key: str, ndim: int, dtype_kind: str) -> np.ndarra
     return x
 
 
-def _check_norm(name: str, x: np.ndarray, bound: float) -> None:
+def check_norm(name: str, x: np.ndarray, bound: float) -> None:
+    """RejectedReply when the L2 norm of ``x`` exceeds ``bound`` (up to rounding)."""
     norm = float(np.linalg.norm(x))
     if norm > bound * (1 + 1e-5) + 1e-9:
         raise RejectedReply(f"over bound: ||{name}|| = {norm:.6g} > {bound:.6g}")
@@ -185,12 +188,12 @@ def _check_norm(name: str, x: np.ndarray, bound: float) -> None:
 
 def decode_vector(content: RecordDict, release: str, length: int, state: als.PublicState, max_users: int) -> np.ndarray:
     """A validated vector contribution (mean: length 2; counts: length n_items)."""
-    n, arrays = _contribution(content, max_users)
-    v = _get(arrays, "values", 1, "f")
+    n, arrays = unpack_contribution(content, max_users)
+    v = checked_array(arrays, "values", 1, "f")
     if len(v) != length:
         raise RejectedReply(f"malformed: {release} vector has length {len(v)}, expected {length}")
     if state.private:
-        _check_norm(release, v, n * als.sensitivity(release, state.config, state.rating_range))
+        check_norm(release, v, n * als.sensitivity(release, state.config, state.rating_range))
     return v
 
 
@@ -221,25 +224,25 @@ def decode_item_stats(
 ) -> als.ItemStats:
     """A validated item-statistics contribution; ``names``: the releases of its matrix and vector
     parts (their per-user L2 bounds), e.g. ("item_stats_H", "item_stats_g") for am-ssp-convex."""
-    n, arrays = _contribution(content, max_users)
+    n, arrays = unpack_contribution(content, max_users)
     ids = _item_ids(arrays, state.n_items)
-    tri = _get(arrays, "A_upper", 2, "f")
-    b = _get(arrays, "b", 2, "f")
+    tri = checked_array(arrays, "A_upper", 2, "f")
+    b = checked_array(arrays, "b", 2, "f")
     k = len(ids)
     if tri.shape != (k, dim * (dim + 1) // 2) or b.shape != (k, dim):
         raise RejectedReply(f"malformed: shapes {tri.shape}, {b.shape} for {k} items of dimension {dim}")
     gravity = None
     if state.config.gravity > 0 and not state.spec.logistic:  # the logistic statistics have no gravity term
-        g = _get(arrays, "gravity_upper", 1, "f")
+        g = checked_array(arrays, "gravity_upper", 1, "f")
         if g.shape != (dim * (dim + 1) // 2,):
             raise RejectedReply(f"malformed: gravity has shape {g.shape}")
         gravity = from_upper(g, dim)
     if state.private:
         cfg, rr = state.config, state.rating_range
-        _check_norm(names[0], tri, n * als.sensitivity(names[0], cfg, rr))
-        _check_norm(names[1], b, n * als.sensitivity(names[1], cfg, rr))
+        check_norm(names[0], tri, n * als.sensitivity(names[0], cfg, rr))
+        check_norm(names[1], b, n * als.sensitivity(names[1], cfg, rr))
         if gravity is not None:
-            _check_norm("gravity", g, n * als.sensitivity("gravity", cfg, rr))
+            check_norm("gravity", g, n * als.sensitivity("gravity", cfg, rr))
     return als.ItemStats(item_ids=ids.astype(np.int64), A=from_upper(tri, dim), b=b, gravity=gravity)
 
 
@@ -248,7 +251,7 @@ def decode_eval_sums(content: RecordDict, keys: tuple[str, ...], n_buckets: int 
     if "eval" not in content.array_records:
         raise RejectedReply("malformed: no evaluation record")
     rec = content.array_records["eval"]
-    vals = {k: _get(rec, k, 1, "f") for k in keys}
+    vals = {k: checked_array(rec, k, 1, "f") for k in keys}
     if any(v.shape != (n_buckets,) or np.any(v < 0) for v in vals.values()):
         raise RejectedReply("malformed: evaluation sums must be non-negative, one per bucket")
     return vals

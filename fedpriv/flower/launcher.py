@@ -40,8 +40,8 @@ HOME_PREFIX = "fedpriv-flwr-"  # temporary folders of this module: marks our Sup
 APP_NAME = "fedpriv-job"
 STOP_SECONDS = 15.0  # SIGTERM, then SIGKILL after this long
 TAIL_LINES = 80
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_ERROR_LINE = re.compile(r"\b(?:ConfigError|DataError|PrivacyError|FedprivError): (.+)$")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes, stripped from captured output
+ERROR_LINE = re.compile(r"\b(?:ConfigError|DataError|PrivacyError|FedprivError): (.+)$")  # a fedpriv error in `flwr run` output: group 1 the reason
 
 
 class _Planned(Exception):
@@ -52,7 +52,7 @@ class _Planned(Exception):
 
 
 # ------------------------------------------------------------------------------ validation
-def _plan(algorithm: str, data: str, epsilon: float | None, delta: float, overrides: dict[str, str]) -> int:
+def plan_partitions(algorithm: str, data: str, epsilon: float | None, delta: float, overrides: dict[str, str]) -> int:
     """All the checks of :func:`fedpriv.run.run` (algorithm, epsilon, overrides, data spec and
     data, split) plus the privacy calibration, without training; returns the number of
     partitions (nodes the job needs)."""
@@ -89,7 +89,7 @@ def _int_option(name: str, given: int | None, overrides: dict[str, str], key: st
     return int(f)
 
 
-def _absolute_data(data: str) -> str:
+def absolute_data_spec(data: str) -> str:
     """The data spec with an absolute path (the ServerApp does not run in our folder)."""
     from ..data.spec import parse_data_spec
 
@@ -101,7 +101,8 @@ def _absolute_data(data: str) -> str:
 
 
 # ------------------------------------------------------------------------------ app folder
-def _toml_value(v) -> str:
+def toml_value(v) -> str:
+    """``v`` as a TOML value (bool, int, float, else a basic string)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -111,7 +112,7 @@ def _toml_value(v) -> str:
     return json.dumps(str(v))  # a TOML basic string (ASCII, JSON escapes)
 
 
-def _write_app(app_dir: Path) -> None:
+def write_app_folder(app_dir: Path) -> None:
     """A Flower app folder whose components are the installed fedpriv ServerApp/ClientApp.
     The run-config defaults are placeholders: the real values come with ``--run-config`` (an
     empty ``data`` makes the ServerApp fail loudly if they do not arrive)."""
@@ -160,8 +161,9 @@ noise-seed-file = ""
     )
 
 
-def _write_run_config(path: Path, values: dict) -> None:
-    path.write_text("".join(f"{json.dumps(k)} = {_toml_value(v)}\n" for k, v in values.items()))
+def write_run_config(path: Path, values: dict) -> None:
+    """Write ``values`` as a TOML run-config file (``flwr run --run-config``)."""
+    path.write_text("".join(f"{json.dumps(k)} = {toml_value(v)}\n" for k, v in values.items()))
 
 
 # ------------------------------------------------------------------------------ processes
@@ -177,7 +179,8 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _pids_matching(*needles: str) -> list[int]:
+def pids_matching(*needles: str) -> list[int]:
+    """PIDs (ours excluded) of the processes whose command line contains every one of ``needles``."""
     if not _proc_ok():  # e.g. macOS: pgrep on the first needle, filter on the others
         r = subprocess.run(["pgrep", "-fl", needles[0]], check=False, capture_output=True, text=True)
         return sorted(int(line.split()[0]) for line in r.stdout.splitlines() if line.strip() and all(n in line for n in needles))
@@ -195,11 +198,12 @@ def superlink_pids(flwr_home: str | os.PathLike | None = None) -> list[int]:
     """PIDs of the local SuperLinks started with ``flwr_home`` as FLWR_HOME; without it, of
     every local SuperLink started by this module (FLWR_HOME in one of its temporary folders)."""
     if flwr_home is not None:
-        return _pids_matching("flower-superlink", f"{Path(flwr_home)}/local-superlink")
-    return [p for p in _pids_matching("flower-superlink", "/local-superlink") if re.search(rf"/{HOME_PREFIX}[^/ ]*/home/local-superlink", _cmdline(p))]
+        return pids_matching("flower-superlink", f"{Path(flwr_home)}/local-superlink")
+    return [p for p in pids_matching("flower-superlink", "/local-superlink") if re.search(rf"/{HOME_PREFIX}[^/ ]*/home/local-superlink", _cmdline(p))]
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` is running (a zombie is not)."""
     if _proc_ok():
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -215,7 +219,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _descendants(pids: list[int]) -> list[int]:
+def descendant_pids(pids: list[int]) -> list[int]:
     """Every live process below ``pids`` (Linux only: empty elsewhere)."""
     if not _proc_ok():
         return []
@@ -246,15 +250,15 @@ def _signal(pids: list[int], sig: int) -> None:
             pass
 
 
-def _terminate(pids: list[int], seconds: float) -> None:
+def terminate_pids(pids: list[int], seconds: float) -> None:
     """SIGTERM, wait until gone, SIGKILL what is left after ``seconds``."""
     _signal(pids, signal.SIGTERM)
     deadline = time.monotonic() + seconds
-    while any(_alive(p) for p in pids):
+    while any(pid_alive(p) for p in pids):
         if time.monotonic() > deadline:
-            _signal([p for p in pids if _alive(p)], signal.SIGKILL)
+            _signal([p for p in pids if pid_alive(p)], signal.SIGKILL)
             deadline = time.monotonic() + 5.0
-            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
                 time.sleep(0.1)
             return
         time.sleep(0.2)
@@ -266,11 +270,11 @@ def stop_superlinks(flwr_home: str | os.PathLike, seconds: float = STOP_SECONDS)
     pids = superlink_pids(flwr_home)
     if not pids:
         return []
-    below = _descendants(pids)  # taken before the SuperLink goes: its children are re-parented
-    _terminate(pids, seconds)
-    left = [p for p in below if _alive(p)]
+    below = descendant_pids(pids)  # taken before the SuperLink goes: its children are re-parented
+    terminate_pids(pids, seconds)
+    left = [p for p in below if pid_alive(p)]
     if left:
-        _terminate(left, 5.0)
+        terminate_pids(left, 5.0)
     return pids
 
 
@@ -280,7 +284,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _flwr_env(flwr_home: Path) -> dict[str, str]:
+def flwr_env(flwr_home: Path) -> dict[str, str]:
+    """The environment of a ``flwr`` process: offline, our bin folder first on PATH, ``flwr_home`` as FLWR_HOME, fresh loopback ports."""
     from .simulation import OFFLINE_ENV
 
     bin_dir = str(Path(sys.executable).parent)
@@ -311,7 +316,7 @@ def _flwr_command(bin_dir: Path) -> list[str]:
     return [found]
 
 
-def _run_streaming(cmd: list[str], *, cwd: Path, env: dict, quiet: bool, timeout: float | None) -> tuple[int, list[str]]:
+def run_streaming(cmd: list[str], *, cwd: Path, env: dict, quiet: bool, timeout: float | None) -> tuple[int, list[str]]:
     """Run ``cmd`` with stdout+stderr merged; echo it to our stderr unless ``quiet``; returns
     (exit code, the last lines). The command is killed on timeout or interrupt."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -319,7 +324,7 @@ def _run_streaming(cmd: list[str], *, cwd: Path, env: dict, quiet: bool, timeout
 
     def pump():
         for line in proc.stdout:
-            tail.append(_ANSI.sub("", line.rstrip("\n")))
+            tail.append(ANSI_ESCAPE.sub("", line.rstrip("\n")))
             if not quiet:
                 sys.stderr.write(line)
                 sys.stderr.flush()
@@ -405,14 +410,14 @@ def flwr_run(
     for key, value in overrides.items():
         if "," in value or ";" in value:
             raise ConfigError(f"a value given to the flower engine cannot contain ',' or ';', got {value!r}", field=key)
-    n_parts = _plan(algorithm, data, epsilon, delta, {**overrides, "users_per_node": str(upn)})
+    n_parts = plan_partitions(algorithm, data, epsilon, delta, {**overrides, "users_per_node": str(upn)})
     if n_nodes is None:
         n_nodes = n_parts
     elif n_nodes < n_parts:
         raise ConfigError(f"{n_parts} partitions of {upn} users need at least {n_parts} nodes, got {n_nodes}", field="--nodes")
     run_config = {
         "algorithm": algorithm,
-        "data": _absolute_data(data),
+        "data": absolute_data_spec(data),
         "epsilon": run_config_epsilon_value(algorithm, epsilon),
         "delta": float(delta),
         "users-per-node": upn,
@@ -425,12 +430,12 @@ def flwr_run(
     try:
         home.mkdir(parents=True, exist_ok=True)
         app_dir, job_out = work / "app", work / "out"
-        _write_app(app_dir)
+        write_app_folder(app_dir)
         run_config["out"] = str(job_out)
         if noise_seed is not None:
             run_config["noise-seed-file"] = write_noise_seed_file(work / "noise-seed", noise_seed)
-        _write_run_config(work / "run-config.toml", run_config)
-        env = _flwr_env(home)
+        write_run_config(work / "run-config.toml", run_config)
+        env = flwr_env(home)
         cmd = [
             *_flwr_command(Path(sys.executable).parent),
             "run",
@@ -442,12 +447,12 @@ def flwr_run(
             str(work / "run-config.toml"),
         ]
         try:
-            code, tail = _run_streaming(cmd, cwd=work, env=env, quiet=quiet, timeout=timeout)
+            code, tail = run_streaming(cmd, cwd=work, env=env, quiet=quiet, timeout=timeout)
         finally:
             stop_superlinks(home)
         metrics_path, ledger_path = job_out / "metrics.json", job_out / "ledger.json"
         if code != 0 or not (metrics_path.is_file() and ledger_path.is_file()):
-            reasons = [m.group(1) for line in tail if (m := _ERROR_LINE.search(line))]
+            reasons = [m.group(1) for line in tail if (m := ERROR_LINE.search(line))]
             what = f"`flwr run` exited with code {code}" if code != 0 else "`flwr run` wrote no metrics.json"
             raise FedprivError((f"{reasons[-1]} ({what})" if reasons else what) + "; last output:\n" + "\n".join(tail[-40:]))
         metrics = json.loads(metrics_path.read_text())

@@ -52,7 +52,7 @@ def decode_state(content: RecordDict):
 
 
 def _reply(msg: Message, arrays: dict, n_users: int) -> Message:
-    rd = RecordDict({"contrib": ArrayRecord({k: codec._arr(np.asarray(v, np.float64)) for k, v in arrays.items()}), "meta": ConfigRecord({"n_users": int(n_users)})})  # noqa: SLF001
+    rd = RecordDict({"contrib": ArrayRecord({k: codec.to_array(np.asarray(v, np.float64)) for k, v in arrays.items()}), "meta": ConfigRecord({"n_users": int(n_users)})})
     return Message(rd, reply_to=msg)
 
 

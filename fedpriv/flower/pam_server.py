@@ -76,9 +76,9 @@ def encode_state(state: pam.PAMState, data_dir: str, users_per_node: int, group:
     groups; the server never learns them); ``key_file``: reproducible-noise runs only."""
     arrays = {}
     if state.U is not None:
-        arrays["U"] = codec._arr(state.U)  # noqa: SLF001
+        arrays["U"] = codec.to_array(state.U)
     if state.theta is not None:
-        arrays["theta"] = codec._arr(state.theta)  # noqa: SLF001
+        arrays["theta"] = codec.to_array(state.theta)
     cfg = ConfigRecord(
         {
             "algorithm": state.algorithm,
@@ -100,14 +100,14 @@ def _decode(content: RecordDict, keys: dict[str, int], bounds: dict[str, float],
     """Validated arrays of a reply: lengths, dtypes, finite values, L2 norms within ``n`` times
     the per-user ``bounds``, and entries within [0, n * ranges[key]] for the keys in ``ranges``
     (exponential-mechanism scores: each user's term is in [0, sensitivity])."""
-    n, arrays = codec._contribution(content, max_users)  # noqa: SLF001
+    n, arrays = codec.unpack_contribution(content, max_users)
     out = {}
     for key, length in keys.items():
-        v = codec._get(arrays, key, 1, "f")  # noqa: SLF001 - shape, dtype, finiteness
+        v = codec.checked_array(arrays, key, 1, "f")
         if len(v) != length:
             raise codec.RejectedReply(f"malformed: {key} has length {len(v)}, expected {length}")
         if key in bounds:
-            codec._check_norm(key, v, n * bounds[key])  # noqa: SLF001
+            codec.check_norm(key, v, n * bounds[key])
         if ranges and key in ranges and len(v) and (v.min() < 0 or v.max() > n * ranges[key] * (1 + 1e-9)):
             raise codec.RejectedReply(f"over bound: {key} outside [0, {n * ranges[key]:.6g}] (min {v.min():.6g}, max {v.max():.6g})")
         out[key] = v

@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..algorithms import recommend
 from ..privacy.ledger import PrivacyLedger
-from .codec import _arr, decode_state
+from .codec import decode_state, to_array
 
 log = logging.getLogger("fedpriv.flower")
 
@@ -49,7 +49,7 @@ def register(app) -> None:
         state, data_dir, upn, pid, cfg, _, cand = setup(msg, context)
         shard = load_shard(data_dir, "train", pid, upn)
         hist = recommend.client_histogram(shard, state, cand, cfg)
-        return Message(RecordDict({"rec": ArrayRecord({"hist": _arr(hist)}), "meta": ConfigRecord({"n_users": shard.n_users})}), reply_to=msg)
+        return Message(RecordDict({"rec": ArrayRecord({"hist": to_array(hist)}), "meta": ConfigRecord({"n_users": shard.n_users})}), reply_to=msg)
 
     @app.query("recommend")
     def recommend_(msg: Message, context: Context) -> Message:
@@ -58,11 +58,11 @@ def register(app) -> None:
         shard, reproducible = with_keys(load_shard(data_dir, "train", pid, upn), data_dir, msg.content.config_records["cfg"], context)
         held = load_shard(data_dir, "test", pid, upn) if has_test else None
         rep = recommend.client_recommend(shard, state, cand, rec["lo"].numpy(), rec["hi"].numpy(), cfg, held, reproducible=reproducible)
-        sums = {k: _arr(np.asarray(v, np.float64)) for k, v in rep.sums.items()}
+        sums = {k: to_array(np.asarray(v, np.float64)) for k, v in rep.sums.items()}
         if state.config.aggregation == "secure":  # kept on the node for the secure measurement (rec_eval)
             context.state[EVAL_KEY] = ArrayRecord(sums)
             sums = {}
-        arrays = {"picks": _arr(rep.picks.astype(np.int64)), **sums}
+        arrays = {"picks": to_array(rep.picks.astype(np.int64)), **sums}
         return Message(RecordDict({"rec": ArrayRecord(arrays), "meta": ConfigRecord({"records": json.dumps(rep.records)})}), reply_to=msg)
 
 
@@ -94,7 +94,7 @@ class _GridRecommendTransport:
 
     def _content(self, candidates, cfg, extra: dict) -> RecordDict:
         c = RecordDict(dict(self.base.items()))
-        c["rec"] = ArrayRecord({"candidates": _arr(candidates), **{n: _arr(v) for n, v in extra.items()}})
+        c["rec"] = ArrayRecord({"candidates": to_array(candidates), **{n: to_array(v) for n, v in extra.items()}})
         c["rec_cfg"] = _cfg_record(cfg, self.has_test)
         return c
 

@@ -146,7 +146,7 @@ def masked_reply(msg: Message, context: Context, words: np.ndarray) -> Message:
     label, _ = _release(content.config_records["secagg"])
     y = node.mask(label, words, _ids(content.config_records["mask_keys"]), _ids(content.config_records["ciphertexts"]))
     _save(context, node)
-    return Message(RecordDict({"masked": ArrayRecord({"y": codec._arr(y)})}), reply_to=msg)  # noqa: SLF001
+    return Message(RecordDict({"masked": ArrayRecord({"y": codec.to_array(y)})}), reply_to=msg)
 
 
 def unmask(msg: Message, context: Context) -> Message:

@@ -258,7 +258,7 @@ def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content, sec
     else:  # no ratings on the server: slice by the released counts (if any), else one order of ids
         counts = result.state.counts_hat
         item_counts = np.asarray(counts, dtype=np.float64) if counts is not None else np.zeros(job.shape.n_items)
-    content["eval"] = ArrayRecord({"item_bucket": codec._arr(metrics.frequency_buckets(item_counts))})  # noqa: SLF001
+    content["eval"] = ArrayRecord({"item_bucket": codec.to_array(metrics.frequency_buckets(item_counts))})
     convex = protocol.is_logistic(job.algorithm)
     keys = evaluation.eval_keys(convex)
     if secure is not None:

@@ -125,7 +125,7 @@ def rdp_curve(releases, *, integer_orders: bool = False) -> tuple[np.ndarray, np
     rels = _as_releases(releases)
     acc = rdp_privacy_accountant.RdpAccountant(orders=_orders(rels, integer_orders))
     acc.compose(ledger_event(rels))
-    return acc._orders, np.asarray(acc._rdp)  # noqa: SLF001 - no public getter in dp-accounting 0.6
+    return acc.orders, acc.rdp
 
 
 def zcdp_rho(releases) -> float:
@@ -276,8 +276,11 @@ def _plan_releases(plan: Sequence[PlannedRelease], scale: float, order: float | 
 
 
 def _sampled_rdp(q: float, z: float, order: float) -> float:
-    """RDP at one order of a Poisson-sampled Gaussian (dp-accounting's own formula)."""
-    return float(np.asarray(rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian(q, z, [float(order)]))[0])  # noqa: SLF001
+    """RDP at one order of a Poisson-sampled Gaussian (dp-accounting's own formula, through its
+    public accountant at that single order)."""
+    acc = rdp_privacy_accountant.RdpAccountant(orders=[float(order)])
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)))
+    return float(acc.rdp[0])
 
 
 def fair_multiplier(q: float, z_share: float, order: float) -> float:

@@ -24,14 +24,14 @@ def _app(cfg: DeployConfig) -> None:
     import tomllib
 
     shutil.rmtree(cfg.app_dir, ignore_errors=True)
-    launcher._write_app(cfg.app_dir)  # noqa: SLF001
+    launcher.write_app_folder(cfg.app_dir)
     pyproject = cfg.app_dir / "pyproject.toml"
     declared = tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]
     extra = {"round-timeout": 0.0, "node-wait": 120.0, "work-dir": ""}
     missing = {k: v for k, v in extra.items() if k not in declared}
     if missing:  # [tool.flwr.app.config] is the file's last table
         with open(pyproject, "a") as f:
-            f.write("".join(f"{k} = {launcher._toml_value(v)}\n" for k, v in missing.items()))  # noqa: SLF001
+            f.write("".join(f"{k} = {launcher.toml_value(v)}\n" for k, v in missing.items()))
         assert set(missing) <= set(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
 
 
@@ -80,11 +80,11 @@ def run_job(
     elif cfg.data is None:
         raise ConfigError("the deployment was started without per-node data: give --data to `fedpriv deploy up` "
                           "(the nodes hold the ratings; the server of a deployment holds none)", field="--data")
-    elif data is not None and launcher._absolute_data(data) != launcher._absolute_data(cfg.data):  # noqa: SLF001
+    elif data is not None and launcher.absolute_data_spec(data) != launcher.absolute_data_spec(cfg.data):
         raise ConfigError(f"the nodes hold partitions of {cfg.data!r}; run with that data (or omit --data)", field="--data")
     else:  # the ServerApp starts from the partition's public metadata only: it never opens a ratings file
         data = f"public:{cfg.run_dir / 'public'}"
-    n_parts = launcher._plan(algorithm, data, epsilon, delta, {**overrides, "users_per_node": str(cfg.users_per_node)})  # noqa: SLF001
+    n_parts = launcher.plan_partitions(algorithm, data, epsilon, delta, {**overrides, "users_per_node": str(cfg.users_per_node)})
     if n_parts > cfg.nodes:
         raise ConfigError(f"{n_parts} partitions of {cfg.users_per_node} users need {n_parts} nodes; the deployment has {cfg.nodes}", field="--users-per-node")
     if cfg.run_dir.joinpath(PIDS_FILE).is_file() and not running(cfg):
@@ -92,7 +92,7 @@ def run_job(
     out_dir = Path(out).expanduser().resolve() if out is not None else cfg.out_dir
     run_config = {
         "algorithm": algorithm,
-        "data": launcher._absolute_data(data),  # noqa: SLF001
+        "data": launcher.absolute_data_spec(data),
         "epsilon": launcher.run_config_epsilon_value(algorithm, epsilon),
         "delta": float(delta),
         "users-per-node": cfg.users_per_node,
@@ -104,11 +104,11 @@ def run_job(
     }
     _app(cfg)
     write_connection(cfg)
-    launcher._write_run_config(cfg.run_config_file, run_config)  # noqa: SLF001
+    launcher.write_run_config(cfg.run_config_file, run_config)
     before = _stamp(out_dir)
     earlier = {r.get("run-id") for r in list_runs(cfg)}
     try:
-        code, tail = launcher._run_streaming(flwr_run_command(cfg), cwd=cfg.run_dir, env=_env(cfg, cfg.flwr_home), quiet=quiet, timeout=timeout)  # noqa: SLF001
+        code, tail = launcher.run_streaming(flwr_run_command(cfg), cwd=cfg.run_dir, env=_env(cfg, cfg.flwr_home), quiet=quiet, timeout=timeout)
     except BaseException:  # timeout or interrupt: `flwr run` is stopped, stop the run on the SuperLink too
         stop_runs(cfg, exclude=earlier)
         raise
@@ -116,7 +116,7 @@ def run_job(
         stop_runs(cfg, exclude=earlier)
     metrics_path, ledger_path = out_dir / "metrics.json", out_dir / "ledger.json"
     if code != 0 or _stamp(out_dir) == before or not ledger_path.is_file():
-        reasons = [m.group(1) for line in tail if (m := launcher._ERROR_LINE.search(line))]  # noqa: SLF001
+        reasons = [m.group(1) for line in tail if (m := launcher.ERROR_LINE.search(line))]
         what = f"`flwr run` exited with code {code}" if code != 0 else "the run wrote no new metrics.json"
         raise FedprivError((f"{reasons[-1]} ({what})" if reasons else what) + "; last output:\n" + "\n".join(tail[-40:]))
     metrics = json.loads(metrics_path.read_text())

@@ -24,7 +24,7 @@ def _start_ticks(pid: int) -> int | None:
 
 def _ours(entry: dict) -> bool:
     pid = int(entry["pid"])
-    if not launcher._alive(pid):  # noqa: SLF001
+    if not launcher.pid_alive(pid):
         return False
     ticks = entry.get("start")
     return ticks is None or _start_ticks(pid) in (None, ticks)
@@ -56,11 +56,11 @@ def stop(run_dir: str | os.PathLike, seconds: float = STOP_SECONDS, *, also: lis
     run_dir = Path(run_dir).expanduser().resolve()
     cfg = DeployConfig(run_dir=run_dir, nodes=1)
     live = list(dict.fromkeys(int(e["pid"]) for e in [*running(cfg), *(e for e in also if _ours(e))]))
-    below = launcher._descendants(live)  # noqa: SLF001 - taken first: children get re-parented
+    below = launcher.descendant_pids(live)  # taken first: children get re-parented
     if live:
-        launcher._terminate(live, seconds)  # noqa: SLF001
-    left = [p for p in below if launcher._alive(p)]  # noqa: SLF001
+        launcher.terminate_pids(live, seconds)
+    left = [p for p in below if launcher.pid_alive(p)]
     if left:
-        launcher._terminate(left, 5.0)  # noqa: SLF001
+        launcher.terminate_pids(left, 5.0)
     (run_dir / PIDS_FILE).unlink(missing_ok=True)
     return live + below

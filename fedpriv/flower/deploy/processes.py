@@ -25,7 +25,7 @@ from .prepare import prepare
 
 def _env(cfg: DeployConfig, home: Path) -> dict[str, str]:
     home.mkdir(parents=True, exist_ok=True)
-    env = launcher._flwr_env(home)  # noqa: SLF001 - offline env, our bin dir first on PATH, FLWR_HOME
+    env = launcher.flwr_env(home)  # offline env, our bin dir first on PATH, FLWR_HOME
     for key in ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT"):
         env.pop(key, None)
     return env
@@ -89,7 +89,7 @@ def _tail(path: Path, n: int = 30) -> str:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
-    return "\n".join(launcher._ANSI.sub("", line) for line in lines[-n:])  # noqa: SLF001
+    return "\n".join(launcher.ANSI_ESCAPE.sub("", line) for line in lines[-n:])
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -167,7 +167,7 @@ def _flwr_cli(cfg: DeployConfig, cmd: list[str], timeout: float = CLI_SECONDS) -
         r = subprocess.run(cmd, cwd=cfg.run_dir, env=_env(cfg, cfg.flwr_home), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return 124, f"`{' '.join(cmd)}` did not finish within {timeout:g} s"
-    return r.returncode, launcher._ANSI.sub("", r.stdout + r.stderr)  # noqa: SLF001
+    return r.returncode, launcher.ANSI_ESCAPE.sub("", r.stdout + r.stderr)
 
 
 def _json_of(output: str):
@@ -264,7 +264,7 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
         _write_pids(cfg, entries)
         deadline = time.monotonic() + wait
         while not (_port_open(cfg.superlink_host, cfg.control_port) and _port_open(cfg.superlink_host, cfg.fleet_port)):
-            if not launcher._alive(entries[0]["pid"]):  # noqa: SLF001
+            if not launcher.pid_alive(entries[0]["pid"]):
                 raise FedprivError("the SuperLink exited; its log:\n" + _tail(cfg.logs_dir / "superlink.log"))
             if time.monotonic() > deadline:
                 raise FedprivError(f"the SuperLink did not listen within {wait:g} s; its log:\n" + _tail(cfg.logs_dir / "superlink.log"))
@@ -317,7 +317,7 @@ def wait_for_nodes(cfg: DeployConfig, entries: list[dict], deadline: float) -> N
     online, error = 0, ""
     while True:
         for e in entries:
-            if e["name"].startswith("supernode") and not launcher._alive(e["pid"]):  # noqa: SLF001
+            if e["name"].startswith("supernode") and not launcher.pid_alive(e["pid"]):
                 raise FedprivError(f"{e['name']} exited; its log:\n" + _tail(cfg.logs_dir / f"{e['name']}.log"))
         try:
             online = sum(1 for n in list_nodes(cfg, timeout=max(10.0, min(CLI_SECONDS, deadline - time.monotonic()))) if n.get("status") == "online")

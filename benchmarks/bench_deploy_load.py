@@ -124,7 +124,7 @@ def _one(args, nodes: int) -> dict:
         cpu0 = _children_cpu_seconds(execs)
         launches0 = _launches(cfg)
         t1 = time.perf_counter()
-        m = deploy.run_job(cfg, "adadpals", epsilon=1.0, overrides={"steps": "1", "rank": str(args.rank)}, node_wait=900, quiet=True,
+        m = deploy.run_deployed_job(cfg, "adadpals", epsilon=1.0, overrides={"steps": "1", "rank": str(args.rank)}, node_wait=900, quiet=True,
                            timeout=args.timeout, aggregation=args.aggregation)
         result["run_wall_seconds"] = time.perf_counter() - t1
         time.sleep(2.0)  # the last ClientApp processes exit and are reaped

@@ -8,7 +8,9 @@ use, so that ``import fedpriv`` stays light (no torch, no Flower, no pandas):
   (metrics, ledger, epsilon spent, the released :class:`Model`);
 - :func:`plan`: a calibrated budget plan without training;
 - :func:`load_model`: a saved model, whose :meth:`Model.recommend` solves a user's vector locally;
-- :class:`Interactions`: ratings with dense ids (``Interactions.from_pandas``).
+- :class:`Interactions`: ratings with dense ids (``Interactions.from_pandas``);
+- :class:`Job`, :class:`RunReport`: the run object behind all of these (:mod:`fedpriv.run`:
+  ``Job(...).prepare().execute(engine)``).
 """
 
 __version__ = "0.1.0"
@@ -21,6 +23,8 @@ _EXPORTS = {
     "Model": "fedpriv.model",
     "load_model": "fedpriv.model",
     "Interactions": "fedpriv.data.interactions",
+    "Job": "fedpriv.run",
+    "RunReport": "fedpriv.run",
     "FedprivError": "fedpriv.errors",
     "ConfigError": "fedpriv.errors",
     "DataError": "fedpriv.errors",

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .data.spec import DataSpec
     from .model import Model
     from .privacy.plan import BudgetPlan, TuningPlan
+    from .run import RunReport
 
 __all__ = ["Result", "load_data", "train", "plan"]
 
@@ -42,6 +43,7 @@ class Result:
     metrics: dict
     ledger: list[dict]
     model: Model | None = field(default=None, repr=False)
+    report: RunReport | None = field(default=None, repr=False)  # the typed report (metrics is its to_json())
 
     @property
     def epsilon(self) -> float | None:
@@ -61,56 +63,44 @@ class Result:
         write_outputs(out, self.metrics, self.ledger)
 
 
-def _spec_and_dataset(data: Any, options: dict[str, Any] | None) -> tuple[DataSpec, Dataset | None]:
-    """(spec, dataset or None to load) of a spec string, a DataSpec, a Dataset or a DataFrame."""
-    from .data.loaders import Dataset
-    from .data.spec import DataSpec, parse_data_spec
+#: a command-line flag named by an error, and the keyword a Python caller gave instead
+FLAG_KEYWORDS = {
+    "--epsilon": "epsilon", "--delta": "delta", "--noise-seed": "noise_seed", "--engine": "engine", "--data": "data",
+    "--data-opt": "data_options", "--data-opt items": "items", "--nodes": "nodes", "--users-per-node": "users_per_node",
+    "users-per-node": "users_per_node", "--save-model": "save_model", "--set": "params", "--aggregation": "aggregation",
+}
 
-    options = {k: v for k, v in (options or {}).items() if v is not None}
-    if isinstance(data, str):
-        items = options.get("items")
-        if items is not None and not isinstance(items, (str, os.PathLike)):
-            return _spec_with_item_list(data, options, items)
-        return parse_data_spec(data, {k: _text(v) for k, v in options.items()} or None), None
-    if isinstance(data, DataSpec):
+
+class _keywords:
+    """Re-raise a ConfigError naming a flag as one naming the keyword (Python callers gave
+    keywords); ``names``: this function's own keywords for some flags."""
+
+    def __init__(self, **names: str):
+        self.names = {**FLAG_KEYWORDS, **{f"--{k.replace('_', '-')}": v for k, v in names.items()}}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, ConfigError) and exc.field in self.names:
+            raise exc.renamed(self.names) from None
+        return False
+
+
+def _engine(engine, options: dict[str, Any]):
+    """An engine object of ``engine`` (a name or an Engine) and its keyword options."""
+    from .flower.launcher import FlwrRun
+    from .run import Engine, InProcess
+
+    if isinstance(engine, Engine):
         if options:
-            raise ConfigError("options go with a spec string, not a parsed DataSpec", field="data")
-        return data, None
-    if isinstance(data, Dataset):
-        if options:
-            raise ConfigError("a loaded Dataset takes no options", field="data")
-        return DataSpec("dataset", path=data.source or "Dataset"), data
-    if type(data).__name__ == "DataFrame":
-        from .data.tabular import dataset_from_pandas
-
-        ds = dataset_from_pandas(data, **options)
-        return DataSpec("dataframe", path=ds.source or "DataFrame"), ds
-    raise ConfigError(f"expected a data spec string, a DataSpec, a Dataset or a pandas DataFrame, got {type(data).__name__}", field="data")
-
-
-def _spec_with_item_list(data: str, options: dict[str, Any], items: Any) -> tuple[DataSpec, Dataset]:
-    """A csv/parquet spec string whose catalogue is given as a sequence of item ids: the other
-    options are parsed as strings (a placeholder stands for the list in the checks), the file is
-    loaded with the ids."""
-    from .data.spec import TABULAR_KINDS, DataSpec, parse_data_spec
-    from .data.tabular import load_tabular
-
-    text = {k: _text(v) for k, v in options.items() if k != "items"}
-    spec = parse_data_spec(data, {**text, "items": "<list>"})
-    if spec.kind not in TABULAR_KINDS:
-        raise ConfigError(f"items= applies to csv:/parquet: data and DataFrames, not {spec.kind}: data", field="items")
-    params = {k: v for k, v in spec.params.items() if k != "items"}
-    ds = load_tabular(spec.kind, spec.path, **params, items=items)
-    return DataSpec(spec.kind, path=spec.path, params=params), ds
-
-
-def _text(value: Any) -> str:
-    """A keyword value as the CLI would have written it (``rating_range=(1, 5)`` -> ``1,5``)."""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, (tuple, list)):
-        return ",".join(str(v) for v in value)
-    return str(value)
+            raise ConfigError(f"give {', '.join(options)} to the engine object", field="engine")
+        return engine
+    if engine == "inprocess":
+        return InProcess(**options)
+    if engine == "flower":
+        return FlwrRun(**options)
+    raise ConfigError(f"unknown engine {engine!r} (known: inprocess, flower, or an engine object of fedpriv.run)", field="engine")
 
 
 def load_data(data: str | DataSpec | pd.DataFrame, **options: Any) -> Dataset:
@@ -121,9 +111,11 @@ def load_data(data: str | DataSpec | pd.DataFrame, **options: Any) -> Dataset:
     ``items`` (a file, or a sequence of raw item ids) declares the item catalogue, which the
     private algorithms need when there is no features table."""
     from .data.spec import load_spec
+    from .run import resolve_data
 
-    spec, ds = _spec_and_dataset(data, options)
-    return ds if ds is not None else load_spec(spec)
+    with _keywords(data_opt="options"):
+        spec, ds = resolve_data(data, options)
+        return ds if ds is not None else load_spec(spec)
 
 
 def train(
@@ -132,39 +124,35 @@ def train(
     *,
     epsilon: float | None = None,
     delta: float = 1e-5,
-    engine: str = "inprocess",
+    engine: str | Any = "inprocess",
     noise_seed: int | None = None,
     progress: bool = False,
     second_opinion: bool = True,
     data_options: dict[str, Any] | None = None,
+    engine_options: dict[str, Any] | None = None,
     **params: Any,
 ) -> Result:
     """Train ``algorithm`` on ``data`` and evaluate it; private algorithms need ``epsilon``.
+    A short convenience over ``Job(...).prepare().execute(engine)`` (:mod:`fedpriv.run`).
 
-    ``params``: hyperparameters and run options, the keys of ``--set KEY=VALUE`` (``rank=8``,
-    ``steps=3``, ``aggregation="secure"``, ``users_per_node=10``, ``recommend="mgem"``, ...).
-    ``engine``: ``"inprocess"`` or ``"flower"`` (Flower's simulation runtime in this process).
+    ``params``: hyperparameters and run options as Python values (``rank=8``, ``steps=3``,
+    ``aggregation="secure"``, ``recommend="mgem"``, ...). ``engine``: ``"inprocess"`` (this
+    process), ``"flower"`` (``flwr run`` on Flower's local simulation federation, as
+    ``fedpriv run --engine flower``), or an engine object (:class:`fedpriv.run.InProcess`,
+    :class:`~fedpriv.run.FlowerSimulation`, :class:`~fedpriv.flower.launcher.FlwrRun`, ...);
+    ``engine_options``: the named engine's options (``{"users_per_node": 20}``).
     ``noise_seed``: reproducible noise (privacy then holds only against those who do not know
     it); by default all noise comes from the OS CSPRNG. ``data_options``: csv/parquet options
     for a spec string, or :func:`fedpriv.data.tabular.dataset_from_pandas` keywords for a
     DataFrame; a private algorithm on your own data needs its item catalogue declared there
-    (``items``: a file or a sequence of item ids, or ``features``).
+    (``items``: a file or a sequence of item ids, or ``features``). Errors name the keyword.
     """
-    from .model import Model
-    from .run import run
+    from .run import Job
 
-    spec, ds = _spec_and_dataset(data, data_options)
-    overrides = {k: _text(v) for k, v in params.items()}
-    capture: dict = {}
-    metrics, ledger = run(algorithm, spec, epsilon=epsilon, delta=delta, overrides=overrides, engine=engine, progress=progress,
-                          dataset=ds, capture=capture, second_opinion=second_opinion, noise_seed=noise_seed)
-    model = None
-    state = capture.get("state")
-    if state is not None and getattr(state, "item_factors", None) is not None:
-        features = capture["dataset"].item_features  # the data set the run trained on (given or loaded)
-        names = features.names if features is not None else None
-        model = Model.from_run(state, capture["train"], ledger, metrics, names)
-    return Result(metrics=metrics, ledger=ledger, model=model)
+    with _keywords():
+        plan = Job(algorithm, data, epsilon=epsilon, delta=delta, noise_seed=noise_seed, params=params, data_options=data_options or {}).prepare()
+        outcome = plan.execute(_engine(engine, dict(engine_options or {})), progress=progress, second_opinion=second_opinion)
+    return Result(metrics=outcome.report.to_json(), ledger=outcome.ledger, model=outcome.model, report=outcome.report)
 
 
 def plan(
@@ -183,5 +171,6 @@ def plan(
     from .algorithms.als import ALSConfig
     from .algorithms.plans import budget_plan
 
-    cfg = ALSConfig.from_overrides({k: _text(v) for k, v in params.items()}, algorithm)
-    return budget_plan(algorithm, cfg, epsilon, delta, implicit=implicit, rating_range=tuple(float(x) for x in rating_range), tuning=tuning)
+    with _keywords():
+        cfg = ALSConfig.from_overrides(dict(params), algorithm)
+        return budget_plan(algorithm, cfg, epsilon, delta, implicit=implicit, rating_range=tuple(float(x) for x in rating_range), tuning=tuning)

@@ -1,7 +1,9 @@
 """Command line: ``fedpriv run ALGORITHM --data SPEC [--epsilon E --delta D] [--set k=v ...] --out DIR``.
 
-``--engine inprocess`` (default) trains in this process; ``--engine flower`` runs the job with
-``flwr run`` on Flower's local simulation runtime (:mod:`fedpriv.flower.launcher`)."""
+Every command builds a :class:`fedpriv.run.Job` (the flags are parsed here: the only place,
+with the ``flwr run`` run-config reader, where a job's values are strings) and runs its plan on
+an engine: ``--engine inprocess`` (default) in this process, ``--engine flower`` with
+``flwr run`` on Flower's local simulation runtime (:class:`fedpriv.flower.launcher.FlwrRun`)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("algorithm", help=f"{', '.join(registry.names())}; on synthetic-personal data: pam, pam-exp, pam-own-data, pam-single-model, pam-nonprivate")
     r.add_argument("--data", required=True, help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, jester:PATH, csv:PATH, parquet:PATH (your own ratings; see --data-opt), synthetic-mf:users=N,items=M,ratings=R,seed=S or synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R")
     r.add_argument("--data-opt", dest="data_options", action="append", default=[], metavar="KEY=VALUE", help="csv/parquet option (repeatable): user=COL, item=COL, rating=COL, sep=',', header=1, rating_range=LO,HI (required for explicit ratings), implicit=1, duplicates=error|last, items=FILE (the item catalogue: a header line, then one item id per line; private algorithms need it or features=), features=PATH (item features table; it lists the catalogue too), feature_item=COL, categorical=A;B, numeric=C, multi_sep='|', name=COL, bins=5")
-    r.add_argument("--save-model", default=None, metavar="DIR", help="write the released model (item embeddings and biases, encoder, mean, config, ledger; no metric, no data path) to DIR (in-process engine)")
+    r.add_argument("--save-model", default=None, metavar="DIR", help="write the released model (item embeddings and biases, encoder, mean, config, ledger; no metric, no data path) to DIR (every engine)")
     r.add_argument("--epsilon", type=float, default=None, help="target epsilon (private algorithms)")
     r.add_argument("--delta", type=float, default=1e-5)
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter or run option (repeatable); e.g. recommend=mgem rec_epsilon=1 rec_sensitivity=quantile: after training every user reports one item by private selection")
@@ -115,63 +117,41 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from .run import parse_overrides, write_outputs
-
-    overrides = parse_overrides(args.overrides)
-    if args.aggregation is not None:
-        overrides["aggregation"] = args.aggregation
-    if args.tune:
-        overrides["tune"] = ";".join(args.tune)
-    if args.tune_mean is not None:
-        overrides["tune_mean"] = str(args.tune_mean)
-    if args.tune_shape is not None:
-        overrides["tune_shape"] = str(args.tune_shape)
-    if args.engine == "flower":
-        from .flower.launcher import flwr_run
-
-        if args.save_model is not None or args.data_options:
-            raise ConfigError("--save-model and --data-opt run on the in-process engine here (the Python API's train(engine='flower') takes both)", field="--engine")
-
-        metrics = flwr_run(
-            args.algorithm,
-            args.data,
-            epsilon=args.epsilon,
-            delta=args.delta,
-            overrides=overrides,
-            out=args.out,
-            nodes=args.nodes,
-            users_per_node=args.users_per_node,
-            quiet=args.quiet,
-            noise_seed=args.noise_seed,
-        )
-        _print_summary(metrics)
-        return 0
-    if args.nodes is not None:
-        overrides["nodes"] = str(args.nodes)
-    if args.users_per_node is not None:
-        overrides["users_per_node"] = str(args.users_per_node)
-    from . import api
+    from .flower.launcher import FlwrRun
     from .model import check_model_folder
+    from .run import InProcess, Job, parse_overrides, write_outputs
 
+    params: dict = parse_overrides(args.overrides)
+    if args.aggregation is not None:
+        params["aggregation"] = args.aggregation
+    if args.tune:
+        params["tune"] = ";".join(args.tune)
+    if args.tune_mean is not None:
+        params["tune_mean"] = args.tune_mean
+    if args.tune_shape is not None:
+        params["tune_shape"] = args.tune_shape
+    if args.engine == "flower":
+        engine = FlwrRun(nodes=args.nodes, users_per_node=args.users_per_node, quiet=args.quiet)
+    elif args.engine == "inprocess":
+        for key in ("nodes", "users_per_node"):  # recorded in the config as on every engine
+            if getattr(args, key) is not None:
+                params[key] = getattr(args, key)
+        engine = InProcess()
+    else:
+        raise ConfigError(f"unknown engine {args.engine!r} (known: inprocess, flower)", field="--engine")
     if args.save_model is not None:
         check_model_folder(args.save_model)  # before training: a refused folder costs nothing
-    result = api.train(
-        args.algorithm,
-        args.data,
-        epsilon=args.epsilon,
-        delta=args.delta,
-        engine=args.engine,
-        progress=not args.quiet,
-        noise_seed=args.noise_seed,
-        data_options=parse_overrides(args.data_options, field="--data-opt"),
-        **overrides,
-    )
-    if args.save_model is not None and result.model is None:
+    job = Job(args.algorithm, args.data, epsilon=args.epsilon, delta=args.delta, noise_seed=args.noise_seed, params=params,
+              data_options=parse_overrides(args.data_options, field="--data-opt"))
+    outcome = job.prepare().execute(engine, progress=not args.quiet)
+    if args.save_model is not None and outcome.model is None:
         raise ConfigError(f"{args.algorithm} releases no shared item model to save", field="--save-model")
-    write_outputs(args.out, result.metrics, result.ledger)
+    write_outputs(args.out, outcome.report.to_json(), outcome.ledger)
     if args.save_model is not None:
-        result.save_model(args.save_model)
-    _print_summary(result.metrics)
+        outcome.model.save(args.save_model)
+    if not args.quiet:  # the human summary (every engine the same) on stderr; stdout keeps the JSON line
+        print(outcome.report.summary(out=str(args.out.rstrip("/") + "/metrics.json")), file=sys.stderr)
+    _print_summary(outcome.report.to_json())
     return 0
 
 

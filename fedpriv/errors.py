@@ -31,7 +31,15 @@ class ConfigError(FedprivError, ValueError):
 
     def __init__(self, message: str, *, field: str | None = None):
         self.field = field
+        self.reason = message
         super().__init__((f"{field}: " if field else "") + message)
+
+    def renamed(self, names: dict[str, str]) -> ConfigError:
+        """The same error naming ``names[field]`` instead (a flag at the command line, the
+        keyword in Python); itself when the field has no other name."""
+        if self.field not in names:
+            return self
+        return ConfigError(self.reason, field=names[self.field])
 
 
 class PrivacyError(FedprivError, RuntimeError):

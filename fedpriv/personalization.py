@@ -16,7 +16,7 @@ from .privacy.ledger import PrivacyLedger
 from .privacy.randomness import RunSecrets, node_noise_rng, user_keys
 
 
-def train_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, epsilon: float | None, delta: float, users_per_shard: int = 4096, secrets: RunSecrets | None = None, ledger: PrivacyLedger | None = None) -> tuple[pam.PAMState, PrivacyLedger, dict]:
+def train_personal_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, epsilon: float | None, delta: float, users_per_shard: int = 4096, secrets: RunSecrets | None = None, ledger: PrivacyLedger | None = None) -> tuple[pam.PAMState, PrivacyLedger, dict]:
     """``secrets``: the run's secret randomness (default fresh); ``ledger``: release through this
     ledger instead of the run's own (sensitivity tests replay one run's releases in another)."""
     t0 = time.perf_counter()
@@ -113,7 +113,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
         ev = res.evaluation
         extra = {"rounds": res.rounds, "bytes_up": res.bytes_up, "bytes_down": res.bytes_down, "round_log": res.round_log, "rejected_replies": res.rejected, "nodes": res.nodes, "users_per_node": users_per_node}
     else:
-        state, ledger, timings = train_inprocess(algorithm, data, cfg, epsilon=epsilon if private else None, delta=delta, users_per_shard=users_per_shard, secrets=secrets)
+        state, ledger, timings = train_personal_inprocess(algorithm, data, cfg, epsilon=epsilon if private else None, delta=delta, users_per_shard=users_per_shard, secrets=secrets)
         ev = evaluate(state, data, users_per_shard)
     metrics = {
         **run_header(algorithm, spec, engine, cfg.seed, epsilon, delta, private, "personalization"),

@@ -28,6 +28,8 @@ flwr run . --stream --federation-config "num-supernodes=20" --run-config "out='$
 echo "metrics: $PWD/runs/default/metrics.json"
 .venv/bin/python - "$PWD/runs/default/metrics.json" <<'PY'
 import json, sys
+from fedpriv.run import RunReport
+print(RunReport.read(sys.argv[1]).summary(out=sys.argv[1]))  # the same summary as every engine's
 m = json.load(open(sys.argv[1]))
 print(json.dumps({k: m.get(k) for k in ("algorithm", "engine", "dataset", "epsilon", "epsilon_spent", "valid_rmse", "test_rmse", "rounds", "bytes_up", "bytes_down", "nodes")}))
 PY

@@ -120,7 +120,7 @@ def test_items_from_python_equal_the_file(tmp_path: Path) -> None:
     listed = fedpriv.load_data(f"csv:{ratings}", rating_range=(1, 5), items=[10, 20, 30, 40])
     assert listed.interactions.item_ids.tolist() == [10, 20, 30, 40]
     assert fedpriv.load_data(f"csv:{ratings}", rating_range=(1, 5), items=tmp_path / "i.csv").interactions.n_items == 3
-    with pytest.raises(ConfigError, match=r"--data-opt: ml-100k: data takes no options"):
+    with pytest.raises(ConfigError, match=r"options: ml-100k: data takes no options"):
         fedpriv.load_data("ml-100k:/nowhere", items=[1, 2])
 
 

@@ -237,13 +237,13 @@ def test_auth_needs_tls_and_run_checks_before_starting(tmp_path, capsys):
     assert (loaded.nodes, loaded.data, loaded.users_per_node, loaded.fleet_port) == (4, SMALL, 10, 19092)
     for overrides, field in (({"users_per_node": "5"}, "users_per_node"), ({"split_seed": "7"}, "split_seed"), ({"rank": "3,4"}, "rank"), ({"round_timeout": "5"}, "round_timeout")):
         with pytest.raises(ConfigError, match=field):
-            deploy.run_job(loaded, "adadpals", epsilon=1.0, overrides=overrides)
+            deploy.run_deployed_job(loaded, "adadpals", epsilon=1.0, overrides=overrides)
     with pytest.raises(ConfigError, match="--epsilon"):
-        deploy.run_job(loaded, "adadpals")
+        deploy.run_deployed_job(loaded, "adadpals")
     with pytest.raises(ConfigError, match="--data"):
-        deploy.run_job(loaded, "adadpals", epsilon=1.0, data=SYN)
+        deploy.run_deployed_job(loaded, "adadpals", epsilon=1.0, data=SYN)
     with pytest.raises(ConfigError, match="--round-timeout"):
-        deploy.run_job(loaded, "adadpals", epsilon=1.0, round_timeout=-1)
+        deploy.run_deployed_job(loaded, "adadpals", epsilon=1.0, round_timeout=-1)
     assert not (cfg.run_dir / "app").exists() and not (cfg.run_dir / "out").exists()
     with pytest.raises(ConfigError, match="--run-dir"):
         deploy.DeployConfig.load(tmp_path / "nothing-here")
@@ -321,7 +321,7 @@ def test_tls_auth_deployment_completes_with_a_node_killed_in_round_one(tmp_path)
         killed, done, watcher = _kill_when(log, "Receiving: train message", int(victim["pid"]))
         t1 = time.perf_counter()
         try:
-            metrics = deploy.run_job(cfg, "adadpals", epsilon=1.0, overrides={"steps": "2", "rank": "4"}, round_timeout=30.0, node_wait=60.0, quiet=True, timeout=900, aggregation="central")
+            metrics = deploy.run_deployed_job(cfg, "adadpals", epsilon=1.0, overrides={"steps": "2", "rank": "4"}, round_timeout=30.0, node_wait=60.0, quiet=True, timeout=900, aggregation="central")
         finally:
             done.set()
             watcher.join(timeout=5)
@@ -381,7 +381,7 @@ def test_secure_aggregation_deployment_completes_with_a_node_killed_after_sharin
         killed, done, watcher = _kill_when(log, "Receiving: query.secagg_mask message", int(victim["pid"]))
         t1 = time.perf_counter()
         try:
-            metrics = deploy.run_job(cfg, "adadpals", epsilon=1.0, overrides=overrides, round_timeout=20.0, node_wait=60.0, quiet=True, timeout=900)
+            metrics = deploy.run_deployed_job(cfg, "adadpals", epsilon=1.0, overrides=overrides, round_timeout=20.0, node_wait=60.0, quiet=True, timeout=900)
         finally:
             done.set()
             watcher.join(timeout=5)

@@ -204,15 +204,15 @@ def test_resume_recomputes_nothing_and_only_new_cells(tiny_results, monkeypatch,
     cfg, out, _ = tiny_results
     before = (out / "results.csv").read_text()
     calls = []
-    import fedpriv.run as run_mod
+    from fedpriv.run import Job
 
-    real = run_mod.run
+    real = Job.prepare
 
-    def counting(*a, **kw):
-        calls.append(kw.get("epsilon"))
-        return real(*a, **kw)
+    def counting(job):  # every run of the runner is a Job
+        calls.append(job.epsilon)
+        return real(job)
 
-    monkeypatch.setattr(run_mod, "run", counting)
+    monkeypatch.setattr(Job, "prepare", counting)
     runner.run_configs([str(cfg)], out.parent, log=lambda s: None)
     assert calls == [] and (out / "results.csv").read_text() == before
     more = _write(tmp_path, cfg.read_text().replace("epsilons = [1, 4]", "epsilons = [1, 4, 8]"), "more.toml")

@@ -24,8 +24,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("privacy", ("fedpriv.privacy.",)),
     ("algorithms", ("fedpriv.algorithms.", "fedpriv.selection.", "fedpriv.metrics", "fedpriv.evaluation")),
     ("engines", ("fedpriv.loop", "fedpriv.engine", "fedpriv.personalization", "fedpriv.flower.")),
-    ("run", ("fedpriv.run", "fedpriv.tuning", "fedpriv.api", "fedpriv.model")),
-    ("operations", ("fedpriv.experiments.", "fedpriv.report", "fedpriv.flower.app", "fedpriv.flower.launcher", "fedpriv.flower.deploy.")),
+    ("run", ("fedpriv.run.", "fedpriv.tuning", "fedpriv.model")),
+    ("operations", ("fedpriv.api", "fedpriv.experiments.", "fedpriv.report", "fedpriv.flower.app", "fedpriv.flower.launcher", "fedpriv.flower.deploy.")),
     ("cli", ("fedpriv.cli", "fedpriv.__main__")),
 ]
 

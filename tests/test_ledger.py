@@ -144,7 +144,7 @@ def multitask_data():
 @pytest.mark.parametrize("schedule", ["full", "disjoint"])
 def test_personalization_draws_noise_only_through_the_ledger(personal_data, guarded_rng, algorithm, schedule):
     from fedpriv.algorithms import pam
-    from fedpriv.personalization import train_inprocess as train_pam
+    from fedpriv.personalization import train_personal_inprocess as train_pam
 
     private = algorithm in pam.PRIVATE
     state, ledger, _ = train_pam(algorithm, personal_data, pam.PAMConfig(epochs=2, schedule=schedule, net_size=50), epsilon=2.0 if private else None, delta=1e-6)

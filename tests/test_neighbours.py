@@ -20,7 +20,7 @@ from fedpriv.algorithms import als, pam, registry
 from fedpriv.data.personal import make_personal
 from fedpriv.data.splits import random_split
 from fedpriv.engine import train_inprocess
-from fedpriv.personalization import train_inprocess as train_personal
+from fedpriv.personalization import train_personal_inprocess as train_personal
 from fedpriv.privacy.neighbours import ReplayLedger, influence
 from fedpriv.privacy.randomness import RunSecrets
 

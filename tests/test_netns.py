@@ -278,7 +278,7 @@ def test_superlink_and_supernodes_on_separate_hosts(tmp_path, monkeypatch):
 
             # one job: adadpals at epsilon 4, 2 steps, `flwr run APP deploy --stream` on host A
             t1 = time.perf_counter()
-            metrics = deploy.run_job(cfg, "adadpals", epsilon=EPSILON, overrides={"steps": "2"}, node_wait=60.0, quiet=True,
+            metrics = deploy.run_deployed_job(cfg, "adadpals", epsilon=EPSILON, overrides={"steps": "2"}, node_wait=60.0, quiet=True,
                                      timeout=240, aggregation=AGGREGATION)
             t_run = time.perf_counter() - t1
             saved = json.loads((cfg.out_dir / "metrics.json").read_text())

@@ -13,7 +13,7 @@ golden files from the current code and review their diff:
 
     FEDPRIV_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/test_output_schema.py
 
-Every run also goes through :class:`fedpriv.run_report.RunReport`: the round trip
+Every run also goes through :class:`fedpriv.run.RunReport`: the round trip
 ``from_metrics(m).to_json()`` gives ``m`` back exactly (keys, order, values) and ``summary()``
 names epsilon and the test metric.
 """
@@ -185,6 +185,19 @@ def test_outputs_match_the_golden_files(runs, name):
             problems.append(f"value {key}: was {value!r}, now {got['values'].get(key)!r} (rel tol {REL:g})")
     problems = [p for p in problems if p]
     assert not problems, f"{name}: outputs differ from {path.name} (FEDPRIV_REGEN_GOLDEN=1 rewrites it if meant):\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_typed_report_gives_metrics_json_back(runs, name):
+    from fedpriv.run import RunReport
+
+    metrics, _ = runs[name]
+    report = RunReport.from_metrics(metrics)
+    assert report.to_json() == metrics and list(report.to_json()) == list(metrics)
+    assert json.dumps(report.to_json()) == json.dumps(metrics)  # same order, same values, nested too
+    text = report.summary()
+    assert report.algorithm in text and ("epsilon" in text if metrics["private"] else "non-private" in text)
+    assert any(k in text for k in ("test RMSE", "test MSE", "Recall@", "log-loss"))
 
 
 def test_the_schema_walk_sees_nested_paths_and_types():

@@ -12,7 +12,7 @@ from fedpriv.algorithms.kernels import from_upper, upper
 from fedpriv.cli import main
 from fedpriv.data.personal import make_personal
 from fedpriv.errors import ConfigError
-from fedpriv.personalization import evaluate, train_inprocess
+from fedpriv.personalization import evaluate, train_personal_inprocess
 from fedpriv.privacy.accounting import epsilon_rdp, gaussian_epsilon_closed_form, zcdp_rho
 from fedpriv.privacy.randomness import RunSecrets
 from fedpriv.run import run
@@ -74,7 +74,7 @@ def test_init_bound_is_reached_by_a_worst_case_user():
 @pytest.mark.parametrize("schedule,accounted", [("full", 3), ("disjoint", 1)])
 def test_accounting_of_both_schedules(schedule, accounted):
     data = make_personal(300, 8, 6, 2, 0.01, seed=1)
-    state, ledger, _ = train_inprocess("pam", data, pam.PAMConfig(schedule=schedule, epochs=3), epsilon=2.0, delta=1e-6)
+    state, ledger, _ = train_personal_inprocess("pam", data, pam.PAMConfig(schedule=schedule, epochs=3), epsilon=2.0, delta=1e-6)
     recs = {r.name: r for r in ledger.releases}
     assert recs["init_M"].count == 1 and recs["am_A"].count == recs["am_b"].count == 3
     assert recs["am_A"].accounted_count == accounted  # disjoint groups: parallel composition
@@ -88,11 +88,11 @@ def test_subspace_error_falls_with_the_number_of_users():
     errs = []
     for n in (500, 5000):
         data = make_personal(n, 10, 10, 2, 0.0, seed=4)
-        state, _, _ = train_inprocess("pam", data, pam.PAMConfig(epochs=3), epsilon=2.0, delta=1e-6, secrets=RunSecrets(7))
+        state, _, _ = train_personal_inprocess("pam", data, pam.PAMConfig(epochs=3), epsilon=2.0, delta=1e-6, secrets=RunSecrets(7))
         errs.append(evaluate(state, data)["subspace_error"])
     assert errs[1] < 0.5 * errs[0]
     data = make_personal(2000, 10, 10, 2, 0.0, seed=4)
-    state, _, _ = train_inprocess("pam-nonprivate", data, pam.PAMConfig(nonprivate_epochs=10), epsilon=None, delta=1e-6)
+    state, _, _ = train_personal_inprocess("pam-nonprivate", data, pam.PAMConfig(nonprivate_epochs=10), epsilon=None, delta=1e-6)
     assert evaluate(state, data)["subspace_error"] < 1e-3  # noiseless, non-private: exact recovery
 
 
@@ -100,7 +100,7 @@ def test_private_am_beats_own_data_and_a_single_model():
     data = make_personal(5000, 10, 10, 2, 0.01, seed=2)
     res = {}
     for alg, eps in (("pam", 5.0), ("pam-own-data", None), ("pam-single-model", 5.0), ("pam-nonprivate", None)):
-        state, _, _ = train_inprocess(alg, data, pam.PAMConfig(epochs=3), epsilon=eps, delta=1e-6, secrets=RunSecrets(7))  # reproducible: a utility bar
+        state, _, _ = train_personal_inprocess(alg, data, pam.PAMConfig(epochs=3), epsilon=eps, delta=1e-6, secrets=RunSecrets(7))  # reproducible: a utility bar
         res[alg] = evaluate(state, data)["test_mse"]
     assert res["pam-nonprivate"] < res["pam"] < 0.5 * min(res["pam-own-data"], res["pam-single-model"])
     assert res["pam-single-model"] > 1.0  # one shared vector cannot fit random personal models
@@ -159,9 +159,9 @@ def test_exponential_mechanism_net_scores_and_accounting():
     exact = pam.client_exp_scores(data.X, data.y, state, net)
     dist = [pam.subspace_error(U, data.U_star) for U in net]
     assert np.argmin(exact) == np.argmin(dist)  # the score tracks the subspace
-    st_hi, led_hi, _ = train_inprocess("pam-exp", data, pam.PAMConfig(net_size=300), epsilon=50.0, delta=1e-6, secrets=RunSecrets(7))
+    st_hi, led_hi, _ = train_personal_inprocess("pam-exp", data, pam.PAMConfig(net_size=300), epsilon=50.0, delta=1e-6, secrets=RunSecrets(7))
     assert pam.subspace_error(st_hi.U, data.U_star) == pytest.approx(min(dist))
-    st, led, _ = train_inprocess("pam-exp", data, pam.PAMConfig(net_size=300), epsilon=0.5, delta=1e-6, secrets=RunSecrets(7))
+    st, led, _ = train_personal_inprocess("pam-exp", data, pam.PAMConfig(net_size=300), epsilon=0.5, delta=1e-6, secrets=RunSecrets(7))
     [rec] = led.releases
     assert rec.mechanism == "exponential" and rec.pure_epsilon == 0.5 and rec.sensitivity == pytest.approx(bound)
     assert epsilon_pure(led) == 0.5 and zcdp_rho(led) == pytest.approx(0.5**2 / 8) and not pld_supported(led)

@@ -3,8 +3,7 @@
 Two Linux network namespaces stand for two hosts (``tests/netns_hosts.py``: a veth pair on a
 random 10.231.R.0/30, no other route). Host A runs ``ray start --head``, host B
 ``ray start --address A:PORT``, one CPU each, each with its own ``--temp-dir``. The driver (the
-ServerApp, calling ``fedpriv.run.run(engine="flower", flower_runner=partial(simulate,
-ray_address="A:PORT"))``) runs inside A, as a Ray driver must run on a node of its cluster. The
+ServerApp: ``Job(...).prepare().execute(FlowerSimulation(ray_address="A:PORT"))``) runs inside A, as a Ray driver must run on a node of its cluster. The
 namespaces share the filesystem, so the job's work dir is "shared storage" at the same path on
 both hosts, as docs/ray_cluster.md requires.
 
@@ -143,13 +142,12 @@ def _two_host_cluster():
 
 # ------------------------------------------------------------------------------ the driver
 _DRIVER = r'''
-import functools, json, os, sys, time
+import json, os, sys, time
 import numpy as np
 
 args = json.load(open(sys.argv[1]))
 import ray
-from fedpriv.flower.simulation import simulate
-from fedpriv.run import _clean, run
+from fedpriv.run import FlowerSimulation, Job, _clean
 
 
 def view():
@@ -172,14 +170,15 @@ def view():
 
 before = view()
 t0 = time.perf_counter()
-capture = {}
-metrics, ledger = run("adadpals", args["data"], epsilon=args["epsilon"], overrides=args["overrides"], engine="flower",
-                      progress=False, work_dir=args["work_dir"], capture=capture, noise_seed=args["noise_seed"],
-                      flower_runner=functools.partial(simulate, ray_address=args["address"], cpus_per_node=1.0))
+plan = Job("adadpals", args["data"], epsilon=args["epsilon"], noise_seed=args["noise_seed"], params=args["overrides"]).prepare()
+engine = FlowerSimulation(users_per_node=args["users_per_node"], nodes=args["nodes"], work_dir=args["work_dir"],
+                          ray_address=args["address"], cpus_per_node=1.0)
+outcome = plan.execute(engine)
+metrics, ledger = outcome.report.to_json(), outcome.ledger
 seconds = time.perf_counter() - t0
 connected_after = ray.is_initialized()
 after = view()
-state = capture["state"]
+state = outcome.state
 np.save(args["out"] + "-item_factors.npy", state.item_factors)
 np.save(args["out"] + "-item_bias.npy", state.item_bias)
 with open(args["out"] + ".json", "w") as f:
@@ -195,7 +194,7 @@ def _run_driver(cluster: Cluster, tmp_path: Path) -> dict:
     script.write_text(_DRIVER)
     params.write_text(json.dumps({
         "address": cluster.address, "data": DATA, "epsilon": EPSILON, "noise_seed": NOISE_SEED, "work_dir": str(work),
-        "overrides": {**TRAIN, "users_per_node": str(USERS_PER_NODE), "nodes": str(NODES)}, "out": str(out),
+        "overrides": TRAIN, "users_per_node": USERS_PER_NODE, "nodes": NODES, "out": str(out),
     }))
     code, log = _in_ns(cluster.hosts.ns_a, [sys.executable, str(script), str(params)], cluster.env, JOB_SECONDS, tmp_path / "driver.log")
     assert code == 0, f"the driver in {cluster.hosts.ns_a} failed ({code}):\n{log[-6000:]}"

@@ -18,6 +18,9 @@ SYNTHETIC_KINDS = {
 HELDOUT_KINDS = ("ml-20m", "ml-25m", "lastfm")
 # ``public:DIR``: the public folder of a partitioned deployment (metadata, no ratings)
 PUBLIC_KIND = "public"
+# ``saved:DIR``: a loaded data set written by :func:`fedpriv.data.saved.save_dataset` (a job's
+# own csv/parquet/DataFrame data, handed to a process that did not load it)
+SAVED_KIND = "saved"
 # a user's own rating table; the only kinds that take options (``--data-opt KEY=VALUE``)
 TABULAR_KINDS = ("csv", "parquet")
 
@@ -53,13 +56,13 @@ def parse_data_spec(spec: str, options: dict[str, str] | None = None) -> DataSpe
         from .tabular import parse_options
 
         return DataSpec(kind, path=rest, params=parse_options(kind, options))
-    known = (*FILE_KINDS, *SYNTHETIC_KINDS, PUBLIC_KIND, *TABULAR_KINDS)
+    known = (*FILE_KINDS, *SYNTHETIC_KINDS, PUBLIC_KIND, SAVED_KIND, *TABULAR_KINDS)
     if kind in known and options:
         raise ConfigError(
             f"{kind}: data takes no options (got {', '.join(options)}); they apply to csv: and parquet: data",
             field="--data-opt",
         )
-    if kind in FILE_KINDS or kind == PUBLIC_KIND:
+    if kind in FILE_KINDS or kind in (PUBLIC_KIND, SAVED_KIND):
         return DataSpec(kind, path=rest)
     if kind in SYNTHETIC_KINDS:
         types = SYNTHETIC_KINDS[kind]
@@ -134,6 +137,10 @@ def load_spec(spec: DataSpec):
         from .public import load_public
 
         return load_public(spec.path)
+    if spec.kind == SAVED_KIND:
+        from .saved import load_saved
+
+        return load_saved(spec.path)
     if spec.kind == "jester":
         return load_jester(spec.path)
     if spec.path is not None:

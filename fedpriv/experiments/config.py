@@ -12,7 +12,8 @@ Schema of the ``grid`` kind (the others are in :mod:`fedpriv.experiments.kinds`)
     title = "..."; description = "..."; kind = "grid"; engine = "inprocess"; order = 1
     headline = "..."           # optional: what the experiment is meant to show
 
-    [datasets]                 # name -> data spec ({data} is --data-root) or a table
+    [datasets]                 # name -> data spec ({data} is --data-root) or a table (spec, validation, label,
+                               #   options = { rating_range = "1,5", items = "{data}/items.csv" } for csv/parquet)
     ml-100k = "ml-100k:{data}/ml-100k/ml-100k.zip"
     personal = { spec = "synthetic-personal:users=5000,seed=0", validation = "synthetic-personal:users=5000,seed=1" }
 
@@ -81,6 +82,7 @@ class Dataset:
     spec: str
     validation: str | None = None  # a second data set for the search (no validation split of its own)
     labels: str = ""
+    options: dict = field(default_factory=dict)  # csv/parquet options of spec and validation (--data-opt), as strings
 
 
 @dataclass
@@ -235,12 +237,16 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
             val = {"spec": val}
         if not isinstance(val, dict):
             raise _err(path, key, "must be a data spec string or a table with spec (and validation)")
-        _check_keys(path, key, val, {"spec", "validation", "label"})
+        _check_keys(path, key, val, {"spec", "validation", "label", "options"})
         spec = _str(path, val, "spec", key).replace("{data}", data_root)
         valid = val.get("validation")
         if valid is not None and not isinstance(valid, str):
             raise _err(path, f"{key}.validation", "must be a data spec string")
-        datasets[dname] = Dataset(dname, spec, valid.replace("{data}", data_root) if valid else None, str(val.get("label", dname)))
+        options = _table(path, val, "options")
+        if not all(isinstance(v, (str, int, float, bool)) for v in options.values()):
+            raise _err(path, f"{key}.options", "must map option names to strings or numbers (e.g. rating_range = \"1,5\", items = \"{data}/items.csv\")")
+        options = {str(k): (str(int(v)) if isinstance(v, bool) else str(v)).replace("{data}", data_root) for k, v in options.items()}
+        datasets[dname] = Dataset(dname, spec, valid.replace("{data}", data_root) if valid else None, str(val.get("label", dname)), options)
     for dname, spec in (dataset_specs or {}).items():
         old = datasets.get(dname)
         datasets[dname] = Dataset(dname, spec.replace("{data}", data_root), None, old.labels if old else dname)
@@ -248,11 +254,11 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
         if kind in ("selection_scenarios", "selection_bandit"):
             raise _err(path, "--datasets", f"a {kind} experiment has no data sets")
         grid["datasets"] = list(only_datasets)
-    for dname, spec in [(d.name, d.spec) for d in datasets.values()] + [(d.name, d.validation) for d in datasets.values() if d.validation]:
+    for dname, spec, options in [(d.name, d.spec, d.options) for d in datasets.values()] + [(d.name, d.validation, d.options) for d in datasets.values() if d.validation]:
         from ..data.spec import parse_data_spec
 
         try:
-            parse_data_spec(spec)
+            parse_data_spec(spec, options or None)
         except ConfigError as exc:
             raise _err(path, f"datasets.{dname}", str(exc)) from None
 

@@ -163,7 +163,7 @@ class GridRunner:
         ds = self.exp.datasets[dname]
         reason = None
         for spec in filter(None, (ds.spec, ds.validation)):
-            s = parse_data_spec(spec)
+            s = parse_data_spec(spec, ds.options or None)
             if s.path is not None and not Path(s.path).exists():
                 reason = f"data not found: {s.path} (give --data-root, or download it)"
                 if self.require_data:
@@ -171,25 +171,35 @@ class GridRunner:
         self._missing[dname] = reason
         return reason
 
+    def options(self, spec: str) -> dict:
+        """The csv/parquet options the config gives with ``spec`` ([datasets] NAME.options)."""
+        for d in self.exp.datasets.values():
+            if spec in (d.spec, d.validation):
+                return dict(d.options)
+        return {}
+
     def load(self, spec: str):
         if spec not in self.cache:
             from ..data.spec import load_spec, parse_data_spec
 
             t = time.perf_counter()
-            self.cache[spec] = load_spec(parse_data_spec(spec))
+            self.cache[spec] = load_spec(parse_data_spec(spec, self.options(spec) or None))
             self.log(f"  loaded {spec} in {time.perf_counter() - t:.1f} s")
         return self.cache[spec]
 
     # ------------------------------------------------------------------ one run
     def run_one(self, cell: Cell, params: dict, seed: int, *, spec: str, run_dir: str | None, epsilon, capture: dict | None = None) -> dict:
-        from ..run import run, write_outputs
+        from ..run import Job, engine_named, write_outputs
 
         exp, m = self.exp, cell.method
         t = time.perf_counter()
-        overrides = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in {**params, "seed": seed}.items()}
-        metrics, ledger = run(m.algorithm, spec, dataset=self.load(spec), epsilon=epsilon if m.private else None, delta=exp.delta,
-                              overrides=overrides, engine=exp.engine, progress=False, capture=capture,
-                              second_opinion=False)  # the RDP epsilon is reported; the PLD cross-check costs a second per run
+        job = Job(m.algorithm, spec, epsilon=epsilon if m.private else None, delta=exp.delta, params={**params, "seed": seed},
+                  data_options=self.options(spec), dataset=self.load(spec))
+        # the RDP epsilon is reported; the PLD cross-check costs a second per run
+        outcome = job.prepare().execute(engine_named(exp.engine), second_opinion=False)
+        metrics, ledger = outcome.report.to_json(), outcome.ledger
+        if capture is not None:
+            capture.update(state=outcome.state, train=outcome.train, dataset=outcome.dataset)
         seconds = time.perf_counter() - t
         if run_dir:
             write_outputs(self.out / run_dir, metrics, ledger)

@@ -1,20 +1,21 @@
 """The Flower app of ``flwr run .`` (the components in pyproject.toml): the ServerApp reads the
 job from the run config ([tool.flwr.app.config], overridable with ``flwr run . --run-config``)
-and runs it through :func:`fedpriv.run.run` on the grid Flower hands it. The ClientApp component
+and runs it as a :class:`fedpriv.run.Job` on the grid Flower hands it (:class:`fedpriv.run.FlowerGrid`). The ClientApp component
 is :mod:`fedpriv.flower.client_app` (the node imports nothing of this module). An operations module: it sits above the
 run layer, which the engine modules never import."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from ..run import parse_overrides, run, write_outputs
+from ..errors import ConfigError
+from ..run import FlowerGrid, Job, parse_overrides, write_outputs
 from .launcher import epsilon_of_run_config, read_noise_seed_file
-from .server_app import run_job
 
 log = logging.getLogger("fedpriv.flower")
 
@@ -27,36 +28,57 @@ def _overrides(spec: str) -> dict[str, str]:
     return parse_overrides([p for p in str(spec).replace(";", ",").split(",") if p.strip()])
 
 
+def _data_options(text: str) -> dict[str, str]:
+    """The run-config key ``data-options``: the csv/parquet options as a JSON object
+    (``'{"rating_range": "1,5", "items": "items.csv"}'``)."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"expected a JSON object of csv/parquet options, got {text!r} ({exc})", field="data-options") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"expected a JSON object of csv/parquet options, got {text!r}", field="data-options")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def job_of_run_config(rc) -> tuple[Job, dict]:
+    """The job a run config describes, and the Flower engine options it sets (the run-config
+    reader: the only place, with the command line, where the job's values are strings)."""
+    algorithm = str(rc.get("algorithm", "adadpals"))
+    params: dict = _overrides(rc.get("set", ""))
+    aggregation = str(rc.get("aggregation", "central") or "central")
+    if aggregation != "central" or "aggregation" in params:
+        params.setdefault("aggregation", aggregation)  # secure: nodes add distributed noise, the server sees only noised sums
+    seed_file = str(rc.get("noise-seed-file", "") or "")  # reproducible noise (a file, never the seed in the run config)
+    job = Job(
+        algorithm,
+        str(rc["data"]),
+        epsilon=epsilon_of_run_config(rc),
+        delta=float(rc.get("delta", 1e-5)),
+        noise_seed=read_noise_seed_file(seed_file) if seed_file else None,
+        params=params,
+        data_options=_data_options(str(rc.get("data-options", "") or "")),
+    )
+    engine = {
+        "users_per_node": int(rc.get("users-per-node", 1)),
+        "round_timeout": float(rc.get("round-timeout", 0.0)),
+        "node_wait": float(rc.get("node-wait", 120.0)),
+        "work_dir": str(rc.get("work-dir", "") or "") or None,  # a work dir keeps the checkpoint: rerun to resume
+    }
+    return job, engine
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
-    algorithm = str(rc.get("algorithm", "adadpals"))
-    epsilon = epsilon_of_run_config(rc)
-    overrides = _overrides(rc.get("set", ""))
-    overrides["users_per_node"] = str(rc.get("users-per-node", 1))
-    aggregation = str(rc.get("aggregation", "central") or "central")
-    if aggregation != "central" or "aggregation" in overrides:
-        overrides.setdefault("aggregation", aggregation)  # secure: nodes add distributed noise, the server sees only noised sums
-    overrides["round_timeout"] = str(rc.get("round-timeout", 0.0))
-    overrides["node_wait"] = str(rc.get("node-wait", 120.0))
-    work_dir = str(rc.get("work-dir", "") or "") or None  # a work dir keeps the checkpoint: rerun to resume
-    seed_file = str(rc.get("noise-seed-file", "") or "")  # reproducible noise (a file, never the seed in the run config)
-    if seed_file:
-        noise_seed = read_noise_seed_file(seed_file)
-    else:
-        noise_seed = None
+    job, engine = job_of_run_config(rc)
     out = Path(str(rc.get("out", "runs/flwr"))).expanduser()
-    metrics_, ledger = run(
-        algorithm,
-        str(rc["data"]),
-        epsilon=epsilon,
-        delta=float(rc.get("delta", 1e-5)),
-        overrides=overrides,
-        engine="flower",
-        progress=True,  # one line per round, then a summary table (mirrored to `flwr run --stream`)
-        work_dir=work_dir,
-        flower_runner=lambda job, n_nodes: run_job(grid, job),
-        noise_seed=noise_seed,
-    )
-    write_outputs(out, metrics_, ledger)
+    # one line per round, then a summary table (mirrored to `flwr run --stream`)
+    outcome = job.prepare().execute(FlowerGrid(grid=grid, **engine), progress=True)
+    write_outputs(out, outcome.report.to_json(), outcome.ledger)
     log.info("fedpriv: wrote %s and %s", out / "metrics.json", out / "ledger.json")
+    save_model = str(rc.get("save-model", "") or "")
+    if save_model and outcome.model is not None:
+        outcome.model.save(Path(save_model).expanduser())
+        log.info("fedpriv: saved the released model to %s", save_model)

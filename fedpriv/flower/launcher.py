@@ -1,7 +1,7 @@
 """Run a job through Flower's own runtime path: ``flwr run APP --stream``.
 
 ``flwr run`` starts a local SuperLink (simulation mode) that runs the fedpriv ServerApp and one
-ClientApp per simulated node. :func:`flwr_run` prepares everything that command needs, so users
+ClientApp per simulated node. :func:`flwr_run_plan` (the :class:`fedpriv.run.FlwrRun` engine) prepares everything that command needs, so users
 do not have to:
 
 * a minimal Flower app folder (``pyproject.toml`` only) whose components point at the
@@ -12,7 +12,7 @@ do not have to:
 
 The SuperLink stays alive after ``flwr run`` returns; it is always stopped here, by PID, with
 the processes it started. Every input is checked before anything starts (the same checks as
-:func:`fedpriv.run.run`, on the same data split, which also gives the number of partitions), so
+:meth:`fedpriv.run.Job.prepare`, whose plan also gives the number of partitions), so
 bad input fails fast with a :class:`~fedpriv.errors.FedprivError` and writes nothing.
 """
 
@@ -30,11 +30,13 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import atomic
 from ..algorithms.names import is_private
 from ..errors import ConfigError, FedprivError
+from ..run import FlowerOptions, Outcome, RunReport
 
 HOME_PREFIX = "fedpriv-flwr-"  # temporary folders of this module: marks our SuperLinks
 APP_NAME = "fedpriv-job"
@@ -44,39 +46,23 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes, str
 ERROR_LINE = re.compile(r"\b(?:ConfigError|DataError|PrivacyError|FedprivError): (.+)$")  # a fedpriv error in `flwr run` output: group 1 the reason
 
 
-class _Planned(Exception):
-    """Raised by the planning runner: stops :func:`fedpriv.run.run` before any training."""
-
-    def __init__(self, n_parts: int):
-        self.n_parts = n_parts
-
-
 # ------------------------------------------------------------------------------ validation
-def plan_partitions(algorithm: str, data: str, epsilon: float | None, delta: float, overrides: dict[str, str]) -> int:
-    """All the checks of :func:`fedpriv.run.run` (algorithm, epsilon, overrides, data spec and
-    data, split) plus the privacy calibration, without training; returns the number of
-    partitions (nodes the job needs)."""
-    from ..algorithms import als
-    from ..run import run
-
-    def planner(job, n_nodes):
-        if hasattr(job, "validate_plan"):  # personalization job
-            job.validate_plan()
-            raise _Planned(job.n_parts())
-        if job.epsilon is not None:  # checks epsilon, delta and the release plan
-            als.calibrate_plan(job.algorithm, job.cfg, job.implicit, job.epsilon, job.delta)
-        raise _Planned(-(-job.n_users // job.users_per_node))
-
-    try:
-        run(algorithm, data, epsilon=epsilon, delta=delta, overrides=overrides, engine="flower", progress=False, flower_runner=planner)
-    except _Planned as planned:
-        return planned.n_parts
-    raise AssertionError("the planning runner did not run")  # pragma: no cover
+def flower_partitions(plan, users_per_node: int) -> int:
+    """The checks a Flower run makes before anything starts, on a prepared plan (the privacy
+    calibration, and what a Flower run refuses), and the number of partitions: the nodes it
+    needs."""
+    opts = plan.options
+    if opts is not None and opts.tune:
+        raise ConfigError("private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)", field="tune")
+    if plan.public is not None and users_per_node != plan.public.users_per_node:
+        raise ConfigError(f"the partition put {plan.public.users_per_node} users on each node, got {users_per_node}", field="users-per-node")
+    plan.check_budget()
+    return plan.partitions(users_per_node)
 
 
-def _int_option(name: str, given: int | None, overrides: dict[str, str], key: str) -> int | None:
-    """``--nodes``/``--users-per-node`` or the same key given with ``--set``."""
-    raw = overrides.pop(key, None)
+def _int_option(name: str, given, params: dict, key: str) -> int | None:
+    """``--nodes``/``--users-per-node`` or the same key among the job's parameters."""
+    raw = params.pop(key, None)
     value = given if given is not None else raw
     if value is None:
         return None
@@ -98,6 +84,27 @@ def absolute_data_spec(data: str) -> str:
         return data
     spec.path = str(Path(spec.path).expanduser().resolve())
     return str(spec)
+
+
+def param_text(value) -> str:
+    """A job parameter as the run config's ``set`` holds it (``key=value,...``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def data_for_server(plan, work: Path) -> str:
+    """The data spec the ServerApp of a ``flwr run`` subprocess reads: a built-in spec as is
+    (absolute), anything else (csv/parquet with options, a DataFrame, a Dataset) written once
+    to ``work/data`` as ``saved:DIR``."""
+    from ..data.spec import FILE_KINDS, PUBLIC_KIND, SAVED_KIND, SYNTHETIC_KINDS
+
+    spec = plan.spec
+    if plan.job.dataset is None and (spec.kind in FILE_KINDS or spec.kind in SYNTHETIC_KINDS or spec.kind in (PUBLIC_KIND, SAVED_KIND)):
+        return absolute_data_spec(str(spec))
+    from ..data.saved import save_dataset
+
+    return f"{SAVED_KIND}:{save_dataset(plan.dataset, work / 'data')}"
 
 
 # ------------------------------------------------------------------------------ app folder
@@ -157,6 +164,8 @@ round-timeout = 0.0
 node-wait = 120.0
 work-dir = ""
 noise-seed-file = ""
+data-options = ""
+save-model = ""
 """
     )
 
@@ -349,6 +358,22 @@ def run_streaming(cmd: list[str], *, cwd: Path, env: dict, quiet: bool, timeout:
 
 
 # ------------------------------------------------------------------------------ the launcher
+@dataclass(frozen=True)
+class FlwrRun(FlowerOptions):
+    """``flwr run`` on Flower's local simulation federation, in a subprocess with its own
+    SuperLink, FLWR_HOME and ports (stopped by PID at the end): what ``--engine flower`` means,
+    on the command line and in Python. Data that is not a built-in spec is written once to the
+    job's work folder and read there; the released model comes back from the ServerApp."""
+
+    quiet: bool = False
+    timeout: float | None = None
+    flwr_home: str | os.PathLike | None = None
+
+    def execute(self, plan, *, progress: bool = False, second_opinion: bool = True) -> Outcome:
+        metrics, records, model = flwr_run_plan(plan, self, quiet=self.quiet or not progress, second_opinion=second_opinion)
+        return Outcome(RunReport.from_metrics(metrics), records, model, None, None, plan.dataset)
+
+
 def run_config_epsilon_value(algorithm: str, epsilon: float | None) -> float:
     """The run config's ``epsilon``: the target of a private algorithm; a placeholder (1.0, which
     :func:`epsilon_of_run_config` reads back as None) for the others, since a run config holds
@@ -377,63 +402,54 @@ def read_noise_seed_file(path: str) -> int:
         raise ConfigError(f"{path}: expected one integer", field="noise-seed-file") from None
 
 
-def flwr_run(
-    algorithm: str,
-    data: str,
-    *,
-    epsilon: float | None = None,
-    delta: float = 1e-5,
-    overrides: dict[str, str] | None = None,
-    out: str | os.PathLike,
-    nodes: int | None = None,
-    users_per_node: int | None = None,
-    quiet: bool = False,
-    flwr_home: str | os.PathLike | None = None,
-    timeout: float | None = None,
-    noise_seed: int | None = None,
-) -> dict:
-    """Run one job with ``flwr run`` on ``nodes`` simulated nodes (default: one per partition
-    of ``users_per_node`` users, default 1) and write ``out/metrics.json`` and
-    ``out/ledger.json`` (both or neither); returns the metrics.
+def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = True):
+    """Run a prepared plan with ``flwr run`` on ``engine``'s nodes (a :class:`~fedpriv.run.FlwrRun`:
+    default one node per partition of its users per node, default 1); returns (metrics, ledger
+    records, released model or None). Everything is checked before ``flwr run`` starts.
 
-    ``flwr_home`` (an empty or missing folder) replaces the temporary FLWR_HOME, e.g. to find
-    the SuperLink from outside; it is not removed. ``timeout`` bounds the ``flwr run`` call.
-    ``noise_seed``: reproducible noise; the seed goes to the ServerApp in a file readable by
-    this user only (run-config key ``noise-seed-file``), never in the run config itself, which
-    every node can read."""
-    from ..run import write_outputs
+    ``engine.flwr_home`` (an empty or missing folder) replaces the temporary FLWR_HOME, e.g. to
+    find the SuperLink from outside; it is not removed. ``engine.timeout`` bounds the call. A
+    reproducible run's noise seed goes to the ServerApp in a file readable by this user only
+    (run-config key ``noise-seed-file``), never in the run config itself, which every node can read."""
+    from ..model import load_model
 
     t0 = time.perf_counter()
-    overrides = {str(k): str(v) for k, v in (overrides or {}).items()}
-    upn = _int_option("--users-per-node", users_per_node, overrides, "users_per_node") or 1
-    n_nodes = _int_option("--nodes", nodes, overrides, "nodes")
-    for key, value in overrides.items():
+    job = plan.job
+    params = dict(job.params)
+    upn = _int_option("--users-per-node", engine.users_per_node, params, "users_per_node") or 1
+    n_nodes = _int_option("--nodes", engine.nodes, params, "nodes")
+    round_timeout = float(engine.round_timeout if engine.round_timeout is not None else params.pop("round_timeout", 0.0))
+    node_wait = float(engine.node_wait if engine.node_wait is not None else params.pop("node_wait", 120.0))
+    texts = {str(k): param_text(v) for k, v in params.items()}
+    for key, value in texts.items():
         if "," in value or ";" in value:
             raise ConfigError(f"a value given to the flower engine cannot contain ',' or ';', got {value!r}", field=key)
-    n_parts = plan_partitions(algorithm, data, epsilon, delta, {**overrides, "users_per_node": str(upn)})
+    n_parts = flower_partitions(plan, upn)
     if n_nodes is None:
         n_nodes = n_parts
     elif n_nodes < n_parts:
         raise ConfigError(f"{n_parts} partitions of {upn} users need at least {n_parts} nodes, got {n_nodes}", field="--nodes")
-    run_config = {
-        "algorithm": algorithm,
-        "data": absolute_data_spec(data),
-        "epsilon": run_config_epsilon_value(algorithm, epsilon),
-        "delta": float(delta),
-        "users-per-node": upn,
-        # the ServerApp reports this many nodes (all of them are registered and polled)
-        "set": ",".join([*(f"{k}={v}" for k, v in overrides.items()), f"nodes={n_nodes}"]),
-    }
-
     work = Path(tempfile.mkdtemp(prefix=HOME_PREFIX)).resolve()
-    home = Path(flwr_home).expanduser().resolve() if flwr_home is not None else work / "home"
+    home = Path(engine.flwr_home).expanduser().resolve() if engine.flwr_home is not None else work / "home"
     try:
+        run_config = {
+            "algorithm": job.algorithm,
+            "data": data_for_server(plan, work),
+            "epsilon": run_config_epsilon_value(job.algorithm, job.epsilon),
+            "delta": float(job.delta),
+            "users-per-node": upn,
+            # the ServerApp reports this many nodes (all of them are registered and polled)
+            "set": ",".join([*(f"{k}={v}" for k, v in texts.items()), f"nodes={n_nodes}"]),
+            "round-timeout": round_timeout,
+            "node-wait": node_wait,
+        }
         home.mkdir(parents=True, exist_ok=True)
-        app_dir, job_out = work / "app", work / "out"
+        app_dir, job_out, model_dir = work / "app", work / "out", work / "model"
         write_app_folder(app_dir)
         run_config["out"] = str(job_out)
-        if noise_seed is not None:
-            run_config["noise-seed-file"] = write_noise_seed_file(work / "noise-seed", noise_seed)
+        run_config["save-model"] = str(model_dir)
+        if job.noise_seed is not None:
+            run_config["noise-seed-file"] = write_noise_seed_file(work / "noise-seed", job.noise_seed)
         write_run_config(work / "run-config.toml", run_config)
         env = flwr_env(home)
         cmd = [
@@ -447,7 +463,7 @@ def flwr_run(
             str(work / "run-config.toml"),
         ]
         try:
-            code, tail = run_streaming(cmd, cwd=work, env=env, quiet=quiet, timeout=timeout)
+            code, tail = run_streaming(cmd, cwd=work, env=env, quiet=quiet, timeout=engine.timeout)
         finally:
             stop_superlinks(home)
         metrics_path, ledger_path = job_out / "metrics.json", job_out / "ledger.json"
@@ -457,8 +473,12 @@ def flwr_run(
             raise FedprivError((f"{reasons[-1]} ({what})" if reasons else what) + "; last output:\n" + "\n".join(tail[-40:]))
         metrics = json.loads(metrics_path.read_text())
         ledger = json.loads(ledger_path.read_text())
+        model = load_model(model_dir) if model_dir.is_dir() else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if run_config["data"].startswith("saved:"):  # name the user's data, not the work folder it went through
+        metrics["dataset"] = str(plan.spec)
+        if isinstance(metrics.get("config"), dict):
+            metrics["config"]["data"] = str(plan.spec)
     metrics["launcher_wall_seconds"] = time.perf_counter() - t0  # with Flower start-up and stop
-    write_outputs(out, metrics, ledger)
-    return metrics
+    return metrics, ledger, model

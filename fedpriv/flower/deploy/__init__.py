@@ -46,7 +46,7 @@ Modules of this package (each imports only modules listed above it)::
     pids.py        pids.json: running, stop (SIGTERM, then SIGKILL, with children)
     prepare.py     preparing a run folder: prepare
     processes.py   spawning, ports, flwr CLI helpers, register, up, wait_for_nodes
-    job.py         running a job: run_job
+    job.py         running a job: run_deployed_job
     compose.py     docker/compose.yml: compose_yaml, compose_services
     cli.py         command line: add_arguments, command, main (``__main__.py`` runs main)
 
@@ -73,7 +73,7 @@ from .config import (
     DeployConfig,
     docker_config,
 )
-from .job import run_job
+from .job import run_deployed_job
 from .nodedata import Partition, n_partitions, split_job, write_node_data, write_partition
 from .pids import running, stop
 from .prepare import _portable_data as _portable_data  # private helpers the tests call
@@ -85,6 +85,6 @@ __all__ = [
     "CLI_SECONDS", "CONNECTION", "DEFAULT_RUN_DIR", "DOCKER_PORTS", "DOCKER_RUN_DIR", "FIXED_BY_UP", "LOCAL_HOSTS", "PIDS_FILE", "STATE_FILE",
     "STOP_SECONDS", "DeployConfig", "add_arguments", "command", "compose_services", "compose_yaml", "connection_toml", "docker_config",
     "flwr_run_command", "list_nodes", "list_runs", "main", "make_certs", "make_node_keys", "n_partitions", "node_config", "prepare",
-    "register", "register_command", "run_job", "running", "split_job", "stop", "stop_runs", "superlink_command", "supernode_command", "up",
+    "register", "register_command", "run_deployed_job", "running", "split_job", "stop", "stop_runs", "superlink_command", "supernode_command", "up",
     "verify_server_cert", "wait_for_nodes", "write_connection", "write_node_data", "write_partition", "Partition",
 ]  # fmt: skip

@@ -12,7 +12,7 @@ from ...errors import ConfigError, FedprivError
 from .certs import make_certs, make_node_keys
 from .compose import compose_yaml
 from .config import DEFAULT_RUN_DIR, DOCKER_PORTS, LOCAL_HOSTS, PIDS_FILE, STOP_SECONDS, DeployConfig, _positive_int
-from .job import run_job
+from .job import run_deployed_job
 from .nodedata import SPLIT_SEED, n_partitions, split_job, write_partition
 from .pids import running, stop
 from .prepare import prepare
@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     pa = sub.add_parser("partition", help="the data owner's step: one folder per node with only its users' ratings (+ public metadata), and the server's public folder")
     pa.add_argument("--data", required=True, help="data spec of the ratings to distribute")
+    pa.add_argument("--data-opt", dest="data_options", action="append", default=[], metavar="KEY=VALUE",
+                    help="csv/parquet option (repeatable), as for `fedpriv run`: rating_range=LO,HI, items=FILE (the catalogue), user=COL, ...")
     pa.add_argument("--nodes", type=int, default=None, help="number of node folders (default: one per block of --users-per-node users)")
     pa.add_argument("--users-per-node", type=int, default=1, help="users held by each node (default 1)")
     pa.add_argument("--split-seed", type=int, default=SPLIT_SEED, help=f"public seed of the nodes' own train/valid/test split (default {SPLIT_SEED})")
@@ -146,7 +148,7 @@ def command(args) -> int:
         from ...run import parse_overrides
 
         cfg = DeployConfig.load(args.run_dir)
-        metrics = run_job(
+        metrics = run_deployed_job(
             cfg, args.algorithm, data=args.data, epsilon=args.epsilon, delta=args.delta, overrides=parse_overrides(args.overrides), aggregation=args.aggregation,
             round_timeout=args.round_timeout, node_wait=args.node_wait, work_dir=args.work_dir, out=args.out, quiet=args.quiet, timeout=args.timeout,
         )
@@ -195,7 +197,9 @@ def _partition(args) -> int:
     out = Path(args.out).expanduser().resolve()
     if out.exists():
         raise ConfigError(f"{out} exists: a partition is written into a new folder", field="--out")
-    part = split_job(args.data, args.users_per_node, args.split_seed)
+    from ...run import parse_overrides
+
+    part = split_job(args.data, args.users_per_node, args.split_seed, parse_overrides(args.data_options, field="--data-opt"))
     nodes = args.nodes or n_partitions(part)
     if n_partitions(part) > nodes:
         raise ConfigError(f"{n_partitions(part)} partitions of {part.users_per_node} users need at least {n_partitions(part)} nodes, got {nodes}", field="--nodes")

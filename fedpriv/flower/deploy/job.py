@@ -35,7 +35,7 @@ def _app(cfg: DeployConfig) -> None:
         assert set(missing) <= set(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
 
 
-def run_job(
+def run_deployed_job(
     cfg: DeployConfig,
     algorithm: str,
     *,
@@ -84,7 +84,10 @@ def run_job(
         raise ConfigError(f"the nodes hold partitions of {cfg.data!r}; run with that data (or omit --data)", field="--data")
     else:  # the ServerApp starts from the partition's public metadata only: it never opens a ratings file
         data = f"public:{cfg.run_dir / 'public'}"
-    n_parts = launcher.plan_partitions(algorithm, data, epsilon, delta, {**overrides, "users_per_node": str(cfg.users_per_node)})
+    from ...run import Job
+
+    plan = Job(algorithm, data, epsilon=epsilon, delta=delta, params=overrides).prepare()  # every check of `fedpriv run`, no training
+    n_parts = launcher.flower_partitions(plan, cfg.users_per_node)
     if n_parts > cfg.nodes:
         raise ConfigError(f"{n_parts} partitions of {cfg.users_per_node} users need {n_parts} nodes; the deployment has {cfg.nodes}", field="--users-per-node")
     if cfg.run_dir.joinpath(PIDS_FILE).is_file() and not running(cfg):

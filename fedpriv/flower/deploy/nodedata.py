@@ -41,13 +41,14 @@ class Partition:
         }
 
 
-def split_job(data: str, users_per_node: int, split_seed: int = SPLIT_SEED) -> Partition:
-    """Load ``data`` (the data owner's side) and cut it into node blocks. Partitioned deployments
-    use the random split, evaluated on the nodes (the held-out-users protocol evaluates on the
-    server and is refused here)."""
+def split_job(data: str, users_per_node: int, split_seed: int = SPLIT_SEED, options: dict[str, str] | None = None) -> Partition:
+    """Load ``data`` (the data owner's side; ``options``: the ``--data-opt`` options of a
+    csv/parquet file) and cut it into node blocks. Partitioned deployments use the random split,
+    evaluated on the nodes (the held-out-users protocol evaluates on the server and is refused
+    here)."""
     from ...data.spec import HELDOUT_KINDS, PUBLIC_KIND, load_spec, parse_data_spec, require_declared_catalogue
 
-    spec = parse_data_spec(data)
+    spec = parse_data_spec(data, options or None)
     if spec.kind == PUBLIC_KIND or spec.kind == "synthetic-personal":
         raise ConfigError(f"give the rating data set to partition, not {spec.kind}:", field="--data")
     ds = load_spec(spec)

@@ -1,8 +1,12 @@
-"""One training run, end to end: load or generate data, split it, train with an engine,
-evaluate, and write ``metrics.json`` and ``ledger.json`` (both or neither)."""
+"""One training run, end to end: :func:`prepare` validates, loads and splits (no training);
+:func:`execute` trains on an engine, evaluates and builds ``metrics.json`` and the ledger
+records; :func:`write_outputs` writes both files (both or neither). :class:`fedpriv.run.job.Job`
+and its :class:`~fedpriv.run.job.Plan` are the public face of these functions."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 import os
@@ -14,17 +18,23 @@ from pathlib import Path
 
 import numpy as np
 
-from . import evaluation
-from .algorithms import als, registry
-from .algorithms import protocol as algorithm_protocol
-from .algorithms.names import is_private
-from .data.spec import HELDOUT_KINDS, DataSpec, load_spec, parse_data_spec, require_declared_catalogue
-from .data.splits import HeldoutSplit, heldout_users_split, random_split
-from .engine import train_inprocess
-from .errors import ConfigError
-from .metrics import run_header
-from .privacy.accounting import epsilon_bounds, epsilon_pld, pld_supported
-from .privacy.randomness import RunSecrets
+from .. import evaluation
+from ..algorithms import als, registry
+from ..algorithms import protocol as algorithm_protocol
+from ..algorithms.names import is_private
+from ..data.spec import (
+    HELDOUT_KINDS,
+    DataSpec,
+    load_spec,
+    parse_data_spec,
+    require_declared_catalogue,
+)
+from ..data.splits import HeldoutSplit, heldout_users_split, random_split
+from ..engine import train_inprocess
+from ..errors import ConfigError
+from ..metrics import run_header
+from ..privacy.accounting import epsilon_bounds, epsilon_pld, pld_supported
+from ..privacy.randomness import RunSecrets
 
 ENGINES = ("inprocess", "flower")
 
@@ -76,7 +86,7 @@ class RunOptions:
 
     def recommend_config(self):
         """The :class:`~fedpriv.algorithms.recommend.RecommendConfig` of ``recommend`` and ``rec_*``."""
-        from .algorithms.recommend import RecommendConfig
+        from ..algorithms.recommend import RecommendConfig
 
         params: dict = {}
         for part in filter(None, (p.strip() for p in self.rec_params.split(";"))):
@@ -121,64 +131,49 @@ def _finite_or_none(x: float | None):
     return None if x is None or not math.isfinite(x) else x
 
 
-def run(
-    algorithm: str,
-    data: str | DataSpec,
-    *,
-    epsilon: float | None = None,
-    delta: float = 1e-5,
-    overrides: dict | None = None,
-    engine: str = "inprocess",
-    progress: bool = True,
-    dataset=None,
-    work_dir: str | os.PathLike | None = None,
-    flower_runner=None,
-    capture: dict | None = None,
-    second_opinion: bool = True,
-    noise_seed: int | None = None,
-) -> tuple[dict, list[dict]]:
-    """Train and evaluate; returns (metrics, ledger records). ``noise_seed``: None (the default)
-    draws every noise value and every user's random choice from secret OS randomness; a number
-    makes them reproducible (privacy then holds only against those who do not know it; the
-    seed is not written anywhere and ``metrics.json`` says the noise was reproducible). ``dataset`` skips loading;
-    ``flower_runner(job, n_nodes)`` runs a Flower job (default: a new simulation); ``capture``
-    (a dict) receives the trained public ``state`` and the ``train`` interactions (analyses of
-    the released model, e.g. item neighbours); ``second_opinion=False`` skips the PLD
-    cross-check ``epsilon_spent_pld`` (about a second per run; null then)."""
-    t0 = time.perf_counter()
-    from .algorithms import pam
+def load_and_check(job) -> dict:
+    """Everything before training (the fields of a :class:`~fedpriv.run.job.Plan`): validate the
+    algorithm, privacy and options, load and split the data, check the catalogue. Raises
+    :class:`ConfigError` / :class:`DataError`; trains nothing."""
+    from ..algorithms import pam
 
+    algorithm, epsilon = job.algorithm, job.epsilon
     if algorithm not in als.ALGORITHMS and algorithm not in pam.PAM_ALGORITHMS:
         raise ConfigError(f"unknown algorithm {algorithm!r} (known: {', '.join((*als.ALGORITHMS, *pam.PAM_ALGORITHMS))})", field="algorithm")
-    if engine not in ENGINES:
-        raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", field="--engine")
     private = is_private(algorithm)
     if private and epsilon is None:
         raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
-    if noise_seed is not None and not isinstance(noise_seed, int):
-        raise ConfigError(f"must be an integer, got {noise_seed!r}", field="--noise-seed")
-    secrets = RunSecrets(noise_seed)
+    if job.noise_seed is not None and (isinstance(job.noise_seed, bool) or not isinstance(job.noise_seed, int)):
+        raise ConfigError(f"must be an integer, got {job.noise_seed!r}", field="--noise-seed")
+    spec, ds = resolve_data(job.data, job.data_options)
+    if job.dataset is not None:
+        ds = job.dataset
+    overrides = dict(job.params)
     if algorithm in pam.PAM_ALGORITHMS:
-        from .personalization import run_personal
-
-        spec = parse_data_spec(data) if isinstance(data, str) else data
         if spec.kind != "synthetic-personal":
             raise ConfigError(f"{algorithm} needs --data synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R", field="--data")
-        ds = dataset if dataset is not None else load_spec(spec)
-        metrics, records = run_personal(algorithm, spec, ds, epsilon=epsilon, delta=delta, overrides=dict(overrides or {}), engine=engine, work_dir=work_dir, flower_runner=flower_runner, secrets=secrets)
-        metrics.update(noise_statement(secrets))
-        return _clean(metrics), records
-    overrides = dict(overrides or {})
+        engine_keys = {k: overrides.pop(k) for k in ("users_per_node", "users_per_shard", "nodes") if k in overrides}
+        cfg = pam.PAMConfig.from_overrides(overrides)
+        ds = ds if ds is not None else load_spec(spec)
+        return dict(spec=spec, dataset=ds, private=private, options=None, config=cfg, protocol="personalization", split=None,
+                    rating_range=None, implicit=False, recommend=None, public=None, engine_params=engine_keys)
     opts = RunOptions.pop_from(overrides)
     cfg = als.ALSConfig.from_overrides(overrides, algorithm)
-
-    spec = parse_data_spec(data) if isinstance(data, str) else data
     if spec.kind == "synthetic-personal":
         raise ConfigError(f"{algorithm!r} trains on ratings; synthetic-personal data is for {', '.join(pam.PAM_ALGORITHMS)}", field="--data")
-    ds = dataset if dataset is not None else load_spec(spec)
-    inter = ds.interactions
-    if inter is None:  # a partitioned deployment's public folder: the server holds no ratings
-        return _run_public(algorithm, spec, ds, cfg, opts, overrides, engine, epsilon, delta, private, work_dir, flower_runner, secrets, t0, second_opinion, progress)
+    ds = ds if ds is not None else load_spec(spec)
+    rec_cfg = opts.recommend_config() if opts.recommend else None
+    if ds.interactions is None:  # a partitioned deployment's public folder: the server holds no ratings
+        public = ds
+        if public.protocol != "random" or opts.split not in ("auto", "random"):
+            raise ConfigError(f"a partitioned deployment evaluates on the nodes with the random split; got {opts.split if opts.split != 'auto' else public.protocol!r}", field="split")
+        if opts.tune:
+            raise ConfigError("private tuning runs on the in-process engine", field="tune")
+        if opts.split_seed != RunOptions.split_seed and opts.split_seed != public.split_seed:
+            raise ConfigError(f"the nodes split with the partition's public seed {public.split_seed}", field="split_seed")
+        rating_range = (0.0, 1.0) if public.implicit else tuple(public.rating_range)
+        return dict(spec=spec, dataset=public, private=private, options=opts, config=cfg, protocol="random", split=None,
+                    rating_range=rating_range, implicit=public.implicit, recommend=rec_cfg, public=public, engine_params={})
     # a private run needs an item catalogue that does not depend on the ratings (before any training)
     if registry.get(algorithm).private:
         require_declared_catalogue(ds, spec, f"algorithm {algorithm!r}")
@@ -187,9 +182,130 @@ def run(
     protocol = opts.split
     if protocol == "auto":
         protocol = "heldout" if (ds.implicit or spec.kind in HELDOUT_KINDS) else "random"
+    inter = ds.interactions
+    if protocol == "random":
+        split = random_split(inter, seed=opts.split_seed)
+        implicit = ds.implicit
+    else:
+        frac = opts.heldout_fraction or (0.0722 if spec.kind in ("ml-20m", "ml-25m") else 0.1)
+        threshold = None if ds.implicit else 3.5
+        split = heldout_users_split(inter, valid_fraction=frac, test_fraction=frac, positive_threshold=threshold, seed=opts.split_seed)
+        implicit = True
+        if cfg.gravity == 0 and "gravity" not in overrides:
+            cfg.gravity = 0.1
+    rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
+    if rec_cfg is not None and (protocol != "random" or opts.tune):
+        raise ConfigError("private recommendation runs after training on the random split (hits on held-out ratings), without tuning", field="recommend")
+    if opts.tune and (protocol != "random" or not private):
+        raise ConfigError("private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)", field="tune")
+    return dict(spec=spec, dataset=ds, private=private, options=opts, config=cfg, protocol=protocol, split=split,
+                rating_range=rating_range, implicit=implicit, recommend=rec_cfg, public=None, engine_params={})
 
-    metrics: dict = {
-        **run_header(algorithm, spec, engine, cfg.seed, epsilon, delta, private, protocol),
+
+def resolve_data(data, options=None):
+    """(spec, dataset or None to load) of a spec string, a DataSpec, a Dataset or a DataFrame;
+    ``options``: the csv/parquet options of a spec string (typed or as strings), or
+    :func:`fedpriv.data.tabular.dataset_from_pandas` keywords for a DataFrame."""
+    from ..data.loaders import Dataset
+
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    if isinstance(data, os.PathLike):
+        data = os.fspath(data)
+    if isinstance(data, str):
+        items = options.get("items")
+        if items is not None and not isinstance(items, (str, os.PathLike)):
+            return _spec_with_item_list(data, options, items)
+        return parse_data_spec(data, {k: _option_text(v) for k, v in options.items()} or None), None
+    if isinstance(data, DataSpec):
+        if options:
+            raise ConfigError("options go with a spec string, not a parsed DataSpec", field="data")
+        return data, None
+    if isinstance(data, Dataset):
+        if options:
+            raise ConfigError("a loaded Dataset takes no options", field="data")
+        return DataSpec("dataset", path=data.source or "Dataset"), data
+    if type(data).__name__ == "DataFrame":
+        from ..data.tabular import dataset_from_pandas
+
+        ds = dataset_from_pandas(data, **options)
+        return DataSpec("dataframe", path=ds.source or "DataFrame"), ds
+    raise ConfigError(f"expected a data spec string, a DataSpec, a Dataset or a pandas DataFrame, got {type(data).__name__}", field="data")
+
+
+def _spec_with_item_list(data: str, options: dict, items) -> tuple[DataSpec, object]:
+    """A csv/parquet spec string whose catalogue is given as a sequence of item ids: the other
+    options are parsed as strings (a placeholder stands for the list in the checks), the file is
+    loaded with the ids."""
+    from ..data.spec import TABULAR_KINDS
+    from ..data.tabular import load_tabular
+
+    text = {k: _option_text(v) for k, v in options.items() if k != "items"}
+    spec = parse_data_spec(data, {**text, "items": "<list>"})
+    if spec.kind not in TABULAR_KINDS:
+        raise ConfigError(f"items= applies to csv:/parquet: data and DataFrames, not {spec.kind}: data", field="items")
+    params = {k: v for k, v in spec.params.items() if k != "items"}
+    ds = load_tabular(spec.kind, spec.path, **params, items=items)
+    return DataSpec(spec.kind, path=spec.path, params=params), ds
+
+
+def _option_text(value) -> str:
+    """A data option as the command line writes it (``rating_range=(1, 5)`` -> ``1,5``)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: bool = True):
+    """Train ``plan`` on ``engine`` and evaluate: (metrics, ledger records, state, train)."""
+    t0 = time.perf_counter()
+    job = plan.job
+    algorithm, epsilon, delta, private, spec, ds = job.algorithm, job.epsilon, job.delta, plan.private, plan.spec, plan.dataset
+    secrets = RunSecrets(job.noise_seed)
+    engine_name = engine.name
+    if plan.protocol == "personalization":
+        from ..personalization import run_personal
+
+        params = {**plan.engine_params, **{k: str(v) for k, v in engine.run_options().items()}}
+        overrides = {**{k: v for k, v in job.params.items() if k not in ("users_per_node", "users_per_shard", "nodes")}, **params}
+        metrics, records = run_personal(algorithm, spec, ds, epsilon=epsilon, delta=delta, overrides=overrides, engine=engine_name,
+                                        work_dir=engine.work_dir, flower_runner=engine.flower_runner(), secrets=secrets)
+        metrics.update(noise_statement(secrets))
+        return _clean(metrics), records, None, None
+    opts = dataclasses.replace(plan.options, **engine.run_options())
+    cfg = copy.deepcopy(plan.config)
+    rec_cfg = plan.recommend
+    if opts.tune and engine_name != "inprocess":
+        raise ConfigError("private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)", field="tune")
+    if plan.public is not None:
+        if engine_name != "flower":
+            raise ConfigError("public:DIR holds no ratings: it is the server side of a partitioned deployment (--engine flower)", field="--data")
+        public = plan.public
+        if opts.users_per_node != public.users_per_node:
+            raise ConfigError(f"the partition put {public.users_per_node} users on each node, got {opts.users_per_node}", field="users-per-node")
+        metrics: dict = {
+            **run_header(algorithm, spec, engine_name, cfg.seed, epsilon, delta, private, "random"),
+            "n_users": int(public.n_users),
+            "n_items": int(public.n_items),
+            "n_ratings": None,  # held by the nodes only
+            "data_source": public.source,
+            "server_holds_ratings": False,
+            "duplicates_dropped": None,
+            **noise_statement(secrets),
+            "aggregation": cfg.aggregation,
+        }
+        state, ledger, timings, rec_ledger = _train_flower(
+            algorithm, None, cfg, opts, plan.rating_range, public.implicit, epsilon, delta, engine.work_dir, metrics, engine.flower_runner(),
+            public.item_features, rec_cfg, secrets, public=public, progress=progress,
+        )
+        metrics, records = _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, algorithm=algorithm, spec=spec, engine=engine_name, epsilon=epsilon,
+                                   delta=delta, private=private, opts=opts, t0=t0, protocol="random", second_opinion=second_opinion)
+        return metrics, records, state, None
+    split, protocol, rating_range, implicit = plan.split, plan.protocol, plan.rating_range, plan.implicit
+    inter, train = ds.interactions, split.train
+    metrics = {
+        **run_header(algorithm, spec, engine_name, cfg.seed, epsilon, delta, private, protocol),
         "n_users": int(inter.n_users),
         "n_items": int(inter.n_items),
         "n_ratings": len(inter),
@@ -198,46 +314,27 @@ def run(
         # who saw exact sums: the ServerApp's aggregator step (central) or nobody (secure)
         "aggregation": cfg.aggregation,
     }
-
-    if protocol == "random":
-        split = random_split(inter, seed=opts.split_seed)
-        train = split.train
-        implicit = ds.implicit
-    else:
-        frac = opts.heldout_fraction or (0.0722 if spec.kind in ("ml-20m", "ml-25m") else 0.1)
-        threshold = None if ds.implicit else 3.5
-        split = heldout_users_split(inter, valid_fraction=frac, test_fraction=frac, positive_threshold=threshold, seed=opts.split_seed)
-        train = split.train
-        implicit = True
-        if cfg.gravity == 0 and "gravity" not in overrides:
-            cfg.gravity = 0.1
-
-    rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
-    tuning_report = None
-    rec_cfg = opts.recommend_config() if opts.recommend else None
     rec_ledger = None
-    if rec_cfg is not None and (protocol != "random" or opts.tune):
-        raise ConfigError("private recommendation runs after training on the random split (hits on held-out ratings), without tuning", field="recommend")
     if opts.tune:
-        if engine != "inprocess" or protocol != "random" or not private:
-            raise ConfigError("private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)", field="tune")
-        from . import tuning as tuning_mod
-        from .privacy.plan import TuningPlan
+        from .. import tuning as tuning_mod
+        from ..privacy.plan import TuningPlan
 
-        base = {k: v for k, v in overrides.items()}
+        base = dict(job.params)
+        for key in RunOptions.__dataclass_fields__:
+            base.pop(key, None)
         result, ledger, tuning_report, _ = tuning_mod.tune(
             algorithm, split, base, tuning_mod.parse_grid(opts.tune),
             TuningPlan(opts.tune_mean, opts.tune_shape, opts.tune_share, opts.tune_score_clip),
             rating_range=rating_range, epsilon=epsilon, delta=delta, item_features=ds.item_features, progress=progress, secrets=secrets,
         )
         state, timings = result.state, result.timings
-        cfg = state.config
         item_counts = train.item_counts()
         metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
         metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
         metrics["tuning"] = tuning_report
-    elif engine == "flower":
-        state, ledger, timings, rec_ledger = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, flower_runner, ds.item_features, rec_cfg, secrets, progress=progress)
+    elif engine_name == "flower":
+        state, ledger, timings, rec_ledger = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, engine.work_dir, metrics,
+                                                           engine.flower_runner(), ds.item_features, rec_cfg, secrets, progress=progress)
         if protocol == "heldout":
             _recall_metrics(metrics, state, train, split, cfg.eval_k)
     else:
@@ -267,16 +364,14 @@ def run(
         else:
             _recall_metrics(metrics, state, train, split, cfg.eval_k)
         if rec_cfg is not None:
-            from .engine import recommend_inprocess
+            from ..engine import recommend_inprocess
 
             metrics["recommendation"], rec_ledger, _ = recommend_inprocess(
                 state, train, split.test, rec_cfg, users_per_shard=opts.users_per_shard or opts.users_per_node, secrets=secrets
             )
-
-    if capture is not None:
-        capture.update(state=state, train=train, dataset=ds)
-    return _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, algorithm=algorithm, spec=spec, engine=engine, epsilon=epsilon,
-                   delta=delta, private=private, opts=opts, t0=t0, protocol=protocol, second_opinion=second_opinion)
+    metrics, records = _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, algorithm=algorithm, spec=spec, engine=engine_name, epsilon=epsilon,
+                               delta=delta, private=private, opts=opts, t0=t0, protocol=protocol, second_opinion=second_opinion)
+    return metrics, records, state, train
 
 
 def _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, *, algorithm, spec, engine, epsilon, delta, private, opts, t0, protocol, second_opinion):
@@ -334,48 +429,14 @@ def _recall_metrics(metrics: dict, state, train, split, k: int) -> None:
     )
 
 
-def _run_public(algorithm, spec, public, cfg, opts, overrides, engine, epsilon, delta, private, work_dir, flower_runner, secrets, t0, second_opinion, progress=False):
-    """A run whose server starts from a deployment's public metadata only (``public:DIR``): the
-    nodes hold the ratings, split them with the public seed and evaluate them; the server never
-    opens a ratings file. Flower engine, random split, no tuning."""
-    if engine != "flower":
-        raise ConfigError("public:DIR holds no ratings: it is the server side of a partitioned deployment (--engine flower)", field="--data")
-    if public.protocol != "random" or opts.split not in ("auto", "random"):
-        raise ConfigError(f"a partitioned deployment evaluates on the nodes with the random split; got {opts.split if opts.split != 'auto' else public.protocol!r}", field="split")
-    if opts.tune:
-        raise ConfigError("private tuning runs on the in-process engine", field="tune")
-    if opts.split_seed != RunOptions.split_seed and opts.split_seed != public.split_seed:
-        raise ConfigError(f"the nodes split with the partition's public seed {public.split_seed}", field="split_seed")
-    if opts.users_per_node != public.users_per_node:
-        raise ConfigError(f"the partition put {public.users_per_node} users on each node, got {opts.users_per_node}", field="users-per-node")
-    metrics: dict = {
-        **run_header(algorithm, spec, engine, cfg.seed, epsilon, delta, private, "random"),
-        "n_users": int(public.n_users),
-        "n_items": int(public.n_items),
-        "n_ratings": None,  # held by the nodes only
-        "data_source": public.source,
-        "server_holds_ratings": False,
-        "duplicates_dropped": None,
-        **noise_statement(secrets),
-        "aggregation": cfg.aggregation,
-    }
-    rec_cfg = opts.recommend_config() if opts.recommend else None
-    rating_range = (0.0, 1.0) if public.implicit else tuple(public.rating_range)
-    state, ledger, timings, rec_ledger = _train_flower(
-        algorithm, None, cfg, opts, rating_range, public.implicit, epsilon, delta, work_dir, metrics, flower_runner, public.item_features, rec_cfg, secrets, public=public, progress=progress,
-    )
-    return _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, algorithm=algorithm, spec=spec, engine=engine, epsilon=epsilon,
-                   delta=delta, private=private, opts=opts, t0=t0, protocol="random", second_opinion=second_opinion)
-
-
 def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None, item_features=None, rec_cfg=None, secrets=None, public=None, progress=False):
     """Train over Flower (by default a new simulation); adds rounds, bytes and (random split)
     the node-side RMSE evaluation to ``metrics``. ``public``: a partitioned deployment (no
     ratings here; ``split`` is None)."""
-    from .flower.server_app import FlowerJob
+    from ..flower.server_app import FlowerJob
 
     if runner is None:
-        from .flower.simulation import simulate as runner
+        from ..flower.simulation import simulate as runner
 
     upn = max(1, opts.users_per_node)
     n_nodes = opts.nodes or -(-(split.train.n_users if public is None else public.n_users) // upn)

@@ -72,16 +72,16 @@ def _parser() -> argparse.ArgumentParser:
     from .flower import deploy  # light at import: flwr and the data code load on use
     from .selection import bandit, scenarios  # light modules: numpy and the ledger
 
-    deploy.add_arguments(sub.add_parser("deploy", help="Flower deployment runtime on loopback: SuperLink + SuperNodes (TLS, node authentication, per-node data); up, run, down"))
-    scenarios.add_arguments(ssub.add_parser("scenarios", help="the paper's synthetic scenarios: MSE to the optimum per mechanism and epsilon (selection.json, plots)"))
-    bandit.add_arguments(ssub.add_parser("bandit", help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)"))
+    deploy.add_deploy_arguments(sub.add_parser("deploy", help="Flower deployment runtime on loopback: SuperLink + SuperNodes (TLS, node authentication, per-node data); up, run, down"))
+    scenarios.add_scenarios_arguments(ssub.add_parser("scenarios", help="the paper's synthetic scenarios: MSE to the optimum per mechanism and epsilon (selection.json, plots)"))
+    bandit.add_bandit_arguments(ssub.add_parser("bandit", help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)"))
     from . import report  # light at import: the standard library
     from .experiments import (
         runner as experiments_runner,  # light at import: the config parser
     )
 
-    experiments_runner.add_arguments(sub.add_parser("experiment", help="run experiment configs (TOML) into a results folder, resumably: tidy CSV, tables, PNG plots, per-run ledgers"))
-    report.add_arguments(sub.add_parser("report", help="render a results folder of `fedpriv experiment` into one self-contained HTML page"))
+    experiments_runner.add_experiment_arguments(sub.add_parser("experiment", help="run experiment configs (TOML) into a results folder, resumably: tidy CSV, tables, PNG plots, per-run ledgers"))
+    report.add_report_arguments(sub.add_parser("report", help="render a results folder of `fedpriv experiment` into one self-contained HTML page"))
     return p
 
 
@@ -97,15 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "deploy":
             from .flower import deploy
 
-            return deploy.command(args)
+            return deploy.deploy_command(args)
         if args.command == "experiment":
             from .experiments import runner as experiments_runner
 
-            return experiments_runner.command(args)
+            return experiments_runner.experiment_command(args)
         if args.command == "report":
             from . import report
 
-            return report.command(args)
+            return report.report_command(args)
         if args.command == "selection":
             from .selection import bandit, scenarios
 

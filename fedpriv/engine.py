@@ -54,7 +54,7 @@ def new_state(
     run's secret randomness (default: fresh OS randomness; a noise seed makes it reproducible).
 
     ``multipliers``: noise multipliers calibrated by the caller for a plan that contains this
-    run (one run of private tuning, :mod:`fedpriv.tuning`); the run's ledger then carries no
+    run (one run of private tuning, :mod:`fedpriv.run.tuning`); the run's ledger then carries no
     budget of its own: the caller accounts the whole."""
     als.validate_algorithm(algorithm)
     state = als.PublicState(

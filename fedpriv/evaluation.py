@@ -21,6 +21,33 @@ def _predict(state: als.PublicState, U: np.ndarray, rows: np.ndarray, items: np.
     return np.clip(pred, *state.rating_range)
 
 
+def clipped_score_sum(state: als.PublicState, history: Interactions, valid: Interactions, clip: float) -> np.ndarray:
+    """Private tuning's score contributions, summed: over the users with validation ratings,
+    min(user's validation MSE, clip) (one user's term is at most ``clip``: the L2 sensitivity).
+    Users solved from ``history``; a node computes the same over its shard
+    (:func:`shard_clipped_score_sum`)."""
+    if len(valid) == 0:
+        return np.zeros(1)
+    pred = predict_ratings(state, history, valid)
+    se = (pred - valid.ratings.astype(np.float64)) ** 2
+    users, inv = np.unique(valid.users, return_inverse=True)
+    per_user = np.bincount(inv, weights=se, minlength=len(users)) / np.bincount(inv, minlength=len(users))
+    return np.array([float(np.sum(np.minimum(per_user, clip)))])
+
+
+def shard_clipped_score_sum(state: als.PublicState, history, target, clip: float) -> np.ndarray:
+    """:func:`clipped_score_sum` of one node's users (``history`` and ``target``: the
+    :class:`~fedpriv.algorithms.shards.UserShard` of its training and validation ratings)."""
+    if target.n_ratings == 0:
+        return np.zeros(1)
+    U = als.client_user_vectors(history, state)
+    local = np.asarray(target.local_user_of_rating)
+    se = (_predict(state, U, local, target.items) - target.ratings.astype(np.float64)) ** 2
+    users, inv = np.unique(local, return_inverse=True)
+    per_user = np.bincount(inv, weights=se, minlength=len(users)) / np.bincount(inv, minlength=len(users))
+    return np.array([float(np.sum(np.minimum(per_user, clip)))])
+
+
 def predict_ratings(state: als.PublicState, history: Interactions, pairs: Interactions) -> np.ndarray:
     """Predicted ratings for the (user, item) pairs of ``pairs``, users solved from ``history``."""
     users = np.unique(pairs.users)

@@ -21,12 +21,12 @@ def train_personal_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMCon
     ledger instead of the run's own (sensitivity tests replay one run's releases in another)."""
     t0 = time.perf_counter()
     secrets = secrets if secrets is not None else RunSecrets()
-    state, own = pam.new_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta, secrets.ledger_seed())
+    state, own = pam.new_pam_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta, secrets.ledger_seed())
     ledger = ledger if ledger is not None else own
     keys = user_keys(secrets.client_key(), data.user_ids)
     group_of = pam.user_groups(keys, cfg.epochs) if cfg.schedule == "disjoint" else None
     transport = _BlockTransport(data, users_per_shard, group_of, keys, secrets.reproducible)
-    timings: dict = {"steps": pam.run_rounds(transport, state, ledger)}
+    timings: dict = {"steps": pam.run_pam_rounds(transport, state, ledger)}
     timings["train_seconds"] = time.perf_counter() - t0
     return state, ledger, timings
 
@@ -53,7 +53,7 @@ class _BlockTransport:
             users = np.arange(self.data.n_users)[u]
             if group is not None:
                 users = users[self.group_of[users] == group]
-            values = pam.node_values(kind, self.data.X[users], self.data.y[users], state)
+            values = pam.pam_node_values(kind, self.data.X[users], self.data.y[users], state)
             total = distributed.add_words(plan, total, distributed.encode(plan, values, node_noise_rng(self.keys[u], f"{kind}-{step}", self.reproducible)))
         return (lambda: total), len(blocks)
 
@@ -83,7 +83,7 @@ class _BlockTransport:
         return self._sum(lambda X, y: pam.client_am_stats(X, y, state), users)
 
 
-def evaluate(state: pam.PAMState, data: PersonalData, users_per_shard: int = 4096) -> dict:
+def evaluate_personal(state: pam.PAMState, data: PersonalData, users_per_shard: int = 4096) -> dict:
     sums = sum(pam.client_eval_sums(data.X[u], data.y[u], data.V_star[u], data.U_star, state, data.noise) for u in split_users(data.n_users, users_per_shard))
     out = {"test_mse": float(sums[0] / max(sums[1], 1.0) + data.noise**2)}
     out["subspace_error"] = pam.subspace_error(state.U, data.U_star) if state.U is not None else None
@@ -114,7 +114,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
         extra = {"rounds": res.rounds, "bytes_up": res.bytes_up, "bytes_down": res.bytes_down, "round_log": res.round_log, "rejected_replies": res.rejected, "nodes": res.nodes, "users_per_node": users_per_node}
     else:
         state, ledger, timings = train_personal_inprocess(algorithm, data, cfg, epsilon=epsilon if private else None, delta=delta, users_per_shard=users_per_shard, secrets=secrets)
-        ev = evaluate(state, data, users_per_shard)
+        ev = evaluate_personal(state, data, users_per_shard)
     metrics = {
         **run_header(algorithm, spec, engine, cfg.seed, epsilon, delta, private, "personalization"),
         "n_users": data.n_users,

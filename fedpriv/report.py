@@ -595,14 +595,14 @@ def render(results_dir: str | os.PathLike, out_file: str | os.PathLike, *, title
     }
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_report_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``fedpriv report``."""
     p.add_argument("results_dir", help="one experiment folder (with experiment.json) or a folder of experiment folders")
     p.add_argument("--out", required=True, metavar="FILE.html", help="the self-contained HTML page to write")
     p.add_argument("--title", default=None, help=f"page title (default {DEFAULT_TITLE!r})")
 
 
-def command(args: argparse.Namespace) -> int:
+def report_command(args: argparse.Namespace) -> int:
     """Render the page of :func:`add_arguments`'s arguments and print a one-line JSON summary."""
     summary = render(args.results_dir, args.out, title=getattr(args, "title", None))
     print(json.dumps({"out": str(args.out), **summary}))

@@ -20,12 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from fedpriv import atomic
-from fedpriv.algorithms.als import ALSConfig
 from fedpriv.data.spec import load_spec, parse_data_spec
 from fedpriv.data.splits import random_split
-from fedpriv.engine import train_inprocess
-from fedpriv.evaluation import evaluate_rmse
-from fedpriv.privacy.randomness import RunSecrets
+from fedpriv.run import InProcess, Job
 
 GRID = {"reg_noise_units": ("0.25", "0.5", "1", "2", "3", "4"), "rating_clip": ("1", "2"), "steps": ("1", "2"), "reg_item_private": ("0", "2")}
 
@@ -39,21 +36,21 @@ def main() -> None:
     args = p.parse_args()
     ds = load_spec(parse_data_spec(args.data))
     split = random_split(ds.interactions, seed=1234)
-    counts = split.train.item_counts()
 
-    def score(res) -> tuple[float, float]:
-        return (evaluate_rmse(res.state, split.train, split.valid, counts)[0], evaluate_rmse(res.state, split.train, split.test, counts)[0])
+    def score(algorithm: str, overrides: dict, eps: float | None, seed: int | None = None) -> tuple[float, float]:
+        """(valid, test) RMSE of one run: a Job on the loaded data (the same split, seed 1234)."""
+        out = Job(algorithm, args.data, epsilon=eps, noise_seed=seed, params=overrides, dataset=ds).prepare().execute(InProcess(), second_opinion=False)
+        return out.report.metrics["valid_rmse"], out.report.metrics["test_rmse"]
 
     def private(algorithm: str, overrides: dict, eps: float) -> tuple[float, float]:
-        cfg = ALSConfig.from_overrides(overrides, algorithm)
-        runs = [score(train_inprocess(algorithm, split.train, cfg, rating_range=ds.rating_range, epsilon=eps, progress=False, secrets=RunSecrets(s))) for s in args.seeds]
+        runs = [score(algorithm, overrides, eps, s) for s in args.seeds]
         return float(np.mean([r[0] for r in runs])), float(np.mean([r[1] for r in runs]))
 
     mean = float(split.train.ratings.mean())
     out = {
         "data": args.data, "seeds": args.seeds,
         "global_mean_test_rmse": float(np.sqrt(np.mean((split.test.ratings - mean) ** 2))),
-        "nonprivate_bias_test_rmse": score(train_inprocess("als", split.train, ALSConfig.from_overrides({"rank": "0", "steps": "3"}, "als"), rating_range=ds.rating_range, progress=False))[1],
+        "nonprivate_bias_test_rmse": score("als", {"rank": 0, "steps": 3}, None)[1],
         "by_epsilon": {},
     }
     for eps in args.epsilons:

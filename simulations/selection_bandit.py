@@ -22,10 +22,10 @@ from fedpriv.selection import bandit
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    bandit.add_arguments(ap)
+    bandit.add_bandit_arguments(ap)
     args = ap.parse_args(argv)
     try:
-        return bandit.command(args)
+        return bandit.bandit_command(args)
     except FedprivError as exc:
         print(f"selection_bandit: error: {exc}", file=sys.stderr)
         return 2

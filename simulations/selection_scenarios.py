@@ -20,10 +20,10 @@ from fedpriv.selection import scenarios
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    scenarios.add_arguments(parser)
+    scenarios.add_scenarios_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        return scenarios.command(args)
+        return scenarios.scenarios_command(args)
     except FedprivError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -33,7 +33,7 @@ def test_each_users_weights_have_squared_sum_at_most_beta(small_mf):
     class S:
         config = cfg
 
-    w = bias.rating_weights(shard, S)
+    w = bias.bias_rating_weights(shard, S)
     per_user = np.bincount(shard.local_user_of_rating, weights=w * w, minlength=shard.n_users)
     assert np.all(per_user <= 2.0 + 1e-9) and np.all(w <= 1.0)
     light = np.diff(shard.indptr) <= 2  # users with at most beta ratings count fully

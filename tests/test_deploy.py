@@ -253,7 +253,7 @@ def test_auth_needs_tls_and_run_checks_before_starting(tmp_path, capsys):
 def test_compose_and_certs_commands(tmp_path, capsys):
     assert main(["deploy", "compose", "--nodes", "2"]) == 0
     assert capsys.readouterr().out == deploy.compose_yaml(2)
-    assert deploy.main(["certs", str(tmp_path / "c"), "--nodes", "2", "--san", "superlink"]) == 0
+    assert deploy.deploy_main(["certs", str(tmp_path / "c"), "--nodes", "2", "--san", "superlink"]) == 0
     deploy.verify_server_cert(tmp_path / "c" / "certs" / "ca.crt", tmp_path / "c" / "certs" / "server.pem", "superlink")
     assert sorted(p.name for p in (tmp_path / "c" / "public-keys").iterdir()) == ["node-0.pub", "node-1.pub"]
 

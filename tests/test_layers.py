@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("privacy", ("fedpriv.privacy.",)),
     ("algorithms", ("fedpriv.algorithms.", "fedpriv.selection.", "fedpriv.metrics", "fedpriv.evaluation")),
     ("engines", ("fedpriv.loop", "fedpriv.engine", "fedpriv.personalization", "fedpriv.flower.")),
-    ("run", ("fedpriv.run.", "fedpriv.tuning", "fedpriv.model")),
+    ("run", ("fedpriv.run.", "fedpriv.model")),
     ("operations", ("fedpriv.api", "fedpriv.experiments.", "fedpriv.report", "fedpriv.flower.app", "fedpriv.flower.launcher", "fedpriv.flower.deploy.")),
     ("cli", ("fedpriv.cli", "fedpriv.__main__")),
 ]
@@ -128,3 +128,15 @@ def test_the_check_sees_an_upward_import_and_a_cycle():
     assert layer_of("fedpriv.privacy.ledger") < layer_of("fedpriv.algorithms.als")
     assert layer_of("fedpriv.flower.deploy") > layer_of("fedpriv.run") > layer_of("fedpriv.flower.server_app")
     assert cycles([("a", "b", 1), ("b", "c", 1), ("c", "a", 1), ("c", "d", 1)]) == [["a", "b", "c"]]
+
+
+def test_no_two_public_functions_share_a_name():
+    """One name, one meaning: no public module-level function or class is defined under the
+    same name in two modules of the package (a reader, or an import, cannot confuse them)."""
+    seen: dict[str, list[str]] = defaultdict(list)
+    for mod, path in modules().items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                seen[node.name].append(mod)
+    shared = {name: mods for name, mods in seen.items() if len(mods) > 1}
+    assert not shared, f"public names defined in more than one module: {shared}"

@@ -114,7 +114,7 @@ def test_every_algorithm_draws_noise_only_through_the_ledger(small_mf, guarded_r
 def test_private_tuning_draws_only_through_the_ledger(small_mf, guarded_rng):
     from fedpriv.data.splits import random_split
     from fedpriv.privacy.plan import TuningPlan
-    from fedpriv.tuning import tune
+    from fedpriv.run.tuning import tune
 
     split = random_split(small_mf.interactions, seed=1)
     res, parent, report, _ = tune("adadpals", split, {"rank": "2", "steps": "1"}, {"mu": ["0", "0.5"]}, TuningPlan(mean=2.0), rating_range=(1, 5), epsilon=2.0, delta=1e-5)
@@ -152,19 +152,19 @@ def test_personalization_draws_noise_only_through_the_ledger(personal_data, guar
     if algorithm == "pam-exp":
         assert [(r.name, r.mechanism, r.count, r.pure_epsilon) for r in ledger.releases] == [("exp_U", "exponential", 1, 2.0)]
         return
-    assert {r.name: r.accounted_count for r in ledger.releases} == {p.name: p.count for p in (pam.plan_releases(algorithm, pam.PAMConfig(epochs=2, schedule=schedule)) if private else [])}
+    assert {r.name: r.accounted_count for r in ledger.releases} == {p.name: p.count for p in (pam.plan_pam_releases(algorithm, pam.PAMConfig(epochs=2, schedule=schedule)) if private else [])}
     if private:
         assert epsilon_rdp(ledger, 1e-6) == pytest.approx(2.0, rel=1e-3)
 
 
 @pytest.mark.parametrize("method", ["ssp", "noisy_gd"])
 def test_multitask_draws_noise_only_through_the_ledger(multitask_data, guarded_rng, method):
-    from fedpriv.algorithms.multitask import MultiTaskConfig, plan, run_multitask
+    from fedpriv.algorithms.multitask import MultiTaskConfig, plan_multitask, run_multitask
 
     cfg = MultiTaskConfig(steps=4)
     res = run_multitask(multitask_data, method, 0.5, 1.5, 1e-5, cfg)
     assert guarded_rng == []
-    assert {r.name: r.count for r in res.ledger.releases} == {p.name: p.count for p in plan(method, cfg)}
+    assert {r.name: r.count for r in res.ledger.releases} == {p.name: p.count for p in plan_multitask(method, cfg)}
     assert res.epsilon == pytest.approx(1.5, rel=1e-3) == epsilon_rdp(res.ledger, 1e-5)
 
 

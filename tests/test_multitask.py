@@ -76,7 +76,7 @@ def test_one_user_moves_each_statistic_by_at_most_its_sensitivity(data, mode, n_
 def test_accounting_spends_the_target_epsilon(data, method, steps):
     cfg = mt.MultiTaskConfig(steps=steps)
     res = mt.run_multitask(data, method, 0.25, 2.0, 1e-5, cfg, seed=1)
-    assert {r.name: r.count for r in res.ledger.releases} == {p.name: p.count for p in mt.plan(method, cfg)}
+    assert {r.name: r.count for r in res.ledger.releases} == {p.name: p.count for p in mt.plan_multitask(method, cfg)}
     assert res.epsilon == pytest.approx(2.0, rel=1e-3) == epsilon_rdp(res.ledger, 1e-5)
     # the counts have sensitivity sqrt(K); the gradient release is one record of T draws
     rec = {r.name: r for r in res.ledger.releases}

@@ -126,6 +126,7 @@ def test_same_csv_through_every_entry_point(table, tmp_path):
     flwr_model = fedpriv.load_model(tmp_path / "flwr-model")
     assert np.allclose(flwr_model.state.item_factors, api_in.model.state.item_factors, rtol=1e-4, atol=1e-5)
     assert [str(i) for i in saved.item_ids] == [str(i) for i in api_in.model.item_ids]
+    assert saved.info["dataset"] == "csv" and saved.info["engine"] == "flower"  # the public label, not the work folder's kind
 
 
 def test_a_dataframe_reaches_the_flwr_run_subprocess(tmp_path):
@@ -263,3 +264,47 @@ def test_deploy_partition_takes_csv_with_options(table, tmp_path):
     assert code == 0, err
     meta = json.loads((tmp_path / "part" / "public" / "meta.json").read_text())
     assert meta["n_items"] == 32 and json.loads(out)["nodes"] == 3
+
+
+def test_private_tuning_runs_on_the_flower_engine_with_the_same_selection(tmp_path):
+    """Private tuning on the Flower engine (the ServerApp logic on an in-memory grid): each run
+    is a Flower job scored on the nodes; under a noise seed it selects what the in-process engine
+    selects, with identical ledgers. Secure mode refuses to tune on Flower."""
+    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.flower.server_app import run_job
+    from fedpriv.run import FlowerCallback, InProcess, Job
+
+    data = "synthetic-mf:users=80,items=30,ratings=2400,seed=8"
+    params = {"tune": "reg_item_private=0.5/5/50", "tune_mean": 3, "rank": 2, "steps": 1}
+    plan = Job("adadpals", data, epsilon=4.0, noise_seed=9, params=params).prepare()
+    ip = plan.execute(InProcess())
+    fl = plan.execute(FlowerCallback(runner=lambda job, n: run_job(LocalGrid(n), job), users_per_node=10, work_dir=tmp_path / "w"))
+    assert fl.report.engine == "flower" and ip.report.engine == "inprocess"
+    assert fl.ledger == ip.ledger and [r["name"] for r in fl.ledger] == ["tuning"]
+    assert fl.report["tuning"]["selected"] == ip.report["tuning"]["selected"]
+    assert fl.report["tuning"]["selected_noised_score_sum"] == pytest.approx(ip.report["tuning"]["selected_noised_score_sum"], rel=1e-6)
+    assert fl.report.metrics["test_rmse"] == pytest.approx(ip.report.metrics["test_rmse"], rel=1e-5)
+    assert fl.report.epsilon_spent == pytest.approx(ip.report.epsilon_spent, rel=1e-9) and fl.report.epsilon_spent <= 4.0 * (1 + 1e-6)
+    assert fl.report["wall_seconds"] is None and fl.report["rejected_replies"] == [] and fl.report["nodes"] == 8
+    secure = Job("adadpals", data, epsilon=4.0, noise_seed=9, params={**params, "aggregation": "secure"}).prepare()
+    with pytest.raises(ConfigError, match="central mode"):
+        secure.execute(FlowerCallback(runner=lambda job, n: run_job(LocalGrid(n), job), users_per_node=10))
+
+
+def test_a_node_sends_no_plaintext_tuning_score_in_secure_mode(tmp_path):
+    """Defence in depth: a server that asks a secure-mode node for the tuning score gets an
+    error reply, not the node's exact sum."""
+    from dataclasses import replace
+
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+    from fedpriv.algorithms.als import ALSConfig, PublicState
+    from fedpriv.flower import client_app, codec
+
+    state = PublicState(algorithm="adadpals", config=replace(ALSConfig(), aggregation="secure"), n_items=4, n_users=0, rating_range=(1.0, 5.0), implicit=False)
+    content = codec.encode_state(state, str(tmp_path), 1)
+    content["tune"] = ConfigRecord({"clip": 4.0})
+    msg = Message(content=content, dst_node_id=1, message_type="query.tune_score")
+    ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    with pytest.raises(PermissionError, match="secure mode"):
+        client_app.tune_score(msg, ctx)

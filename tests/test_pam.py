@@ -12,7 +12,7 @@ from fedpriv.algorithms.kernels import from_upper, upper
 from fedpriv.cli import main
 from fedpriv.data.personal import make_personal
 from fedpriv.errors import ConfigError
-from fedpriv.personalization import evaluate, train_personal_inprocess
+from fedpriv.personalization import evaluate_personal, train_personal_inprocess
 from fedpriv.privacy.accounting import epsilon_rdp, gaussian_epsilon_closed_form, zcdp_rho
 from fedpriv.privacy.randomness import RunSecrets
 from fedpriv.run import run
@@ -22,7 +22,7 @@ SPEC = "synthetic-personal:users=400,samples=8,d=6,k=2,noise=0.01,seed=3"
 
 def _state(schedule="full", d=6, k=2, m=8, **kw):
     cfg = pam.PAMConfig(schedule=schedule, epochs=3, **kw)
-    st_, _ = pam.new_state("pam", cfg, d, k, m, 1.0, 1e-6)
+    st_, _ = pam.new_pam_state("pam", cfg, d, k, m, 1.0, 1e-6)
     st_.U = np.linalg.qr(np.random.default_rng(0).standard_normal((d, k)))[0]
     return st_
 
@@ -47,7 +47,7 @@ def test_one_user_moves_each_release_by_at_most_its_sensitivity(scale, yval, sch
     X[-1] = (rng.standard_normal((m, d)) * scale).astype(np.float32)
     y[-1] = np.float32(yval)
     state = _state(schedule, d, k, m, clip_w=clip_w, clip_y=clip_y)
-    single, _ = pam.new_state("pam-single-model", pam.PAMConfig(clip_y=clip_y, clip_x=clip_w), d, k, m, 1.0, 1e-6)
+    single, _ = pam.new_pam_state("pam-single-model", pam.PAMConfig(clip_y=clip_y, clip_x=clip_w), d, k, m, 1.0, 1e-6)
     checks = [
         ("init_M", lambda a, b: pam.client_init_stats(a, b, state), state),
         ("am_A", lambda a, b: pam.client_am_stats(a, b, state)[0], state),
@@ -57,7 +57,7 @@ def test_one_user_moves_each_release_by_at_most_its_sensitivity(scale, yval, sch
     ]
     for name, fn, st_ in checks:
         diff = np.linalg.norm(fn(X, y) - fn(X[:-1], y[:-1]))
-        assert diff <= pam.sensitivity(name, st_) * (1 + 1e-6), name
+        assert diff <= pam.pam_sensitivity(name, st_) * (1 + 1e-6), name
 
 
 def test_init_bound_is_reached_by_a_worst_case_user():
@@ -67,8 +67,8 @@ def test_init_bound_is_reached_by_a_worst_case_user():
     x = np.ones((1, 8, 6), np.float32)
     y = np.full((1, 8), 5.0, np.float32)
     S = from_upper(pam.client_init_stats(x, y, state), 6)
-    assert np.linalg.norm(upper(S)) == pytest.approx(pam.sensitivity("init_M", state) * np.linalg.norm(upper(np.ones((6, 6)) / 6)), rel=1e-6)
-    assert np.linalg.norm(upper(S)) <= pam.sensitivity("init_M", state)
+    assert np.linalg.norm(upper(S)) == pytest.approx(pam.pam_sensitivity("init_M", state) * np.linalg.norm(upper(np.ones((6, 6)) / 6)), rel=1e-6)
+    assert np.linalg.norm(upper(S)) <= pam.pam_sensitivity("init_M", state)
 
 
 @pytest.mark.parametrize("schedule,accounted", [("full", 3), ("disjoint", 1)])
@@ -89,11 +89,11 @@ def test_subspace_error_falls_with_the_number_of_users():
     for n in (500, 5000):
         data = make_personal(n, 10, 10, 2, 0.0, seed=4)
         state, _, _ = train_personal_inprocess("pam", data, pam.PAMConfig(epochs=3), epsilon=2.0, delta=1e-6, secrets=RunSecrets(7))
-        errs.append(evaluate(state, data)["subspace_error"])
+        errs.append(evaluate_personal(state, data)["subspace_error"])
     assert errs[1] < 0.5 * errs[0]
     data = make_personal(2000, 10, 10, 2, 0.0, seed=4)
     state, _, _ = train_personal_inprocess("pam-nonprivate", data, pam.PAMConfig(nonprivate_epochs=10), epsilon=None, delta=1e-6)
-    assert evaluate(state, data)["subspace_error"] < 1e-3  # noiseless, non-private: exact recovery
+    assert evaluate_personal(state, data)["subspace_error"] < 1e-3  # noiseless, non-private: exact recovery
 
 
 def test_private_am_beats_own_data_and_a_single_model():
@@ -101,7 +101,7 @@ def test_private_am_beats_own_data_and_a_single_model():
     res = {}
     for alg, eps in (("pam", 5.0), ("pam-own-data", None), ("pam-single-model", 5.0), ("pam-nonprivate", None)):
         state, _, _ = train_personal_inprocess(alg, data, pam.PAMConfig(epochs=3), epsilon=eps, delta=1e-6, secrets=RunSecrets(7))  # reproducible: a utility bar
-        res[alg] = evaluate(state, data)["test_mse"]
+        res[alg] = evaluate_personal(state, data)["test_mse"]
     assert res["pam-nonprivate"] < res["pam"] < 0.5 * min(res["pam-own-data"], res["pam-single-model"])
     assert res["pam-single-model"] > 1.0  # one shared vector cannot fit random personal models
 
@@ -146,10 +146,10 @@ def test_exponential_mechanism_net_scores_and_accounting():
 
     data = make_personal(3000, 10, 4, 1, 0.01, seed=7)
     cfg = pam.PAMConfig(net_size=300)
-    state, _ = pam.new_state("pam-exp", cfg, 4, 1, 10, 1.0, 1e-6)
+    state, _ = pam.new_pam_state("pam-exp", cfg, 4, 1, 10, 1.0, 1e-6)
     net = pam.exp_net(state)
     assert net.shape == (300, 4, 1) and np.allclose(np.einsum("ndk,ndl->nkl", net, net), np.eye(1))
-    bound = pam.sensitivity("exp_U", state)
+    bound = pam.pam_sensitivity("exp_U", state)
     rng = np.random.default_rng(0)
     wild_x = (1e4 * rng.standard_normal((1, 10, 4))).astype(np.float32)
     wild_y = np.full((1, 10), -1e6, np.float32)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fedpriv.errors import ConfigError
-from fedpriv.report import add_arguments, command, render
+from fedpriv.report import add_report_arguments, report_command, render
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 RESULT_COLUMNS = [
@@ -328,20 +328,20 @@ def test_error_keeps_an_existing_page(results, tmp_path):
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpriv report")
-    add_arguments(p)
+    add_report_arguments(p)
     return p
 
 
 def test_command_prints_a_json_summary(results, tmp_path, capsys):
     out = tmp_path / "r.html"
     args = _parser().parse_args([str(results), "--out", str(out), "--title", "Quick results"])
-    assert command(args) == 0
+    assert report_command(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
     assert json.loads(lines[0]) == {"out": str(out), "experiments": 2, "plots": 2, "tables": 2, "runs": 5}
     assert "<h1>Quick results</h1>" in out.read_text()
     args = _parser().parse_args([str(results), "--out", str(tmp_path / "d.html")])
-    assert args.title is None and command(args) == 0
+    assert args.title is None and report_command(args) == 0
     assert "<h1>fedpriv experiments</h1>" in (tmp_path / "d.html").read_text()
 
 
@@ -349,7 +349,7 @@ def test_command_arguments():
     with pytest.raises(SystemExit):
         _parser().parse_args(["results"])  # --out is required
     with pytest.raises(ConfigError, match="results_dir: no such folder"):
-        command(_parser().parse_args(["/nonexistent/results", "--out", "/nonexistent/x.html"]))
+        report_command(_parser().parse_args(["/nonexistent/results", "--out", "/nonexistent/x.html"]))
 
 
 # ---------------------------------------------------------------- headless browser

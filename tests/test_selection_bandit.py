@@ -11,7 +11,7 @@ from fedpriv.errors import ConfigError
 from fedpriv.privacy.accounting import epsilon_bounds
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.selection import bandit
-from fedpriv.selection.bandit import ACTION_NAME, MEAN_PREFIX, QUANTILE_PREFIX, Environment, HybridCounter, private_quantile, simulate
+from fedpriv.selection.bandit import ACTION_NAME, MEAN_PREFIX, QUANTILE_PREFIX, Environment, HybridCounter, private_quantile, simulate_bandit
 
 DELTA = 1e-6
 
@@ -113,9 +113,9 @@ def test_environment_has_positive_correlation_before_and_after_the_shift():
 @pytest.fixture(scope="module")
 def shift_runs():
     kw = dict(T=2000, reps=8, seed=1)
-    runs = {"ucb(c=0.1)": simulate("ucb", ucb_c=0.1, **kw), "ucb(c=1.41)": simulate("ucb", ucb_c=math.sqrt(2), **kw)}
+    runs = {"ucb(c=0.1)": simulate_bandit("ucb", ucb_c=0.1, **kw), "ucb(c=1.41)": simulate_bandit("ucb", ucb_c=math.sqrt(2), **kw)}
     for p in ("rnm", "krr", "gem", "mgem", "rs"):
-        runs[p] = simulate(p, return_ledger=True, **kw)
+        runs[p] = simulate_bandit(p, return_ledger=True, **kw)
     return runs
 
 
@@ -163,7 +163,7 @@ def test_guard_catches_draws_outside_the_ledger(strictly_guarded_rng):
 
 @pytest.mark.parametrize("policy", bandit.PRIVATE)
 def test_private_policies_draw_only_through_the_ledger(strictly_guarded_rng, policy):
-    res = simulate(policy, T=300, reps=3, seed=2, window=20, return_ledger=True)
+    res = simulate_bandit(policy, T=300, reps=3, seed=2, window=20, return_ledger=True)
     assert strictly_guarded_rng == []
     names = {r.name for r in res["ledger"].releases}
     assert ACTION_NAME in names and any(n.startswith(MEAN_PREFIX) for n in names)
@@ -189,7 +189,7 @@ def test_run_bandit_writes_json_and_png_atomically(tmp_path):
 
 def _args(tmp_path, **kw):
     ap = argparse.ArgumentParser()
-    bandit.add_arguments(ap)
+    bandit.add_bandit_arguments(ap)
     argv = ["--out", str(tmp_path / "o")]
     for k, v in kw.items():
         argv += [f"--{k.replace('_', '-')}", *([str(x) for x in v] if isinstance(v, list) else [str(v)])]
@@ -213,7 +213,7 @@ def _args(tmp_path, **kw):
 def test_bad_command_arguments_raise_config_error(tmp_path, kw, field):
     args = _args(tmp_path, horizon=kw.pop("horizon", 50), reps=kw.pop("reps", 1), **kw)
     with pytest.raises(ConfigError) as exc:
-        bandit.command(args)
+        bandit.bandit_command(args)
     assert exc.value.field == field
     assert not (tmp_path / "o").exists()
 
@@ -222,7 +222,7 @@ def test_bad_simulate_arguments_raise_config_error():
     for kw in ({"policy": "nope"}, {"T": 1}, {"reps": 0}, {"shift_at": 20}, {"window": 0}, {"eps_mean": float("inf")}):
         args = {"policy": "ucb", "T": 10, "reps": 1, **kw}
         with pytest.raises(ConfigError):
-            simulate(**args)
+            simulate_bandit(**args)
     with pytest.raises(ConfigError, match="eps_mean"):
         HybridCounter(PrivacyLedger(seed=0), 2, 0.0)
     with pytest.raises(ConfigError, match="policies"):
@@ -231,6 +231,6 @@ def test_bad_simulate_arguments_raise_config_error():
 
 def test_command_quick_smoke(tmp_path, capsys):
     args = _args(tmp_path, horizon=200, reps=2, policies=["ucb", "mgem"])
-    assert bandit.command(args) == 0
+    assert bandit.bandit_command(args) == 0
     assert "mgem" in capsys.readouterr().out
     assert (tmp_path / "o" / "bandit.json").exists()

@@ -23,7 +23,7 @@ from fedpriv.privacy import selection as M
 def mc_law(name, scores, sens, eps, n, seed, **params):
     """Frequencies of run() over n rows that all hold ``scores``."""
     rows = np.tile(np.asarray(scores, dtype=float), (n, 1))
-    out = M.run(name, rows, sens, eps, np.random.default_rng(seed), **params)
+    out = M.select(name, rows, sens, eps, np.random.default_rng(seed), **params)
     assert out.shape == (n,) and out.dtype == np.int64
     return np.bincount(out, minlength=len(scores)) / n
 
@@ -341,7 +341,7 @@ def test_run_with_per_row_sensitivities_matches_each_rows_law():
     d_a, d_b = np.array([3.0, 0.2, 0.2]), np.array([0.2, 3.0, 3.0])
     sens = np.vstack([np.tile(d_a, (n, 1)), np.tile(d_b, (n, 1))])
     for name in ("gem", "mgem", "rs", "cgem", "rnm"):
-        out = M.run(name, np.tile(q, (2 * n, 1)), sens, 1.5, np.random.default_rng(3))
+        out = M.select(name, np.tile(q, (2 * n, 1)), sens, 1.5, np.random.default_rng(3))
         for part, d in ((out[:n], d_a), (out[n:], d_b)):
             assert_within_se(np.bincount(part, minlength=3) / n, X.probabilities(name, q, d, 1.5), n)
 
@@ -413,7 +413,7 @@ def test_extreme_budgets_are_finite_and_sensible(eps):
         for name in M.PRIVATE:
             p = X.probabilities(name, q, d, eps)
             assert np.all(np.isfinite(p)) and np.all(p >= 0) and p.sum() == pytest.approx(1.0, abs=1e-9)
-            out = M.run(name, np.tile(q, (200, 1)), d, eps, rng)
+            out = M.select(name, np.tile(q, (200, 1)), d, eps, rng)
             assert out.min() >= 0 and out.max() < 30
     p = X.probabilities("rnm", q, d, eps)
     if eps == 16.0:  # gap 200 at scale 2*20/16: the argmax surely
@@ -434,14 +434,14 @@ def test_api_constants():
 def test_shapes_determinism_and_degenerate_sizes():
     q = [0.3, 2.0, 1.0]
     for name in M.NAMES:
-        out = M.run(name, q, [1.0, 2.0, 0.5], 1.0, np.random.default_rng(0))
+        out = M.select(name, q, [1.0, 2.0, 0.5], 1.0, np.random.default_rng(0))
         assert out.shape == (1,) and out.dtype == np.int64 and 0 <= out[0] < 3
         rows = np.random.default_rng(1).normal(size=(50, 3))
-        a = M.run(name, rows, np.ones((50, 3)), 1.0, np.random.default_rng(2))
-        b = M.run(name, rows, np.ones(3), 1.0, np.random.default_rng(2))
+        a = M.select(name, rows, np.ones((50, 3)), 1.0, np.random.default_rng(2))
+        b = M.select(name, rows, np.ones(3), 1.0, np.random.default_rng(2))
         assert a.shape == (50,) and np.array_equal(a, b)  # seeded; (n, k) == broadcast (k,)
-        assert np.array_equal(M.run(name, [[5.0]] * 4, [1.0], 1.0, np.random.default_rng(0)), np.zeros(4))
-        assert M.run(name, np.zeros((0, 3)), np.ones(3), 1.0, np.random.default_rng(0)).shape == (0,)
+        assert np.array_equal(M.select(name, [[5.0]] * 4, [1.0], 1.0, np.random.default_rng(0)), np.zeros(4))
+        assert M.select(name, np.zeros((0, 3)), np.ones(3), 1.0, np.random.default_rng(0)).shape == (0,)
     assert M.normalized_scores(q, [1, 1, 1], 2.0, -1).shape == (3,)
     assert M.normalized_scores([q, q], [1, 1, 1], 2.0, 1).shape == (2, 3)
 
@@ -474,7 +474,7 @@ BAD = [
 
 @pytest.mark.parametrize("args,params,field", BAD)
 def test_bad_input_raises_config_error_naming_the_field(args, params, field):
-    calls = [lambda: M.run(*args, np.random.default_rng(0), **params)]
+    calls = [lambda: M.select(*args, np.random.default_rng(0), **params)]
     if np.ndim(args[1]) <= 1:  # exact laws take one score vector (2-D scores -> field "scores")
         calls.append(lambda: X.probabilities(*args, **params))
     for call in calls:
@@ -485,7 +485,7 @@ def test_bad_input_raises_config_error_naming_the_field(args, params, field):
 
 def test_rng_must_be_a_generator():
     with pytest.raises(ConfigError) as err:
-        M.run("rnm", [1.0, 2.0], [1.0, 1.0], 1.0, np.random.RandomState(0))
+        M.select("rnm", [1.0, 2.0], [1.0, 1.0], 1.0, np.random.RandomState(0))
     assert err.value.field == "rng"
     with pytest.raises(ConfigError) as err:
         M.normalized_scores([1.0, 2.0], [1.0, 1.0], 1.0, 2)

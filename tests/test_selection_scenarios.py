@@ -154,7 +154,7 @@ def test_every_random_draw_is_sanctioned(strictly_guarded_rng):
 # ------------------------------------------------------------------------------ outputs and CLI
 def _args(argv):
     p = argparse.ArgumentParser()
-    sc.add_arguments(p)
+    sc.add_scenarios_arguments(p)
     return p.parse_args(argv)
 
 
@@ -162,7 +162,7 @@ def test_outputs_json_and_nonempty_pngs(tmp_path):
     rows = sc.run_scenarios([0.1, 1.0], 60, seed=0, scenarios=["s1-bimodal-pos", "corr-3", "corr+3", "s7-polarised-strong"],
                             mechanisms=["rnm", "gem", "uniform"])
     out = tmp_path / "a" / "b"
-    paths = sc.write_outputs(rows, out)
+    paths = sc.write_scenario_outputs(rows, out)
     assert json.loads((out / "selection.json").read_text()) == rows
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == ["selection_bimodal.png", "selection_correlation.png", "selection_correlation_relative.png",
@@ -183,7 +183,7 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sc, "_plot_group", boom)
     with pytest.raises(RuntimeError):
-        sc.write_outputs(rows, tmp_path / "new" / "out")
+        sc.write_scenario_outputs(rows, tmp_path / "new" / "out")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -198,7 +198,7 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
 def test_command_rejects_bad_values_and_writes_nothing(tmp_path, argv, field, capsys):
     out = tmp_path / "x" / "y"
     with pytest.raises(ConfigError) as e:
-        sc.command(_args(["--out", str(out), "--trials", "30"] + argv if "--trials" not in argv else ["--out", str(out)] + argv))
+        sc.scenarios_command(_args(["--out", str(out), "--trials", "30"] + argv if "--trials" not in argv else ["--out", str(out)] + argv))
     assert e.value.field == field
     assert list(tmp_path.iterdir()) == []
     assert capsys.readouterr().out == ""
@@ -208,7 +208,7 @@ def test_command_rejects_out_that_is_a_file(tmp_path):
     f = tmp_path / "f"
     f.write_text("keep")
     with pytest.raises(ConfigError) as e:
-        sc.command(_args(["--out", str(f), "--trials", "30", "--epsilons", "1"]))
+        sc.scenarios_command(_args(["--out", str(f), "--trials", "30", "--epsilons", "1"]))
     assert e.value.field == "--out" and f.read_text() == "keep"
 
 
@@ -221,15 +221,15 @@ def test_quick_defaults(monkeypatch, tmp_path):
         return real([1.0], 30, seed, ["s1-bimodal-pos"], ["rnm"])
 
     monkeypatch.setattr(sc, "run_scenarios", fake)
-    assert sc.command(_args(["--out", str(tmp_path / "q"), "--quick", "--seed", "4"])) == 0
+    assert sc.scenarios_command(_args(["--out", str(tmp_path / "q"), "--quick", "--seed", "4"])) == 0
     assert seen == {"eps": sc.QUICK_EPSILONS, "trials": sc.QUICK_TRIALS, "seed": 4}
-    assert sc.command(_args(["--out", str(tmp_path / "d")])) == 0
+    assert sc.scenarios_command(_args(["--out", str(tmp_path / "d")])) == 0
     assert seen["eps"] == sc.DEFAULT_EPSILONS and seen["trials"] == sc.DEFAULT_TRIALS
 
 
 def test_command_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
-    rc = sc.command(_args(["--out", str(out), "--scenarios", "s1-bimodal-pos", "s3-bimodal-none", "--epsilons", "0.1", "1",
+    rc = sc.scenarios_command(_args(["--out", str(out), "--scenarios", "s1-bimodal-pos", "s3-bimodal-none", "--epsilons", "0.1", "1",
                            "--trials", "50", "--mechanisms", "rnm", "mgem", "uniform"]))
     assert rc == 0
     text = capsys.readouterr().out

@@ -129,9 +129,9 @@ def test_every_secure_caller_calibrates_at_integer_orders(eps):
     z = calibrate([PlannedRelease("update", 10, 1.0)], eps, DELTA, integer_orders=True).multiplier("update")
     assert eps * 0.97 <= epsilon_rdp([_skellam("update", 1.0, z, 10)], DELTA) <= eps * (1 + 1e-3)
     # PAM in secure mode
-    state, _ = pam.new_state("pam", PAMConfig(aggregation="secure"), 6, 2, 8, eps, DELTA, ledger_seed=0)
-    central, _ = pam.new_state("pam", PAMConfig(), 6, 2, 8, eps, DELTA, ledger_seed=0)
-    recs = [_skellam(p.name, 1.0, state.multipliers[p.name], p.count) for p in pam.plan_releases("pam", state.config)]
+    state, _ = pam.new_pam_state("pam", PAMConfig(aggregation="secure"), 6, 2, 8, eps, DELTA, ledger_seed=0)
+    central, _ = pam.new_pam_state("pam", PAMConfig(), 6, 2, 8, eps, DELTA, ledger_seed=0)
+    recs = [_skellam(p.name, 1.0, state.multipliers[p.name], p.count) for p in pam.plan_pam_releases("pam", state.config)]
     assert eps * 0.97 <= epsilon_rdp(recs, DELTA) <= eps * (1 + 1e-3)
     assert all(state.multipliers[k] >= central.multipliers[k] for k in central.multipliers)
     # the recommendation's histogram, as secure mode asks for it

@@ -18,7 +18,7 @@ from ..privacy.weights import uniform_user_weights
 from .registry import AlgorithmSpec, register
 
 
-def rating_weights(shard, state) -> np.ndarray:
+def bias_rating_weights(shard, state) -> np.ndarray:
     """w_ij = min(1, sqrt(beta / n_j)) on each of user j's ratings."""
     return uniform_user_weights(shard.indptr, state.config.beta)
 
@@ -26,7 +26,7 @@ def rating_weights(shard, state) -> np.ndarray:
 SPEC = register(
     AlgorithmSpec(
         "bias",
-        rating_weights,
+        bias_rating_weights,
         summary="private bias model: private mean and item biases, user biases solved locally",
         # one step; the ridge (in noise standard deviations) and the residual clip are chosen by the
         # noise-aware rule from the released user count (fedpriv.algorithms.defaults.bias_settings;

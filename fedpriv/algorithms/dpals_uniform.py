@@ -11,9 +11,9 @@ from .family import sampled_rating_weights
 from .registry import NOISE_AWARE, AlgorithmSpec, register
 
 
-def rating_weights(shard, state) -> np.ndarray:
+def uniform_rating_weights(shard, state) -> np.ndarray:
     """At most ``k`` items per user, chosen uniformly at random by the user."""
     return sampled_rating_weights(shard, state, "uniform")
 
 
-SPEC = register(AlgorithmSpec("dpals-uniform", rating_weights, keys=("k",), summary="DPALS, k items sampled per user", defaults=NOISE_AWARE))
+SPEC = register(AlgorithmSpec("dpals-uniform", uniform_rating_weights, keys=("k",), summary="DPALS, k items sampled per user", defaults=NOISE_AWARE))

@@ -212,7 +212,7 @@ def _segment_stats_native(lib, factors, index, indptr, weights, targets, order) 
     bounds = np.unique(np.concatenate([[0], np.searchsorted(indptr, np.arange(1, parts) * n // parts), [n_seg]]).clip(0, n_seg))
 
     def run(s: slice) -> None:
-        native.segment_stats(lib, F, index, indptr, int(bounds[s.start]), int(bounds[s.stop]), w, y, order, n_wy, A, b, c)
+        native.native_segment_stats(lib, F, index, indptr, int(bounds[s.start]), int(bounds[s.stop]), w, y, order, n_wy, A, b, c)
 
     map_chunks(run, len(bounds) - 1, min_chunk=1)
     return SegmentStats(A=A, b=b, c=c)

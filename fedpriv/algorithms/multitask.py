@@ -178,7 +178,7 @@ def sensitivities(cfg: MultiTaskConfig) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------- accounting
-def plan(method: str, cfg: MultiTaskConfig) -> list[PlannedRelease]:
+def plan_multitask(method: str, cfg: MultiTaskConfig) -> list[PlannedRelease]:
     """The releases of one run; shares are of the total RDP (GD: split evenly over T steps)."""
     rest = 1.0 - cfg.share_counts
     out = [PlannedRelease("mt_counts", 1, cfg.share_counts)]
@@ -199,7 +199,7 @@ def _multipliers(plan_key: tuple, epsilon: float, delta: float) -> tuple[tuple[s
 
 def noise_multipliers(method: str, cfg: MultiTaskConfig, epsilon: float, delta: float) -> dict[str, float]:
     """Calibrated noise multiplier of every release (cached: it depends on the plan only)."""
-    key = tuple((p.name, p.count, p.share) for p in plan(method, cfg))
+    key = tuple((p.name, p.count, p.share) for p in plan_multitask(method, cfg))
     return dict(_multipliers(key, float(epsilon), float(delta)))
 
 
@@ -247,7 +247,7 @@ def predict(theta: np.ndarray, x: np.ndarray, tasks: np.ndarray, users: np.ndarr
     return np.einsum("kd,kd->k", x[users], theta[tasks])
 
 
-def rmse(theta: np.ndarray, x: np.ndarray, tasks: np.ndarray, users: np.ndarray, y: np.ndarray) -> float:
+def task_rmse(theta: np.ndarray, x: np.ndarray, tasks: np.ndarray, users: np.ndarray, y: np.ndarray) -> float:
     return float(np.sqrt(np.mean((predict(theta, x, tasks, users) - y) ** 2))) if len(y) else float("nan")
 
 
@@ -298,7 +298,7 @@ def run_multitask(
         theta = fit_noisy_gd(x, tasks, users, y, w, m, cfg, ledger, z, smooth)
     et, eu = data.tasks[evaluate].astype(np.int64), data.users[evaluate].astype(np.int64)
     return MultiTaskResult(
-        rmse=rmse(theta, x, et, eu, np.asarray(data.y)[evaluate]),
+        rmse=task_rmse(theta, x, et, eu, np.asarray(data.y)[evaluate]),
         theta=theta,
         ledger=ledger,
         epsilon=None if z is None else epsilon_rdp(ledger, delta),

@@ -140,7 +140,7 @@ def _ptr(a: np.ndarray | None):
     return None if a is None else a.ctypes.data
 
 
-def segment_stats(lib, F: np.ndarray, index: np.ndarray, indptr: np.ndarray, s0: int, s1: int, w, y, order, n_wy: int, A, b, c) -> None:
+def native_segment_stats(lib, F: np.ndarray, index: np.ndarray, indptr: np.ndarray, s0: int, s1: int, w, y, order, n_wy: int, A, b, c) -> None:
     """Run the kernel on segments [s0, s1) into the float32 outputs A (n, d, d), b (n, d), c (n).
     The GIL is released during the call (ctypes), so threads can run disjoint segment ranges."""
     n_src, d = F.shape

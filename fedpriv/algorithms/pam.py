@@ -121,7 +121,7 @@ def _count(s: slice, m: int) -> int:
     return len(range(*s.indices(m)))
 
 
-def sensitivity(name: str, state: PAMState) -> float:
+def pam_sensitivity(name: str, state: PAMState) -> float:
     m = state.samples
     if name == "init_M":
         return (_count(init_samples(state), m) // 2) * state.zeta**2
@@ -138,7 +138,7 @@ def sensitivity(name: str, state: PAMState) -> float:
     raise KeyError(name)
 
 
-def plan_releases(algorithm: str, cfg: PAMConfig) -> list[PlannedRelease]:
+def plan_pam_releases(algorithm: str, cfg: PAMConfig) -> list[PlannedRelease]:
     from ..privacy.accounting import PlannedRelease  # the server's planning only
 
     if algorithm == "pam-single-model":
@@ -150,7 +150,7 @@ def plan_releases(algorithm: str, cfg: PAMConfig) -> list[PlannedRelease]:
     return [PlannedRelease("init_M", 1, cfg.share_init), PlannedRelease("am_b", per_user, rest / 2), PlannedRelease("am_A", per_user, rest / 2)]
 
 
-def new_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsilon: float | None, delta: float, ledger_seed: int | None = None) -> tuple[PAMState, PrivacyLedger]:
+def new_pam_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsilon: float | None, delta: float, ledger_seed: int | None = None) -> tuple[PAMState, PrivacyLedger]:
     """Validated state and the run's ledger; ``ledger_seed``: None (noise from the OS CSPRNG)
     unless the run asked for reproducible noise."""
     if algorithm not in PAM_ALGORITHMS:
@@ -172,7 +172,7 @@ def new_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsi
                 raise ConfigError(f"must be a finite number > 0, got {epsilon}", field="--epsilon")
             state.exp_epsilon = float(epsilon)
         else:
-            state.multipliers = calibrate(plan_releases(algorithm, cfg), epsilon, delta, integer_orders=cfg.aggregation == "secure").multipliers  # Skellam: integer orders
+            state.multipliers = calibrate(plan_pam_releases(algorithm, cfg), epsilon, delta, integer_orders=cfg.aggregation == "secure").multipliers  # Skellam: integer orders
         budget = (epsilon, delta)  # the ledger refuses any release beyond it (pure bound included)
     return state, PrivacyLedger(seed=ledger_seed, budget=budget, accountant=BestOfAccountant() if budget else None)
 
@@ -193,7 +193,7 @@ def client_init_stats(X: np.ndarray, y: np.ndarray, state: PAMState) -> np.ndarr
     return upper(S)  # sym(S) replicates the upper triangle: this vector determines it
 
 
-def client_user_vectors(X: np.ndarray, y: np.ndarray, U: np.ndarray, ridge: float, samples: slice | None = None) -> np.ndarray:
+def client_personal_vectors(X: np.ndarray, y: np.ndarray, U: np.ndarray, ridge: float, samples: slice | None = None) -> np.ndarray:
     """v_j = argmin |y_j - X_j U v|^2 + ridge * tr/k |v|^2, for every user of the block."""
     sl = samples if samples is not None else slice(None)
     Z = np.einsum("nmd,dk->nmk", X[:, sl].astype(np.float64), U)
@@ -213,7 +213,7 @@ def client_am_stats(X: np.ndarray, y: np.ndarray, state: PAMState, chunk: int = 
     b = np.zeros(dk)
     for u0 in range(0, X.shape[0], chunk):
         Xc, yc = X[u0 : u0 + chunk], y[u0 : u0 + chunk]
-        V = client_user_vectors(Xc, yc, state.U, state.config.user_ridge, sv)
+        V = client_personal_vectors(Xc, yc, state.U, state.config.user_ridge, sv)
         Xs = Xc[:, ss].astype(np.float64)
         # W = vec(x v^T) with columns stacked: index c * d + a holds v_c x_a
         W = (V[:, None, :, None] * Xs[:, :, None, :]).reshape(-1, dk)
@@ -288,7 +288,7 @@ def client_exp_scores(X: np.ndarray, y: np.ndarray, state: PAMState, net: np.nda
     Xs = X[:, :h].astype(np.float64)
     ys = np.clip(y[:, :h].astype(np.float64), -state.zeta, state.zeta)
     yy = np.einsum("nh,nh->n", ys, ys)
-    bound = sensitivity("exp_U", state)
+    bound = pam_sensitivity("exp_U", state)
     out = np.zeros(len(net))
     for c0 in range(0, len(net), chunk):
         Z = np.einsum("nhd,cdk->cnhk", Xs, net[c0 : c0 + chunk])
@@ -307,7 +307,7 @@ def _release(name: str, value: np.ndarray, state: PAMState, ledger: PrivacyLedge
     the same as symmetric noise on the matrix)."""
     if not state.private:
         return value
-    return ledger.gaussian(name, value, sensitivity=sensitivity(name, state), noise_multiplier=state.multipliers[name], groups=groups)
+    return ledger.gaussian(name, value, sensitivity=pam_sensitivity(name, state), noise_multiplier=state.multipliers[name], groups=groups)
 
 
 def release_init(total: np.ndarray, state: PAMState, ledger: PrivacyLedger | None) -> np.ndarray:
@@ -327,7 +327,7 @@ def release_exp(scores: np.ndarray, state: PAMState, ledger: PrivacyLedger | Non
     """Index of the selected net candidate (exact minimiser when not private)."""
     if not state.private:
         return int(np.argmin(scores))
-    return ledger.exponential("exp_U", scores, epsilon=state.exp_epsilon, sensitivity=sensitivity("exp_U", state), monotone=True)
+    return ledger.exponential("exp_U", scores, epsilon=state.exp_epsilon, sensitivity=pam_sensitivity("exp_U", state), monotone=True)
 
 
 # ---------------------------------------------------------------------------- server side
@@ -340,11 +340,11 @@ def _psd_solve(A_upper: np.ndarray, b: np.ndarray, n: int, lam: float) -> np.nda
 
 def _ridge(name: str, state: PAMState, n: int, A_upper: np.ndarray) -> float:
     if state.private:
-        return state.config.ridge * state.multipliers[name] * sensitivity(name, state) * math.sqrt(n)
+        return state.config.ridge * state.multipliers[name] * pam_sensitivity(name, state) * math.sqrt(n)
     return 1e-9 * max(float(np.abs(A_upper).max()), 1e-12)
 
 
-def server_init(M_upper: np.ndarray, state: PAMState) -> None:
+def pam_server_init(M_upper: np.ndarray, state: PAMState) -> None:
     """U_0: top-k eigenvectors of the (noised) symmetric M."""
     w, Q = np.linalg.eigh(from_upper(M_upper, state.d))
     state.U = Q[:, np.argsort(w)[::-1][: state.k]]
@@ -383,7 +383,7 @@ def client_eval_sums(X: np.ndarray, y: np.ndarray, V_star: np.ndarray, U_star: n
         G = np.einsum("nmd,nme->nde", Xd, Xd) + state.config.own_ridge * np.eye(state.d)
         theta = np.linalg.solve(G, np.einsum("nmd,nm->nd", Xd, y.astype(np.float64))[..., None])[..., 0]
     else:
-        V = client_user_vectors(X, y, state.U, state.config.user_ridge)
+        V = client_personal_vectors(X, y, state.U, state.config.user_ridge)
         theta = V @ state.U.T
     return np.array([float(np.sum((theta - theta_star) ** 2)), float(X.shape[0])])
 
@@ -426,10 +426,10 @@ def secure_parts(kind: str, state: PAMState) -> list[tuple[str, int, float, floa
         names = [("single_A", d * (d + 1) // 2), ("single_b", d)]
     else:
         names = [("am_A", dk * (dk + 1) // 2), ("am_b", dk)]
-    return [(n, length, sensitivity(n, state), state.multipliers[n]) for n, length in names]
+    return [(n, length, pam_sensitivity(n, state), state.multipliers[n]) for n, length in names]
 
 
-def node_values(kind: str, X: np.ndarray, y: np.ndarray, state: PAMState) -> dict[str, np.ndarray]:
+def pam_node_values(kind: str, X: np.ndarray, y: np.ndarray, state: PAMState) -> dict[str, np.ndarray]:
     """A node's clipped statistics of a secure round (its users of the step's group only)."""
     if kind == "pam_init":
         return {"init_M": client_init_stats(X, y, state)}
@@ -446,7 +446,7 @@ def _secure_round(transport, kind: str, state: PAMState, ledger: PrivacyLedger, 
                         secure_sum=lambda plan: transport.secure_sum(kind, plan, state, step, group), groups=groups)
 
 
-def check_secure(state: PAMState) -> None:
+def check_pam_secure(state: PAMState) -> None:
     if state.config.aggregation != "secure":
         return
     if state.algorithm not in ("pam", "pam-single-model"):
@@ -460,7 +460,7 @@ def _run_secure(transport, state: PAMState, ledger: PrivacyLedger) -> list[dict]
         server_single_update(*release_single(v["single_A"], v["single_b"], state, proxy), state)
         return steps
     v, proxy = _secure_round(transport, "pam_init", state, ledger)
-    server_init(release_init(v["init_M"], state, proxy), state)
+    pam_server_init(release_init(v["init_M"], state, proxy), state)
     groups = state.config.epochs if state.config.schedule == "disjoint" else 1
     for t, group in enumerate(step_groups(state)):
         ts = time.perf_counter()
@@ -471,14 +471,14 @@ def _run_secure(transport, state: PAMState, ledger: PrivacyLedger) -> list[dict]
 
 
 # ---------------------------------------------------------------------------- the rounds
-def run_rounds(transport, state: PAMState, ledger: PrivacyLedger | None) -> list[dict]:
+def run_pam_rounds(transport, state: PAMState, ledger: PrivacyLedger | None) -> list[dict]:
     """The rounds of a personalization algorithm, for both engines (the in-process driver of
     :mod:`fedpriv.personalization` and the Flower ServerApp of :mod:`fedpriv.flower.pam_server`):
     the ``transport`` returns the summed, checked client statistics of each round
     (``single_stats``, ``exp_scores``, ``init_stats``, ``step_stats``); the releases go through
     the ledger here (secure mode: the nodes' noise shares are summed securely, see
     :func:`_run_secure`). Returns the per-step timings."""
-    check_secure(state)
+    check_pam_secure(state)
     if state.config.aggregation == "secure":
         return _run_secure(transport, state, ledger)
     steps: list[dict] = []
@@ -488,7 +488,7 @@ def run_rounds(transport, state: PAMState, ledger: PrivacyLedger | None) -> list
         net = exp_net(state)
         server_exp_select(release_exp(transport.exp_scores(state, net), state, ledger), state, net)
     elif state.algorithm in ("pam", "pam-nonprivate"):
-        server_init(release_init(transport.init_stats(state), state, ledger), state)
+        pam_server_init(release_init(transport.init_stats(state), state, ledger), state)
         for t, group in enumerate(step_groups(state)):
             ts = time.perf_counter()
             server_am_update(*release_am(*transport.step_stats(state, t, group), state, ledger), state)

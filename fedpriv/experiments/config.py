@@ -77,7 +77,7 @@ class Method:
 
 
 @dataclass
-class Dataset:
+class DatasetEntry:
     name: str
     spec: str
     validation: str | None = None  # a second data set for the search (no validation split of its own)
@@ -96,7 +96,7 @@ class Experiment:
     engine: str
     order: int
     headline: str
-    datasets: dict[str, Dataset]
+    datasets: dict[str, DatasetEntry]
     grid_datasets: list[str]
     epsilons: list[float | None]
     seeds: int
@@ -230,7 +230,7 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
             else:
                 quick_dataset_params = _table(path, quick_tbl, "dataset_params")
 
-    datasets: dict[str, Dataset] = {}
+    datasets: dict[str, DatasetEntry] = {}
     for dname, val in _table(path, doc, "datasets").items():
         key = f"datasets.{dname}"
         if isinstance(val, str):
@@ -246,10 +246,10 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
         if not all(isinstance(v, (str, int, float, bool)) for v in options.values()):
             raise _err(path, f"{key}.options", "must map option names to strings or numbers (e.g. rating_range = \"1,5\", items = \"{data}/items.csv\")")
         options = {str(k): (str(int(v)) if isinstance(v, bool) else str(v)).replace("{data}", data_root) for k, v in options.items()}
-        datasets[dname] = Dataset(dname, spec, valid.replace("{data}", data_root) if valid else None, str(val.get("label", dname)), options)
+        datasets[dname] = DatasetEntry(dname, spec, valid.replace("{data}", data_root) if valid else None, str(val.get("label", dname)), options)
     for dname, spec in (dataset_specs or {}).items():
         old = datasets.get(dname)
-        datasets[dname] = Dataset(dname, spec.replace("{data}", data_root), None, old.labels if old else dname)
+        datasets[dname] = DatasetEntry(dname, spec.replace("{data}", data_root), None, old.labels if old else dname)
     if only_datasets:
         if kind in ("selection_scenarios", "selection_bandit"):
             raise _err(path, "--datasets", f"a {kind} experiment has no data sets")

@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from .grid import BASE_SEED, _atomic_json, stable_hash, write_csv
 
 
-def run(exp, out: Path, cache: dict, *, log=print, require_data: bool = False) -> dict:
+def run_kind(exp, out: Path, cache: dict, *, log=print, require_data: bool = False) -> dict:
     fn = {"time_evolution": time_evolution, "selection_scenarios": selection_scenarios, "selection_bandit": selection_bandit}[exp.kind]
     return fn(exp, out, cache, log=log, require_data=require_data)
 
@@ -213,7 +213,7 @@ def selection_scenarios(exp, out: Path, cache: dict, *, log=print, require_data:
     doc = _cached(out, definition, lambda key: {"rows": sc.run_scenarios(eps, trials, seed, names, mechs)}, log, "scenarios")
     srows = doc["rows"]
     (out / "plots").mkdir(parents=True, exist_ok=True)
-    files = sc.write_outputs(srows, out / "plots")
+    files = sc.write_scenario_outputs(srows, out / "plots")
     plots = [{"file": f"plots/{Path(f).name}", "caption": _scenario_caption(Path(f).name)} for f in files if str(f).endswith(".png")]
     rows = [{"experiment": exp.name, "cell": r["scenario"], "method": r["mechanism"], "algorithm": r["mechanism"], "dataset": r["scenario"],
              "epsilon": r["epsilon"], "seed": seed, "engine": "inprocess", "params": json.dumps({"trials": r["trials"]}), "run_dir": "",

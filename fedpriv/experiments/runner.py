@@ -215,7 +215,7 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
         if exp.engine != "inprocess":
             log(f"  note: {exp.kind} runs in-process (it times or simulates on one machine); --engine {exp.engine} does not apply")
         meta["engine"] = "inprocess"
-        res = kinds.run(exp, out, cache, log=log, require_data=require_data)
+        res = kinds.run_kind(exp, out, cache, log=log, require_data=require_data)
     rows, search_rows, skipped, tables, plots, headline = (res[k] for k in ("rows", "search_rows", "skipped", "tables", "plots", "headline"))
     meta["cells"] = res["cells"]
     write_csv(out / "results.csv", rows)
@@ -272,7 +272,7 @@ def run_configs(configs: list[str], out: str | Path, *, quick: bool = False, eng
     return metas
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("configs", nargs="+", metavar="CONFIG", help="experiment configs (TOML), e.g. simulations/experiments/*.toml")
     p.add_argument("--out", required=True, help="results folder (one subfolder per experiment; finished cells are reused)")
     p.add_argument("--quick", action="store_true", help="each config's [quick] values: small data and grids (CI runs this)")
@@ -289,7 +289,7 @@ def _names(text: str | None) -> list[str] | None:
     return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
-def command(args) -> int:
+def experiment_command(args) -> int:
     metas = run_configs(args.configs, args.out, quick=args.quick, engine=args.engine, data_root=args.data_root, require_data=args.require_data,
                         only=_names(args.only), dataset_specs=parse_dataset_specs(args.dataset), only_datasets=_names(args.datasets),
                         log=lambda s: print(s, file=sys.stderr, flush=True))

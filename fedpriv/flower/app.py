@@ -70,7 +70,7 @@ def job_of_run_config(rc) -> tuple[Job, dict]:
 
 
 @app.main()
-def main(grid: Grid, context: Context) -> None:
+def server_main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     job, engine = job_of_run_config(rc)
     out = Path(str(rc.get("out", "runs/flwr"))).expanduser()

@@ -8,11 +8,12 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from .. import evaluation
 from ..algorithms import als, protocol
 from . import codec
-from .pam_client import register as register_pam_handlers
-from .recommend_handlers import register as register_recommend_handlers
-from .secure_client import register as register_secure_handlers
+from .pam_client import register_pam_handlers
+from .recommend_handlers import register_recommend_handlers
+from .secure_client import register_secure_handlers
 from .node_eval import node_eval
 from .node_secrets import with_keys
 from .partition import data_dir_of, load_shard, node_feature_table
@@ -43,7 +44,7 @@ def _pre_release(kind: str):
     return handler
 
 
-def train(msg: Message, context: Context) -> Message:
+def node_train(msg: Message, context: Context) -> Message:
     """Local user update, then the shard's clipped contribution: weighted per-item statistics
     (ALS family, AM-SSP), logistic statistics (AM-SSP-convex) or the sampled users' clipped
     gradients (DP-SGD, AM-DPSGD)."""
@@ -56,21 +57,34 @@ def train(msg: Message, context: Context) -> Message:
     return Message(codec.encode_contribution(contribution, state, shard.n_users), reply_to=msg)
 
 
-def evaluate(msg: Message, context: Context) -> Message:
+def node_evaluate(msg: Message, context: Context) -> Message:
     """Per-bucket squared errors (or log-loss) on the node's validation and test ratings, in
     plaintext: central mode only (secure mode sums them with ``secagg_mask``, kind ``eval``)."""
     sums = node_eval(msg, context)
     return Message(RecordDict({"eval": ArrayRecord({k: codec.to_array(v) for k, v in sums.items()})}), reply_to=msg)
 
 
+def tune_score(msg: Message, context: Context) -> Message:
+    """Private tuning (central mode): the sum over the node's users of min(own validation MSE,
+    clip), users solved locally from their training ratings; the server adds the noise."""
+    state, data_dir, upn = codec.decode_state(msg.content)
+    if state.config.aggregation != "central":  # secure mode: nothing of one node in plaintext
+        raise PermissionError("a node in secure mode sends no plaintext tuning score")
+    folder = data_dir_of(context.node_config, data_dir)
+    history, valid = (load_shard(folder, part, _partition_id(context), upn) for part in ("train", "valid"))
+    clip = float(msg.content.config_records["tune"]["clip"])
+    return Message(codec.encode_vector(evaluation.shard_clipped_score_sum(state, history, valid, clip), history.n_users), reply_to=msg)
+
+
 def register_handlers(app) -> None:
     """Every handler of a fedpriv node on ``app``: a ClientApp, or anything with its ``query``,
     ``train`` and ``evaluate`` decorators (the fault injector wraps each handler this way)."""
     app.query("info")(info)
+    app.query("tune_score")(tune_score)
     for kind in als.PRE_RELEASES:
         app.query(kind)(_pre_release(kind))
-    app.train()(train)
-    app.evaluate()(evaluate)
+    app.train()(node_train)
+    app.evaluate()(node_evaluate)
     register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_client)
     register_recommend_handlers(app)  # private recommendation (fedpriv.flower.recommend_handlers)
     register_secure_handlers(app)  # secure aggregation rounds (fedpriv.flower.secure_client)

@@ -246,6 +246,18 @@ def decode_item_stats(
     return als.ItemStats(item_ids=ids.astype(np.int64), A=from_upper(tri, dim), b=b, gravity=gravity)
 
 
+def decode_score(content: RecordDict, clip: float, max_users: int) -> np.ndarray:
+    """A validated private-tuning score contribution: one value, the sum over the node's
+    declared users of min(user's validation MSE, clip), so in [0, users x clip]."""
+    n, arrays = unpack_contribution(content, max_users)
+    v = checked_array(arrays, "values", 1, "f")
+    if v.shape != (1,):
+        raise RejectedReply(f"malformed: a tuning score has one value, got shape {v.shape}")
+    if v[0] < 0 or v[0] > n * clip * (1 + 1e-9):
+        raise RejectedReply(f"over bound: tuning score {float(v[0]):.6g} outside [0, {n} users x clip {clip:g}]")
+    return np.asarray(v, dtype=np.float64)
+
+
 def decode_eval_sums(content: RecordDict, keys: tuple[str, ...], n_buckets: int = 5) -> dict[str, np.ndarray]:
     """Validated per-bucket evaluation sums (finite, non-negative, one value per bucket)."""
     if "eval" not in content.array_records:

@@ -51,9 +51,6 @@ def flower_partitions(plan, users_per_node: int) -> int:
     """The checks a Flower run makes before anything starts, on a prepared plan (the privacy
     calibration, and what a Flower run refuses), and the number of partitions: the nodes it
     needs."""
-    opts = plan.options
-    if opts is not None and opts.tune:
-        raise ConfigError("private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)", field="tune")
     if plan.public is not None and users_per_node != plan.public.users_per_node:
         raise ConfigError(f"the partition put {plan.public.users_per_node} users on each node, got {users_per_node}", field="users-per-node")
     plan.check_budget()
@@ -411,7 +408,7 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
     find the SuperLink from outside; it is not removed. ``engine.timeout`` bounds the call. A
     reproducible run's noise seed goes to the ServerApp in a file readable by this user only
     (run-config key ``noise-seed-file``), never in the run config itself, which every node can read."""
-    from ..model import load_model
+    from ..model import load_model, public_data_label
 
     t0 = time.perf_counter()
     job = plan.job
@@ -480,5 +477,7 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
         metrics["dataset"] = str(plan.spec)
         if isinstance(metrics.get("config"), dict):
             metrics["config"]["data"] = str(plan.spec)
+        if model is not None:
+            model.info["dataset"] = public_data_label(str(plan.spec))
     metrics["launcher_wall_seconds"] = time.perf_counter() - t0  # with Flower start-up and stop
     return metrics, ledger, model

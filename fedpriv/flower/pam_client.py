@@ -41,7 +41,7 @@ def load_block(folder: str, partition_id: int, users_per_node: int):
 
 
 # ------------------------------------------------------------------ messages
-def decode_state(content: RecordDict):
+def decode_pam_state(content: RecordDict):
     cfg = content.config_records["cfg"]
     arrays = content.array_records["state"]
     state = pam.PAMState(str(cfg["algorithm"]), pam.PAMConfig(**json.loads(str(cfg["config"]))), int(cfg["d"]), int(cfg["k"]), int(cfg["samples"]), {})
@@ -64,7 +64,7 @@ def node_block(msg: Message, context: Context, with_keys: bool = False):
     from ..privacy.randomness import user_keys
     from .node_secrets import node_key, raw_user_ids
 
-    state, data_dir, upn, group = decode_state(msg.content)
+    state, data_dir, upn, group = decode_pam_state(msg.content)
     users, X, y, V, U, meta = load_block(data_dir, int(context.node_config.get("partition-id", 0)), upn)
     keys, reproducible = None, False
     if with_keys or group is not None:
@@ -77,7 +77,7 @@ def node_block(msg: Message, context: Context, with_keys: bool = False):
 
 
 # ------------------------------------------------------------------ client handlers
-def register(app) -> None:
+def register_pam_handlers(app) -> None:
     """Add the personalization handlers to fedpriv's ClientApp."""
 
     def pid(context: Context) -> int:

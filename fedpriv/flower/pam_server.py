@@ -45,7 +45,7 @@ class PamJob:
 
     def validate_plan(self) -> None:
         """All checks of a run (config, privacy calibration) without training."""
-        pam.new_state(self.algorithm, self.cfg, self.data.d, self.data.k, self.data.samples, self.epsilon, self.delta)
+        pam.new_pam_state(self.algorithm, self.cfg, self.data.d, self.data.k, self.data.samples, self.epsilon, self.delta)
 
 
 @dataclass
@@ -71,7 +71,7 @@ def write_pam_partitions(folder: Path, data) -> str:
 
 
 # ------------------------------------------------------------------ messages
-def encode_state(state: pam.PAMState, data_dir: str, users_per_node: int, group: int | None = None, key_file: str | None = None) -> RecordDict:
+def encode_pam_state(state: pam.PAMState, data_dir: str, users_per_node: int, group: int | None = None, key_file: str | None = None) -> RecordDict:
     """``group``: the disjoint schedule's group of this step (each node's users know their own
     groups; the server never learns them); ``key_file``: reproducible-noise runs only."""
     arrays = {}
@@ -130,12 +130,12 @@ class _GridPamTransport:
         return self.secure.population()
 
     def secure_sum(self, kind: str, plan, state: pam.PAMState, step: int, group):
-        return self.secure.secure_sum(kind, plan, encode_state(state, self.data_dir, self.upn, group, self.key_file), step)
+        return self.secure.secure_sum(kind, plan, encode_pam_state(state, self.data_dir, self.upn, group, self.key_file), step)
 
     def collect(self, kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None, ranges=None) -> dict[str, np.ndarray]:
         state = self.state
         total = {key: np.zeros(n) for key, n in keys.items()}
-        content = encode_state(state, self.data_dir, self.upn, group, self.key_file)
+        content = encode_pam_state(state, self.data_dir, self.upn, group, self.key_file)
         decode = lambda nid, rep: _decode(rep.content, keys, bounds if state.private else {}, self.upn, ranges if state.private else None)  # noqa: E731
         for _, vals in self.rounds.gather(f"query.{kind}", content, name, decode):
             for key in total:
@@ -144,21 +144,21 @@ class _GridPamTransport:
 
     def single_stats(self, state):
         d = state.d
-        tot = self.collect("pam_step", "single", {"A_upper": d * (d + 1) // 2, "b": d}, {"A_upper": pam.sensitivity("single_A", state), "b": pam.sensitivity("single_b", state)})
+        tot = self.collect("pam_step", "single", {"A_upper": d * (d + 1) // 2, "b": d}, {"A_upper": pam.pam_sensitivity("single_A", state), "b": pam.pam_sensitivity("single_b", state)})
         return tot["A_upper"], tot["b"]
 
     def exp_scores(self, state, net):
         # every entry of a user's score vector is in [0, s]: L2 norm <= s sqrt(N) per user
-        s_user = pam.sensitivity("exp_U", state)
+        s_user = pam.pam_sensitivity("exp_U", state)
         return self.collect("pam_exp", "exp", {"scores": len(net)}, {"scores": s_user * math.sqrt(len(net))}, ranges={"scores": s_user})["scores"]
 
     def init_stats(self, state):
         d = state.d
-        return self.collect("pam_init", "init", {"values": d * (d + 1) // 2}, {"values": pam.sensitivity("init_M", state)})["values"]
+        return self.collect("pam_init", "init", {"values": d * (d + 1) // 2}, {"values": pam.pam_sensitivity("init_M", state)})["values"]
 
     def step_stats(self, state, t, group):
         dk = state.d * state.k
-        bounds = {"A_upper": pam.sensitivity("am_A", state), "b": pam.sensitivity("am_b", state)}
+        bounds = {"A_upper": pam.pam_sensitivity("am_A", state), "b": pam.pam_sensitivity("am_b", state)}
         tot = self.collect("pam_step", f"step{t + 1}", {"A_upper": dk * (dk + 1) // 2, "b": dk}, bounds, group)
         return tot["A_upper"], tot["b"]
 
@@ -166,7 +166,7 @@ class _GridPamTransport:
 def run_pam_job(grid, job: PamJob) -> PamResult:
     t0 = time.perf_counter()
     data = job.data
-    state, ledger = pam.new_state(job.algorithm, job.cfg, data.d, data.k, data.samples, job.epsilon, job.delta, job.secrets.ledger_seed())
+    state, ledger = pam.new_pam_state(job.algorithm, job.cfg, data.d, data.k, data.samples, job.epsilon, job.delta, job.secrets.ledger_seed())
     result = PamResult(state=state, ledger=ledger)
     n_parts = job.n_parts()
     data_dir = write_pam_partitions(Path(job.work_dir) / "node-data", data)
@@ -184,7 +184,7 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
     upn = job.users_per_node
 
     partition_of: dict[int, int] = {}
-    for nid, rep in rounds.ask("query.pam_info", encode_state(state, data_dir, upn), "info", timeout=None):
+    for nid, rep in rounds.ask("query.pam_info", encode_pam_state(state, data_dir, upn), "info", timeout=None):
         try:
             partition_of[nid] = int(rep.content.config_records["meta"]["partition_id"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -193,11 +193,11 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
     result.nodes = len(rounds.nodes)
 
     transport = _GridPamTransport(rounds, state, data_dir, upn, key_file)
-    result.timings = {"steps": pam.run_rounds(transport, state, ledger), "train_seconds": time.perf_counter() - t0}
+    result.timings = {"steps": pam.run_pam_rounds(transport, state, ledger), "train_seconds": time.perf_counter() - t0}
 
     before = (result.rounds, result.bytes_up, result.bytes_down)  # evaluation is measurement
     if transport.secure is not None:  # the totals only, never one node's sums
-        tot = transport.secure.measure("pam_eval", [("values", 2)], encode_state(state, data_dir, upn, None, key_file))
+        tot = transport.secure.measure("pam_eval", [("values", 2)], encode_pam_state(state, data_dir, upn, None, key_file))
     else:
         tot = transport.collect("pam_eval", "evaluate", {"values": 2}, {})
     result.rounds, result.bytes_up, result.bytes_down = before

@@ -31,7 +31,7 @@ def _cfg_of(content: RecordDict) -> tuple[recommend.RecommendConfig, bool]:
     return cfg, has_test
 
 
-def register(app) -> None:
+def register_recommend_handlers(app) -> None:
     """Add the recommendation handlers to fedpriv's ClientApp."""
     from .node_secrets import with_keys
     from .partition import data_dir_of, load_shard
@@ -131,7 +131,7 @@ class _GridRecommendTransport:
         self.rounds.reject("recommend", key, reason)
 
 
-def run_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, ledger_seed: int | None, has_test: bool, secure=None):
+def run_recommend_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, ledger_seed: int | None, has_test: bool, secure=None):
     """The recommendation rounds (:func:`fedpriv.loop.recommend_rounds`) over the nodes of
     ``rounds``: returns (summary, recommendation ledger, {node: reports as candidate item ids}).
     ``ledger_seed``: None (OS randomness) unless the run asked for reproducible noise."""

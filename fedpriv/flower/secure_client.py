@@ -133,7 +133,7 @@ def _mask_pam(msg: Message, context: Context, kind: str, step: int, plan) -> Mes
     state, users, X, y, V, U, meta, keys, reproducible = node_block(msg, context, with_keys=True)
     if kind == "pam_eval":
         return masked_reply(msg, context, plan.encode({"values": pam.client_eval_sums(X, y, V, U, state, meta["noise"])}))
-    words = encode(plan, pam.node_values(kind, X, y, state), node_noise_rng(keys, f"{kind}-{step}", reproducible))
+    words = encode(plan, pam.pam_node_values(kind, X, y, state), node_noise_rng(keys, f"{kind}-{step}", reproducible))
     return masked_reply(msg, context, words)
 
 
@@ -163,7 +163,7 @@ def unmask(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"self": _by_id(reply["self"]), "pairwise": _by_id(reply["pairwise"])}), reply_to=msg)
 
 
-def register(app) -> None:
+def register_secure_handlers(app) -> None:
     """The secure-aggregation handlers on ``app``."""
     for name, handler in (("secagg_keys", keys), ("secagg_share", share), ("secagg_mask", mask), ("secagg_unmask", unmask)):
         app.query(name)(handler)

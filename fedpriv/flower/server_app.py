@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from .. import atomic, evaluation, metrics
@@ -66,6 +66,10 @@ class FlowerJob:
     # only, every node splits its own users' ratings and evaluates them
     public: object = None
     progress: bool = False  # one line per round and a summary table on stdout (fedpriv.flower.progress)
+    # one run of private tuning (fedpriv.run.tuning): the noise multipliers of the whole tuning
+    # plan (the run's ledger then has no budget of its own) and the clip of its validation score
+    multipliers: dict | None = None
+    tune_score_clip: float | None = None
 
     @property
     def shape(self):
@@ -96,6 +100,7 @@ class FlowerResult(RoundCounters):
     rec_ledger: PrivacyLedger | None = None
     rec_picks: np.ndarray | None = None  # reported item per global user id (-1: no report)
     resumed_from: int | None = None  # the step a resumed job restarted after
+    score_total: np.ndarray | None = None  # private tuning: the exact sum of the nodes' clipped scores (noised by the caller's ledger)
 
 
 class JobInterrupted(FedprivError):
@@ -279,6 +284,18 @@ def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content, sec
     return (*valid, *test)
 
 
+def _tune_score(job: FlowerJob, rounds: Rounds, content) -> np.ndarray:
+    """Private tuning's score round (central mode): every node's sum of its users' clipped
+    validation MSEs, checked against its bound and summed; the tuning adds the noise."""
+    if job.cfg.aggregation != "central":
+        raise ConfigError("private tuning on the Flower engine scores in central mode only", field="tune")
+    content["tune"] = ConfigRecord({"clip": float(job.tune_score_clip)})
+    total = np.zeros(1)
+    for _, value in rounds.gather("query.tune_score", content, "tune_score", lambda nid, rep: codec.decode_score(rep.content, job.tune_score_clip, job.users_per_node)):
+        total += value
+    return total
+
+
 def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     """One job over the nodes of ``grid``: the info round, then the loop of
     :func:`fedpriv.loop.train_rounds` (checkpointed after every step), the evaluation and the
@@ -297,7 +314,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     else:  # partitioned deployment: every node reads its own data-dir; nothing to broadcast
         data_dir = ""
         Path(job.work_dir).mkdir(parents=True, exist_ok=True)
-    state, ledger = new_state(job.algorithm, cfg, job.shape, job.rating_range, job.implicit, job.epsilon, job.delta, secrets=job.secrets)
+    state, ledger = new_state(job.algorithm, cfg, job.shape, job.rating_range, job.implicit, job.epsilon, job.delta, multipliers=job.multipliers, secrets=job.secrets)
     result = FlowerResult(state=state, ledger=ledger)
     # reproducible runs only: the nodes read the clients' key (derived from the noise seed) from a file
     key_file = write_key_file(job.work_dir, job.secrets.client_key()) if job.secrets.reproducible else None
@@ -358,14 +375,16 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     train_rounds(transport, make_aggregator(cfg, ledger), state, item_features=job.item_features, server=server,
                  first_step=first_step, resumed=saved is not None, hooks=hooks)
 
+    if job.tune_score_clip is not None:
+        result.score_total = _tune_score(job, rounds, down())
     if job.evaluates_on_nodes:
         result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = _evaluate(job, rounds, result, down(), transport.secure)
     if job.recommend is not None:
         from .partition import node_users
-        from .recommend_handlers import run_rounds
+        from .recommend_handlers import run_recommend_rounds
 
         users_of = {nid: node_users(nodes.partition_of[nid], job.users_per_node, n_users) for nid in rounds.nodes}
-        summary, result.rec_ledger, reports = run_rounds(
+        summary, result.rec_ledger, reports = run_recommend_rounds(
             rounds, state, down(), {nid: len(u) for nid, u in users_of.items()}, job.recommend, job.secrets.ledger_seed("recommend"), job.test is not None or job.public is not None,
             secure=transport.secure,
         )

@@ -300,7 +300,7 @@ class PrivacyLedger:
         # secure ledgers: a generator freshly seeded with 128 bits from the OS for this call
         rng = self._rng if self._rng is not None else np.random.Generator(np.random.PCG64(int.from_bytes(os.urandom(16), "little")))
         with _sanctioned(f"ledger:{name}"):
-            out = mech.run(mechanism, q, sens, float(epsilon), rng, **params)
+            out = mech.select(mechanism, q, sens, float(epsilon), rng, **params)
         self._record(rel)
         return out
 

@@ -4,7 +4,7 @@ training (``fedpriv privacy plan``).
 
 The plan is the algorithm's own release plan (:func:`fedpriv.algorithms.als.plan_releases`: the
 shares of user count, mean, counts and of each alternating step), optionally wrapped as one run
-of private tuning (:mod:`fedpriv.tuning`: a validation-score release is added to every run and
+of private tuning (:mod:`fedpriv.run.tuning`: a validation-score release is added to every run and
 the whole is accounted as dp-accounting's ``RepeatAndSelectDpEvent``). The records it reports are
 exactly those a run writes to its ledger (with the real L2 sensitivities).
 """

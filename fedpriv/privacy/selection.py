@@ -435,7 +435,7 @@ def _rs(q, d, eps, rng, eta, gamma):
 
 
 # ------------------------------------------------------------------------------------ entry point
-def run(name: str, scores, sensitivities, epsilon, rng: np.random.Generator, **params) -> np.ndarray:
+def select(name: str, scores, sensitivities, epsilon, rng: np.random.Generator, **params) -> np.ndarray:
     """Select one candidate per row with mechanism ``name`` (module docstring).
 
     ``scores`` (n, k) float, higher is better (a (k,) vector is one row); ``sensitivities`` (k,)

@@ -5,7 +5,7 @@ and split; no training) → :meth:`Plan.execute` on an engine (:class:`InProcess
 :class:`FlowerGrid`, :class:`FlowerSimulation`; ``flwr run`` in a subprocess:
 :class:`fedpriv.flower.launcher.FlwrRun`) → an :class:`Outcome` holding
 the typed :class:`RunReport` (``metrics.json``), the ledger records and the released model.
-Private tuning (:mod:`fedpriv.tuning`) runs inside a plan's execution on the in-process engine.
+Private tuning (:mod:`fedpriv.run.tuning`) runs inside a plan's execution on the in-process engine.
 :func:`write_outputs` writes ``metrics.json`` and ``ledger.json`` (both or neither)."""
 
 from __future__ import annotations

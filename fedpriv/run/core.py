@@ -51,7 +51,7 @@ class RunOptions:
     nodes: int = 0  # flower engine: number of nodes (0 = as many as the users need)
     round_timeout: float = 0.0  # flower engine: seconds to wait for replies per round (0 = no limit)
     node_wait: float = 120.0  # flower engine: seconds to wait for the nodes to register
-    tune: str = ""  # private tuning grid "key=v1/v2;key2=..." (fedpriv.tuning); "" = no tuning
+    tune: str = ""  # private tuning grid "key=v1/v2;key2=..." (fedpriv.run.tuning); "" = no tuning
     tune_mean: float = 5.0  # expected number of tuning runs E[K]
     tune_shape: float = 1.0  # truncated negative binomial shape (1 geometric, 0 logarithmic)
     tune_share: float = 0.05  # share of one run's budget for its private validation score
@@ -276,8 +276,8 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
     opts = dataclasses.replace(plan.options, **engine.run_options())
     cfg = copy.deepcopy(plan.config)
     rec_cfg = plan.recommend
-    if opts.tune and engine_name != "inprocess":
-        raise ConfigError("private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)", field="tune")
+    if opts.tune and engine_name == "flower" and cfg.aggregation != "central":
+        raise ConfigError("private tuning on the Flower engine runs in central mode (its score round is not a secure sum yet)", field="tune")
     if plan.public is not None:
         if engine_name != "flower":
             raise ConfigError("public:DIR holds no ratings: it is the server side of a partitioned deployment (--engine flower)", field="--data")
@@ -316,21 +316,32 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
     }
     rec_ledger = None
     if opts.tune:
-        from .. import tuning as tuning_mod
         from ..privacy.plan import TuningPlan
+        from . import tuning as tuning_mod
 
         base = dict(job.params)
         for key in RunOptions.__dataclass_fields__:
             base.pop(key, None)
-        result, ledger, tuning_report, _ = tuning_mod.tune(
-            algorithm, split, base, tuning_mod.parse_grid(opts.tune),
-            TuningPlan(opts.tune_mean, opts.tune_shape, opts.tune_share, opts.tune_score_clip),
-            rating_range=rating_range, epsilon=epsilon, delta=delta, item_features=ds.item_features, progress=progress, secrets=secrets,
-        )
+        candidate, cleanup = (None, None) if engine_name != "flower" else _flower_candidate(plan, engine, opts)
+        try:
+            result, ledger, tuning_report, _ = tuning_mod.tune(
+                algorithm, split, base, tuning_mod.parse_grid(opts.tune),
+                TuningPlan(opts.tune_mean, opts.tune_shape, opts.tune_share, opts.tune_score_clip),
+                rating_range=rating_range, epsilon=epsilon, delta=delta, item_features=ds.item_features, progress=progress and candidate is None,
+                secrets=secrets, train_candidate=candidate,
+            )
+        finally:
+            if cleanup is not None:
+                cleanup()
         state, timings = result.state, result.timings
-        item_counts = train.item_counts()
-        metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
-        metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
+        if candidate is not None:  # the selected run's own evaluation on the nodes, rounds and bytes
+            metrics.update({"valid_rmse": result.valid_rmse, "valid_sliced": result.valid_sliced, "test_rmse": result.test_rmse, "sliced": result.test_sliced})
+            metrics.update({"nodes": result.n_nodes, "users_per_node": result.users_per_node, "rounds": result.rounds, "bytes_up": result.bytes_up,
+                            "bytes_down": result.bytes_down, "round_log": result.round_log, "rejected_replies": result.rejected})
+        else:
+            item_counts = train.item_counts()
+            metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
+            metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
         metrics["tuning"] = tuning_report
     elif engine_name == "flower":
         state, ledger, timings, rec_ledger = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, engine.work_dir, metrics,
@@ -476,6 +487,34 @@ def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, 
     if rec_cfg is not None:
         metrics["recommendation"] = res.recommendation
     return res.state, res.ledger, {"rounds": res.round_log}, res.rec_ledger
+
+
+def _flower_candidate(plan, engine, opts):
+    """One run of private tuning as a Flower job (central mode): trained with the tuning plan's
+    multipliers, then scored on the nodes (each sends its users' clipped validation MSEs, summed
+    here; the tuning adds the noise). Returns (run_candidate, cleanup)."""
+    from ..flower.server_app import FlowerJob
+
+    runner = engine.flower_runner()
+    if runner is None:
+        from ..flower.simulation import simulate as runner
+    split = plan.split
+    upn = max(1, opts.users_per_node)
+    n_nodes = opts.nodes or -(-split.train.n_users // upn)
+    own = not engine.work_dir
+    root = Path(engine.work_dir) if engine.work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-tune-"))
+
+    def run_candidate(cfg, multipliers, run_secrets, clip, index):
+        job = FlowerJob(
+            plan.algorithm, plan.job.epsilon, plan.job.delta, cfg, split.train, split.valid, split.test, plan.rating_range, root / f"candidate-{index}",
+            users_per_node=upn, implicit=plan.implicit, item_features=plan.dataset.item_features, round_timeout=opts.round_timeout or None,
+            node_wait_seconds=opts.node_wait, secrets=run_secrets, multipliers=multipliers, tune_score_clip=clip, checkpoint=False,
+        )
+        res = runner(job, n_nodes)
+        res.timings, res.n_nodes, res.users_per_node = {"rounds": res.round_log}, n_nodes, upn
+        return res, res.ledger, res.score_total
+
+    return run_candidate, ((lambda: shutil.rmtree(root, ignore_errors=True)) if own else None)
 
 
 def _clean(obj):

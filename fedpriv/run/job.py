@@ -108,7 +108,7 @@ class Plan:
             from ..algorithms import pam
 
             data = self.dataset
-            pam.new_state(self.algorithm, self.config, data.d, data.k, data.samples, self.job.epsilon, self.job.delta)
+            pam.new_pam_state(self.algorithm, self.config, data.d, data.k, data.samples, self.job.epsilon, self.job.delta)
             return None
         from ..algorithms.plans import budget_plan
 

@@ -334,7 +334,7 @@ def _release_epsilons(ledger: PrivacyLedger, delta: float) -> dict:
     }
 
 
-def simulate(
+def simulate_bandit(
     policy: str,
     T: int = DEFAULTS["horizon"],
     shift_at: int | None = None,
@@ -529,7 +529,7 @@ def run_bandit(
     for p, label, c in runs:
         t1 = time.perf_counter()
         kw = {"ucb_c": c} if c is not None else {}
-        res = simulate(p, T, shift_at, reps, seed, eps_select, eps_mean, eps_quantile, window, env=env, delta=delta, **kw)
+        res = simulate_bandit(p, T, shift_at, reps, seed, eps_select, eps_mean, eps_quantile, window, env=env, delta=delta, **kw)
         res["seconds"] = time.perf_counter() - t1
         res["label"] = label
         results.append(res)
@@ -595,7 +595,7 @@ def _parse_policies(values: Sequence[str] | None) -> list[str]:
     return names
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_bandit_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``fedpriv selection bandit``."""
     parser.add_argument("--out", required=True, help="output folder for bandit.json and bandit.png")
     parser.add_argument("--horizon", type=int, default=None, help=f"number of steps T (default {DEFAULTS['horizon']}; --quick {QUICK['horizon']}); the arms swap at T/2")
@@ -610,7 +610,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ucb-c", type=float, nargs="+", default=None, metavar="C", help=f"UCB optimism constant(s), one row each (default {' '.join(f'{c:.4g}' for c in DEFAULT_UCB_C)})")
 
 
-def command(args: argparse.Namespace) -> int:
+def bandit_command(args: argparse.Namespace) -> int:
     """Run the experiment of :func:`add_arguments`'s arguments; bad values raise ConfigError."""
     T = args.horizon if args.horizon is not None else (QUICK["horizon"] if args.quick else DEFAULTS["horizon"])
     reps = args.reps if args.reps is not None else (QUICK["reps"] if args.quick else DEFAULTS["reps"])

@@ -380,7 +380,7 @@ def run_cell(inst: Instance, label: str, epsilon: float, seed: int) -> np.ndarra
                              epsilon=float(epsilon), **params)
     rng = np.random.default_rng(cell_seed)
     with public_draws(f"{name}: non-private reference"):
-        return mech.run(name, inst.scores, inst.sensitivities, float(epsilon), rng, **params)
+        return mech.select(name, inst.scores, inst.sensitivities, float(epsilon), rng, **params)
 
 
 def _check(epsilons, trials, scenarios, mechanisms) -> tuple[list[float], int, list[str], list[str] | None]:
@@ -568,7 +568,7 @@ def _write_json(rows, path):
         f.write("\n")
 
 
-def write_outputs(rows: list[dict], out_dir: str | Path) -> list[Path]:
+def write_scenario_outputs(rows: list[dict], out_dir: str | Path) -> list[Path]:
     """Write ``out_dir/selection.json`` (the rows) and the figures (one PNG per scenario group
     present: MSE vs ε, log-x, one line per mechanism; plus ``selection_correlation_relative.png``
     when the increasing-correlation family was run). Everything is rendered in a temporary folder
@@ -641,7 +641,7 @@ def write_outputs(rows: list[dict], out_dir: str | Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------------ CLI glue
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def add_scenarios_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Arguments of ``fedpriv selection scenarios``."""
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (selection.json and PNG figures)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=None, metavar="EPS",
@@ -681,7 +681,7 @@ def _summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def command(args: argparse.Namespace) -> int:
+def scenarios_command(args: argparse.Namespace) -> int:
     """Run the scenarios, write the outputs, print a short summary. Bad values raise
     :class:`ConfigError` before anything is computed or written."""
     epsilons = args.epsilons if args.epsilons is not None else (QUICK_EPSILONS if args.quick else DEFAULT_EPSILONS)
@@ -694,7 +694,7 @@ def command(args: argparse.Namespace) -> int:
     _check(epsilons, trials, args.scenarios, args.mechanisms)
     t0 = time.perf_counter()
     rows = run_scenarios(epsilons, trials, int(args.seed), args.scenarios, args.mechanisms)
-    paths = write_outputs(rows, out)
+    paths = write_scenario_outputs(rows, out)
     print(_summary(rows))
     print(f"{len(rows)} cells ({trials} trials each) in {time.perf_counter() - t0:.1f} s; wrote "
           + ", ".join(str(p) for p in paths))

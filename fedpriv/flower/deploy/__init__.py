@@ -56,7 +56,7 @@ Their names are re-exported here: ``from fedpriv.flower import deploy; deploy.up
 from __future__ import annotations
 
 from .certs import make_certs, make_node_keys, verify_server_cert
-from .cli import add_arguments, command, main
+from .cli import add_deploy_arguments, deploy_command, deploy_main
 from .commands import connection_toml, flwr_run_command, node_config, register_command, superlink_command, supernode_command
 from .compose import compose_services, compose_yaml
 from .config import (
@@ -79,12 +79,12 @@ from .pids import running, stop
 from .prepare import _portable_data as _portable_data  # private helpers the tests call
 from .prepare import prepare
 from .processes import _env as _env
-from .processes import list_nodes, list_runs, register, stop_runs, up, wait_for_nodes, write_connection
+from .processes import list_nodes, list_runs, register_supernodes, stop_runs, up, wait_for_supernodes, write_connection
 
 __all__ = [
     "CLI_SECONDS", "CONNECTION", "DEFAULT_RUN_DIR", "DOCKER_PORTS", "DOCKER_RUN_DIR", "FIXED_BY_UP", "LOCAL_HOSTS", "PIDS_FILE", "STATE_FILE",
-    "STOP_SECONDS", "DeployConfig", "add_arguments", "command", "compose_services", "compose_yaml", "connection_toml", "docker_config",
-    "flwr_run_command", "list_nodes", "list_runs", "main", "make_certs", "make_node_keys", "n_partitions", "node_config", "prepare",
-    "register", "register_command", "run_deployed_job", "running", "split_job", "stop", "stop_runs", "superlink_command", "supernode_command", "up",
-    "verify_server_cert", "wait_for_nodes", "write_connection", "write_node_data", "write_partition", "Partition",
+    "STOP_SECONDS", "DeployConfig", "add_deploy_arguments", "deploy_command", "compose_services", "compose_yaml", "connection_toml", "docker_config",
+    "flwr_run_command", "list_nodes", "list_runs", "deploy_main", "make_certs", "make_node_keys", "n_partitions", "node_config", "prepare",
+    "register_supernodes", "register_command", "run_deployed_job", "running", "split_job", "stop", "stop_runs", "superlink_command", "supernode_command", "up",
+    "verify_server_cert", "wait_for_supernodes", "write_connection", "write_node_data", "write_partition", "Partition",
 ]  # fmt: skip

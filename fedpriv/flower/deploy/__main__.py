@@ -3,8 +3,8 @@
 import signal
 import sys
 
-from .cli import main
+from .cli import deploy_main
 
 if __name__ == "__main__":
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    sys.exit(main())
+    sys.exit(deploy_main())

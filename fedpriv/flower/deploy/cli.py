@@ -16,10 +16,10 @@ from .job import run_deployed_job
 from .nodedata import SPLIT_SEED, n_partitions, split_job, write_partition
 from .pids import running, stop
 from .prepare import prepare
-from .processes import list_nodes, register, up
+from .processes import list_nodes, register_supernodes, up
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     """``deploy up|run|down|status|prepare|register|compose|certs`` (shared by ``fedpriv deploy``
     and ``python -m fedpriv.flower.deploy``)."""
     sub = parser.add_subparsers(dest="deploy_command", required=True)
@@ -121,7 +121,7 @@ def _layout_config(args, *, docker: bool = False) -> tuple[DeployConfig, object]
     return cfg, job
 
 
-def command(args) -> int:
+def deploy_command(args) -> int:
     """Run a parsed ``deploy`` command."""
     what = args.deploy_command
     if what == "partition":
@@ -169,7 +169,7 @@ def command(args) -> int:
         return 0
     if what == "register":
         cfg = DeployConfig.load(args.run_dir)
-        ids = register(cfg, wait=args.wait)
+        ids = register_supernodes(cfg, wait=args.wait)
         print(json.dumps({"registered": ids}))
         return 0
     if what == "compose":
@@ -215,12 +215,12 @@ def _partition(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def deploy_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedpriv.flower.deploy", description="Flower deployment runtime for fedpriv (same as `fedpriv deploy`).")
-    add_arguments(p)
+    add_deploy_arguments(p)
     args = p.parse_args(argv)
     try:
-        return command(args)
+        return deploy_command(args)
     except FedprivError as exc:
         print(f"fedpriv: error: {exc}", file=sys.stderr)
         return 2

@@ -208,7 +208,7 @@ def stop_runs(cfg: DeployConfig, exclude=()) -> list[str]:
     return stopped
 
 
-def register(cfg: DeployConfig, *, wait: float = 60.0, indices: list[int] | None = None, workers: int = 4) -> list[str]:
+def register_supernodes(cfg: DeployConfig, *, wait: float = 60.0, indices: list[int] | None = None, workers: int = 4) -> list[str]:
     """Register the public key of every node (or of ``indices``) with the SuperLink, waiting up
     to ``wait`` seconds for its Control API; returns the node ids. A key registered before
     counts as registered."""
@@ -269,7 +269,7 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
             if time.monotonic() > deadline:
                 raise FedprivError(f"the SuperLink did not listen within {wait:g} s; its log:\n" + _tail(cfg.logs_dir / "superlink.log"))
             time.sleep(0.3)
-        register(cfg, wait=max(5.0, deadline - time.monotonic()))
+        register_supernodes(cfg, wait=max(5.0, deadline - time.monotonic()))
         wave = node_wave()
         gate = clientapp_gate(cfg)
         for start in range(0, cfg.nodes, wave):
@@ -283,7 +283,7 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
                 _write_pids(cfg, entries)
             if start + wave < cfg.nodes:
                 _wait_connected(cfg, started, min(deadline, time.monotonic() + WAVE_SECONDS))
-        wait_for_nodes(cfg, entries, deadline)
+        wait_for_supernodes(cfg, entries, deadline)
     except BaseException:
         stop(cfg.run_dir, also=entries)
         raise
@@ -310,7 +310,7 @@ def _wait_connected(cfg: DeployConfig, started: list[dict], until: float) -> Non
             time.sleep(0.5)
 
 
-def wait_for_nodes(cfg: DeployConfig, entries: list[dict], deadline: float) -> None:
+def wait_for_supernodes(cfg: DeployConfig, entries: list[dict], deadline: float) -> None:
     """Until ``flwr supernode ls`` shows every node online; fails early if a SuperNode exits.
     A slow or failing ``ls`` (a loaded machine while many nodes start) is retried until the
     deadline."""

@@ -18,7 +18,7 @@ import sys
 CLAIM_ENV = "FEDPRIV_CLIENTAPP_CLAIM_SECONDS"
 
 
-def main() -> None:
+def supernode_main() -> None:
     window = float(os.environ.get(CLAIM_ENV, "600") or 600)
     from flwr.supercore.corestate import in_memory_corestate, sql_corestate
 
@@ -31,4 +31,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    supernode_main()

@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .algorithms import als, registry
-from .engine import train_inprocess
-from .errors import ConfigError
-from .evaluation import predict_ratings
-from .privacy.accounting import BestOfAccountant
-from .privacy.ledger import PrivacyLedger, public_draws
-from .privacy.randomness import RunSecrets
-from .algorithms.plans import budget_plan
-from .privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, score_sensitivity
+from typing import Callable
+
+from ..algorithms import als, registry
+from ..algorithms.plans import budget_plan
+from ..engine import train_inprocess
+from ..errors import ConfigError
+from ..evaluation import clipped_score_sum
+from ..privacy.accounting import BestOfAccountant
+from ..privacy.ledger import PrivacyLedger, public_draws
+from ..privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, score_sensitivity
+from ..privacy.randomness import RunSecrets
 
 PLAN_KEYS = ("steps", "share_users", "share_mean", "share_counts", "share_b", "share_gravity", "gravity", "ssp_resamples", "ssp_steps", "sgd_sampling_rate")
 
@@ -74,12 +76,14 @@ def check_same_plan(algorithm: str, configs: list[als.ALSConfig], implicit: bool
 
 def private_score(state: als.PublicState, train, valid, clip: float) -> np.ndarray:
     """Sum over users of min(user's validation MSE, clip): the score contributions, each computed
-    client-side in a federation (here: over all users at once)."""
-    pred = predict_ratings(state, train, valid)
-    se = (pred - valid.ratings.astype(np.float64)) ** 2
-    users, inv = np.unique(valid.users, return_inverse=True)
-    per_user = np.bincount(inv, weights=se, minlength=len(users)) / np.bincount(inv, minlength=len(users))
-    return np.array([float(np.sum(np.minimum(per_user, clip)))])
+    client-side in a federation (here: over all users at once; a Flower node computes its own
+    users' part, :func:`fedpriv.evaluation.shard_clipped_score_sum`)."""
+    return clipped_score_sum(state, train, valid, clip)
+
+
+#: ``train_candidate(cfg, multipliers, secrets, clip, index) -> (result, run ledger, exact score sum)``:
+#: one run of the tuning on an engine (``result`` has ``state`` and ``timings``)
+CandidateRunner = Callable[..., tuple]
 
 
 def tune(
@@ -95,9 +99,11 @@ def tune(
     item_features=None,
     progress: bool = False,
     secrets: RunSecrets | None = None,
+    train_candidate: CandidateRunner | None = None,
 ) -> tuple[object, PrivacyLedger, dict, BudgetPlan]:
     """Run private tuning; returns (train result of the selected run, the tuning ledger, a
-    report of the selected run only, the budget plan)."""
+    report of the selected run only, the budget plan). ``train_candidate``: one run on another
+    engine (default: in process, the score computed over every user at once)."""
     spec = registry.get(algorithm)
     if not spec.private:
         raise ConfigError(f"tuning is for private algorithms ({algorithm} is not private)", field="tune")
@@ -118,14 +124,17 @@ def tune(
         with public_draws("tuning candidate"):
             c = int(pick_rng.integers(len(configs)))
         cfg = configs[c]  # same public seed in every run: a per-run seed in the output would reveal the run's index
-        res = train_inprocess(
-            algorithm, split.train, cfg, rating_range=rating_range, epsilon=epsilon, delta=delta,
-            item_features=item_features, progress=progress, multipliers=plan.multipliers, secrets=secrets.child(f"run{r}"),
-        )
-        total = private_score(res.state, split.train, split.valid, clip)
-        noisy = res.ledger.gaussian(SCORE_RELEASE, total, sensitivity=score_sensitivity(clip), noise_multiplier=plan.multipliers[SCORE_RELEASE])
+        if train_candidate is None:
+            res = train_inprocess(
+                algorithm, split.train, cfg, rating_range=rating_range, epsilon=epsilon, delta=delta,
+                item_features=item_features, progress=progress, multipliers=plan.multipliers, secrets=secrets.child(f"run{r}"),
+            )
+            run_ledger, total = res.ledger, private_score(res.state, split.train, split.valid, clip)
+        else:
+            res, run_ledger, total = train_candidate(cfg, plan.multipliers, secrets.child(f"run{r}"), clip, r)
+        noisy = run_ledger.gaussian(SCORE_RELEASE, total, sensitivity=score_sensitivity(clip), noise_multiplier=plan.multipliers[SCORE_RELEASE])
         score = float(noisy[0])
-        ledgers.append(res.ledger)
+        ledgers.append(run_ledger)
         if best is None or score < best[0]:
             best = (score, {k: getattr(cfg, k) for k in grid}, res)
     parent.repeat_and_select("tuning", ledgers, shape=tuning.shape, mean=tuning.mean)

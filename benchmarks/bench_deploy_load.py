@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from fedpriv.flower import deploy, launcher
+from fedpriv.ops import deploy, launcher
 
 
 def _mem_available_gb() -> float:

@@ -38,8 +38,8 @@ from fedpriv.algorithms import als, native
 from fedpriv.algorithms.kernels import gram_flops, segment_stats
 from fedpriv.algorithms.shards import shard_users
 from fedpriv.data.synthetic import make_mf
-from fedpriv import threads
-from fedpriv.engine import new_state, train_inprocess
+from fedpriv.util import threads
+from fedpriv.engine.inprocess import new_state, train_inprocess
 from fedpriv.privacy.weights import adaptive_omega
 
 PRESETS = {

@@ -6,7 +6,7 @@ Usage:
 
 Each setup runs one AdaDPALS job (users, mean and counts releases, then one alternating step) in
 central mode and in secure mode, one run each, over the real ClientApp: by default on the
-in-process grid (fedpriv.flower.local_grid: every message handled in this process, so the
+in-process grid (fedpriv.testing.local_grid: every message handled in this process, so the
 seconds are the protocol's computation, not Ray's messaging), with ``--ray`` on Flower's
 simulation. Prints one JSON object per setup and mode: protocol rounds, rounds per release,
 bytes up and down per node of the step's release (and of the whole job), seconds per release,
@@ -25,8 +25,8 @@ from fedpriv.algorithms import secure
 from fedpriv.algorithms.als import ALSConfig
 from fedpriv.data.splits import random_split
 from fedpriv.data.synthetic import make_mf
-from fedpriv.engine import new_state
-from fedpriv.flower.local_grid import LocalGrid
+from fedpriv.engine.inprocess import new_state
+from fedpriv.testing.local_grid import LocalGrid
 from fedpriv.flower.server_app import FlowerJob, run_job
 from fedpriv.privacy.accounting import BestOfAccountant
 

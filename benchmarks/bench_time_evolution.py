@@ -25,12 +25,12 @@ from fedpriv.algorithms.als import ALSConfig
 from fedpriv.data.interactions import Interactions
 from fedpriv.data.splits import random_split
 from fedpriv.data.synthetic import make_mf
-from fedpriv.experiments.kinds import time_curve
+from fedpriv.ops.experiments.kinds import time_curve
 
 
 def curve(algorithm: str, split, test: Interactions, features, cfg: ALSConfig, epsilon: float, eval_every: int, budget: float) -> list[dict]:
     """(training seconds, test RMSE) points, printed as they come; stops once ``budget`` training
-    seconds are spent (the experiments' time curve, :func:`fedpriv.experiments.kinds.time_curve`)."""
+    seconds are spent (the experiments' time curve, :func:`fedpriv.ops.experiments.kinds.time_curve`)."""
     points, _ = time_curve(algorithm, split, test, features, cfg, epsilon, 1e-5, (1.0, 5.0), eval_every, budget,
                            on_point=lambda p: print(json.dumps({"algorithm": algorithm, **p}), flush=True))
     return points

@@ -1,6 +1,6 @@
 """fedpriv: federated, user-level differentially private recommendation on Flower.
 
-The Python API (:mod:`fedpriv.api`, :mod:`fedpriv.model`), exported here and loaded on first
+The Python API (:mod:`fedpriv.api`, :mod:`fedpriv.run.model`), exported here and loaded on first
 use, so that ``import fedpriv`` stays light (no torch, no Flower, no pandas):
 
 - :func:`load_data`: a data spec (``"ml-100k:PATH"``, ``"csv:PATH"``, ...) or a pandas DataFrame;
@@ -20,8 +20,8 @@ _EXPORTS = {
     "train": "fedpriv.api",
     "plan": "fedpriv.api",
     "Result": "fedpriv.api",
-    "Model": "fedpriv.model",
-    "load_model": "fedpriv.model",
+    "Model": "fedpriv.run.model",
+    "load_model": "fedpriv.run.model",
     "Interactions": "fedpriv.data.interactions",
     "Job": "fedpriv.run",
     "RunReport": "fedpriv.run",

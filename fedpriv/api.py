@@ -10,7 +10,7 @@
 
 The command line is a thin layer over these functions (``fedpriv run`` calls :func:`train`,
 ``fedpriv privacy plan`` calls :func:`plan`, ``fedpriv recommend`` calls
-:meth:`fedpriv.model.Model.recommend`): the same arguments give the same ``metrics.json``, and
+:meth:`fedpriv.run.model.Model.recommend`): the same arguments give the same ``metrics.json``, and
 bad input raises the same :class:`fedpriv.errors.FedprivError` with the same message.
 """
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from .data.loaders import Dataset
     from .data.spec import DataSpec
-    from .model import Model
+    from .run.model import Model
     from .privacy.plan import BudgetPlan, TuningPlan
     from .run import RunReport
 
@@ -51,7 +51,7 @@ class Result:
         return self.metrics.get("epsilon_spent")
 
     def save_model(self, path: str | os.PathLike) -> os.PathLike:
-        """Write the released model to the folder ``path`` (:meth:`fedpriv.model.Model.save`)."""
+        """Write the released model to the folder ``path`` (:meth:`fedpriv.run.model.Model.save`)."""
         if self.model is None:
             raise ConfigError(f"{self.metrics.get('algorithm')} releases no shared item model to save", field="save_model")
         return self.model.save(path)
@@ -89,7 +89,7 @@ class _keywords:
 
 def _engine(engine, options: dict[str, Any]):
     """An engine object of ``engine`` (a name or an Engine) and its keyword options."""
-    from .flower.launcher import FlwrRun
+    from .ops.launcher import FlwrRun
     from .run import Engine, InProcess
 
     if isinstance(engine, Engine):
@@ -139,7 +139,7 @@ def train(
     ``aggregation="secure"``, ``recommend="mgem"``, ...). ``engine``: ``"inprocess"`` (this
     process), ``"flower"`` (``flwr run`` on Flower's local simulation federation, as
     ``fedpriv run --engine flower``), or an engine object (:class:`fedpriv.run.InProcess`,
-    :class:`~fedpriv.run.FlowerSimulation`, :class:`~fedpriv.flower.launcher.FlwrRun`, ...);
+    :class:`~fedpriv.run.FlowerSimulation`, :class:`~fedpriv.ops.launcher.FlwrRun`, ...);
     ``engine_options``: the named engine's options (``{"users_per_node": 20}``).
     ``noise_seed``: reproducible noise (privacy then holds only against those who do not know
     it); by default all noise comes from the OS CSPRNG. ``data_options``: csv/parquet options

@@ -3,7 +3,7 @@
 Every command builds a :class:`fedpriv.run.Job` (the flags are parsed here: the only place,
 with the ``flwr run`` run-config reader, where a job's values are strings) and runs its plan on
 an engine: ``--engine inprocess`` (default) in this process, ``--engine flower`` with
-``flwr run`` on Flower's local simulation runtime (:class:`fedpriv.flower.launcher.FlwrRun`)."""
+``flwr run`` on Flower's local simulation runtime (:class:`fedpriv.ops.launcher.FlwrRun`)."""
 
 from __future__ import annotations
 
@@ -69,14 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     rc.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     sel = sub.add_parser("selection", help="private selection with heterogeneous sensitivities: synthetic scenarios, bandit under shift")
     ssub = sel.add_subparsers(dest="selection_command", required=True)
-    from .flower import deploy  # light at import: flwr and the data code load on use
-    from .selection import bandit, scenarios  # light modules: numpy and the ledger
+    from .ops import deploy  # light at import: flwr and the data code load on use
+    from .studies.selection import bandit, scenarios  # light modules: numpy and the ledger
 
     deploy.add_deploy_arguments(sub.add_parser("deploy", help="Flower deployment runtime on loopback: SuperLink + SuperNodes (TLS, node authentication, per-node data); up, run, down"))
     scenarios.add_scenarios_arguments(ssub.add_parser("scenarios", help="the paper's synthetic scenarios: MSE to the optimum per mechanism and epsilon (selection.json, plots)"))
     bandit.add_bandit_arguments(ssub.add_parser("bandit", help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)"))
-    from . import report  # light at import: the standard library
-    from .experiments import (
+    from .ops import report  # light at import: the standard library
+    from .ops.experiments import (
         runner as experiments_runner,  # light at import: the config parser
     )
 
@@ -95,19 +95,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "recommend":
             return _recommend(args)
         if args.command == "deploy":
-            from .flower import deploy
+            from .ops import deploy
 
             return deploy.deploy_command(args)
         if args.command == "experiment":
-            from .experiments import runner as experiments_runner
+            from .ops.experiments import runner as experiments_runner
 
             return experiments_runner.experiment_command(args)
         if args.command == "report":
-            from . import report
+            from .ops import report
 
             return report.report_command(args)
         if args.command == "selection":
-            from .selection import bandit, scenarios
+            from .studies.selection import bandit, scenarios
 
             return (scenarios if args.selection_command == "scenarios" else bandit).command(args)
     except FedprivError as exc:
@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from .flower.launcher import FlwrRun
-    from .model import check_model_folder
+    from .ops.launcher import FlwrRun
+    from .run.model import check_model_folder
     from .run import InProcess, Job, parse_overrides, write_outputs
 
     params: dict = parse_overrides(args.overrides)
@@ -156,7 +156,7 @@ def _run(args) -> int:
 
 
 def _recommend(args) -> int:
-    from .model import load_model, read_user_ratings
+    from .run.model import load_model, read_user_ratings
 
     model = load_model(args.model)
     items, ratings = read_user_ratings(args.ratings, implicit=model.state.implicit)

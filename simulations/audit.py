@@ -72,7 +72,7 @@ from fedpriv.algorithms.shards import UserShard, shard_users
 from fedpriv.data.export import write_ml100k
 from fedpriv.data.loaders import Dataset, load_dataset
 from fedpriv.data.spec import load_spec, parse_data_spec
-from fedpriv.engine import new_state
+from fedpriv.engine.inprocess import new_state
 from fedpriv.privacy.accounting import epsilon_pld, epsilon_rdp
 from fedpriv.privacy.audit import audit_gaussian_release
 from fedpriv.privacy.ledger import PrivacyLedger, Release

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedpriv import atomic
+from fedpriv.util import atomic
 from fedpriv.data.spec import load_spec, parse_data_spec
 from fedpriv.data.splits import random_split
 from fedpriv.run import InProcess, Job

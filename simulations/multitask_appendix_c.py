@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedpriv.algorithms.multitask import METHODS, MultiTaskConfig, run_multitask
+from fedpriv.studies.multitask import METHODS, MultiTaskConfig, run_multitask
 from fedpriv.data.synthetic import make_multitask
 
 MUS = (0.0, 1 / 8, 1 / 4, 1 / 3, 1 / 2, 1.0)

@@ -3,7 +3,7 @@ messages and on the server's view of the replies. It prints, per attack, what it
 
 The run: ``--algorithm`` at ``--epsilon`` on ``--data`` (a generated set is written in the
 ML-100K layout and read back through the real loader), over an in-process Flower grid
-(:class:`fedpriv.flower.local_grid.LocalGrid`, the real ServerApp loop and ClientApp) whose
+(:class:`fedpriv.testing.local_grid.LocalGrid`, the real ServerApp loop and ClientApp) whose
 observer keeps every message a node receives. Published: ``metrics.json``, ``ledger.json`` and
 those messages.
 
@@ -76,9 +76,9 @@ from fedpriv.data.export import write_interactions_ml100k, write_ml100k  # noqa:
 from fedpriv.data.loaders import load_dataset  # noqa: E402
 from fedpriv.data.spec import load_spec, parse_data_spec  # noqa: E402
 from fedpriv.data.splits import random_split  # noqa: E402
-from fedpriv.engine import train_inprocess  # noqa: E402
+from fedpriv.engine.inprocess import train_inprocess  # noqa: E402
 from fedpriv.flower import codec  # noqa: E402
-from fedpriv.flower.local_grid import LocalGrid  # noqa: E402
+from fedpriv.testing.local_grid import LocalGrid  # noqa: E402
 from fedpriv.flower.server_app import run_job  # noqa: E402
 from fedpriv.privacy.neighbours import ReplayLedger, influence  # noqa: E402
 from fedpriv.privacy.randomness import RunSecrets, user_keys  # noqa: E402

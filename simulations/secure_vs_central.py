@@ -7,7 +7,7 @@ Usage:
 
 Each run is `fedpriv run ALGORITHM --engine flower --aggregation MODE` (fedpriv.run.run) with the
 real ClientApp and ServerApp; ``--grid local`` (default) delivers the messages in process
-(fedpriv.flower.local_grid), ``--grid ray`` on Flower's simulation. The same noise seed in both
+(fedpriv.testing.local_grid), ``--grid ray`` on Flower's simulation. The same noise seed in both
 modes gives both the same split and initialisation, not the same noise (central draws Gaussian
 noise in the ledger; secure mode's nodes draw Skellam shares). Writes runs.csv and summary.json
 (per epsilon: mean and standard deviation of test RMSE per mode, their difference, epsilon spent),
@@ -23,8 +23,8 @@ import json
 import statistics
 from pathlib import Path
 
-from fedpriv import atomic
-from fedpriv.flower.local_grid import LocalGrid
+from fedpriv.util import atomic
+from fedpriv.testing.local_grid import LocalGrid
 from fedpriv.flower.server_app import run_job
 from fedpriv.run import run
 

@@ -2,7 +2,7 @@
 Sec. IX and Appendix H): cumulative regret of UCB, Thompson sampling and the private policies
 (RNM, kRR, GEM, mGEM, RS; EM optional) when the arms' means and spreads swap at T/2.
 
-Everything is in :mod:`fedpriv.selection.bandit` (module docstring: the paper's prose vs the
+Everything is in :mod:`fedpriv.studies.selection.bandit` (module docstring: the paper's prose vs the
 parameters chosen here); this script is the same as ``fedpriv selection bandit``.
 
 Usage:
@@ -17,7 +17,7 @@ import argparse
 import sys
 
 from fedpriv.errors import FedprivError
-from fedpriv.selection import bandit
+from fedpriv.studies.selection import bandit
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from fedpriv.algorithms import recommend  # noqa: E402
 from fedpriv.algorithms.als import ALSConfig  # noqa: E402
 from fedpriv.data.spec import load_spec, parse_data_spec  # noqa: E402
 from fedpriv.data.splits import random_split  # noqa: E402
-from fedpriv.engine import recommend_inprocess, train_inprocess  # noqa: E402
+from fedpriv.engine.inprocess import recommend_inprocess, train_inprocess  # noqa: E402
 from fedpriv.errors import FedprivError  # noqa: E402
 from fedpriv.privacy.accounting import epsilon_bounds  # noqa: E402
 

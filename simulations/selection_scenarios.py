@@ -1,6 +1,6 @@
 """Synthetic private-selection scenarios of Antonova et al. (SaTML 2025), §VI-VII: MSE of every
 selection mechanism against epsilon on the bimodal, more realistic, increasing-correlation and
-polarised scenarios (:mod:`fedpriv.selection.scenarios`; same as ``fedpriv selection scenarios``).
+polarised scenarios (:mod:`fedpriv.studies.selection.scenarios`; same as ``fedpriv selection scenarios``).
 
 Usage:
   python simulations/selection_scenarios.py --out results/selection            # full run
@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from fedpriv.errors import FedprivError
-from fedpriv.selection import scenarios
+from fedpriv.studies.selection import scenarios
 
 
 def main(argv: list[str] | None = None) -> int:

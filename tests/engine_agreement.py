@@ -4,7 +4,7 @@ engine (shared by the simulation and the Ray-cluster tests)."""
 import numpy as np
 import pytest
 
-from fedpriv.evaluation import evaluate_rmse
+from fedpriv.algorithms.evaluation import evaluate_rmse
 
 
 def assert_same_as_inprocess(res, ref, split) -> None:

@@ -3,10 +3,10 @@ import pytest
 
 from fedpriv.algorithms.als import ALSConfig
 from fedpriv.data.interactions import Interactions
-from fedpriv.engine import train_inprocess
+from fedpriv.engine.inprocess import train_inprocess
 from fedpriv.privacy.randomness import RunSecrets
 from fedpriv.errors import ConfigError
-from fedpriv.evaluation import evaluate_rmse
+from fedpriv.algorithms.evaluation import evaluate_rmse
 
 
 def _planted(n_users=400, n_items=150, rank=3, density=0.5, seed=0):

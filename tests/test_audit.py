@@ -175,7 +175,7 @@ def test_neighbours_renumber_every_other_user_and_keep_their_contributions(scrip
     the other users' exact item statistics are bit for bit the same on D and D' (same raw id,
     same key, same sampled items), so the difference is the audited user's alone."""
     from fedpriv.algorithms import protocol
-    from fedpriv.engine import new_state
+    from fedpriv.engine.inprocess import new_state
     from fedpriv.privacy.randomness import RunSecrets
 
     cfg = _cfg(script, **SAMPLING)

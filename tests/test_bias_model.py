@@ -7,9 +7,9 @@ import pytest
 from fedpriv.algorithms import bias
 from fedpriv.algorithms.als import ALSConfig
 from fedpriv.algorithms.shards import shard_users
-from fedpriv.engine import train_inprocess
+from fedpriv.engine.inprocess import train_inprocess
 from fedpriv.errors import ConfigError
-from fedpriv.evaluation import evaluate_rmse
+from fedpriv.algorithms.evaluation import evaluate_rmse
 from fedpriv.privacy.randomness import RunSecrets
 
 RANGE = (1.0, 5.0)
@@ -57,7 +57,7 @@ def test_the_private_bias_model_spends_its_budget_on_four_releases_and_beats_the
 
 
 def test_both_engines_release_the_same_bias_model(tmp_path):
-    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.testing.local_grid import LocalGrid
     from fedpriv.flower.server_app import run_job
     from fedpriv.run import run
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from fedpriv.cli import main
-from fedpriv.flower import launcher
+from fedpriv.ops import launcher
 
 SYN = "synthetic-mf:users=60,items=40,ratings=1500,seed=2"
 

@@ -19,7 +19,7 @@ import pytest
 
 from fedpriv.cli import main
 from fedpriv.errors import ConfigError, FedprivError
-from fedpriv.flower import deploy, launcher
+from fedpriv.ops import deploy, launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 SYN = "synthetic-mf:users=300,items=100,ratings=9000,seed=1"
@@ -62,7 +62,7 @@ def test_compose_file_runs_the_builders_commands():
     import yaml
 
     text = (ROOT / "docker" / "compose.yml").read_text()
-    assert text == deploy.compose_yaml(3), "docker/compose.yml is stale: python -m fedpriv.flower.deploy compose --nodes 3 > docker/compose.yml"
+    assert text == deploy.compose_yaml(3), "docker/compose.yml is stale: python -m fedpriv.ops.deploy compose --nodes 3 > docker/compose.yml"
     services = yaml.safe_load(text)["services"]
     want = deploy.compose_services(3)
     assert sorted(services) == sorted(want) == ["register", "superlink", "supernode-0", "supernode-1", "supernode-2"]
@@ -176,7 +176,7 @@ def test_client_handlers_read_the_node_folder(tmp_path):
     from flwr.app import Context, Message, RecordDict
 
     from fedpriv.algorithms import als
-    from fedpriv.engine import new_state
+    from fedpriv.engine.inprocess import new_state
     from fedpriv.flower import client_app, codec
 
     cfg = deploy.prepare(_cfg(tmp_path, data=SYN, users_per_node=100, tls=False, auth=False))
@@ -463,7 +463,7 @@ def test_clientapp_gate_bounds_concurrent_processes(tmp_path, monkeypatch):
     import subprocess
     import time
 
-    from fedpriv.flower.deploy.processes import CLIENTAPP_SLOTS_ENV, clientapp_gate
+    from fedpriv.ops.deploy.processes import CLIENTAPP_SLOTS_ENV, clientapp_gate
 
     if shutil.which("flock") is None:
         pytest.skip("no flock (util-linux)")

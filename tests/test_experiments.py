@@ -15,8 +15,8 @@ import pytest
 
 from fedpriv.cli import main
 from fedpriv.errors import ConfigError
-from fedpriv.experiments import config, runner
-from fedpriv.experiments.neighbours import (
+from fedpriv.ops.experiments import config, runner
+from fedpriv.ops.experiments.neighbours import (
     neighbours,
     overlap_by_bucket,
     overlap_per_item,
@@ -118,7 +118,7 @@ def test_bad_config_cli_exit_2_and_nothing_written(tmp_path, capsys):
 def test_include_defaults_makes_trial_zero_the_methods_own_params(tmp_path):
     """With include_defaults, trial 0 is the method's params with nothing drawn (what fedpriv run
     does without --set) and the drawn trials follow, unchanged; the search can choose it."""
-    from fedpriv.experiments.grid import candidates
+    from fedpriv.ops.experiments.grid import candidates
 
     space = {"rank": [1, 2, 4], "reg_item_private": [1.0, 5.0, 20.0]}
     plain = candidates(space, {"trials": 3, "seed": 5}, "ada")
@@ -341,7 +341,7 @@ def test_movie_titles_for_the_neighbours_table():
 def test_search_summaries_and_headlines_share_one_direction_per_metric():
     """One rule for "higher is better" (it used to differ between the search and the headline:
     accuracy was maximised by one and minimised by the other, overlap the other way round)."""
-    from fedpriv.experiments import grid, runner
+    from fedpriv.ops.experiments import grid, runner
 
     assert runner.metric_direction is grid.metric_direction
     for metric in ("valid_recall_at_20", "valid_accuracy", "rec_hit_rate", "nn_overlap", "test_accuracy"):

@@ -7,7 +7,7 @@ from engine_agreement import assert_same_as_inprocess
 from fedpriv.algorithms.als import ALSConfig
 from fedpriv.data.splits import random_split
 from fedpriv.data.synthetic import make_mf
-from fedpriv.engine import train_inprocess
+from fedpriv.engine.inprocess import train_inprocess
 from fedpriv.flower.server_app import FlowerJob
 from fedpriv.flower.simulation import simulate
 from fedpriv.privacy.randomness import RunSecrets
@@ -32,7 +32,7 @@ def test_run_completes_with_faulty_nodes_and_a_complete_ledger(tmp_path):
     """20% of messages fail (raise, stall past the round timeout, or garbage): the run completes,
     each rejected reply is logged with its reason, and the ledger holds every planned release."""
     from fedpriv.algorithms.als import plan_releases
-    from fedpriv.flower.chaos import make_chaos_app
+    from fedpriv.testing.chaos import make_chaos_app
     from fedpriv.privacy.accounting import epsilon_rdp
 
     syn = make_mf(200, 60, 5000, seed=5)

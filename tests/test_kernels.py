@@ -157,7 +157,7 @@ def test_cached_packing_is_keyed_by_the_layout(monkeypatch):
 
 
 def test_thread_count_and_chunks(monkeypatch):
-    from fedpriv import threads
+    from fedpriv.util import threads
     from fedpriv.errors import ConfigError
 
     monkeypatch.setenv("FEDPRIV_THREADS", "3")

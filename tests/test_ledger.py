@@ -98,7 +98,7 @@ def test_guard_catches_a_bypassing_draw(guarded_rng):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_algorithm_draws_noise_only_through_the_ledger(small_mf, guarded_rng, algorithm):
     from fedpriv.algorithms.als import ALSConfig, plan_releases
-    from fedpriv.engine import train_inprocess
+    from fedpriv.engine.inprocess import train_inprocess
 
     cfg = ALSConfig(rank=3, steps=2, ssp_steps=5, ssp_resamples=3 if algorithm == "am-ssp1" else 0)
     eps = None if algorithm == "als" else 2.0
@@ -144,7 +144,7 @@ def multitask_data():
 @pytest.mark.parametrize("schedule", ["full", "disjoint"])
 def test_personalization_draws_noise_only_through_the_ledger(personal_data, guarded_rng, algorithm, schedule):
     from fedpriv.algorithms import pam
-    from fedpriv.personalization import train_personal_inprocess as train_pam
+    from fedpriv.engine.personal import train_personal_inprocess as train_pam
 
     private = algorithm in pam.PRIVATE
     state, ledger, _ = train_pam(algorithm, personal_data, pam.PAMConfig(epochs=2, schedule=schedule, net_size=50), epsilon=2.0 if private else None, delta=1e-6)
@@ -159,7 +159,7 @@ def test_personalization_draws_noise_only_through_the_ledger(personal_data, guar
 
 @pytest.mark.parametrize("method", ["ssp", "noisy_gd"])
 def test_multitask_draws_noise_only_through_the_ledger(multitask_data, guarded_rng, method):
-    from fedpriv.algorithms.multitask import MultiTaskConfig, plan_multitask, run_multitask
+    from fedpriv.studies.multitask import MultiTaskConfig, plan_multitask, run_multitask
 
     cfg = MultiTaskConfig(steps=4)
     res = run_multitask(multitask_data, method, 0.5, 1.5, 1e-5, cfg)
@@ -240,7 +240,7 @@ def test_recommendation_draws_only_through_the_ledger(small_mf, guarded_rng, mec
     from fedpriv.algorithms.als import ALSConfig
     from fedpriv.algorithms.recommend import RecommendConfig
     from fedpriv.data.splits import random_split
-    from fedpriv.engine import recommend_inprocess, train_inprocess
+    from fedpriv.engine.inprocess import recommend_inprocess, train_inprocess
 
     split = random_split(small_mf.interactions, seed=1234)
     res = train_inprocess("adadpals", split.train, ALSConfig(rank=3, steps=1), rating_range=(1.0, 5.0), epsilon=2.0, progress=False)

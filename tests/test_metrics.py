@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fedpriv import metrics
+from fedpriv.algorithms import metrics
 
 
 def test_frequency_buckets_are_equal_sized_and_ordered():

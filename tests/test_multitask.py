@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedpriv.algorithms import multitask as mt
+from fedpriv.studies import multitask as mt
 from fedpriv.privacy.symmetric import upper
 from fedpriv.data.synthetic import make_multitask
 from fedpriv.errors import ConfigError

@@ -19,8 +19,8 @@ from neighbour_data import neighbouring_ml100k, synthetic_ratings
 from fedpriv.algorithms import als, pam, registry
 from fedpriv.data.personal import make_personal
 from fedpriv.data.splits import random_split
-from fedpriv.engine import train_inprocess
-from fedpriv.personalization import train_personal_inprocess as train_personal
+from fedpriv.engine.inprocess import train_inprocess
+from fedpriv.engine.personal import train_personal_inprocess as train_personal
 from fedpriv.privacy.neighbours import ReplayLedger, influence
 from fedpriv.privacy.randomness import RunSecrets
 

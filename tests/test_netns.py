@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import secrets
 import shutil
 import socket
 import subprocess
@@ -27,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from netns_hosts import ip, namespaces, netns_inode, netns_list, pid_netns_inode, probe
 
-from fedpriv.flower import deploy, launcher
+from fedpriv.ops import deploy, launcher
 
 DATA = "synthetic-mf:users=30,items=20,ratings=400,seed=3"
 USERS_PER_NODE = 10  # 30 users: 3 partitions, 3 nodes
@@ -39,59 +39,7 @@ EPSILON = 4.0
 AGGREGATION = "secure"
 
 
-# ------------------------------------------------------------------------------ namespaces
-@dataclasses.dataclass
-class Hosts:
-    link: str  # namespace of the SuperLink ("host A")
-    nodes: str  # namespace of the SuperNodes ("host B")
-    a: str  # A's address on the veth
-    b: str  # B's address on the veth
-
-
-def _ip(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
-    return subprocess.run([shutil.which("ip") or "ip", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def _netns_list() -> str:
-    return _ip("netns", "list").stdout
-
-
-@contextlib.contextmanager
-def _namespaces():
-    """Two fresh namespaces joined by a veth pair on a random 10.213.R.0/30; skips unless we
-    are root with iproute2 and namespaces work. Deleted on exit (processes still inside are
-    killed first: only this test starts processes in them)."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("network namespaces are Linux only")
-    if os.geteuid() != 0:
-        pytest.skip("needs root (creates network namespaces)")
-    if shutil.which("ip") is None:
-        pytest.skip("needs `ip` (iproute2)")
-    tag = secrets.token_hex(3)
-    r = secrets.randbelow(256)
-    hosts = Hosts(link=f"fp-link-{tag}", nodes=f"fp-nodes-{tag}", a=f"10.213.{r}.1", b=f"10.213.{r}.2")
-    created: list[str] = []
-    try:
-        for ns in (hosts.link, hosts.nodes):
-            res = _ip("netns", "add", ns)
-            if res.returncode != 0:
-                pytest.skip(f"network namespaces do not work here: `ip netns add {ns}` failed: {res.stderr.strip()}")
-            created.append(ns)
-        veth_a, veth_b = f"fpl-{tag}", f"fpn-{tag}"
-        res = _ip("link", "add", veth_a, "netns", hosts.link, "type", "veth", "peer", "name", veth_b, "netns", hosts.nodes)
-        if res.returncode != 0:
-            pytest.skip(f"cannot create a veth pair between namespaces: {res.stderr.strip()}")
-        for ns, dev, addr in ((hosts.link, veth_a, hosts.a), (hosts.nodes, veth_b, hosts.b)):
-            for args in (("link", "set", "lo", "up"), ("addr", "add", f"{addr}/30", "dev", dev), ("link", "set", dev, "up")):
-                res = _ip("-n", ns, *args)
-                assert res.returncode == 0, f"ip -n {ns} {' '.join(args)}: {res.stderr}"
-        yield hosts
-    finally:
-        for ns in created:
-            leftover = [int(p) for p in _ip("netns", "pids", ns).stdout.split()]
-            if leftover:  # safety net: only this test started processes in its namespaces
-                launcher.terminate_pids(leftover, 5.0)
-            _ip("netns", "del", ns)
+# ------------------------------------------------------------------------------ namespaces (tests/netns_hosts.py)
 
 
 def _wrappers(folder: Path, ns: str) -> str:
@@ -104,35 +52,6 @@ def _wrappers(folder: Path, ns: str) -> str:
         path.write_text(f'#!/bin/sh\nexec {ip} netns exec {ns} {venv_bin / name} "$@"\n')
         path.chmod(0o755)
     return str(folder)
-
-
-_PROBE = """
-import json, socket, sys, time
-out = {}
-for spec in sys.argv[2:]:
-    host, port = spec.rsplit(":", 1)
-    deadline = time.monotonic() + float(sys.argv[1])
-    while True:
-        try:
-            socket.create_connection((host, int(port)), timeout=1.0).close()
-            out[spec] = "open"
-            break
-        except OSError as exc:
-            out[spec] = type(exc).__name__
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.3)
-print(json.dumps(out))
-"""
-
-
-def _probe(ns: str, addresses: list[str], wait: float = 0.0) -> dict[str, str]:
-    """From inside namespace ``ns``: for each host:port, 'open' or the connect error (retried
-    for ``wait`` seconds until open)."""
-    r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", _PROBE, str(wait), *addresses],
-                       capture_output=True, text=True, timeout=wait * len(addresses) + 60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 # ------------------------------------------------------------------------------ processes
@@ -166,14 +85,6 @@ def _tails(logs: Path, n: int = 25) -> str:
     return "\n".join(out)
 
 
-def _netns_inode(ns: str) -> int:
-    return os.stat(f"/run/netns/{ns}").st_ino
-
-
-def _pid_netns_inode(pid: int) -> int:
-    return os.stat(f"/proc/{pid}/ns/net").st_ino
-
-
 def _files_under(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
@@ -185,20 +96,20 @@ def test_superlink_and_supernodes_on_separate_hosts(tmp_path, monkeypatch):
     logs = tmp_path / "logs"
     procs: dict[str, subprocess.Popen] = {}
     seen: list[int] = []
-    with _namespaces() as hosts:
+    with namespaces("fp-link", "fp-nodes") as hosts:
         monkeypatch.setenv("NO_PROXY", ",".join(x for x in (os.environ.get("NO_PROXY", ""), hosts.a) if x))
         monkeypatch.setenv("no_proxy", ",".join(x for x in (os.environ.get("no_proxy", ""), hosts.a) if x))
         try:
             # host A's run folder: certificate for A's address, node keys, per-node data, CLI connection
             cfg = deploy.DeployConfig(run_dir=tmp_path / "host-a", nodes=NODES, data=DATA, users_per_node=USERS_PER_NODE,
                                       bind_host=hosts.a, superlink_host=hosts.a,
-                                      bin_dir=_wrappers(tmp_path / "bin-a", hosts.link))
+                                      bin_dir=_wrappers(tmp_path / "bin-a", hosts.ns_a))
             deploy.prepare(cfg)
             assert cfg.tls and cfg.auth
             deploy.verify_server_cert(cfg.ca_cert, cfg.server_cert, hosts.a)
 
             # host B: one folder per SuperNode with only its own files (same relative paths)
-            bin_b = _wrappers(tmp_path / "bin-b", hosts.nodes)
+            bin_b = _wrappers(tmp_path / "bin-b", hosts.ns_b)
             node_cfgs = []
             for i in range(NODES):
                 own = tmp_path / "host-b" / f"node-{i}"
@@ -231,19 +142,19 @@ def test_superlink_and_supernodes_on_separate_hosts(tmp_path, monkeypatch):
             # SuperLink on host A
             _start(cfg, "superlink", sl_cmd, cfg.run_dir, cfg.flwr_home, logs, procs)
             fleet, control = f"{hosts.a}:{cfg.fleet_port}", f"{hosts.a}:{cfg.control_port}"
-            assert _probe(hosts.link, [fleet, control], wait=90.0) == {fleet: "open", control: "open"}, _tails(logs)
-            assert _pid_netns_inode(procs["superlink"].pid) == _netns_inode(hosts.link)
+            assert probe(hosts.ns_a, [fleet, control], wait=90.0) == {fleet: "open", control: "open"}, _tails(logs)
+            assert pid_netns_inode(procs["superlink"].pid) == netns_inode(hosts.ns_a)
 
             # isolation: B reaches A's address, but not the host's loopback (a port listening there)
             with socket.socket() as host_lo:
                 host_lo.bind(("127.0.0.1", 0))
                 host_lo.listen()
                 host_port = host_lo.getsockname()[1]
-                seen_b = _probe(hosts.nodes, [fleet, control, f"127.0.0.1:{host_port}"])
+                seen_b = probe(hosts.ns_b, [fleet, control, f"127.0.0.1:{host_port}"])
                 assert seen_b[fleet] == seen_b[control] == "open", seen_b
                 assert seen_b[f"127.0.0.1:{host_port}"] != "open", seen_b
             # B's only IPv4 routes: the /30 on the veth (no default route: nothing but A is reachable)
-            routes = _ip("-n", hosts.nodes, "-4", "route", "show").stdout.strip().splitlines()
+            routes = ip("-n", hosts.ns_b, "-4", "route", "show").stdout.strip().splitlines()
             assert len(routes) == 1 and routes[0].startswith(hosts.a.rsplit(".", 1)[0] + ".0/30 "), routes
 
             # register the node keys through the Control API (flwr CLI on host A)
@@ -272,7 +183,7 @@ def test_superlink_and_supernodes_on_separate_hosts(tmp_path, monkeypatch):
                     time.sleep(1.0)
             for i in range(NODES):
                 pid = procs[f"supernode-{i}"].pid
-                assert _pid_netns_inode(pid) == _netns_inode(hosts.nodes)
+                assert pid_netns_inode(pid) == netns_inode(hosts.ns_b)
                 assert launcher._cmdline(pid).split().count(f"{hosts.a}:{cfg.fleet_port}") == 1
             t_up = time.perf_counter() - t0
 
@@ -294,7 +205,7 @@ def test_superlink_and_supernodes_on_separate_hosts(tmp_path, monkeypatch):
             assert not (cfg.run_dir / "node-data").exists() and (cfg.run_dir / "public" / "meta.json").is_file()
             ledger = json.loads((cfg.out_dir / "ledger.json").read_text())
             assert ledger and all(int(rec["count"]) >= 1 for rec in ledger)
-            print(f"\nnetns deploy ({hosts.link} {hosts.a} <-> {hosts.nodes} {hosts.b}), TLS+auth, {AGGREGATION}, {NODES} nodes: "
+            print(f"\nnetns deploy ({hosts.ns_a} {hosts.a} <-> {hosts.ns_b} {hosts.b}), TLS+auth, {AGGREGATION}, {NODES} nodes: "
                   f"up {t_up:.1f} s, run {t_run:.1f} s, test_rmse {saved['test_rmse']:.3f}, epsilon {saved['epsilon_spent']:.3f}; rounds "
                   + ", ".join(f"{r['round']} {r['seconds']:.1f}" for r in saved["round_log"]))
         except BaseException:
@@ -302,6 +213,6 @@ def test_superlink_and_supernodes_on_separate_hosts(tmp_path, monkeypatch):
             raise
         finally:
             seen += _stop_all(procs)
-    assert hosts.link not in _netns_list() and hosts.nodes not in _netns_list(), _netns_list()
+    assert hosts.ns_a not in netns_list() and hosts.ns_b not in netns_list(), netns_list()
     assert not any(launcher.pid_alive(p) for p in seen), [p for p in seen if launcher.pid_alive(p)]
     print(f"netns test total {time.perf_counter() - t0:.1f} s")

@@ -10,9 +10,9 @@ from fedpriv.algorithms.als import ALSConfig, plan_releases
 from fedpriv.algorithms.plans import budget_plan
 from fedpriv.data.synthetic import make_mf
 from fedpriv.data.splits import random_split
-from fedpriv.engine import train_inprocess
+from fedpriv.engine.inprocess import train_inprocess
 from fedpriv.errors import ConfigError
-from fedpriv.evaluation import evaluate_rmse
+from fedpriv.algorithms.evaluation import evaluate_rmse
 from fedpriv.privacy.accounting import PlannedRelease, calibrate, epsilon_rdp
 from fedpriv.privacy.randomness import RunSecrets
 
@@ -152,7 +152,7 @@ def test_on_implicit_data_no_default_ranks_worse_than_the_private_bias_model():
     absorb the ones) and pull every item towards 0 by gravity * n. Before that fix the default
     AdaDPALS ranked noise: Recall@20 0.001 against the bias model's 0.12 on Last.fm at eps 5."""
     from fedpriv.data.splits import heldout_users_split
-    from fedpriv.evaluation import evaluate_recall
+    from fedpriv.algorithms.evaluation import evaluate_recall
 
     inter = make_mf(2000, 300, 60000, rank=3, seed=11).interactions
     split = heldout_users_split(inter, valid_fraction=0.1, test_fraction=0.1, positive_threshold=3.5, seed=5)
@@ -179,7 +179,7 @@ def test_am_ssp_with_the_bias_stage_fits_the_residual_on_both_engines(tmp_path):
     fixed, the encoder outputs the rank coordinates only, and the two engines release the same
     model (same ledger, same test RMSE)."""
     from fedpriv.algorithms import ssp
-    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.testing.local_grid import LocalGrid
     from fedpriv.flower.server_app import run_job
     from fedpriv.run import run
 
@@ -201,7 +201,7 @@ def test_am_ssp_with_the_bias_stage_fits_the_residual_on_both_engines(tmp_path):
 def test_the_factor_floor_gives_the_same_model_on_both_engines(tmp_path):
     """The stage's released weight sums (item_support) stay on the server, which alone solves
     the items: a run with factors and a factor floor releases the same model on both engines."""
-    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.testing.local_grid import LocalGrid
     from fedpriv.flower.server_app import run_job
     from fedpriv.run import run
 

@@ -221,7 +221,7 @@ def test_the_typed_report_round_trips_and_is_frozen():
 def test_an_experiment_config_takes_csv_with_options(table, tmp_path):
     """[datasets] NAME = { spec = "csv:...", options = { ... } }: the runner loads the file with
     its options (the declared catalogue included) and every run of the grid is a Job."""
-    from fedpriv.experiments import runner
+    from fedpriv.ops.experiments import runner
 
     root, options = table
     opts = ", ".join(f'{k} = "{v}"' for k, v in options.items())
@@ -270,7 +270,7 @@ def test_private_tuning_runs_on_the_flower_engine_with_the_same_selection(tmp_pa
     """Private tuning on the Flower engine (the ServerApp logic on an in-memory grid): each run
     is a Flower job scored on the nodes; under a noise seed it selects what the in-process engine
     selects, with identical ledgers. Secure mode refuses to tune on Flower."""
-    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.testing.local_grid import LocalGrid
     from fedpriv.flower.server_app import run_job
     from fedpriv.run import FlowerCallback, InProcess, Job
 

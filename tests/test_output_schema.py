@@ -125,7 +125,7 @@ def _cli(argv: list[str], out: Path, quiet: bool = True) -> tuple[dict, list[dic
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, tuple[dict, list[dict]]]:
-    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.testing.local_grid import LocalGrid
     from fedpriv.flower.server_app import run_job
     from fedpriv.run import run, write_outputs
 

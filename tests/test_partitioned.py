@@ -15,8 +15,8 @@ from fedpriv.cli import main
 from fedpriv.data.public import load_public, node_interactions
 from fedpriv.data.spec import load_spec, parse_data_spec
 from fedpriv.data.splits import random_split
-from fedpriv.flower.deploy.nodedata import split_job, write_partition
-from fedpriv.flower.local_grid import LocalGrid
+from fedpriv.ops.deploy.nodedata import split_job, write_partition
+from fedpriv.testing.local_grid import LocalGrid
 from fedpriv.flower.partition import data_dir_of, load_shard
 from fedpriv.flower.server_app import run_job
 from fedpriv.run import run

@@ -41,7 +41,7 @@ def _free_port() -> int:
 
 
 # ------------------------------------------------------------------------------ process helpers
-from fedpriv.flower.launcher import _cmdline
+from fedpriv.ops.launcher import _cmdline
 
 
 def _ppids() -> dict[int, int]:
@@ -194,7 +194,7 @@ def _make_job(small_job, work_dir):
 
 
 def _assert_same_as_inprocess(res, small_job):
-    from fedpriv.engine import train_inprocess
+    from fedpriv.engine.inprocess import train_inprocess
 
     split, cfg = small_job
     ref = train_inprocess("adadpals", split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=1, progress=False, secrets=RunSecrets(31))

@@ -11,7 +11,7 @@ from fedpriv.algorithms.shards import shard_users
 from fedpriv.data.splits import random_split
 from fedpriv.privacy.randomness import RunSecrets
 from fedpriv.data.synthetic import make_mf
-from fedpriv.engine import recommend_inprocess, train_inprocess
+from fedpriv.engine.inprocess import recommend_inprocess, train_inprocess
 from fedpriv.errors import ConfigError
 from fedpriv.privacy.accounting import BestOfAccountant, epsilon_bounds
 from fedpriv.privacy.ledger import PrivacyLedger

@@ -49,7 +49,7 @@ def test_a_node_sees_no_exact_user_count_and_no_secret(algorithm):
     import json as _json
 
     from fedpriv.data.spec import load_spec, parse_data_spec
-    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.testing.local_grid import LocalGrid
     from fedpriv.flower.server_app import run_job
     from fedpriv.run import run
 

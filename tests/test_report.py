@@ -1,4 +1,4 @@
-"""``fedpriv.report``: one self-contained HTML page from a results folder of experiments.
+"""``fedpriv.ops.report``: one self-contained HTML page from a results folder of experiments.
 
 Builds a small results folder (two experiments: one with tables, plots, a search and runs with
 ledgers; one whose cells were all skipped), renders it and checks the page's content, the errors
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fedpriv.errors import ConfigError
-from fedpriv.report import add_report_arguments, report_command, render
+from fedpriv.ops.report import add_report_arguments, report_command, render
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 RESULT_COLUMNS = [

@@ -18,7 +18,7 @@ import pytest
 import fedpriv
 from fedpriv.algorithms.config import ALSConfig
 from fedpriv.cli import main
-from fedpriv.model import Model
+from fedpriv.run.model import Model
 
 SPEC = "synthetic-mf:users=300,items=60,ratings=6000,seed=3"
 

@@ -7,10 +7,10 @@ import pytest
 
 from fedpriv.algorithms import secure
 from fedpriv.algorithms.als import ALSConfig, plan_releases
-from fedpriv.engine import ShardTransport, make_shards, new_state
+from fedpriv.engine.inprocess import ShardTransport, make_shards, new_state
 from fedpriv.errors import ConfigError
-from fedpriv.evaluation import evaluate_rmse
-from fedpriv.loop import SecureAggregator, train_rounds
+from fedpriv.algorithms.evaluation import evaluate_rmse
+from fedpriv.engine.loop import SecureAggregator, train_rounds
 from fedpriv.privacy.accounting import BestOfAccountant, RdpAccountant
 from fedpriv.privacy.randomness import RunSecrets
 
@@ -18,7 +18,7 @@ RANGE = (1.0, 5.0)
 
 
 def _train(small_mf, algorithm, mode, seed=1, steps=2, per_shard=30, **extra):
-    from fedpriv.engine import train_inprocess
+    from fedpriv.engine.inprocess import train_inprocess
 
     cfg = ALSConfig.from_overrides({"aggregation": mode, "steps": str(steps), "rank": "3", **extra}, algorithm)
     return train_inprocess(algorithm, small_mf.interactions, cfg, rating_range=RANGE, epsilon=5.0, users_per_shard=per_shard, progress=False, secrets=RunSecrets(seed))

@@ -10,7 +10,7 @@ from fake_grid import FakeGrid
 from fedpriv.algorithms.als import ALSConfig
 from fedpriv.data.splits import random_split
 from fedpriv.data.synthetic import make_mf
-from fedpriv.engine import train_inprocess
+from fedpriv.engine.inprocess import train_inprocess
 from fedpriv.errors import PrivacyError
 from fedpriv.flower.server_app import FlowerJob, run_job
 from fedpriv.privacy.randomness import RunSecrets
@@ -114,7 +114,7 @@ def test_a_node_refuses_to_reveal_both_shares_of_a_neighbour(tmp_path, split):
 def test_secure_recommendation_histogram_agrees_across_engines(tmp_path):
     """The private recommendation's score histogram (quantile ranges) is a secure sum too: the
     in-process engine and the Flower rounds give the same ledger and the same reports."""
-    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.testing.local_grid import LocalGrid
     from fedpriv.run import run
 
     data = "synthetic-mf:users=60,items=30,ratings=1500,seed=2"
@@ -133,7 +133,7 @@ def test_secure_personalization_agrees_across_engines(tmp_path, algorithm, sched
     """pam's statistics (initialization, alternating steps, or the single model's) as secure sums:
     the in-process blocks and the Flower nodes release the same model and ledger; the disjoint
     schedule keeps its parallel composition (groups) in secure mode."""
-    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.testing.local_grid import LocalGrid
     from fedpriv.flower.pam_server import run_pam_job
     from fedpriv.run import run
 

@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from fedpriv.errors import ConfigError
-from fedpriv.flower.local_grid import LocalGrid
+from fedpriv.testing.local_grid import LocalGrid
 from fedpriv.flower.secure_strategy import SecureDPFedAvg, flatten, secure_client_app
 from fedpriv.privacy.accounting import RdpAccountant
 

@@ -116,7 +116,7 @@ def test_a_node_refuses_an_exact_sum_of_a_private_statistic(kind):
     """A server that asks for a release's sum without noise (an exact plan for a noised kind)
     gets nothing: the node refuses before it computes anything."""
     from fedpriv.flower import secure_client
-    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.testing.local_grid import LocalGrid
 
     LocalGrid(1)  # sets Flower's task identity so that Message() can be built
     msg = _mask_message(kind, dn.ExactPlan((("x", 3),), n_nodes=3))
@@ -128,7 +128,7 @@ def test_a_node_refuses_an_exact_sum_of_a_private_statistic(kind):
 @pytest.mark.parametrize("kind", ["eval", "rec_eval", "pam_eval"])
 def test_a_node_refuses_a_noised_plan_for_a_measurement(kind):
     from fedpriv.flower import secure_client
-    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.testing.local_grid import LocalGrid
 
     LocalGrid(1)
     msg = _mask_message(kind, _plan())
@@ -190,7 +190,7 @@ def test_with_a_majority_threshold_a_split_unmask_request_never_yields_both_secr
 # ---------------------------------------------------------------------------- plaintext replies
 def test_the_info_reply_is_the_partition_id_only():
     from fedpriv.flower.client_app import info
-    from fedpriv.flower.local_grid import LocalGrid
+    from fedpriv.testing.local_grid import LocalGrid
 
     LocalGrid(1)
     msg = Message(RecordDict(), dst_node_id=1, message_type="query.info")

@@ -1,4 +1,4 @@
-"""Two-armed bandit under distribution shift (fedpriv.selection.bandit)."""
+"""Two-armed bandit under distribution shift (fedpriv.studies.selection.bandit)."""
 
 import argparse
 import json
@@ -10,8 +10,8 @@ import pytest
 from fedpriv.errors import ConfigError
 from fedpriv.privacy.accounting import epsilon_bounds
 from fedpriv.privacy.ledger import PrivacyLedger
-from fedpriv.selection import bandit
-from fedpriv.selection.bandit import ACTION_NAME, MEAN_PREFIX, QUANTILE_PREFIX, Environment, HybridCounter, private_quantile, simulate_bandit
+from fedpriv.studies.selection import bandit
+from fedpriv.studies.selection.bandit import ACTION_NAME, MEAN_PREFIX, QUANTILE_PREFIX, Environment, HybridCounter, private_quantile, simulate_bandit
 
 DELTA = 1e-6
 

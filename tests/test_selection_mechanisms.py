@@ -16,7 +16,7 @@ import pytest
 
 from fedpriv.errors import ConfigError
 from fedpriv.privacy import tnb
-from fedpriv.selection import exact as X
+from fedpriv.studies.selection import exact as X
 from fedpriv.privacy import selection as M
 
 

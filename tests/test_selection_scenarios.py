@@ -1,4 +1,4 @@
-"""Synthetic selection scenarios (fedpriv.selection.scenarios): the orderings of the paper's
+"""Synthetic selection scenarios (fedpriv.studies.selection.scenarios): the orderings of the paper's
 bimodal scenarios 1-3, the quantile rule, outputs and CLI glue."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from fedpriv.errors import ConfigError
 from fedpriv.privacy import selection as mechanisms
-from fedpriv.selection import scenarios as sc
+from fedpriv.studies.selection import scenarios as sc
 
 TRIALS = 600
 EPS = (0.1, 1.0)

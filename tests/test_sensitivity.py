@@ -342,7 +342,7 @@ def test_a_user_with_1e5_ratings_moves_each_release_by_at_most_its_sensitivity(a
 
 # ----------------------------------------------------------------------------- non-private ALS
 def test_non_private_als_makes_no_release(small_mf):
-    from fedpriv.engine import train_inprocess
+    from fedpriv.engine.inprocess import train_inprocess
 
     cfg = als.ALSConfig(rank=2, steps=1, gravity=0.5)
     assert "als" in als.ALGORITHMS and "als" not in PRIVATE

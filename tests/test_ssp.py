@@ -165,7 +165,7 @@ def test_am_dpsgd_user_gradient_is_clipped(n_ratings, rating, seed):
 
 @pytest.mark.parametrize("algorithm,resamples,count", [("am-ssp", 0, 2), ("am-ssp1", 0, 2 * 6), ("am-ssp1", 3, 2 * 3)])
 def test_ssp_resampling_is_accounted_per_draw(small_mf, algorithm, resamples, count):
-    from fedpriv.engine import train_inprocess
+    from fedpriv.engine.inprocess import train_inprocess
 
     cfg = als.ALSConfig(rank=2, steps=2, ssp_steps=6, ssp_resamples=resamples)
     res = train_inprocess(algorithm, small_mf.interactions, cfg, rating_range=(1, 5), epsilon=3.0, item_features=small_mf.item_features, progress=False)
@@ -222,7 +222,7 @@ def test_cli_runs_am_ssp_and_names_a_bad_feature_field(tmp_path, capsys):
 def test_flower_and_inprocess_agree_for_encoder_algorithms(tmp_path, algorithm):
     from fedpriv.data.splits import random_split
     from fedpriv.data.synthetic import make_mf
-    from fedpriv.engine import train_inprocess
+    from fedpriv.engine.inprocess import train_inprocess
     from fedpriv.flower.server_app import FlowerJob
     from fedpriv.flower.simulation import simulate
 
@@ -235,7 +235,7 @@ def test_flower_and_inprocess_agree_for_encoder_algorithms(tmp_path, algorithm):
     assert np.allclose(res.state.item_factors, ref.state.item_factors, rtol=1e-4, atol=1e-5)
     assert res.ledger.to_list() == ref.ledger.to_list() and res.rejected == []
     if algorithm == "am-ssp-convex":
-        from fedpriv.evaluation import evaluate_logistic
+        from fedpriv.algorithms.evaluation import evaluate_logistic
 
         loss, acc, _ = evaluate_logistic(ref.state, split.train, split.test, split.train.item_counts())
         assert res.logistic["test"]["logloss"] == pytest.approx(loss, rel=1e-6) and res.logistic["test"]["accuracy"] == pytest.approx(acc)
@@ -300,7 +300,7 @@ def test_each_variant_is_accounted_like_its_closed_form(small_mf, algorithm):
     """The ledger of each variant holds its planned releases; unsampled variants compose to the
     closed-form Gaussian epsilon (rho = sum count / 2 z^2), and AM-DPSGD's sampled rounds cost
     less than the same rounds unsampled."""
-    from fedpriv.engine import train_inprocess
+    from fedpriv.engine.inprocess import train_inprocess
     from fedpriv.privacy.accounting import gaussian_epsilon_closed_form, zcdp_rho
     from fedpriv.privacy.ledger import Release
 

@@ -34,5 +34,6 @@ SPEC = register(
         defaults=(("rank", "0"), ("steps", "1"), ("reg_noise_units", "3"), ("item_bias", "true"), ("user_bias", "true"), ("bias_share", "0.99"),
                   ("defaults", "noise-aware")),
         fixed=("rank", "item_bias", "user_bias"),
+        bias_model=True,
     )
 )

@@ -31,7 +31,7 @@ import dataclasses
 import math
 
 from ..privacy.accounting import calibrate
-from . import als
+from . import als, registry
 
 FACTOR_SNR = 350.0  # below: the bias model alone (see the module docstring)
 # the bias model's own settings below FACTOR_SNR (the stage, or the ``bias`` algorithm's step):
@@ -69,7 +69,7 @@ def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: 
     """The rule's values (typed) for a private run of the ALS family or of ``bias``."""
     s = snr(epsilon, delta, n_items, n_users)
     ridge, clip = bias_settings(s)
-    if algorithm == "bias":
+    if registry.get(algorithm).bias_model:
         return {"reg_noise_units": ridge, "rating_clip": clip}
     if s < FACTOR_SNR:
         return {**BIAS_ONLY, "bias_ridge_units": ridge, "rating_clip": clip}

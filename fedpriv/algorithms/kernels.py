@@ -25,7 +25,7 @@ float32 sums, and every caller (both engines, every ClientApp) goes through
 
 Batched Cholesky solves and eigen-decompositions run one small matrix after another inside
 torch and LAPACK; :func:`solve_spd` and :func:`project_psd` split the batch over
-:func:`fedpriv.threads.thread_count` threads, and :func:`project_psd` decomposes only the
+:func:`fedpriv.util.threads.thread_count` threads, and :func:`project_psd` decomposes only the
 matrices that need it (a Cholesky test finds those already above the floor).
 """
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..privacy.symmetric import from_upper, upper  # noqa: F401 - the wire format of d x d blocks
-from ..threads import map_chunks, thread_count
+from ..util.threads import map_chunks, thread_count
 from . import native
 
 # a padded block holds at most this many floats (about 4 MB: the gathered rows of a block stay

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 def is_private(algorithm: str) -> bool:
     """True for the algorithms that release only through the ledger (they need an epsilon)."""
-    from . import pam  # light: numpy and the privacy core
+    from . import pam, registry  # light: numpy and the privacy core; the specs
 
     if algorithm in pam.PAM_ALGORITHMS:
         return algorithm in pam.PRIVATE
-    return algorithm != "als"
+    if algorithm in registry.names():
+        return registry.get(algorithm).private
+    return True  # an unknown name: the run refuses it later, naming the known ones

@@ -473,7 +473,7 @@ def _run_secure(transport, state: PAMState, ledger: PrivacyLedger) -> list[dict]
 # ---------------------------------------------------------------------------- the rounds
 def run_pam_rounds(transport, state: PAMState, ledger: PrivacyLedger | None) -> list[dict]:
     """The rounds of a personalization algorithm, for both engines (the in-process driver of
-    :mod:`fedpriv.personalization` and the Flower ServerApp of :mod:`fedpriv.flower.pam_server`):
+    :mod:`fedpriv.engine.personal` and the Flower ServerApp of :mod:`fedpriv.flower.pam_server`):
     the ``transport`` returns the summed, checked client statistics of each round
     (``single_stats``, ``exp_scores``, ``init_stats``, ``step_stats``); the releases go through
     the ledger here (secure mode: the nodes' noise shares are summed securely, see

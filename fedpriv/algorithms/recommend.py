@@ -128,7 +128,7 @@ def client_scores(shard: UserShard, state: als.PublicState, candidates: np.ndarr
     """(n_users, k) predicted ratings of the shard's users for the candidates, clipped to the
     rating range (``clip=False``: as predicted, for ranking); the user vectors are solved
     locally (and clipped to ``user_clip``). The one scoring function of the ClientApp's private
-    recommendation and of a saved model's :meth:`fedpriv.model.Model.recommend`."""
+    recommendation and of a saved model's :meth:`fedpriv.run.model.Model.recommend`."""
     if shard.n_users == 0:
         return np.zeros((0, len(candidates)))
     U = als.client_user_vectors(shard, state).astype(np.float64)

@@ -60,6 +60,7 @@ class AlgorithmSpec:
     resamples: Callable | None = None  # cfg -> independent noisings of a step's statistics (SSP1)
     defaults: tuple[tuple[str, str], ...] = ()  # config values this algorithm starts from (overrides win)
     fixed: tuple[str, ...] = ()  # config keys of ``defaults`` an override may not change
+    bias_model: bool = False  # the private bias model itself: the noise-aware rule sets its ridge and clip only
 
     def noisings(self, cfg) -> int:
         """Independent noise draws of the item statistics per alternating step (1 unless SSP1)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
-from ..draws import public_draws
+from ..util.draws import public_draws
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from .. import evaluation
+from ..algorithms import evaluation
 from ..algorithms import als, protocol
 from . import codec
 from .pam_client import register_pam_handlers

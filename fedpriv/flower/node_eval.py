@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flwr.app import Context, Message
 
-from .. import evaluation
+from ..algorithms import evaluation
 from ..algorithms import protocol
 from . import codec
 from .partition import data_dir_of, load_shard

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ConfigRecord, Context
 
-from .. import atomic
+from ..util import atomic
 from ..algorithms.shards import UserShard
 from ..privacy.randomness import new_client_key, user_keys
 

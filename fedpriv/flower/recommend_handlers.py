@@ -132,10 +132,10 @@ class _GridRecommendTransport:
 
 
 def run_recommend_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, ledger_seed: int | None, has_test: bool, secure=None):
-    """The recommendation rounds (:func:`fedpriv.loop.recommend_rounds`) over the nodes of
+    """The recommendation rounds (:func:`fedpriv.engine.loop.recommend_rounds`) over the nodes of
     ``rounds``: returns (summary, recommendation ledger, {node: reports as candidate item ids}).
     ``ledger_seed``: None (OS randomness) unless the run asked for reproducible noise."""
-    from ..loop import recommend_rounds
+    from ..engine.loop import recommend_rounds
 
     ledger = PrivacyLedger(seed=ledger_seed)
     summary, reports = recommend_rounds(_GridRecommendTransport(rounds, base_content, node_users, has_test, secure), state, cfg, ledger)

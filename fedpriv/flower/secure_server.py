@@ -1,6 +1,6 @@
 """Server side of secure aggregation over Flower (``aggregation = "secure"``): the SecAgg+ rounds
 of :mod:`fedpriv.privacy.secagg` that give the server the modular sum of the nodes' noised words
-and nothing else (:class:`fedpriv.loop.SecureAggregator` plans each round and decodes the sum
+and nothing else (:class:`fedpriv.engine.loop.SecureAggregator` plans each round and decodes the sum
 after the ledger's budget check).
 
 Per run, once: ``secagg_keys`` (each serving node advertises its channel key; the public

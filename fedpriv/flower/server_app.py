@@ -19,9 +19,10 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from .. import atomic, evaluation, metrics
+from ..util import atomic
+from ..algorithms import evaluation, metrics
 from ..algorithms import als, protocol
-from ..engine import new_state
+from ..engine.inprocess import new_state
 from ..errors import ConfigError, FedprivError, PrivacyError
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RunSecrets
@@ -29,7 +30,7 @@ from . import codec
 from .counters import RoundCounters
 from .rounds import Rounds, wait_for_nodes
 from .secure_server import SecureRounds
-from ..loop import Hooks, make_aggregator, train_rounds
+from ..engine.loop import Hooks, make_aggregator, train_rounds
 from .node_secrets import write_key_file
 from .partition import write_feature_table, write_partitions
 
@@ -216,7 +217,7 @@ class _Nodes:
 
 
 class _GridTransport:
-    """The loop's clients over a Flower Grid (:class:`fedpriv.loop.Transport`): one message per
+    """The loop's clients over a Flower Grid (:class:`fedpriv.engine.loop.Transport`): one message per
     serving node; every reply is validated (:mod:`fedpriv.flower.codec`) before it is summed,
     a rejected one is logged and left out."""
 
@@ -298,9 +299,9 @@ def _tune_score(job: FlowerJob, rounds: Rounds, content) -> np.ndarray:
 
 def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     """One job over the nodes of ``grid``: the info round, then the loop of
-    :func:`fedpriv.loop.train_rounds` (checkpointed after every step), the evaluation and the
+    :func:`fedpriv.engine.loop.train_rounds` (checkpointed after every step), the evaluation and the
     private recommendation."""
-    from .. import threads
+    from ..util import threads
     from .pam_server import PamJob, run_pam_job
 
     threads.configure()  # the server's solves: its kernels' threads and allocator

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..draws import _sanctioned
+from ..util.draws import _sanctioned
 from ..errors import PrivacyError
 
 ROUNDING_SHARE = 1e-4  # sqrt(length) (the rounding's worst case) <= this share of c * s

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..draws import _sanctioned, drawing_context, public_draws, public_gaussian  # noqa: F401 - re-exported
+from ..util.draws import _sanctioned, drawing_context, public_draws, public_gaussian  # noqa: F401 - re-exported
 from ..errors import PrivacyError
-from ..threads import map_chunks
+from ..util.threads import map_chunks
 from . import selection as mech
 from .records import Release, RepeatAndSelect, records_from_list
 from .symmetric import from_upper

@@ -3,44 +3,45 @@
 :class:`Job` (what to run) → :meth:`Job.prepare` → a frozen :class:`Plan` (checked, data loaded
 and split; no training) → :meth:`Plan.execute` on an engine (:class:`InProcess`,
 :class:`FlowerGrid`, :class:`FlowerSimulation`; ``flwr run`` in a subprocess:
-:class:`fedpriv.flower.launcher.FlwrRun`) → an :class:`Outcome` holding
+:class:`fedpriv.ops.launcher.FlwrRun`) → an :class:`Outcome` holding
 the typed :class:`RunReport` (``metrics.json``), the ledger records and the released model.
 Private tuning (:mod:`fedpriv.run.tuning`) runs inside a plan's execution on the in-process engine.
 :func:`write_outputs` writes ``metrics.json`` and ``ledger.json`` (both or neither)."""
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import TYPE_CHECKING
 
-from ..data.spec import DataSpec
 from ..errors import ConfigError
-from .core import (
-    ENGINES,
-    REPRODUCIBLE_WARNING,
-    RunOptions,
-    _clean,  # noqa: F401 - JSON-safe values, used by tests that compare runs
-    noise_statement,
-    parse_overrides,
-    resolve_data,
-    write_outputs,
-)
-from .engines import (
-    Engine,
-    FlowerCallback,
-    FlowerGrid,
-    FlowerOptions,
-    FlowerSimulation,
-    InProcess,
-    engine_named,
-)
-from .job import Job, Plan
-from .report import Outcome, RunReport
 
-__all__ = [
-    "ENGINES", "REPRODUCIBLE_WARNING", "Engine", "FlowerCallback", "FlowerGrid", "FlowerOptions", "FlowerSimulation", "InProcess", "Job",
-    "Outcome", "Plan", "RunOptions", "RunReport", "engine_named", "noise_statement", "parse_overrides", "resolve_data", "run",
-    "write_outputs",
-]
+if TYPE_CHECKING:
+    from ..data.spec import DataSpec
+
+# exported here and loaded on first use (PEP 562), so that ``import fedpriv.run.model`` (a saved
+# model's recommendations) stays light: no torch, no dp-accounting, no Flower
+_EXPORTS = {
+    "ENGINES": "core", "REPRODUCIBLE_WARNING": "core", "RunOptions": "core", "_clean": "core", "noise_statement": "core",
+    "parse_overrides": "core", "resolve_data": "core", "write_outputs": "core",
+    "Engine": "engines", "FlowerCallback": "engines", "FlowerGrid": "engines", "FlowerOptions": "engines", "FlowerSimulation": "engines",
+    "InProcess": "engines", "engine_named": "engines",
+    "Job": "job", "Plan": "job", "Outcome": "report", "RunReport": "report",
+}
+__all__ = sorted([*(n for n in _EXPORTS if not n.startswith("_")), "run"])
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fedpriv.run' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])
 
 
 def run(
@@ -67,6 +68,10 @@ def run(
     ``flower_runner(job, n_nodes)`` runs a Flower job (default: a new simulation); ``capture``
     (a dict) receives the trained public ``state``, the ``train`` interactions and the
     ``dataset``; ``second_opinion=False`` skips the PLD cross-check ``epsilon_spent_pld``."""
+    from .core import ENGINES
+    from .engines import engine_named
+    from .job import Job
+
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", field="--engine")
     job = Job(algorithm, data, epsilon=epsilon, delta=delta, noise_seed=noise_seed, params=dict(overrides or {}), dataset=dataset)

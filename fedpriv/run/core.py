@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import evaluation
+from ..algorithms import evaluation
 from ..algorithms import als, registry
 from ..algorithms import protocol as algorithm_protocol
 from ..algorithms.names import is_private
@@ -30,9 +30,9 @@ from ..data.spec import (
     require_declared_catalogue,
 )
 from ..data.splits import HeldoutSplit, heldout_users_split, random_split
-from ..engine import train_inprocess
+from ..engine.inprocess import train_inprocess
 from ..errors import ConfigError
-from ..metrics import run_header
+from ..algorithms.metrics import run_header
 from ..privacy.accounting import epsilon_bounds, epsilon_pld, pld_supported
 from ..privacy.randomness import RunSecrets
 
@@ -265,7 +265,7 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
     secrets = RunSecrets(job.noise_seed)
     engine_name = engine.name
     if plan.protocol == "personalization":
-        from ..personalization import run_personal
+        from ..engine.personal import run_personal
 
         params = {**plan.engine_params, **{k: str(v) for k, v in engine.run_options().items()}}
         overrides = {**{k: v for k, v in job.params.items() if k not in ("users_per_node", "users_per_shard", "nodes")}, **params}
@@ -375,7 +375,7 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
         else:
             _recall_metrics(metrics, state, train, split, cfg.eval_k)
         if rec_cfg is not None:
-            from ..engine import recommend_inprocess
+            from ..engine.inprocess import recommend_inprocess
 
             metrics["recommendation"], rec_ledger, _ = recommend_inprocess(
                 state, train, split.test, rec_cfg, users_per_shard=opts.users_per_shard or opts.users_per_node, secrets=secrets

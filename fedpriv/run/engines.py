@@ -6,13 +6,13 @@
   ServerApp hands it Flower's grid; tests use an in-memory one);
 - :class:`FlowerSimulation`: Flower's simulation runtime (Ray) started in this process, or an
   existing Ray cluster (``ray_address``);
-- :class:`fedpriv.flower.launcher.FlwrRun` (an operations module: it starts and stops
+- :class:`fedpriv.ops.launcher.FlwrRun` (an operations module: it starts and stops
   processes): ``flwr run`` on Flower's local simulation federation, in a subprocess (what
   ``--engine flower`` means, on the command line and in Python).
 
 Every engine returns the same :class:`~fedpriv.run.job.Outcome`, and the same data, options,
 ``save_model`` and report work on each. Deployments over gRPC run through
-``fedpriv deploy run`` (:mod:`fedpriv.flower.deploy`), whose ServerApp is a :class:`FlowerGrid`."""
+``fedpriv deploy run`` (:mod:`fedpriv.ops.deploy`), whose ServerApp is a :class:`FlowerGrid`."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _model(plan: Plan, state, train, ledger: list[dict], metrics: dict):
     """The released model of a finished run (None when nothing shared was released)."""
     if state is None or getattr(state, "item_factors", None) is None:
         return None
-    from ..model import Model
+    from .model import Model
 
     features = getattr(plan.dataset, "item_features", None)
     names = features.names if features is not None else None

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from .model import Model
 
 #: the evaluation metrics a summary shows, in this order, with their labels
 _METRIC_LABELS = (

@@ -27,9 +27,9 @@ from typing import Callable
 
 from ..algorithms import als, registry
 from ..algorithms.plans import budget_plan
-from ..engine import train_inprocess
+from ..engine.inprocess import train_inprocess
 from ..errors import ConfigError
-from ..evaluation import clipped_score_sum
+from ..algorithms.evaluation import clipped_score_sum
 from ..privacy.accounting import BestOfAccountant
 from ..privacy.ledger import PrivacyLedger, public_draws
 from ..privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, score_sensitivity
@@ -77,7 +77,7 @@ def check_same_plan(algorithm: str, configs: list[als.ALSConfig], implicit: bool
 def private_score(state: als.PublicState, train, valid, clip: float) -> np.ndarray:
     """Sum over users of min(user's validation MSE, clip): the score contributions, each computed
     client-side in a federation (here: over all users at once; a Flower node computes its own
-    users' part, :func:`fedpriv.evaluation.shard_clipped_score_sum`)."""
+    users' part, :func:`fedpriv.algorithms.evaluation.shard_clipped_score_sum`)."""
     return clipped_score_sum(state, train, valid, clip)
 
 

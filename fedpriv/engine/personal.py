@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .algorithms import pam
-from .algorithms.shards import split_users
-from .data.personal import PersonalData
-from .privacy.ledger import PrivacyLedger
-from .privacy.randomness import RunSecrets, node_noise_rng, user_keys
+from ..algorithms import pam
+from ..algorithms.shards import split_users
+from ..data.personal import PersonalData
+from ..privacy.ledger import PrivacyLedger
+from ..privacy.randomness import RunSecrets, node_noise_rng, user_keys
 
 
 def train_personal_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, epsilon: float | None, delta: float, users_per_shard: int = 4096, secrets: RunSecrets | None = None, ledger: PrivacyLedger | None = None) -> tuple[pam.PAMState, PrivacyLedger, dict]:
@@ -45,7 +45,7 @@ class _BlockTransport:
     def secure_sum(self, kind: str, plan, state, step: int, group):
         """The arithmetic of secure summation without its cryptography: each block's words (its
         users' statistics, those of the step's group only, plus the block's Skellam share)."""
-        from .privacy import distributed
+        from ..privacy import distributed
 
         total = np.zeros(plan.length, dtype=np.uint64)
         blocks = split_users(self.data.n_users, self.size)
@@ -92,8 +92,8 @@ def evaluate_personal(state: pam.PAMState, data: PersonalData, users_per_shard: 
 
 def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | None, delta: float, overrides: dict, engine: str, work_dir=None, flower_runner=None, secrets: RunSecrets | None = None) -> tuple[dict, list[dict]]:
     """One run of a personalization algorithm: (metrics, ledger records), the CLI contract."""
-    from .metrics import run_header
-    from .privacy.accounting import zcdp_rho
+    from ..algorithms.metrics import run_header
+    from ..privacy.accounting import zcdp_rho
 
     t0 = time.perf_counter()
     overrides = dict(overrides)
@@ -105,7 +105,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
     private = algorithm in pam.PRIVATE  # run() has checked the algorithm, epsilon and data kind
     extra: dict = {}
     if engine == "flower":
-        from .flower.pam_server import PamJob
+        from ..flower.pam_server import PamJob
 
         job = PamJob(algorithm, epsilon, delta, cfg, data, work_dir, users_per_node=users_per_node, secrets=secrets)
         res = run_pam_job_local(job, nodes, flower_runner)
@@ -137,7 +137,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
 def _spent(ledger, delta, private) -> dict:
     """epsilon_spent by the rule of :func:`~fedpriv.privacy.accounting.epsilon_bounds` (the pure
     epsilon counts when every release is pure DP, as for pam-exp), with the RDP and PLD values."""
-    from .privacy.accounting import epsilon_bounds, epsilon_pld, pld_supported
+    from ..privacy.accounting import epsilon_bounds, epsilon_pld, pld_supported
 
     if not private:
         return {"epsilon_spent": None, "epsilon_spent_pld": None}
@@ -155,7 +155,7 @@ def run_pam_job_local(job, nodes: int, runner=None):
     import tempfile
 
     if runner is None:
-        from .flower.simulation import simulate as runner
+        from ..flower.simulation import simulate as runner
     own_dir = job.work_dir is None
     if own_dir:
         job.work_dir = Path(tempfile.mkdtemp(prefix="fedpriv-pam-"))

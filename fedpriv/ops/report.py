@@ -27,8 +27,8 @@ import re
 import struct
 from pathlib import Path
 
-from . import atomic
-from .errors import ConfigError
+from ..util import atomic
+from ..errors import ConfigError
 
 DEFAULT_TITLE = "fedpriv experiments"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

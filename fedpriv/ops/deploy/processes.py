@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ... import atomic
+from ...util import atomic
 from ...errors import ConfigError, FedprivError
 from .. import launcher
 from .commands import _exe, connection_toml, register_command, superlink_command, supernode_command
@@ -45,7 +45,7 @@ def clientapp_gate(cfg: DeployConfig) -> Path | None:
     memory ran out). Queued at the gate, a process costs nothing, and each one that runs gets
     the cores. A ClientApp process lives about 6 s, mostly in Flower's fixed 3 s polling waits,
     so the default allows 8 per core. The SuperNodes run with a claim window the queue fits in
-    (:mod:`fedpriv.flower.deploy.supernode_main`). None without ``flock`` (util-linux): the nodes
+    (:mod:`fedpriv.ops.deploy.supernode_main`). None without ``flock`` (util-linux): the nodes
     then start processes ungated, with Flower's own window."""
     flock = shutil.which("flock")
     if flock is None:
@@ -60,7 +60,7 @@ def clientapp_gate(cfg: DeployConfig) -> Path | None:
     # with 90 processes queued (measured: load average 160, 27 launches in 8 minutes).
     script.write_text(
         "#!/bin/sh\n"
-        f"# fedpriv deploy: at most {n} flwr-clientapp processes at once on this host (see fedpriv/flower/deploy/processes.py)\n"
+        f"# fedpriv deploy: at most {n} flwr-clientapp processes at once on this host (see fedpriv/ops/deploy/processes.py)\n"
         f"i=0; while [ $i -lt {n} ]; do\n"
         f"  exec 9>\"{gate}/slots/$i\"\n"
         f"  if {flock} -n 9; then exec \"{real}\" \"$@\"; fi\n"
@@ -277,7 +277,7 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
             for i in range(start, min(start + wave, cfg.nodes)):
                 cmd = supernode_command(cfg, i)
                 if gate is not None:  # Flower's SuperNode with a claim window the gate's queue fits in
-                    cmd = [sys.executable, "-m", "fedpriv.flower.deploy.supernode_main", *cmd[1:]]
+                    cmd = [sys.executable, "-m", "fedpriv.ops.deploy.supernode_main", *cmd[1:]]
                 started.append(_spawn(cfg, f"supernode-{i}", cmd, cfg.node_home(i), gate))
                 entries.append(started[-1])
                 _write_pids(cfg, entries)

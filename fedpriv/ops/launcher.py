@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import atomic
+from ..util import atomic
 from ..algorithms.names import is_private
 from ..errors import ConfigError, FedprivError
 from ..run import FlowerOptions, Outcome, RunReport
@@ -146,7 +146,7 @@ packages = ["."]
 publisher = "fedpriv"
 
 [tool.flwr.app.components]
-serverapp = "fedpriv.flower.app:app"
+serverapp = "fedpriv.ops.flwr_app:app"
 clientapp = "fedpriv.flower.client_app:app"
 
 [tool.flwr.app.config]
@@ -292,7 +292,7 @@ def _free_port() -> int:
 
 def flwr_env(flwr_home: Path) -> dict[str, str]:
     """The environment of a ``flwr`` process: offline, our bin folder first on PATH, ``flwr_home`` as FLWR_HOME, fresh loopback ports."""
-    from .simulation import OFFLINE_ENV
+    from ..flower.simulation import OFFLINE_ENV
 
     bin_dir = str(Path(sys.executable).parent)
     env = dict(os.environ)
@@ -408,7 +408,7 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
     find the SuperLink from outside; it is not removed. ``engine.timeout`` bounds the call. A
     reproducible run's noise seed goes to the ServerApp in a file readable by this user only
     (run-config key ``noise-seed-file``), never in the run config itself, which every node can read."""
-    from ..model import load_model, public_data_label
+    from ..run.model import load_model, public_data_label
 
     t0 = time.perf_counter()
     job = plan.job

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import metrics
-from .algorithms import als
-from .algorithms.shards import shard_users
-from .data.interactions import Interactions
+from . import als
+from .shards import shard_users
+from ..data.interactions import Interactions
 
 
 def _predict(state: als.PublicState, U: np.ndarray, rows: np.ndarray, items: np.ndarray) -> np.ndarray:
@@ -117,7 +117,7 @@ def rmse_from_sums(sse: np.ndarray, cnt: np.ndarray, item_counts: np.ndarray) ->
 def shard_logistic_sums(state: als.PublicState, history, target, item_bucket: np.ndarray, n_buckets: int = 5) -> dict[str, np.ndarray]:
     """Per-bucket (log-loss sum, correct predictions, count) of one shard's binarised target
     ratings, its users solved from their history by the local logistic solve."""
-    from .algorithms import ssp_client
+    from . import ssp_client
 
     out = {k: np.zeros(n_buckets) for k in ("logloss", "correct", "n")}
     if target.n_ratings == 0:

@@ -5,7 +5,7 @@ methods, epsilons, seeds and hyperparameter search, and which plots to draw. ``[
 the values that ``--quick`` replaces. Every error names the file and the field
 (``curves.toml: methods.adadpals.search.mu: ...``) and is raised before anything runs.
 
-Schema of the ``grid`` kind (the others are in :mod:`fedpriv.experiments.kinds`)::
+Schema of the ``grid`` kind (the others are in :mod:`fedpriv.ops.experiments.kinds`)::
 
     [experiment]
     name = "curves"            # folder name under --out
@@ -50,7 +50,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 KINDS = ("grid", "time_evolution", "selection_scenarios", "selection_bandit")
 ENGINES = ("inprocess", "flower")
@@ -255,7 +255,7 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
             raise _err(path, "--datasets", f"a {kind} experiment has no data sets")
         grid["datasets"] = list(only_datasets)
     for dname, spec, options in [(d.name, d.spec, d.options) for d in datasets.values()] + [(d.name, d.validation, d.options) for d in datasets.values() if d.validation]:
-        from ..data.spec import parse_data_spec
+        from ...data.spec import parse_data_spec
 
         try:
             parse_data_spec(spec, options or None)
@@ -300,8 +300,8 @@ def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/d
     search_cfg = {"trials": s_trials, "scope": scope, "reference_epsilon": float(ref_eps), "metric": metric, "seed": search_seed, "mode": mode,
                   "include_defaults": include_defaults}
 
-    from ..algorithms import als, pam
-    from ..algorithms.names import is_private
+    from ...algorithms import als, pam
+    from ...algorithms.names import is_private
 
     known_algs = (*als.ALGORITHMS, *pam.PAM_ALGORITHMS)
     methods: list[Method] = []

@@ -21,7 +21,7 @@ from .processes import list_nodes, register_supernodes, up
 
 def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     """``deploy up|run|down|status|prepare|register|compose|certs`` (shared by ``fedpriv deploy``
-    and ``python -m fedpriv.flower.deploy``)."""
+    and ``python -m fedpriv.ops.deploy``)."""
     sub = parser.add_subparsers(dest="deploy_command", required=True)
 
     def run_dir(p):
@@ -216,7 +216,7 @@ def _partition(args) -> int:
 
 
 def deploy_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedpriv.flower.deploy", description="Flower deployment runtime for fedpriv (same as `fedpriv deploy`).")
+    p = argparse.ArgumentParser(prog="python -m fedpriv.ops.deploy", description="Flower deployment runtime for fedpriv (same as `fedpriv deploy`).")
     add_deploy_arguments(p)
     args = p.parse_args(argv)
     try:

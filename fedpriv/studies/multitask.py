@@ -43,7 +43,7 @@ from ..privacy.accounting import PlannedRelease, calibrate, epsilon_rdp
 from ..privacy.clipping import clip_rows
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.weights import adaptive_omega, clip_user_weights
-from .kernels import project_psd
+from ..algorithms.kernels import project_psd
 
 METHODS = ("ssp", "noisy_gd")
 WEIGHT_MODES = ("clip", "normalize")

@@ -118,8 +118,8 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.special import ndtr
 
-from ..errors import ConfigError
-from ..privacy.ledger import PrivacyLedger, public_draws
+from ...errors import ConfigError
+from ...privacy.ledger import PrivacyLedger, public_draws
 
 K = 100
 QUANTILES = (0.05, 0.95)
@@ -147,7 +147,7 @@ ROW_KEYS = ("scenario", "mechanism", "epsilon", "mse", "mse_se", "spearman", "we
 
 
 def _mech():
-    from ..privacy import selection as mechanisms
+    from ...privacy import selection as mechanisms
 
     return mechanisms
 

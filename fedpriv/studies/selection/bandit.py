@@ -94,9 +94,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import atomic
-from ..errors import ConfigError
-from ..privacy.ledger import PrivacyLedger, public_draws
+from ...util import atomic
+from ...errors import ConfigError
+from ...privacy.ledger import PrivacyLedger, public_draws
 
 NONPRIVATE = ("ucb", "thompson")
 PRIVATE = ("rnm", "em", "krr", "gem", "mgem", "rs")
@@ -316,7 +316,7 @@ def _ledger_seed(seed: int, policy: str) -> int:
 
 
 def _release_epsilons(ledger: PrivacyLedger, delta: float) -> dict:
-    from ..privacy.accounting import epsilon_bounds
+    from ...privacy.accounting import epsilon_bounds
 
     def eps(pred) -> float | None:
         rels = [r for r in ledger.releases if pred(r.name)]
@@ -551,7 +551,7 @@ def run_bandit(
     }
     before, after = env.params(False), env.params(True)
     doc = {
-        "experiment": "two-armed bandit, the arms' means and variances swapped at the shift (Antonova et al. 2025, Sec. IX / App. H); fedpriv.selection.bandit",
+        "experiment": "two-armed bandit, the arms' means and variances swapped at the shift (Antonova et al. 2025, Sec. IX / App. H); fedpriv.studies.selection.bandit",
         "config": {
             "horizon": T, "shift_at": shift_at, "reps": reps, "seed": seed, "policies": policies, "ucb_c": ucb_cs,
             "eps_select": eps_select, "eps_mean": eps_mean, "eps_quantile": eps_quantile, "window": window,
@@ -576,7 +576,7 @@ def run_bandit(
 
 
 def _mech_defaults(policy: str) -> dict:
-    from ..privacy import selection as mechanisms
+    from ...privacy import selection as mechanisms
 
     return dict(mechanisms.DEFAULTS.get(policy, {}))
 

@@ -1,4 +1,4 @@
-"""``python -m fedpriv.flower.deploy``: the same commands as ``fedpriv deploy``."""
+"""``python -m fedpriv.ops.deploy``: the same commands as ``fedpriv deploy``."""
 
 import signal
 import sys

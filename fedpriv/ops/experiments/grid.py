@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import atomic
-from ..errors import ConfigError
+from ...util import atomic
+from ...errors import ConfigError
 from .config import Experiment, Method
 
 BASE_SEED = 1234
@@ -144,7 +144,7 @@ def flatten_metrics(metrics: dict) -> dict:
 
 
 class GridRunner:
-    """Runs the cells of one grid experiment into ``out`` (see :mod:`fedpriv.experiments.runner`)."""
+    """Runs the cells of one grid experiment into ``out`` (see :mod:`fedpriv.ops.experiments.runner`)."""
 
     def __init__(self, exp: Experiment, out: Path, data_cache: dict, log, require_data: bool = False):
         self.exp, self.out, self.cache, self.log = exp, out, data_cache, log
@@ -158,7 +158,7 @@ class GridRunner:
     def missing_reason(self, dname: str) -> str | None:
         if dname in self._missing:
             return self._missing[dname]
-        from ..data.spec import parse_data_spec
+        from ...data.spec import parse_data_spec
 
         ds = self.exp.datasets[dname]
         reason = None
@@ -180,7 +180,7 @@ class GridRunner:
 
     def load(self, spec: str):
         if spec not in self.cache:
-            from ..data.spec import load_spec, parse_data_spec
+            from ...data.spec import load_spec, parse_data_spec
 
             t = time.perf_counter()
             self.cache[spec] = load_spec(parse_data_spec(spec, self.options(spec) or None))
@@ -189,7 +189,7 @@ class GridRunner:
 
     # ------------------------------------------------------------------ one run
     def run_one(self, cell: Cell, params: dict, seed: int, *, spec: str, run_dir: str | None, epsilon, capture: dict | None = None) -> dict:
-        from ..run import Job, engine_named, write_outputs
+        from ...run import Job, engine_named, write_outputs
 
         exp, m = self.exp, cell.method
         t = time.perf_counter()
@@ -307,7 +307,7 @@ class GridRunner:
         """Overlap of every item's top-k cosine neighbours with those of the reference
         (non-private) model of this data set, by item-frequency bucket; the reference's own
         embeddings are stored under models/."""
-        from ..metrics import frequency_buckets
+        from ...algorithms.metrics import frequency_buckets
         from .neighbours import neighbours, overlap_by_bucket, overlap_per_item
 
         exp = self.exp

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .algorithms import als
-from .algorithms.config import ALSConfig
-from .algorithms.shards import UserShard
-from .errors import ConfigError, DataError
+from ..algorithms import als
+from ..algorithms.config import ALSConfig
+from ..algorithms.shards import UserShard
+from ..errors import ConfigError, DataError
 
 FORMAT = "fedpriv-model/1"
 FILES = ("model.npz", "model.json", "ledger.json")
@@ -49,7 +49,7 @@ INFO_KEYS = ("algorithm", "dataset", "engine", "epsilon")
 def public_data_label(spec_text) -> str | None:
     """The public label of a data spec: its kind (``ml-100k``, ``csv``, ``synthetic-mf``,
     ``dataframe``, ...), never its path nor its parameters; None for an unknown kind."""
-    from .data.spec import FILE_KINDS, PUBLIC_KIND, SYNTHETIC_KINDS, TABULAR_KINDS
+    from ..data.spec import FILE_KINDS, PUBLIC_KIND, SYNTHETIC_KINDS, TABULAR_KINDS
 
     kind = str(spec_text).partition(":")[0]
     return kind if kind in (*FILE_KINDS, *SYNTHETIC_KINDS, *TABULAR_KINDS, PUBLIC_KIND, "dataframe", "dataset") else None
@@ -213,7 +213,7 @@ class Model:
             raise DataError("an item is rated twice")
         shard = UserShard(user_ids=np.zeros(1, np.int64), indptr=np.array([0, len(dense)], np.int64),
                           items=dense.astype(np.int32), ratings=y)
-        from .algorithms.recommend import client_scores
+        from ..algorithms.recommend import client_scores
 
         everything = np.arange(self.state.n_items)
         scores = client_scores(shard, self.state, everything, clip=False)[0]

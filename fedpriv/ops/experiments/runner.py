@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from . import config as config_mod
 from .grid import (
     BASE_SEED,
@@ -135,7 +135,7 @@ def neighbours_table(exp, runner: GridRunner, out: Path) -> list[dict]:
 
 def run_grid(exp, out: Path, cache: dict, *, log=print, require_data: bool = False, progress=None) -> dict:
     """The cells of a grid experiment, then its tables, headline and plots: the same result
-    shape as :func:`fedpriv.experiments.kinds.run`."""
+    shape as :func:`fedpriv.ops.experiments.kinds.run`."""
     runner = GridRunner(exp, out, cache, log, require_data)
     todo = cells(exp)
     counts = {"total": len(todo), "done": 0, "skipped": 0}
@@ -235,7 +235,7 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
 
 
 def parse_dataset_specs(items: list[str] | None) -> dict[str, str]:
-    from ..run import parse_overrides
+    from ...run import parse_overrides
 
     out = parse_overrides(items or [], field="--dataset", form="NAME=SPEC")
     empty = next((name for name, spec in out.items() if not spec), None)

@@ -23,9 +23,9 @@ import math
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..privacy import tnb
-from ..privacy import selection as M
+from ...errors import ConfigError
+from ...privacy import tnb
+from ...privacy import selection as M
 
 
 # ------------------------------------------------------------------------------------ base laws

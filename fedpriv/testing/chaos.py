@@ -12,7 +12,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from . import client_app as real
+from ..flower import client_app as real
 
 GARBAGE = ("nan", "huge", "malformed")
 

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from ... import atomic
+from ...util import atomic
 from ...errors import FedprivError
 from .. import launcher
 from .config import PIDS_FILE, STOP_SECONDS, DeployConfig

@@ -5,7 +5,7 @@ The round order is written here once: the private user count, the mean and the i
 clients' contributions, the aggregator's release, the server's step. What differs between the
 engines is passed in:
 
-- a *transport* brings the clients' contributions: :class:`fedpriv.engine.ShardTransport` calls
+- a *transport* brings the clients' contributions: :class:`fedpriv.engine.inprocess.ShardTransport` calls
   the client functions on in-process user shards; the Flower ServerApp's transport
   (:mod:`fedpriv.flower.server_app`) sends messages over a Grid (Ray simulation, gRPC
   deployment or the in-process LocalGrid) and validates every reply;
@@ -22,9 +22,9 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .algorithms import als, defaults, protocol, recommend, secure
-from .privacy import distributed
-from .privacy.ledger import PrivacyLedger
+from ..algorithms import als, defaults, protocol, recommend, secure
+from ..privacy import distributed
+from ..privacy.ledger import PrivacyLedger
 
 
 class Transport(Protocol):

@@ -27,7 +27,7 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 ENV = "FEDPRIV_THREADS"
 _pool: ThreadPoolExecutor | None = None

@@ -3,7 +3,7 @@
 Flower 1.39 starts one ``flwr-clientapp`` process per message and gives it a claim window: a task
 whose process has not pulled it within ``HEARTBEAT_DEFAULT_INTERVAL`` (30 s) goes back to pending
 and another process is started for it. With 50 or 100 SuperNodes on 2 cores, each round starts
-50 or 100 processes at once; queued behind each other (:func:`fedpriv.flower.deploy.processes.clientapp_gate`)
+50 or 100 processes at once; queued behind each other (:func:`fedpriv.ops.deploy.processes.clientapp_gate`)
 many miss the window, and the relaunched ones pile up until memory runs out. This entry point
 runs Flower's own SuperNode with that window set to ``FEDPRIV_CLIENTAPP_CLAIM_SECONDS``
 (default 600 s) in the SuperNode's task store; nothing else changes. The window also bounds how

@@ -6,9 +6,9 @@
   sample of ``eval_ratings`` test ratings is measured and its time excluded from training
   seconds; a method stops after ``budget_seconds`` (per method) of training.
 - ``selection_scenarios``: the private-selection paper's synthetic scenarios
-  (:mod:`fedpriv.selection.scenarios`), MSE to the optimum per mechanism and epsilon.
+  (:mod:`fedpriv.studies.selection.scenarios`), MSE to the optimum per mechanism and epsilon.
 - ``selection_bandit``: the two-armed bandit under a distribution shift
-  (:mod:`fedpriv.selection.bandit`).
+  (:mod:`fedpriv.studies.selection.bandit`).
 
 Each returns tidy rows, tables and plots like the grid kind; finished cells are stored under
 ``cells/`` by a hash of their definition.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .grid import BASE_SEED, _atomic_json, stable_hash, write_csv
 
 
@@ -60,9 +60,9 @@ def time_curve(algorithm, split, test, features, cfg, epsilon, delta, rating_ran
     with the training seconds so far (evaluation time excluded); training stops after the first
     evaluation past ``budget`` training seconds (the ledger then holds the releases made so far,
     and the run spends less than its target epsilon). ``on_point(point)`` sees each point."""
-    from ..engine import train_inprocess
-    from ..evaluation import predict_ratings
-    from ..metrics import rmse
+    from ...engine.inprocess import train_inprocess
+    from ...algorithms.evaluation import predict_ratings
+    from ...algorithms.metrics import rmse
 
     points: list[dict] = []
     eval_seconds = [0.0]
@@ -84,10 +84,10 @@ def time_curve(algorithm, split, test, features, cfg, epsilon, delta, rating_ran
 
 
 def time_evolution(exp, out: Path, cache: dict, *, log=print, require_data: bool = False) -> dict:
-    from ..algorithms.als import ALSConfig
-    from ..data.splits import random_split
-    from ..privacy.accounting import epsilon_bounds
-    from ..run import write_outputs
+    from ...algorithms.als import ALSConfig
+    from ...data.splits import random_split
+    from ...privacy.accounting import epsilon_bounds
+    from ...run import write_outputs
     from .grid import GridRunner, cell_params, cells
 
     runner = GridRunner(exp, out, cache, log, require_data)
@@ -198,7 +198,7 @@ def _plot_curves(curves, png: Path) -> None:
 
 # ------------------------------------------------------------------------------ selection
 def selection_scenarios(exp, out: Path, cache: dict, *, log=print, require_data: bool = False) -> dict:
-    from ..selection import scenarios as sc
+    from ...studies.selection import scenarios as sc
 
     eps = exp.settings.get("epsilons", list(sc.DEFAULT_EPSILONS))
     trials = exp.settings.get("trials", sc.DEFAULT_TRIALS)
@@ -218,7 +218,7 @@ def selection_scenarios(exp, out: Path, cache: dict, *, log=print, require_data:
     rows = [{"experiment": exp.name, "cell": r["scenario"], "method": r["mechanism"], "algorithm": r["mechanism"], "dataset": r["scenario"],
              "epsilon": r["epsilon"], "seed": seed, "engine": "inprocess", "params": json.dumps({"trials": r["trials"]}), "run_dir": "",
              # the mechanism's ε parameter is the epsilon column; each cell's ledger stays inside
-             # fedpriv.selection.scenarios, so no spent epsilon is claimed here
+             # fedpriv.studies.selection.scenarios, so no spent epsilon is claimed here
              "epsilon_spent": None, "mse": r["mse"], "mse_se": r["mse_se"], "spearman": r["spearman"],
              "weighted_correlation": r["weighted_correlation"]} for r in srows]
 
@@ -252,7 +252,7 @@ def _scenario_caption(name: str) -> str:
 
 
 def selection_bandit(exp, out: Path, cache: dict, *, log=print, require_data: bool = False) -> dict:
-    from ..selection import bandit as bd
+    from ...studies.selection import bandit as bd
 
     kw = {k: exp.settings[k] for k in ("eps_select", "eps_mean", "eps_quantile", "window", "seed") if k in exp.settings}
     T = exp.settings.get("horizon", bd.DEFAULTS["horizon"])

@@ -10,16 +10,16 @@ import numpy as np
 import torch  # noqa: F401 - loaded: the kernels take their multi-threaded torch path in this process
 from tqdm.auto import tqdm
 
-from .algorithms import als, protocol, recommend, registry, secure
-from .algorithms.shards import UserShard, shard_users, split_users
-from .data.interactions import Interactions
-from . import threads
-from .errors import ConfigError
+from ..algorithms import als, protocol, recommend, registry, secure
+from ..algorithms.shards import UserShard, shard_users, split_users
+from ..data.interactions import Interactions
+from ..util import threads
+from ..errors import ConfigError
 from .loop import Hooks, make_aggregator, recommend_rounds, train_rounds
-from .privacy.accounting import BestOfAccountant
-from .privacy import distributed
-from .privacy.ledger import PrivacyLedger
-from .privacy.randomness import RunSecrets, user_keys
+from ..privacy.accounting import BestOfAccountant
+from ..privacy import distributed
+from ..privacy.ledger import PrivacyLedger
+from ..privacy.randomness import RunSecrets, user_keys
 
 
 @dataclass
@@ -164,7 +164,7 @@ class ShardTransport:
 
 
 def recommend_inprocess(state: als.PublicState, train: Interactions, heldout: Interactions | None, cfg, *, users_per_shard: int | None = None, secrets: RunSecrets | None = None):
-    """Private recommendation after training (:func:`fedpriv.loop.recommend_rounds`) over the
+    """Private recommendation after training (:func:`fedpriv.engine.loop.recommend_rounds`) over the
     same user shards as training: returns (summary, recommendation ledger, reports per global
     user id). The Flower apps run the very same rounds."""
     secrets = secrets if secrets is not None else RunSecrets()

@@ -1,0 +1,1 @@
+"""Small helpers every layer may use: atomic writes, labelled public draws, thread counts."""

@@ -210,3 +210,29 @@ def test_the_config_module_is_light_and_pam_configs_are_strict():
             PAMConfig.from_overrides({key: value})
         assert info.value.field == key
     assert PAMConfig.from_overrides({"epochs": "3", "ridge": "0.5"}).epochs == 3
+
+
+def test_releases_declare_their_own_sensitivity():
+    """The sensitivity of a release comes from what the release declared (no switch on names):
+    a new release name is one registration; an undeclared one is a KeyError naming it; a name
+    cannot be declared twice with another bound; the built-ins are declared."""
+    from fedpriv.algorithms import als, registry
+
+    assert {"users", "mean", "counts", "bias", "item_stats_A", "item_stats_b", "gravity", "item_stats_H", "item_stats_g", "dpsgd_grad",
+            "encoder_grad"} <= set(registry.release_names())
+    cfg = ALSConfig(beta=4.0, user_clip=0.5)
+    assert als.sensitivity("item_stats_A", cfg, (1.0, 5.0)) == pytest.approx(2.0 * 0.25)
+
+    def bound(c, rr):
+        return 3.0 * c.beta
+
+    registry.register_release("test_release", bound)
+    try:
+        assert als.sensitivity("test_release", cfg, (1.0, 5.0)) == 12.0
+        registry.register_release("test_release", bound)  # the same declaration again: fine
+        with pytest.raises(ValueError, match="declared twice"):
+            registry.register_release("test_release", lambda c, rr: 1.0)
+    finally:
+        registry._SENSITIVITIES.pop("test_release")  # noqa: SLF001 - the test's own registration
+    with pytest.raises(KeyError, match="test_release"):
+        als.sensitivity("test_release", cfg, (1.0, 5.0))

@@ -69,7 +69,7 @@ def test_the_bias_model_lightens_its_ridge_and_widens_its_clip_as_the_signal_gro
 def test_a_default_run_releases_the_count_then_spends_exactly_its_budget_on_the_rules_plan(small_mf):
     inter = small_mf.interactions
     cfg = ALSConfig.from_overrides({}, "adadpals")
-    assert (cfg.defaults, cfg.bias_stage, cfg.given) == ("noise-aware", True, "")
+    assert (cfg.defaults, cfg.bias_stage, cfg.given) == ("noise-aware", True, frozenset())
     res = train_inprocess("adadpals", inter, cfg, rating_range=RANGE, epsilon=2.0, progress=False, secrets=RunSecrets(1))
     chosen = res.state.config
     assert (chosen.rank, chosen.steps) == (0, 0)  # 300 users: the bias model alone
@@ -78,7 +78,7 @@ def test_a_default_run_releases_the_count_then_spends_exactly_its_budget_on_the_
     assert {p.name for p in plan_releases("adadpals", chosen, False)} == set(res.state.multipliers)
     # keys set explicitly are the rule's to leave alone
     given = ALSConfig.from_overrides({"rank": "2", "steps": "1", "factor_floor": "1"}, "adadpals")
-    assert given.given == "factor_floor,rank,steps"
+    assert given.given == {"factor_floor", "rank", "steps"} and given.to_dict()["given"] == "factor_floor,rank,steps"
     res = train_inprocess("adadpals", inter, given, rating_range=RANGE, epsilon=2.0, progress=False, secrets=RunSecrets(1))
     assert (res.state.config.rank, res.state.config.steps) == (2, 1)
     assert [r.name for r in res.ledger.releases] == ["users", "mean", "counts", "bias", "item_stats_A", "item_stats_b"]
@@ -214,3 +214,14 @@ def test_the_factor_floor_gives_the_same_model_on_both_engines(tmp_path):
     m_fl, led_fl = run("adadpals", data, overrides={**over, "users_per_node": "20"}, engine="flower", flower_runner=lambda job, n: run_job(LocalGrid(n), job), work_dir=tmp_path, **kw)
     assert led_in == led_fl and "bias" in [r["name"] for r in led_in]
     assert m_fl["test_rmse"] == pytest.approx(m_in["test_rmse"], rel=1e-6)
+
+
+def test_the_rule_returns_a_new_config_and_leaves_the_given_keys():
+    from fedpriv.algorithms.defaults import noise_aware_config
+
+    cfg = ALSConfig.from_overrides({"rank": "4"}, "adadpals")
+    assert cfg.given == {"rank"}
+    new = noise_aware_config(cfg, "adadpals", 1.0, 1e-5, 1000, 500)
+    assert new is not cfg and new.rank == 4 and new.given == {"rank"}  # the user's key stays
+    assert cfg == ALSConfig.from_overrides({"rank": "4"}, "adadpals")  # the input is untouched
+    assert ALSConfig.from_dict(new.to_dict()) == new  # the JSON form round-trips, given included

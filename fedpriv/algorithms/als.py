@@ -166,27 +166,22 @@ def mean_bound(rating_range: tuple[float, float]) -> float:
 
 
 def sensitivity(name: str, cfg: ALSConfig, rating_range: tuple[float, float]) -> float:
-    if name == "users":
-        return 1.0
-    if name == "mean":
-        return cfg.mean_cap * math.sqrt(mean_bound(rating_range) ** 2 + 1.0)
-    if name == "counts":
-        return math.sqrt(cfg.count_cap)
-    if name == "bias":  # per item (sum w, sum w clip(y) / c) with sum_i w_i^2 <= beta
-        return math.sqrt(2.0 * cfg.beta)
-    if name == "item_stats_A":
-        return math.sqrt(cfg.beta) * cfg.user_clip**2
-    if name == "item_stats_b":
-        return math.sqrt(cfg.beta) * cfg.user_clip * cfg.rating_clip
-    if name == "gravity":
-        return cfg.user_clip**2
-    if name == "item_stats_H":  # logistic: d2l <= 1/4
-        return math.sqrt(cfg.beta) * cfg.user_clip**2 / 4.0
-    if name == "item_stats_g":  # logistic: |dl| <= 1
-        return math.sqrt(cfg.beta) * cfg.user_clip
-    if name in ("dpsgd_grad", "encoder_grad"):
-        return cfg.sgd_clip
-    raise KeyError(name)
+    """The per-user L2 sensitivity a release declared (:func:`fedpriv.algorithms.registry.register_release`)."""
+    return registry.release_sensitivity(name, cfg, rating_range)
+
+
+# the built-in releases and their sensitivities (one user's contribution, L2)
+registry.register_release("users", lambda cfg, rr: 1.0)
+registry.register_release("mean", lambda cfg, rr: cfg.mean_cap * math.sqrt(mean_bound(rr) ** 2 + 1.0))
+registry.register_release("counts", lambda cfg, rr: math.sqrt(cfg.count_cap))
+registry.register_release("bias", lambda cfg, rr: math.sqrt(2.0 * cfg.beta))  # per item (sum w, sum w clip(y) / c), sum_i w_i^2 <= beta
+registry.register_release("item_stats_A", lambda cfg, rr: math.sqrt(cfg.beta) * cfg.user_clip**2)
+registry.register_release("item_stats_b", lambda cfg, rr: math.sqrt(cfg.beta) * cfg.user_clip * cfg.rating_clip)
+registry.register_release("gravity", lambda cfg, rr: cfg.user_clip**2)
+registry.register_release("item_stats_H", lambda cfg, rr: math.sqrt(cfg.beta) * cfg.user_clip**2 / 4.0)  # logistic: d2l <= 1/4
+registry.register_release("item_stats_g", lambda cfg, rr: math.sqrt(cfg.beta) * cfg.user_clip)  # logistic: |dl| <= 1
+registry.register_release("dpsgd_grad", lambda cfg, rr: cfg.sgd_clip)
+registry.register_release("encoder_grad", lambda cfg, rr: cfg.sgd_clip)
 
 
 # ---------------------------------------------------------------------------- client side
@@ -426,6 +421,12 @@ def release_bias(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | 
         ridge = cfg.reg_item_private + cfg.bias_ridge_units * noise_std("bias", state)
         return cfg.rating_clip * B / (np.maximum(W, 0.0) + ridge + unobserved)
     return B / (W + cfg.reg_item * np.maximum(W, 1.0) + unobserved)
+
+
+#: the release function of each pre-processing release (its exact or noised sum -> the value the
+#: state keeps): one table for the central aggregator, the secure rounds and the tests
+PRE_RELEASE_FUNCTIONS = {"users": release_user_count, "mean": release_mean, "counts": release_counts, "bias": release_bias}
+assert tuple(PRE_RELEASE_FUNCTIONS) == PRE_RELEASES
 
 
 def release_item_stats(A, b, g, state: PublicState, ledger: PrivacyLedger | None):

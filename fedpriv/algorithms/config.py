@@ -14,6 +14,9 @@ from . import registry
 
 
 def _coerce(key: str, raw, typ):
+    if typ is frozenset:  # a set of names: given as a set, a sequence, or comma-joined text
+        items = raw if isinstance(raw, (set, frozenset, list, tuple)) else str(raw).split(",")
+        return frozenset(str(k).strip() for k in items if str(k).strip())
     if isinstance(raw, typ) and not (typ is int and isinstance(raw, bool)):
         return raw
     s = str(raw).strip()
@@ -73,7 +76,7 @@ class ALSConfig:
     # 'noise-aware': the keys not set here are chosen by the rule of fedpriv.algorithms.defaults
     # from epsilon, delta, the number of items and the privately released user count; 'fixed': as written
     defaults: str = "fixed"
-    given: str = ""  # the keys set explicitly (filled by from_overrides; the rule leaves them alone)
+    given: frozenset = frozenset()  # the keys set explicitly (filled by from_overrides; the rule leaves them alone)
     user_clip: float = 1.0
     rating_clip: float = 1.0
     beta: float = 1.0
@@ -128,7 +131,7 @@ class ALSConfig:
             for key in spec.fixed:
                 if key in overrides and str(overrides[key]) != dict(spec.defaults)[key]:
                     raise ConfigError(f"{algorithm} fixes it to {dict(spec.defaults)[key]}", field=key)
-            given = ",".join(sorted(k for k in overrides if k not in ("given", "defaults")))
+            given = frozenset(k for k in overrides if k not in ("given", "defaults"))
             overrides = {**dict(spec.defaults), **overrides, "given": given}
         cfg = _parse(cls, overrides)
         cfg.validate()
@@ -174,7 +177,15 @@ class ALSConfig:
             raise ConfigError(f"must be 'clip' or 'normalize', got {self.weight_mode!r}", field="weight_mode")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The config as JSON values (``given`` as its sorted, comma-joined keys)."""
+        d = asdict(self)
+        d["given"] = ",".join(sorted(self.given))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ALSConfig":
+        """The config of :meth:`to_dict` (a saved model, a broadcast state), every field typed."""
+        return _parse(cls, d)
 
 
 @dataclass

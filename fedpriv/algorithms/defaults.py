@@ -76,6 +76,15 @@ def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: 
     return dict(WITH_FACTORS if s < RICH_SNR else RICH)
 
 
+def noise_aware_config(cfg, algorithm: str, epsilon: float, delta: float, n_items: int, n_users: int):
+    """A new config: ``cfg`` with the rule's values for every key the user did not set
+    (``cfg.given``), validated. ``cfg`` itself is left as it is."""
+    chosen = {k: v for k, v in choose(algorithm, epsilon, delta, n_items, n_users).items() if k not in cfg.given}
+    new = dataclasses.replace(cfg, **chosen)
+    new.validate()
+    return new
+
+
 def apply(state, ledger) -> None:
     """Replace the state's config by the rule's choice for the keys not given, and recalibrate
     the rest of the plan around the released user count (see the module docstring). Nothing
@@ -84,10 +93,7 @@ def apply(state, ledger) -> None:
     if not state.private or ledger is None or ledger.budget is None:
         return
     epsilon, delta = ledger.budget
-    given = {k for k in cfg.given.split(",") if k}
-    chosen = {k: v for k, v in choose(state.algorithm, epsilon, delta, state.n_items, state.n_users).items() if k not in given}
-    new = dataclasses.replace(cfg, **chosen)
-    new.validate()
+    new = noise_aware_config(cfg, state.algorithm, epsilon, delta, state.n_items, state.n_users)
     plan = als.plan_releases(state.algorithm, new, state.implicit)
     # secure mode's Skellam records are accounted at integer orders only: calibrate there too
     state.multipliers = dict(calibrate(plan, epsilon, delta, pinned={"users": state.multipliers["users"]}, integer_orders=new.aggregation == "secure").multipliers)

@@ -92,6 +92,29 @@ NOISE_AWARE = (("defaults", "noise-aware"), ("bias_stage", "true"))
 _CONTRIBUTIONS = ("stats", "convex", "gradient", "flat")
 
 
+#: release name -> its per-user L2 sensitivity, ``fn(cfg, rating_range) -> float``: every release
+#: declares its own (the built-in ones in fedpriv.algorithms.als; an algorithm with a release of
+#: its own registers it next to its spec)
+_SENSITIVITIES: dict[str, Callable] = {}
+
+
+def register_release(name: str, sensitivity: Callable) -> Callable:
+    """Declare release ``name`` and its sensitivity function; a name declared twice is an error."""
+    if name in _SENSITIVITIES and _SENSITIVITIES[name] is not sensitivity:
+        raise ValueError(f"release {name!r} is declared twice")
+    _SENSITIVITIES[name] = sensitivity
+    return sensitivity
+
+
+def release_sensitivity(name: str, cfg, rating_range) -> float:
+    """The declared per-user L2 sensitivity of release ``name`` (KeyError: an undeclared release)."""
+    return float(_SENSITIVITIES[name](cfg, tuple(rating_range)))
+
+
+def release_names() -> tuple[str, ...]:
+    return tuple(_SENSITIVITIES)
+
+
 def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     """Add ``spec``; a name registered twice is an error."""
     if spec.contribution not in _CONTRIBUTIONS:

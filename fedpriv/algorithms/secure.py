@@ -113,14 +113,8 @@ def release(kind: str, values: dict[str, np.ndarray], state: als.PublicState, pl
             shaped[p.name] = from_upper(v.reshape(*p.shape[:-2], d * (d + 1) // 2), d)
         else:
             shaped[p.name] = v.reshape(p.shape)
-    if kind == "users":
-        out = als.release_user_count(shaped["users"], state, proxy)
-    elif kind == "mean":
-        out = als.release_mean(shaped["mean"], state, proxy)
-    elif kind == "counts":
-        out = als.release_counts(shaped["counts"], state, proxy)
-    elif kind == "bias":
-        out = als.release_bias(shaped["bias"], state, proxy)
+    if kind in als.PRE_RELEASE_FUNCTIONS:
+        out = als.PRE_RELEASE_FUNCTIONS[kind](shaped[kind], state, proxy)
     else:
         alternating = state.spec.alternating_step()
         sums = [None] * (max(p.index for p in parts) + 1)

@@ -61,17 +61,11 @@ class CentralAggregator:
         self.ledger = ledger
         self.client_seconds = 0.0
 
-    def users(self, transport: Transport, state: als.PublicState) -> int:
-        return als.release_user_count(transport.vector("users", als.pre_release_length("users", state), state), state, self.ledger)
-
-    def mean(self, transport: Transport, state: als.PublicState) -> float:
-        return als.release_mean(transport.vector("mean", als.pre_release_length("mean", state), state), state, self.ledger)
-
-    def counts(self, transport: Transport, state: als.PublicState) -> np.ndarray:
-        return als.release_counts(transport.vector("counts", als.pre_release_length("counts", state), state), state, self.ledger)
-
-    def bias(self, transport: Transport, state: als.PublicState) -> np.ndarray:
-        return als.release_bias(transport.vector("bias", als.pre_release_length("bias", state), state), state, self.ledger)
+    def pre_release(self, kind: str, transport: Transport, state: als.PublicState):
+        """One pre-processing release (``als.PRE_RELEASES``): the clients' vectors summed, then
+        noised once through the ledger by the release's own function."""
+        total = transport.vector(kind, als.pre_release_length(kind, state), state)
+        return als.PRE_RELEASE_FUNCTIONS[kind](total, state, self.ledger)
 
     def step(self, transport: Transport, state: als.PublicState, step: int):
         t = time.perf_counter()
@@ -106,17 +100,9 @@ class SecureAggregator:
                                                    colluders=self.colluders, secure_sum=gather)
         return secure.release(kind, values, state, proxy.plan)
 
-    def users(self, transport, state: als.PublicState) -> int:
-        return self._round(transport, "users", state)
-
-    def mean(self, transport, state: als.PublicState) -> float:
-        return self._round(transport, "mean", state)
-
-    def counts(self, transport, state: als.PublicState) -> np.ndarray:
-        return self._round(transport, "counts", state)
-
-    def bias(self, transport, state: als.PublicState) -> np.ndarray:
-        return self._round(transport, "bias", state)
+    def pre_release(self, kind: str, transport, state: als.PublicState):
+        """One pre-processing release as a secure round of its declared parts."""
+        return self._round(transport, kind, state)
 
     def step(self, transport, state: als.PublicState, step: int):
         return self._round(transport, "step", state, step)
@@ -152,18 +138,18 @@ def train_rounds(transport: Transport, aggregator: CentralAggregator | SecureAgg
     t0 = time.perf_counter()
     if not resumed:
         if state.private and als.needs_user_count(alg, cfg):
-            state.n_users = aggregator.users(transport, state)
+            state.n_users = aggregator.pre_release("users", transport, state)
             if cfg.defaults == "noise-aware":
                 # the rule reads the released count (post-processing) and the rest of the plan
                 # is calibrated for its choice, the count's release composed as it was made
                 defaults.apply(state, aggregator.ledger)
                 cfg = state.config
         if als.needs_mean(alg, state.implicit):
-            state.mean = aggregator.mean(transport, state)
+            state.mean = aggregator.pre_release("mean", transport, state)
         if als.needs_counts(alg, cfg):
-            state.counts_hat = aggregator.counts(transport, state)
+            state.counts_hat = aggregator.pre_release("counts", transport, state)
         if als.has_bias_stage(alg, cfg):
-            state.item_bias = aggregator.bias(transport, state)
+            state.item_bias = aggregator.pre_release("bias", transport, state)
         server = protocol.server_setup(state, item_features)
         if hooks.after_setup is not None:
             hooks.after_setup(state, server)

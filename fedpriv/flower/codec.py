@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections import OrderedDict
-from dataclasses import asdict
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
@@ -47,7 +46,7 @@ def encode_state(state: als.PublicState, data_dir: str, users_per_node: int, rou
     cfg = ConfigRecord(
         {
             "algorithm": state.algorithm,
-            "config": json.dumps(asdict(state.config)),
+            "config": json.dumps(state.config.to_dict()),
             "n_items": state.n_items,
             "n_users": state.n_users,
             "rating_lo": float(state.rating_range[0]),
@@ -90,7 +89,7 @@ def _decode_state(content: RecordDict) -> tuple[als.PublicState, str, int]:
     arrays = content.array_records["state"]
     state = als.PublicState(
         algorithm=str(cfg["algorithm"]),
-        config=als.ALSConfig(**json.loads(str(cfg["config"]))),
+        config=als.ALSConfig.from_dict(json.loads(str(cfg["config"]))),
         n_items=int(cfg["n_items"]),
         n_users=int(cfg["n_users"]),
         rating_range=(float(cfg["rating_lo"]), float(cfg["rating_hi"])),

@@ -145,7 +145,7 @@ class RunReport:
             second = f"; PLD {pld:.4f}" if isinstance(pld, float) else ""
             rows.append(("privacy", f"epsilon {spent}{target}, delta {self.delta:g} (dp-accounting from the ledger{second})"))
             if self.get("noise") == "reproducible":
-                rows.append(("noise", "reproducible from --noise-seed: privacy holds only against those who do not know it"))
+                rows.append(("noise", "reproducible from a noise seed: privacy holds only against those who do not know the seed"))
         else:
             rows.append(("privacy", "none (a non-private reference)"))
         data = [f"{v:,} {k}" for k, v in (("users", self.n_users), ("items", self.n_items), ("ratings", self.n_ratings)) if isinstance(v, int)]

@@ -308,3 +308,10 @@ def test_a_node_sends_no_plaintext_tuning_score_in_secure_mode(tmp_path):
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
     with pytest.raises(PermissionError, match="secure mode"):
         client_app.tune_score(msg, ctx)
+
+
+def test_the_one_job_example_runs_and_its_engines_agree():
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "python-api" / "one_job_three_engines.py")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    scores = [line for line in r.stdout.splitlines() if line.startswith("scores")]
+    assert len(scores) == 2 and scores[0] == scores[1] and "test RMSE" in scores[0]

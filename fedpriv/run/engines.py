@@ -10,9 +10,10 @@
   processes): ``flwr run`` on Flower's local simulation federation, in a subprocess (what
   ``--engine flower`` means, on the command line and in Python).
 
-Every engine returns the same :class:`~fedpriv.run.job.Outcome`, and the same data, options,
-``save_model`` and report work on each. Deployments over gRPC run through
-``fedpriv deploy run`` (:mod:`fedpriv.ops.deploy`), whose ServerApp is a :class:`FlowerGrid`."""
+Every engine returns the same :class:`~fedpriv.run.report.Outcome`, and the same data, options,
+``save_model`` and report work on each. A running gRPC deployment is the engine
+:class:`fedpriv.ops.deploy.engine.Deployment` (``fedpriv deploy run``), whose ServerApp is a
+:class:`FlowerGrid` over the SuperNodes."""
 
 from __future__ import annotations
 

@@ -16,10 +16,8 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -129,67 +127,12 @@ def probe(ns: str, addresses: list[str], wait: float = 0.0) -> dict[str, str]:
     return json.loads(r.stdout)
 
 
-# ------------------------------------------------------------------------------ processes (/proc)
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-def _parents() -> dict[int, int]:
-    out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    out[int(entry)] = int(f.read().rpartition(")")[2].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
+# ------------------------------------------------------------------------------ processes (/proc): the launcher's helpers
+from fedpriv.ops.launcher import terminate_pids as terminate  # noqa: E402 - SIGTERM, then SIGKILL after ``seconds``
 
 
 def pids_naming(needle: str) -> list[int]:
     """The processes (this one excluded) whose command line contains ``needle``."""
-    me = os.getpid()
-    return sorted(p for p in _parents() if p != me and needle in cmdline(p))
+    from fedpriv.ops.launcher import pids_matching
 
-
-def descendants(pids: list[int]) -> list[int]:
-    """Every live process below ``pids``."""
-    children: dict[int, list[int]] = {}
-    for pid, ppid in _parents().items():
-        children.setdefault(ppid, []).append(pid)
-    out, todo = [], list(pids)
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in out:
-                out.append(c)
-                todo.append(c)
-    return out
-
-
-def terminate(pids: list[int], seconds: float) -> None:
-    """SIGTERM ``pids``, SIGKILL what is left after ``seconds``, wait up to 5 s more."""
-    for sig, wait in ((signal.SIGTERM, seconds), (signal.SIGKILL, 5.0)):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + wait
-        while any(alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        pids = [p for p in pids if alive(p)]
-        if not pids:
-            return
+    return pids_matching(needle)

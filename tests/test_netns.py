@@ -184,7 +184,7 @@ def test_superlink_and_supernodes_on_separate_hosts(tmp_path, monkeypatch):
             for i in range(NODES):
                 pid = procs[f"supernode-{i}"].pid
                 assert pid_netns_inode(pid) == netns_inode(hosts.ns_b)
-                assert launcher._cmdline(pid).split().count(f"{hosts.a}:{cfg.fleet_port}") == 1
+                assert launcher.process_cmdline(pid).split().count(f"{hosts.a}:{cfg.fleet_port}") == 1
             t_up = time.perf_counter() - t0
 
             # one job: adadpals at epsilon 4, 2 steps, `flwr run APP deploy --stream` on host A

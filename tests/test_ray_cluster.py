@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -41,27 +40,7 @@ def _free_port() -> int:
 
 
 # ------------------------------------------------------------------------------ process helpers
-from fedpriv.ops.launcher import _cmdline
-
-
-def _ppids() -> dict[int, int]:
-    out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    out[int(entry)] = int(f.read().rpartition(")")[2].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+from fedpriv.ops.launcher import descendant_pids, process_cmdline, terminate_pids  # noqa: E402
 
 
 def _head_pids(temp_dir: Path, gcs_port: int) -> list[int]:
@@ -70,37 +49,16 @@ def _head_pids(temp_dir: Path, gcs_port: int) -> list[int]:
     gcs = re.compile(rf"--(?:gcs-)?address=\S+:{gcs_port}\b")
     me = os.getpid()
     roots = []
-    for pid in _ppids():
-        cmd = _cmdline(pid)
+    for pid in (int(e) for e in os.listdir("/proc") if e.isdigit()):
+        cmd = process_cmdline(pid)
         if pid != me and cmd and (str(temp_dir) in cmd or ("ray" in cmd and gcs.search(cmd))):
             roots.append(pid)
-    parents = _ppids()
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parents.items():
-        children.setdefault(ppid, []).append(pid)
-    out, todo = list(roots), list(roots)
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in out:
-                out.append(c)
-                todo.append(c)
-    return sorted(out)
+    return sorted(set(roots) | set(descendant_pids(roots)))
 
 
 def _stop_head(temp_dir: Path, gcs_port: int) -> None:
-    pids = _head_pids(temp_dir, gcs_port)
-    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):  # a throwaway head: GCS and raylet outlive SIGTERM by > 10 s
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + wait
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        pids = [p for p in pids if _alive(p)]
-        if not pids:
-            return
+    # a throwaway head: GCS and raylet outlive SIGTERM by > 10 s, so SIGKILL after 3 s
+    terminate_pids(_head_pids(temp_dir, gcs_port), 3.0)
 
 
 # ------------------------------------------------------------------------------ the head

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
+from ..util import atomic
 from .interactions import Interactions
 
 FORMAT = "fedpriv-saved-dataset/1"
@@ -38,11 +37,9 @@ def _ids(values) -> np.ndarray | None:
 def save_dataset(dataset, folder: str | os.PathLike) -> Path:
     """Write ``dataset`` to ``folder`` (created; written in a temporary folder beside it, then
     moved in place: nothing half-written). Returns the folder."""
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
-        inter: Interactions = dataset.interactions
+    inter: Interactions = dataset.interactions
+
+    def fill(tmp: Path) -> None:
         arrays = {"users": inter.users, "items": inter.items, "ratings": inter.ratings}
         for key in ("user_ids", "item_ids"):
             ids = _ids(getattr(inter, key))
@@ -71,13 +68,8 @@ def save_dataset(dataset, folder: str | os.PathLike) -> Path:
                 "names": None if feats.names is None else [str(n) for n in feats.names],
             }
         (tmp / _META).write_text(json.dumps(meta, indent=1) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+
+    return atomic.write_folder(folder, fill)
 
 
 def load_saved(folder: str | os.PathLike):

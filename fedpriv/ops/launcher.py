@@ -177,7 +177,8 @@ def _proc_ok() -> bool:
     return os.path.isdir("/proc/self")
 
 
-def _cmdline(pid: int) -> str:
+def process_cmdline(pid: int) -> str:
+    """The command line of process ``pid`` (Linux /proc; empty when it is gone or unreadable)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -194,7 +195,7 @@ def pids_matching(*needles: str) -> list[int]:
     out = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != me:
-            cmd = _cmdline(int(entry))
+            cmd = process_cmdline(int(entry))
             if cmd and all(n in cmd for n in needles):
                 out.append(int(entry))
     return sorted(out)
@@ -205,7 +206,7 @@ def superlink_pids(flwr_home: str | os.PathLike | None = None) -> list[int]:
     every local SuperLink started by this module (FLWR_HOME in one of its temporary folders)."""
     if flwr_home is not None:
         return pids_matching("flower-superlink", f"{Path(flwr_home)}/local-superlink")
-    return [p for p in pids_matching("flower-superlink", "/local-superlink") if re.search(rf"/{HOME_PREFIX}[^/ ]*/home/local-superlink", _cmdline(p))]
+    return [p for p in pids_matching("flower-superlink", "/local-superlink") if re.search(rf"/{HOME_PREFIX}[^/ ]*/home/local-superlink", process_cmdline(p))]
 
 
 def pid_alive(pid: int) -> bool:

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +36,7 @@ from ..algorithms import als
 from ..algorithms.config import ALSConfig
 from ..algorithms.shards import UserShard
 from ..errors import ConfigError, DataError
+from ..util import atomic
 
 FORMAT = "fedpriv-model/1"
 FILES = ("model.npz", "model.json", "ledger.json")
@@ -92,9 +91,8 @@ class Model:
         holding anything else is refused). All files appear at once or not at all."""
         path = Path(path)
         check_model_folder(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
+
+        def fill(tmp: Path) -> None:
             arrays = {"item_factors": np.asarray(self.state.item_factors, dtype=np.float32)}
             if self.state.item_bias is not None:
                 arrays["item_bias"] = np.asarray(self.state.item_bias, dtype=np.float64)
@@ -122,13 +120,8 @@ class Model:
             }
             (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             (tmp / "ledger.json").write_text(json.dumps(self.ledger, indent=2) + "\n", encoding="utf-8")
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        return path
+
+        return atomic.write_folder(path, fill)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Model:

@@ -5,6 +5,7 @@ leaves the old file (or none) in place. The one implementation for every writer 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -36,3 +37,21 @@ def write_text(path: str | os.PathLike, text: str, *, mode: int | None = None) -
 def write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> Path:
     """``data`` written atomically to ``path``."""
     return write_with(path, lambda tmp: Path(tmp).write_bytes(data), mode=mode)
+
+
+def write_folder(path: str | os.PathLike, fill: Callable[[Path], None]) -> Path:
+    """``fill(tmp)`` writes every file of a folder into a temporary folder beside ``path``, which
+    then replaces ``path`` (an earlier folder there is removed first): all files appear at once
+    or none; the temporary folder is removed on failure."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        fill(tmp)
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path

@@ -128,7 +128,13 @@ def probe(ns: str, addresses: list[str], wait: float = 0.0) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------ processes (/proc): the launcher's helpers
+from fedpriv.ops.launcher import descendant_pids as descendants  # noqa: E402 - every live process below some PIDs
+from fedpriv.ops.launcher import pid_alive as alive  # noqa: E402 - a zombie is not alive
+from fedpriv.ops.launcher import process_cmdline as cmdline  # noqa: E402
 from fedpriv.ops.launcher import terminate_pids as terminate  # noqa: E402 - SIGTERM, then SIGKILL after ``seconds``
+
+__all__ = ["Hosts", "alive", "cmdline", "descendants", "ip", "namespaces", "netns_inode", "netns_list", "netns_pids", "pid_netns_inode",
+           "pids_naming", "probe", "skip_unless_netns", "terminate"]
 
 
 def pids_naming(needle: str) -> list[int]:

@@ -315,3 +315,15 @@ def test_the_one_job_example_runs_and_its_engines_agree():
     assert r.returncode == 0, r.stderr[-2000:]
     scores = [line for line in r.stdout.splitlines() if line.startswith("scores")]
     assert len(scores) == 2 and scores[0] == scores[1] and "test RMSE" in scores[0]
+
+
+def test_a_two_key_tuning_grid_goes_through_flwr_run():
+    """`--engine flower` tunes with any grid (the run config's `tune` key carries its ';'):
+    the same selection and ledger as in process under a noise seed."""
+    data = "synthetic-mf:users=60,items=25,ratings=1500,seed=8"
+    common = dict(epsilon=4.0, noise_seed=9, tune="reg_item_private=0.5/50;rating_clip=0.5/1", tune_mean=2, rank=2, steps=1)
+    ip = fedpriv.train("adadpals", data, users_per_shard=10, **common)
+    fl = fedpriv.train("adadpals", data, engine="flower", engine_options={"users_per_node": 10}, **common)
+    assert fl.metrics["engine"] == "flower" and fl.ledger == ip.ledger
+    assert fl.metrics["tuning"]["selected"] == ip.metrics["tuning"]["selected"] and set(fl.metrics["tuning"]["grid"]) == {"reg_item_private", "rating_clip"}
+    assert fl.metrics["test_rmse"] == pytest.approx(ip.metrics["test_rmse"], rel=1e-5)

@@ -47,6 +47,8 @@ def job_of_run_config(rc) -> tuple[Job, dict]:
     reader: the only place, with the command line, where the job's values are strings)."""
     algorithm = str(rc.get("algorithm", "adadpals"))
     params: dict = _overrides(rc.get("set", ""))
+    if str(rc.get("tune", "") or ""):  # private tuning's grid: "key=v1/v2;key2=..." (it holds ';', so not in `set`)
+        params["tune"] = str(rc["tune"])
     aggregation = str(rc.get("aggregation", "central") or "central")
     if aggregation != "central" or "aggregation" in params:
         params.setdefault("aggregation", aggregation)  # secure: nodes add distributed noise, the server sees only noised sums

@@ -161,6 +161,7 @@ round-timeout = 0.0
 node-wait = 120.0
 work-dir = ""
 noise-seed-file = ""
+tune = ""
 data-options = ""
 save-model = ""
 """
@@ -419,6 +420,7 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
     round_timeout = float(engine.round_timeout if engine.round_timeout is not None else params.pop("round_timeout", 0.0))
     node_wait = float(engine.node_wait if engine.node_wait is not None else params.pop("node_wait", 120.0))
     texts = {str(k): param_text(v) for k, v in params.items()}
+    tune = texts.pop("tune", "")  # a tuning grid ("key=v1/v2;key2=...") has a run-config key of its own
     for key, value in texts.items():
         if "," in value or ";" in value:
             raise ConfigError(f"a value given to the flower engine cannot contain ',' or ';', got {value!r}", field=key)
@@ -440,6 +442,7 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
             "set": ",".join([*(f"{k}={v}" for k, v in texts.items()), f"nodes={n_nodes}"]),
             "round-timeout": round_timeout,
             "node-wait": node_wait,
+            "tune": tune,
         }
         home.mkdir(parents=True, exist_ok=True)
         app_dir, job_out, model_dir = work / "app", work / "out", work / "model"

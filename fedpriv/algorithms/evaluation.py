@@ -24,15 +24,10 @@ def _predict(state: als.PublicState, U: np.ndarray, rows: np.ndarray, items: np.
 def clipped_score_sum(state: als.PublicState, history: Interactions, valid: Interactions, clip: float) -> np.ndarray:
     """Private tuning's score contributions, summed: over the users with validation ratings,
     min(user's validation MSE, clip) (one user's term is at most ``clip``: the L2 sensitivity).
-    Users solved from ``history``; a node computes the same over its shard
-    (:func:`shard_clipped_score_sum`)."""
-    if len(valid) == 0:
-        return np.zeros(1)
-    pred = predict_ratings(state, history, valid)
-    se = (pred - valid.ratings.astype(np.float64)) ** 2
-    users, inv = np.unique(valid.users, return_inverse=True)
-    per_user = np.bincount(inv, weights=se, minlength=len(users)) / np.bincount(inv, minlength=len(users))
-    return np.array([float(np.sum(np.minimum(per_user, clip)))])
+    Users solved from ``history``: the computation a node makes over its own users
+    (:func:`shard_clipped_score_sum`), here over every user at once."""
+    users = np.unique(valid.users)
+    return shard_clipped_score_sum(state, shard_users(history, users), shard_users(valid, users), clip)
 
 
 def shard_clipped_score_sum(state: als.PublicState, history, target, clip: float) -> np.ndarray:

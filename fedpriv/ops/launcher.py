@@ -90,6 +90,37 @@ def param_text(value) -> str:
     return str(value)
 
 
+def job_run_config(job, data: str, *, users_per_node: int, nodes: int, round_timeout: float, node_wait: float, params: dict | None = None) -> dict:
+    """The run config (``flwr run --run-config``) of ``job``: its parameters (``params``, default
+    the job's) as the ``key=value,...`` of ``set`` (a value holding ',' or ';' is an error naming
+    its key), a tuning grid under ``tune``, and the Flower keys. ``nodes``: the nodes the
+    ServerApp reports (every registered node is polled)."""
+    texts = {str(k): param_text(v) for k, v in (job.params if params is None else params).items()}
+    tune = texts.pop("tune", "")  # a tuning grid ("key=v1/v2;key2=...") has a run-config key of its own
+    for key, value in texts.items():
+        if "," in value or ";" in value:
+            raise ConfigError(f"a value given to the flower engine cannot contain ',' or ';', got {value!r}", field=key)
+    return {
+        "algorithm": job.algorithm,
+        "data": data,
+        "epsilon": run_config_epsilon_value(job.algorithm, job.epsilon),
+        "delta": float(job.delta),
+        "users-per-node": users_per_node,
+        "set": ",".join([*(f"{k}={v}" for k, v in texts.items()), f"nodes={nodes}"]),
+        "round-timeout": float(round_timeout),
+        "node-wait": float(node_wait),
+        "tune": tune,
+    }
+
+
+def raise_run_failure(code: int, tail: list[str], no_output: str) -> None:
+    """A failed ``flwr run``: the last fedpriv error in its output (else the exit code, or
+    ``no_output`` when it exited 0), with the output's last lines."""
+    reasons = [m.group(1) for line in tail if (m := ERROR_LINE.search(line))]
+    what = f"`flwr run` exited with code {code}" if code != 0 else no_output
+    raise FedprivError((f"{reasons[-1]} ({what})" if reasons else what) + "; last output:\n" + "\n".join(tail[-40:]))
+
+
 def data_for_server(plan, work: Path) -> str:
     """The data spec the ServerApp of a ``flwr run`` subprocess reads: a built-in spec as is
     (absolute), anything else (csv/parquet with options, a DataFrame, a Dataset) written once
@@ -419,31 +450,16 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
     n_nodes = _int_option("--nodes", engine.nodes, params, "nodes")
     round_timeout = float(engine.round_timeout if engine.round_timeout is not None else params.pop("round_timeout", 0.0))
     node_wait = float(engine.node_wait if engine.node_wait is not None else params.pop("node_wait", 120.0))
-    texts = {str(k): param_text(v) for k, v in params.items()}
-    tune = texts.pop("tune", "")  # a tuning grid ("key=v1/v2;key2=...") has a run-config key of its own
-    for key, value in texts.items():
-        if "," in value or ";" in value:
-            raise ConfigError(f"a value given to the flower engine cannot contain ',' or ';', got {value!r}", field=key)
     n_parts = flower_partitions(plan, upn)
     if n_nodes is None:
         n_nodes = n_parts
     elif n_nodes < n_parts:
         raise ConfigError(f"{n_parts} partitions of {upn} users need at least {n_parts} nodes, got {n_nodes}", field="--nodes")
+    run_config = job_run_config(job, "", users_per_node=upn, nodes=n_nodes, round_timeout=round_timeout, node_wait=node_wait, params=params)
     work = Path(tempfile.mkdtemp(prefix=HOME_PREFIX)).resolve()
     home = Path(engine.flwr_home).expanduser().resolve() if engine.flwr_home is not None else work / "home"
     try:
-        run_config = {
-            "algorithm": job.algorithm,
-            "data": data_for_server(plan, work),
-            "epsilon": run_config_epsilon_value(job.algorithm, job.epsilon),
-            "delta": float(job.delta),
-            "users-per-node": upn,
-            # the ServerApp reports this many nodes (all of them are registered and polled)
-            "set": ",".join([*(f"{k}={v}" for k, v in texts.items()), f"nodes={n_nodes}"]),
-            "round-timeout": round_timeout,
-            "node-wait": node_wait,
-            "tune": tune,
-        }
+        run_config["data"] = data_for_server(plan, work)
         home.mkdir(parents=True, exist_ok=True)
         app_dir, job_out, model_dir = work / "app", work / "out", work / "model"
         write_app_folder(app_dir)
@@ -469,9 +485,7 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
             stop_superlinks(home)
         metrics_path, ledger_path = job_out / "metrics.json", job_out / "ledger.json"
         if code != 0 or not (metrics_path.is_file() and ledger_path.is_file()):
-            reasons = [m.group(1) for line in tail if (m := ERROR_LINE.search(line))]
-            what = f"`flwr run` exited with code {code}" if code != 0 else "`flwr run` wrote no metrics.json"
-            raise FedprivError((f"{reasons[-1]} ({what})" if reasons else what) + "; last output:\n" + "\n".join(tail[-40:]))
+            raise_run_failure(code, tail, "`flwr run` wrote no metrics.json")
         metrics = json.loads(metrics_path.read_text())
         ledger = json.loads(ledger_path.read_text())
         model = load_model(model_dir) if model_dir.is_dir() else None

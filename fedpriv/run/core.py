@@ -333,12 +333,12 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
         finally:
             if cleanup is not None:
                 cleanup()
-        state, timings = result.state, result.timings
+        state = result.state
         if candidate is not None:  # the selected run's own evaluation on the nodes, rounds and bytes
-            metrics.update({"valid_rmse": result.valid_rmse, "valid_sliced": result.valid_sliced, "test_rmse": result.test_rmse, "sliced": result.test_sliced})
-            metrics.update({"nodes": result.n_nodes, "users_per_node": result.users_per_node, "rounds": result.rounds, "bytes_up": result.bytes_up,
-                            "bytes_down": result.bytes_down, "round_log": result.round_log, "rejected_replies": result.rejected})
+            timings = {"rounds": result.round_log}
+            _flower_metrics(metrics, result, opts, split.train.n_users, evaluated=True)
         else:
+            timings = result.timings
             item_counts = train.item_counts()
             metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
             metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
@@ -440,39 +440,38 @@ def _recall_metrics(metrics: dict, state, train, split, k: int) -> None:
     )
 
 
-def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None, item_features=None, rec_cfg=None, secrets=None, public=None, progress=False):
-    """Train over Flower (by default a new simulation); adds rounds, bytes and (random split)
-    the node-side RMSE evaluation to ``metrics``. ``public``: a partitioned deployment (no
-    ratings here; ``split`` is None)."""
+def _flower_nodes(opts, n_users: int) -> tuple[int, int]:
+    """(nodes, users per node) of a Flower run: ``opts.nodes``, or one node per block of users."""
+    upn = max(1, opts.users_per_node)
+    return opts.nodes or -(-n_users // upn), upn
+
+
+def _flower_job(algorithm, epsilon, delta, cfg, split, opts, rating_range, implicit, work_dir, item_features, secrets, **extra):
+    """The :class:`~fedpriv.flower.server_app.FlowerJob` of a split (None: a partitioned
+    deployment's server, ``public=`` in ``extra``); ``extra``: the job's other fields."""
     from ..flower.server_app import FlowerJob
 
-    if runner is None:
-        from ..flower.simulation import simulate as runner
-
-    upn = max(1, opts.users_per_node)
-    n_nodes = opts.nodes or -(-(split.train.n_users if public is None else public.n_users) // upn)
-    tmp = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-flower-"))
-    if public is not None:
+    if split is None:
         train, valid, test = None, None, None
     else:
         train = split.train
         valid, test = (None, None) if isinstance(split, HeldoutSplit) else (split.valid, split.test)
-    job = FlowerJob(
-        algorithm, epsilon, delta, cfg, train, valid, test, rating_range, tmp, users_per_node=upn, implicit=implicit,
-        item_features=item_features, recommend=rec_cfg, round_timeout=opts.round_timeout or None, node_wait_seconds=opts.node_wait,
-        secrets=secrets if secrets is not None else RunSecrets(), public=public, progress=bool(progress),
+    return FlowerJob(
+        algorithm, epsilon, delta, cfg, train, valid, test, rating_range, work_dir, users_per_node=max(1, opts.users_per_node), implicit=implicit,
+        item_features=item_features, round_timeout=opts.round_timeout or None, node_wait_seconds=opts.node_wait, secrets=secrets, **extra,
     )
-    try:
-        res = runner(job, n_nodes)
-    finally:
-        if not work_dir:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _flower_metrics(metrics: dict, res, opts, n_users: int, *, evaluated: bool) -> None:
+    """A Flower run's node-side evaluation (``evaluated``: the random split or a deployment),
+    nodes, rounds, bytes and rejected replies, into ``metrics``."""
     if res.logistic:
         for part in ("valid", "test"):
             metrics[f"{part}_logloss"], metrics[f"{part}_accuracy"] = res.logistic[part]["logloss"], res.logistic[part]["accuracy"]
         metrics["valid_sliced"], metrics["sliced"] = res.logistic["valid"]["sliced"], res.logistic["test"]["sliced"]
-    elif valid is not None or public is not None:
+    elif evaluated:
         metrics.update({"valid_rmse": res.valid_rmse, "valid_sliced": res.valid_sliced, "test_rmse": res.test_rmse, "sliced": res.test_sliced})
+    n_nodes, upn = _flower_nodes(opts, n_users)
     metrics.update(
         {
             "nodes": n_nodes,
@@ -484,6 +483,25 @@ def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, 
             "rejected_replies": res.rejected,
         }
     )
+
+
+def _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, work_dir, metrics, runner=None, item_features=None, rec_cfg=None, secrets=None, public=None, progress=False):
+    """Train over Flower (by default a new simulation); adds rounds, bytes and (random split)
+    the node-side RMSE evaluation to ``metrics``. ``public``: a partitioned deployment (no
+    ratings here; ``split`` is None)."""
+    if runner is None:
+        from ..flower.simulation import simulate as runner
+
+    n_users = split.train.n_users if public is None else public.n_users
+    tmp = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-flower-"))
+    job = _flower_job(algorithm, epsilon, delta, cfg, split, opts, rating_range, implicit, tmp, item_features, secrets if secrets is not None else RunSecrets(),
+                      recommend=rec_cfg, public=public, progress=bool(progress))
+    try:
+        res = runner(job, _flower_nodes(opts, n_users)[0])
+    finally:
+        if not work_dir:
+            shutil.rmtree(tmp, ignore_errors=True)
+    _flower_metrics(metrics, res, opts, n_users, evaluated=job.valid is not None or public is not None)
     if rec_cfg is not None:
         metrics["recommendation"] = res.recommendation
     return res.state, res.ledger, {"rounds": res.round_log}, res.rec_ledger
@@ -493,25 +511,18 @@ def _flower_candidate(plan, engine, opts):
     """One run of private tuning as a Flower job (central mode): trained with the tuning plan's
     multipliers, then scored on the nodes (each sends its users' clipped validation MSEs, summed
     here; the tuning adds the noise). Returns (run_candidate, cleanup)."""
-    from ..flower.server_app import FlowerJob
-
     runner = engine.flower_runner()
     if runner is None:
         from ..flower.simulation import simulate as runner
     split = plan.split
-    upn = max(1, opts.users_per_node)
-    n_nodes = opts.nodes or -(-split.train.n_users // upn)
+    n_nodes = _flower_nodes(opts, split.train.n_users)[0]
     own = not engine.work_dir
     root = Path(engine.work_dir) if engine.work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-tune-"))
 
     def run_candidate(cfg, multipliers, run_secrets, clip, index):
-        job = FlowerJob(
-            plan.algorithm, plan.job.epsilon, plan.job.delta, cfg, split.train, split.valid, split.test, plan.rating_range, root / f"candidate-{index}",
-            users_per_node=upn, implicit=plan.implicit, item_features=plan.dataset.item_features, round_timeout=opts.round_timeout or None,
-            node_wait_seconds=opts.node_wait, secrets=run_secrets, multipliers=multipliers, tune_score_clip=clip, checkpoint=False,
-        )
+        job = _flower_job(plan.algorithm, plan.job.epsilon, plan.job.delta, cfg, split, opts, plan.rating_range, plan.implicit, root / f"candidate-{index}",
+                          plan.dataset.item_features, run_secrets, multipliers=multipliers, tune_score_clip=clip, checkpoint=False)
         res = runner(job, n_nodes)
-        res.timings, res.n_nodes, res.users_per_node = {"rounds": res.round_log}, n_nodes, upn
         return res, res.ledger, res.score_total
 
     return run_candidate, ((lambda: shutil.rmtree(root, ignore_errors=True)) if own else None)

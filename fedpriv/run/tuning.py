@@ -74,15 +74,8 @@ def check_same_plan(algorithm: str, configs: list[als.ALSConfig], implicit: bool
             raise ConfigError("candidates change the release plan (number of releases or budget shares); tune other keys", field=f"tune: {bad[0]}")
 
 
-def private_score(state: als.PublicState, train, valid, clip: float) -> np.ndarray:
-    """Sum over users of min(user's validation MSE, clip): the score contributions, each computed
-    client-side in a federation (here: over all users at once; a Flower node computes its own
-    users' part, :func:`fedpriv.algorithms.evaluation.shard_clipped_score_sum`)."""
-    return clipped_score_sum(state, train, valid, clip)
-
-
 #: ``train_candidate(cfg, multipliers, secrets, clip, index) -> (result, run ledger, exact score sum)``:
-#: one run of the tuning on an engine (``result`` has ``state`` and ``timings``)
+#: one run of the tuning on an engine (``result`` has ``state``)
 CandidateRunner = Callable[..., tuple]
 
 
@@ -129,7 +122,9 @@ def tune(
                 algorithm, split.train, cfg, rating_range=rating_range, epsilon=epsilon, delta=delta,
                 item_features=item_features, progress=progress, multipliers=plan.multipliers, secrets=secrets.child(f"run{r}"),
             )
-            run_ledger, total = res.ledger, private_score(res.state, split.train, split.valid, clip)
+            # every user's min(validation MSE, clip), summed over all users at once (a Flower node
+            # sums its own users': fedpriv.algorithms.evaluation.shard_clipped_score_sum)
+            run_ledger, total = res.ledger, clipped_score_sum(res.state, split.train, split.valid, clip)
         else:
             res, run_ledger, total = train_candidate(cfg, plan.multipliers, secrets.child(f"run{r}"), clip, r)
         noisy = run_ledger.gaussian(SCORE_RELEASE, total, sensitivity=score_sensitivity(clip), noise_multiplier=plan.multipliers[SCORE_RELEASE])

@@ -9,7 +9,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import ConfigError, FedprivError
+from ...errors import ConfigError
 from ...run import FlowerOptions, Outcome, RunReport
 from .. import launcher
 from .commands import flwr_run_command
@@ -38,19 +38,12 @@ class Deployment(FlowerOptions):
         if cfg.run_dir.joinpath(PIDS_FILE).is_file() and not running(cfg):
             raise ConfigError(f"the deployment in {cfg.run_dir} is not running: `fedpriv deploy up` first", field="--run-dir")
         out_dir = Path(self.out).expanduser().resolve() if self.out is not None else cfg.out_dir
-        texts = {str(k): launcher.param_text(v) for k, v in job.params.items()}
-        run_config = {
-            "algorithm": job.algorithm,
-            "data": launcher.absolute_data_spec(job.data if isinstance(job.data, str) else str(plan.spec)),
-            "epsilon": launcher.run_config_epsilon_value(job.algorithm, job.epsilon),
-            "delta": float(job.delta),
-            "users-per-node": cfg.users_per_node,
-            "set": ",".join([*(f"{k}={v}" for k, v in texts.items()), f"nodes={cfg.nodes}"]),
-            "out": str(out_dir),
-            "round-timeout": float(self.round_timeout or 0.0),
-            "node-wait": float(self.node_wait if self.node_wait is not None else 120.0),
-            "work-dir": str(Path(self.work_dir).expanduser().resolve()) if self.work_dir else "",
-        }
+        run_config = launcher.job_run_config(
+            job, launcher.absolute_data_spec(job.data if isinstance(job.data, str) else str(plan.spec)), users_per_node=cfg.users_per_node,
+            nodes=cfg.nodes, round_timeout=self.round_timeout or 0.0, node_wait=self.node_wait if self.node_wait is not None else 120.0,
+        )
+        run_config["out"] = str(out_dir)
+        run_config["work-dir"] = str(Path(self.work_dir).expanduser().resolve()) if self.work_dir else ""
         _app(cfg)
         write_connection(cfg)
         launcher.write_run_config(cfg.run_config_file, run_config)
@@ -65,9 +58,7 @@ class Deployment(FlowerOptions):
             stop_runs(cfg, exclude=earlier)
         metrics_path, ledger_path = out_dir / "metrics.json", out_dir / "ledger.json"
         if code != 0 or _stamp(out_dir) == before or not ledger_path.is_file():
-            reasons = [m.group(1) for line in tail if (m := launcher.ERROR_LINE.search(line))]
-            what = f"`flwr run` exited with code {code}" if code != 0 else "the run wrote no new metrics.json"
-            raise FedprivError((f"{reasons[-1]} ({what})" if reasons else what) + "; last output:\n" + "\n".join(tail[-40:]))
+            launcher.raise_run_failure(code, tail, "the run wrote no new metrics.json")
         metrics = json.loads(metrics_path.read_text())
         return Outcome(RunReport.from_metrics(metrics), json.loads(ledger_path.read_text()), None, None, None, plan.dataset)
 

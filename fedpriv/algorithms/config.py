@@ -42,6 +42,11 @@ def _coerce(key: str, raw, typ):
         raise ConfigError(f"expected {typ.__name__}, got {raw!r}", field=key) from None
 
 
+def _own_options(spec) -> set[str]:
+    """The keys of an algorithm's own options dataclass (empty without one)."""
+    return {f.name for f in fields(spec.options)} if spec.options is not None else set()
+
+
 def _parse(cls, overrides: dict):
     """An instance of the dataclass ``cls`` with ``overrides`` parsed strictly into its fields."""
     known = {f.name for f in fields(cls)}
@@ -117,6 +122,8 @@ class ALSConfig:
     aggregation: str = "central"
     secure_dropout: float = 0.0  # secure: fraction of nodes that may drop (shares sized for the rest)
     secure_collusion: int = 1  # secure: nodes that may pool their own noise shares (the noise holds without them)
+    # the algorithm's own typed options (an instance of its spec's ``options`` dataclass), or None
+    options: object = None
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, str | float | int | bool], algorithm: str | None = None) -> "ALSConfig":
@@ -133,7 +140,11 @@ class ALSConfig:
                     raise ConfigError(f"{algorithm} fixes it to {dict(spec.defaults)[key]}", field=key)
             given = frozenset(k for k in overrides if k not in ("given", "defaults"))
             overrides = {**dict(spec.defaults), **overrides, "given": given}
+            own = _own_options(spec)
+            options = _parse(spec.options, {k: overrides.pop(k) for k in list(overrides) if k in own}) if spec.options is not None else None
         cfg = _parse(cls, overrides)
+        if algorithm is not None:
+            cfg.options = options
         cfg.validate()
         return cfg
 
@@ -175,17 +186,30 @@ class ALSConfig:
             raise ConfigError(f"must be 'fixed' or 'noise-aware', got {self.defaults!r}", field="defaults")
         if self.weight_mode not in ("clip", "normalize"):
             raise ConfigError(f"must be 'clip' or 'normalize', got {self.weight_mode!r}", field="weight_mode")
+        if self.options is not None and hasattr(self.options, "validate"):
+            self.options.validate()
 
     def to_dict(self) -> dict:
         """The config as JSON values (``given`` as its sorted, comma-joined keys)."""
         d = asdict(self)
         d["given"] = ",".join(sorted(self.given))
+        if self.options is None:
+            del d["options"]  # the built-in algorithms have none: their JSON stays as it was
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ALSConfig":
-        """The config of :meth:`to_dict` (a saved model, a broadcast state), every field typed."""
-        return _parse(cls, d)
+    def from_dict(cls, d: dict, algorithm: str | None = None) -> "ALSConfig":
+        """The config of :meth:`to_dict` (a saved model, a broadcast state), every field typed;
+        the algorithm's own options come back as its spec's dataclass."""
+        d = dict(d)
+        options = d.pop("options", None)
+        cfg = _parse(cls, d)
+        if options is not None:
+            spec = registry.get(algorithm) if algorithm is not None else None
+            if spec is None or spec.options is None:
+                raise ConfigError(f"options {sorted(options)} belong to no algorithm's config (algorithm: {algorithm!r})", field="options")
+            cfg.options = _parse(spec.options, options)
+        return cfg
 
 
 @dataclass

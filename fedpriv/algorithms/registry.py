@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..errors import ConfigError
 from .releases import stats_releases
@@ -50,7 +50,7 @@ class AlgorithmSpec:
     needs_user_count: bool = False
     keys: tuple[str, ...] = ()
     summary: str = ""
-    step: str = "fedpriv.algorithms.steps:ITEM_STATS"
+    step: object = "fedpriv.algorithms.steps:ITEM_STATS"  # a step object, or "module:attribute"
     step_releases: Callable = stats_releases
     contribution: str = "stats"
     centred: bool = True
@@ -61,6 +61,9 @@ class AlgorithmSpec:
     defaults: tuple[tuple[str, str], ...] = ()  # config values this algorithm starts from (overrides win)
     fixed: tuple[str, ...] = ()  # config keys of ``defaults`` an override may not change
     bias_model: bool = False  # the private bias model itself: the noise-aware rule sets its ridge and clip only
+    # the algorithm's own config keys as a dataclass (``cfg.options`` holds the parsed instance;
+    # its ``validate()`` runs with the config's); the shared keys stay in ALSConfig
+    options: type | None = None
 
     def noisings(self, cfg) -> int:
         """Independent noise draws of the item statistics per alternating step (1 unless SSP1)."""
@@ -76,8 +79,16 @@ class AlgorithmSpec:
         """The clients rebuild the encoder from the public feature table."""
         return self.contribution == "flat"
 
+    @property
+    def option_keys(self) -> frozenset[str]:
+        """The keys of the algorithm's own options dataclass (empty without one)."""
+        return frozenset(f.name for f in fields(self.options)) if self.options is not None else frozenset()
+
     def alternating_step(self):
-        """The algorithm's :class:`~fedpriv.algorithms.steps.AlternatingStep` (imported now)."""
+        """The algorithm's :class:`~fedpriv.algorithms.steps.AlternatingStep`: the step object
+        itself, or the one named "module:attribute" (imported now)."""
+        if not isinstance(self.step, str):
+            return self.step
         module, _, attr = self.step.partition(":")
         return getattr(importlib.import_module(module), attr)
 
@@ -89,7 +100,10 @@ _SPECS: dict[str, AlgorithmSpec] = {}
 NOISE_AWARE = (("defaults", "noise-aware"), ("bias_stage", "true"))
 
 
-_CONTRIBUTIONS = ("stats", "convex", "gradient", "flat")
+#: wire forms of a step contribution; 'parts' is the generic one: the node's sums of the step's
+#: declared parts (:meth:`fedpriv.algorithms.steps.AlternatingStep.parts`), dense, each bounded by
+#: the node's users times its release's declared sensitivity
+_CONTRIBUTIONS = ("stats", "convex", "gradient", "flat", "parts")
 
 
 #: release name -> its per-user L2 sensitivity, ``fn(cfg, rating_range) -> float``: every release
@@ -140,5 +154,5 @@ def names() -> tuple[str, ...]:
 
 def readers(key: str) -> tuple[str, ...] | None:
     """The algorithms that read ``key`` when only some do, else None (a key every one reads)."""
-    found = tuple(name for name, spec in _SPECS.items() if key in spec.keys)
+    found = tuple(name for name, spec in _SPECS.items() if key in spec.keys or key in spec.option_keys)
     return found or None

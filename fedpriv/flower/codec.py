@@ -89,7 +89,7 @@ def _decode_state(content: RecordDict) -> tuple[als.PublicState, str, int]:
     arrays = content.array_records["state"]
     state = als.PublicState(
         algorithm=str(cfg["algorithm"]),
-        config=als.ALSConfig.from_dict(json.loads(str(cfg["config"]))),
+        config=als.ALSConfig.from_dict(json.loads(str(cfg["config"])), str(cfg["algorithm"])),
         n_items=int(cfg["n_items"]),
         n_users=int(cfg["n_users"]),
         rating_range=(float(cfg["rating_lo"]), float(cfg["rating_hi"])),
@@ -196,10 +196,43 @@ def decode_vector(content: RecordDict, release: str, length: int, state: als.Pub
     return v
 
 
+def encode_parts(sums: tuple, state: als.PublicState, n_users: int) -> RecordDict:
+    """The generic wire form ('parts'): the node's sums of the step's declared parts, dense
+    (upper triangles of symmetric parts), one array per release name."""
+    arrays = {}
+    for p in state.spec.alternating_step().parts(state):
+        x = np.asarray(sums[p.index], dtype=np.float64)
+        arrays[f"part.{p.name}"] = to_array((upper(x) if p.symmetric else x).ravel())
+    return _contrib(arrays, n_users)
+
+
+def decode_parts(content: RecordDict, state: als.PublicState, max_users: int) -> tuple:
+    """A validated 'parts' contribution: every declared part present with its length, finite,
+    and within the node's users times its release's sensitivity; returned as the node's sums in
+    the parts' order (the form the step's ``sums`` adds)."""
+    n, arrays = unpack_contribution(content, max_users)
+    parts = state.spec.alternating_step().parts(state)
+    out = [None] * (max(p.index for p in parts) + 1)
+    for p in parts:
+        v = checked_array(arrays, f"part.{p.name}", 1, "f")
+        if len(v) != p.length:
+            raise RejectedReply(f"malformed: part {p.name!r} has {len(v)} values, expected {p.length}")
+        if state.private:
+            check_norm(p.name, v, n * als.sensitivity(p.name, state.config, state.rating_range))
+        if p.symmetric:
+            d = p.shape[-1]
+            out[p.index] = from_upper(v.reshape(*p.shape[:-2], d * (d + 1) // 2), d)
+        else:
+            out[p.index] = v.reshape(p.shape)
+    return tuple(out)
+
+
 def decode_contribution(content: RecordDict, state: als.PublicState, dim: int, max_users: int, n_params: int = 0):
     """A validated contribution of one alternating step, by the algorithm's contribution kind
     (:attr:`fedpriv.algorithms.registry.AlgorithmSpec.contribution`)."""
     kind = state.spec.contribution
+    if kind == "parts":
+        return decode_parts(content, state, max_users)
     if kind == "gradient":
         return decode_gradient(content, state, dim, max_users)
     if kind == "flat":
@@ -211,6 +244,8 @@ def decode_contribution(content: RecordDict, state: als.PublicState, dim: int, m
 
 def encode_contribution(contribution, state: als.PublicState, n_users: int) -> RecordDict:
     kind = state.spec.contribution
+    if kind == "parts":
+        return encode_parts(contribution, state, n_users)
     if kind == "gradient":
         return encode_gradient(contribution, n_users)
     if kind == "flat":

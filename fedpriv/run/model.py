@@ -143,7 +143,7 @@ class Model:
         except (OSError, ValueError) as exc:
             raise DataError(f"cannot read the arrays: {exc}", path=str(path / "model.npz")) from None
         try:
-            cfg = ALSConfig.from_dict(meta["config"])
+            cfg = ALSConfig.from_dict(meta["config"], meta.get("algorithm"))
             cfg.validate()
             n_items = int(meta["n_items"])
             state = als.PublicState(meta["algorithm"], cfg, n_items, int(meta["n_users_released"]), tuple(meta["rating_range"]),

@@ -563,3 +563,23 @@ def test_jester_is_a_data_spec_kind(tmp_path):
     ds = load_spec(parse_data_spec(f"jester:{folder}"))
     assert ds.interactions.n_users == 2 and ds.interactions.n_items == 100 and len(ds.interactions) == 4
     assert ds.rating_range == (-10.0, 10.0)
+
+
+@pytest.mark.parametrize("bad", [(3, 3), (1, math.inf), (math.nan, 5), ("a", 5)])
+def test_one_range_rule_for_built_in_and_csv_data(tmp_path: Path, bad) -> None:
+    """The built-in loaders and the csv reader share one rule (fedpriv.data.ranges): finite
+    LO < HI; only an implicit preset (Last.fm's counts) leaves HI open."""
+    from fedpriv.data.tabular import load_tabular
+
+    path = make_source(tmp_path, "ml-100k", {"u.data": text(["1\t1\t3\t1"])}, "folder")
+    (tmp_path / "r.csv").write_text("user,item,rating\n1,1,3\n")
+    with pytest.raises(ConfigError) as built_in:
+        load_dataset("ml-100k", path, rating_range=bad)
+    with pytest.raises(ConfigError) as csv_file:
+        load_tabular("csv", tmp_path / "r.csv", rating_range=bad)
+    assert built_in.value.field == "rating_range"
+    rule = "expected two numbers" if bad[0] == "a" else "expected finite numbers LO < HI"
+    assert rule in str(built_in.value) and rule in str(csv_file.value)
+    (tmp_path / "fm").mkdir()
+    lastfm = make_source(tmp_path / "fm", "hetrec", lastfm_files(), "folder")
+    assert load_dataset("lastfm", lastfm).rating_range == (0.0, math.inf)

@@ -106,28 +106,27 @@ def build_item_features(
         built["year"] = _year_field(raw_ids, years, year_bucket)
     if tags is not None:
         built["tag"] = _tag_field(raw_ids, tags, min_tag_count, max_tags)
-    return _assemble(n_items, built)
+    return assemble_fields(n_items, [(name, *field) for name, field in built.items()])
 
 
-def _assemble(n_items: int, built: dict[str, _Field]) -> ItemFeatures:
-    """Stack the fields side by side into one CSR matrix."""
-    rows: list[int] = []
-    cols: list[int] = []
-    columns: list[str] = []
-    fields: dict[str, slice] = {}
-    for name, (f_rows, f_cols, f_names) in built.items():
+def assemble_fields(n_items: int, built: Sequence[tuple[str, Sequence[int], Sequence[int], Sequence[str]]], names: list[str] | None = None) -> ItemFeatures:
+    """Stack feature fields side by side into one binary CSR matrix: each field is (name, rows,
+    columns within the field, column labels); a value given twice in one cell is one feature.
+    The one assembler of the built-in loaders and the csv/parquet reader."""
+    rows, cols, columns, fields = [], [], [], {}
+    for name, f_rows, f_cols, labels in built:
         offset = len(columns)
-        rows.extend(f_rows)
-        cols.extend(c + offset for c in f_cols)
-        columns.extend(f"{name}={n}" for n in f_names)
+        rows.append(np.asarray(f_rows, dtype=np.int64))
+        cols.append(np.asarray(f_cols, dtype=np.int64) + offset)
+        columns.extend(f"{name}={label}" for label in labels)
         fields[name] = slice(offset, len(columns))
-    matrix = sp.csr_matrix(
-        (np.ones(len(rows), dtype=np.float32), (np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))),
-        shape=(n_items, len(columns)),
-        dtype=np.float32,
-    )
+    r = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+    c = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
+    matrix = sp.csr_matrix((np.ones(len(r), dtype=np.float32), (r, c)), shape=(n_items, len(columns)), dtype=np.float32)
+    matrix.sum_duplicates()
+    matrix.data[:] = 1.0
     matrix.sort_indices()
-    return ItemFeatures(matrix=matrix, fields=fields, columns=columns)
+    return ItemFeatures(matrix=matrix, fields=fields, columns=columns, names=names)
 
 
 def _multi_hot(per_item: list[set[str]], vocab: Sequence[str]) -> _Field:

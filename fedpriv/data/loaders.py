@@ -41,7 +41,8 @@ import pandas as pd
 
 from fedpriv.data.features import ItemFeatures, build_item_features, parse_release_year, parse_title_year
 from fedpriv.data.interactions import Interactions, from_raw_ids
-from fedpriv.errors import ConfigError, DataError
+from fedpriv.data.ranges import check_rating_range
+from fedpriv.errors import DataError
 
 #: Names of the standard ML-100K genres, in ``u.genre`` order (used when ``u.genre`` is absent).
 ML100K_GENRES = (
@@ -569,7 +570,7 @@ def load_dataset(
     fmt = _FORMATS.get(kind)
     if fmt is None:
         raise DataError(f"unknown data set kind {kind!r}; known kinds: {', '.join(KNOWN_KINDS)}")
-    low, high = _check_range(fmt.rating_range if rating_range is None else rating_range)
+    low, high = check_rating_range(fmt.rating_range if rating_range is None else rating_range, open_above=fmt.implicit)
     with _Source(Path(os.fspath(path))) as source:
         parsed = _read_table(source, fmt.ratings)
         if not len(parsed):
@@ -618,17 +619,6 @@ def _check_jester(parsed: _Parsed, scores: np.ndarray) -> None:
     if mismatch.size:
         row = int(mismatch[0])
         raise parsed.error_at(row, f"count {parsed.columns[0][row]} does not match the {rated[row].sum()} rated jokes")
-
-
-def _check_range(rating_range: tuple[float, float]) -> tuple[float, float]:
-    """A valid (low, high) pair of floats."""
-    try:
-        low, high = (float(v) for v in rating_range)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"expected two numbers, got {rating_range!r}", field="rating_range") from exc
-    if math.isnan(low) or math.isnan(high) or low > high:
-        raise ConfigError(f"expected low <= high, got {rating_range!r}", field="rating_range")
-    return low, high
 
 
 def _item_catalogue(source: _Source, fmt: _Format, ratings: _Parsed) -> np.ndarray | None:

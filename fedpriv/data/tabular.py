@@ -66,7 +66,6 @@ from __future__ import annotations
 import csv
 import importlib.util
 import itertools
-import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -74,10 +73,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 
 from ..errors import ConfigError, DataError
-from .features import ItemFeatures
+from .features import ItemFeatures, assemble_fields
 from .frames import (
     NA_MARKERS,
     Table,
@@ -88,6 +86,7 @@ from .frames import (
 )
 from .interactions import from_raw_ids
 from .loaders import Dataset
+from .ranges import check_rating_range
 
 #: Data spec kinds read by this module.
 KINDS = ("csv", "parquet")
@@ -164,9 +163,7 @@ def _range_text(key: str, value: str) -> tuple[float, float]:
 
 
 def _check_range(low: float, high: float, key: str, field: str | None) -> tuple[float, float]:
-    if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
-        raise ConfigError(f"{key}: expected finite numbers LO < HI, got {low:g},{high:g}", field=field or key)
-    return float(low), float(high)
+    return check_rating_range((low, high), key=key, field=field)
 
 
 def _duplicates(key: str, value: str) -> str:
@@ -561,7 +558,7 @@ def _item_features(table: Table, opts: TabularOptions, item_ids: np.ndarray, raw
         built.append((column, dense[rows], cols, labels))
     if not built and names is None:
         return None
-    return _assemble(n_items, built, names)
+    return assemble_fields(n_items, built, names)
 
 
 def _numeric_values(table: Table, series: pd.Series, column: str, *, explicit: bool) -> np.ndarray | None:
@@ -651,20 +648,3 @@ def _categories(series: pd.Series, multi_sep: str | None, column: str, *, auto: 
             stacklevel=5,
         )
     return rows.astype(np.int64), codes.astype(np.int64), [str(v) for v in vocab]
-
-
-def _assemble(n_items: int, built: list[tuple[str, np.ndarray, np.ndarray, list[str]]], names: list[str] | None) -> ItemFeatures:
-    rows, cols, columns, fields_ = [], [], [], {}
-    for field_name, f_rows, f_cols, labels in built:
-        offset = len(columns)
-        rows.append(f_rows)
-        cols.append(f_cols + offset)
-        columns.extend(f"{field_name}={label}" for label in labels)
-        fields_[field_name] = slice(offset, len(columns))
-    r = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-    c = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
-    matrix = sp.csr_matrix((np.ones(len(r), dtype=np.float32), (r, c)), shape=(n_items, len(columns)), dtype=np.float32)
-    matrix.sum_duplicates()
-    matrix.data[:] = 1.0  # a value given twice in one cell is still one feature
-    matrix.sort_indices()
-    return ItemFeatures(matrix=matrix, fields=fields_, columns=columns, names=names)

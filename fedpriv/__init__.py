@@ -7,7 +7,8 @@ use, so that ``import fedpriv`` stays light (no torch, no Flower, no pandas):
 - :func:`train`: any algorithm at (epsilon, delta) on either engine, returning a :class:`Result`
   (metrics, ledger, epsilon spent, the released :class:`Model`);
 - :func:`plan`: a calibrated budget plan without training;
-- :func:`load_model`: a saved model, whose :meth:`Model.recommend` solves a user's vector locally;
+- :func:`load_model`: a saved model, whose :meth:`Model.recommend` solves a user's vector locally
+  (a personalization model, :class:`PersonalModel`, solves a user's personal vector);
 - :class:`Interactions`: ratings with dense ids (``Interactions.from_pandas``);
 - :class:`Job`, :class:`RunReport`: the run object behind all of these (:mod:`fedpriv.run`:
   ``Job(...).prepare().execute(engine)``).
@@ -21,6 +22,7 @@ _EXPORTS = {
     "plan": "fedpriv.api",
     "Result": "fedpriv.api",
     "Model": "fedpriv.run.model",
+    "PersonalModel": "fedpriv.run.model",
     "load_model": "fedpriv.run.model",
     "Interactions": "fedpriv.data.interactions",
     "Job": "fedpriv.run",

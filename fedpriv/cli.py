@@ -159,6 +159,9 @@ def _recommend(args) -> int:
     from .run.model import load_model, read_user_ratings
 
     model = load_model(args.model)
+    if not hasattr(model, "recommend"):
+        raise ConfigError(f"{args.model} is a personalization model ({model.algorithm}): it has no item catalogue to recommend from; "
+                          "in Python, load_model(DIR).personalize(X, y) solves a user's vector and .predict(X, v) predicts", field="--model")
     items, ratings = read_user_ratings(args.ratings, implicit=model.state.implicit)
     try:
         recs = model.recommend(items, ratings, k=args.k)

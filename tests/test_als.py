@@ -131,7 +131,7 @@ class _CountingStep:
     def __init__(self):
         from fedpriv.algorithms import steps
 
-        self.inner, self.calls = steps.ITEM_STATS, {"setup": 0, "client": 0, "aggregate": 0, "server": 0}
+        self.inner, self.calls = steps.ITEM_STATS, {"setup": 0, "client": 0, "release": 0, "server": 0}
 
     def setup(self, state, features):
         self.calls["setup"] += 1
@@ -141,9 +141,12 @@ class _CountingStep:
         self.calls["client"] += 1
         return self.inner.client(shard, state, step, table)
 
-    def aggregate(self, parts, state, ledger):
-        self.calls["aggregate"] += 1
-        return self.inner.aggregate(parts, state, ledger)
+    def sums(self, parts, state):
+        return self.inner.sums(parts, state)
+
+    def release(self, sums, state, ledger):
+        self.calls["release"] += 1
+        return self.inner.release(sums, state, ledger)
 
     def server(self, release, state, server):
         self.calls["server"] += 1
@@ -178,7 +181,7 @@ def test_an_algorithm_brings_its_own_step_and_release_plan(small_mf):
         cfg = ALSConfig.from_overrides({"rank": "2", "steps": "3"}, "test-own-step")
         res = train_inprocess("test-own-step", small_mf.interactions, cfg, rating_range=(1, 5), epsilon=2.0, users_per_shard=40, progress=False, secrets=RunSecrets(2))
         shards = -(-small_mf.interactions.n_users // 40)
-        assert COUNTING_STEP.calls == {"setup": 1, "client": 3 * shards, "aggregate": 3, "server": 3}
+        assert COUNTING_STEP.calls == {"setup": 1, "client": 3 * shards, "release": 3, "server": 3}
         counts = {}
         for r in res.ledger.releases:
             counts[r.name] = counts.get(r.name, 0) + r.count

@@ -91,7 +91,8 @@ def test_pam_removing_a_user_moves_each_release_within_its_sensitivity(schedule)
         if schedule == "disjoint":
             # the user sits in exactly one group: only that step's statistics move (parallel composition)
             steps = [np.linalg.norm(a[1] - b[1]) for a, b in zip(on_d.exact, on_d_prime.exact) if a[0] == "am_A"]
-            assert sum(s > 0 for s in steps) <= 1, steps
+            # (the others differ by rounding only: removing a user shifts the blocks that sum them)
+            assert sum(s > 1e-9 * max(steps) for s in steps) <= 1, steps
 
 
 def test_user_choices_do_not_move_when_another_user_leaves():

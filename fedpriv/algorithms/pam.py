@@ -33,17 +33,17 @@ init P zeta^2; A M eta^2 (upper triangle); b M zeta eta; single model A M g_x^2,
 from __future__ import annotations
 
 import math
-import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PrivacyError
 from .config import PAMConfig  # noqa: F401 - re-exported
 from ..privacy.clipping import clip_rows
-from ..privacy.distributed import secure_round
+from ..privacy.distributed import Prereleased
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import PURPOSE_GROUP, user_uniform
 from .kernels import from_upper, upper
@@ -413,84 +413,105 @@ def user_groups(keys: np.ndarray, groups: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- secure rounds
-SECURE_KINDS = ("pam_init", "pam_step")
+def summed_parts(kind: str, state: PAMState) -> list[tuple[str, int]]:
+    """(release, words) of a summed round: the initialization's M, or a step's statistics (the
+    single model's, or the alternating step's A and b), upper triangles flattened."""
+    d, dk = state.d, state.d * state.k
+    if kind == "pam_init":
+        return [("init_M", d * (d + 1) // 2)]
+    if state.algorithm == "pam-single-model":
+        return [("single_A", d * (d + 1) // 2), ("single_b", d)]
+    return [("am_A", dk * (dk + 1) // 2), ("am_b", dk)]
 
 
 def secure_parts(kind: str, state: PAMState) -> list[tuple[str, int, float, float]]:
-    """(release, words, L2 sensitivity, z) of a secure round: the initialization's M, or a
-    step's statistics (the single model's, or the alternating step's A and b)."""
-    d, dk = state.d, state.d * state.k
+    """(release, words, L2 sensitivity, z) of a secure round."""
+    return [(n, length, pam_sensitivity(n, state), state.multipliers[n]) for n, length in summed_parts(kind, state)]
+
+
+def client_round(kind: str, X: np.ndarray, y: np.ndarray, state: PAMState) -> tuple:
+    """A block's clipped statistics of one round (its users of the step's group only), in the
+    order of :func:`secure_parts`: the contribution of every engine and aggregation mode."""
     if kind == "pam_init":
-        names = [("init_M", d * (d + 1) // 2)]
-    elif state.algorithm == "pam-single-model":
-        names = [("single_A", d * (d + 1) // 2), ("single_b", d)]
-    else:
-        names = [("am_A", dk * (dk + 1) // 2), ("am_b", dk)]
-    return [(n, length, pam_sensitivity(n, state), state.multipliers[n]) for n, length in names]
+        return (client_init_stats(X, y, state),)
+    if kind == "pam_exp":
+        return (client_exp_scores(X, y, state),)
+    return client_step_stats(X, y, state)
 
 
 def pam_node_values(kind: str, X: np.ndarray, y: np.ndarray, state: PAMState) -> dict[str, np.ndarray]:
-    """A node's clipped statistics of a secure round (its users of the step's group only)."""
-    if kind == "pam_init":
-        return {"init_M": client_init_stats(X, y, state)}
-    A, b = client_step_stats(X, y, state)
-    names = ("single_A", "single_b") if state.algorithm == "pam-single-model" else ("am_A", "am_b")
-    return {names[0]: A, names[1]: b}
-
-
-def _secure_round(transport, kind: str, state: PAMState, ledger: PrivacyLedger, step: int = 0, group: int | None = None, groups: int = 1):
-    """Plan a secure round, let the transport sum the nodes' noised words, check the budget,
-    unmask and record; returns (decoded noised sums, a stand-in ledger for the release functions)."""
-    n_nodes, max_users = transport.population()
-    return secure_round(ledger, secure_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=state.config.secure_dropout, colluders=state.config.secure_collusion,
-                        secure_sum=lambda plan: transport.secure_sum(kind, plan, state, step, group), groups=groups)
-
-
-def check_pam_secure(state: PAMState) -> None:
-    if state.config.aggregation != "secure":
-        return
-    if state.algorithm not in ("pam", "pam-single-model"):
-        raise ConfigError(f"secure aggregation adds distributed Gaussian-like noise to sums; {state.algorithm} has no such release (use aggregation=central)", field="aggregation")
-
-
-def _run_secure(transport, state: PAMState, ledger: PrivacyLedger) -> list[dict]:
-    steps: list[dict] = []
-    if state.algorithm == "pam-single-model":
-        v, proxy = _secure_round(transport, "pam_step", state, ledger)
-        server_single_update(*release_single(v["single_A"], v["single_b"], state, proxy), state)
-        return steps
-    v, proxy = _secure_round(transport, "pam_init", state, ledger)
-    pam_server_init(release_init(v["init_M"], state, proxy), state)
-    groups = state.config.epochs if state.config.schedule == "disjoint" else 1
-    for t, group in enumerate(step_groups(state)):
-        ts = time.perf_counter()
-        v, proxy = _secure_round(transport, "pam_step", state, ledger, t, group, groups)
-        server_am_update(*release_am(v["am_A"], v["am_b"], state, proxy), state)
-        steps.append({"seconds": time.perf_counter() - ts})
-    return steps
+    """A node's clipped statistics of a secure round, by part name."""
+    return {name: np.asarray(v) for (name, _), v in zip(summed_parts(kind, state), client_round(kind, X, y, state))}
 
 
 # ---------------------------------------------------------------------------- the rounds
-def run_pam_rounds(transport, state: PAMState, ledger: PrivacyLedger | None) -> list[dict]:
-    """The rounds of a personalization algorithm, for both engines (the in-process driver of
-    :mod:`fedpriv.engine.personal` and the Flower ServerApp of :mod:`fedpriv.flower.pam_server`):
-    the ``transport`` returns the summed, checked client statistics of each round
-    (``single_stats``, ``exp_scores``, ``init_stats``, ``step_stats``); the releases go through
-    the ledger here (secure mode: the nodes' noise shares are summed securely, see
-    :func:`_run_secure`). Returns the per-step timings."""
-    check_pam_secure(state)
-    if state.config.aggregation == "secure":
-        return _run_secure(transport, state, ledger)
-    steps: list[dict] = []
-    if state.algorithm == "pam-single-model":
-        server_single_update(*release_single(*transport.single_stats(state), state, ledger), state)
-    elif state.algorithm == "pam-exp":
-        net = exp_net(state)
-        server_exp_select(release_exp(transport.exp_scores(state, net), state, ledger), state, net)
-    elif state.algorithm in ("pam", "pam-nonprivate"):
-        pam_server_init(release_init(transport.init_stats(state), state, ledger), state)
-        for t, group in enumerate(step_groups(state)):
-            ts = time.perf_counter()
-            server_am_update(*release_am(*transport.step_stats(state, t, group), state, ledger), state)
-            steps.append({"seconds": time.perf_counter() - ts})
-    return steps
+class PersonalRounds:
+    """DP model personalization's rounds (:mod:`fedpriv.algorithms.pam`): the private
+    initialization, then one alternating step per epoch (the full schedule) or per disjoint
+    user group; pam-single-model has one step (its regression statistics), pam-exp one
+    exponential-mechanism selection, pam-own-data none (each user alone)."""
+
+    name = "personal"
+
+    def setup_kinds(self, state: PAMState) -> Iterator[str]:
+        if state.algorithm in ("pam", "pam-nonprivate"):
+            yield "pam_init"
+
+    def take(self, kind: str, value, state: PAMState, ledger) -> None:
+        pam_server_init(value, state)
+
+    def server_setup(self, state: PAMState, features):
+        return None
+
+    def n_steps(self, state: PAMState) -> int:
+        if state.algorithm in ("pam-single-model", "pam-exp"):
+            return 1
+        if state.algorithm in ("pam", "pam-nonprivate"):
+            return len(step_groups(state))
+        return 0
+
+    def step_kind(self, state: PAMState) -> str:
+        return "pam_exp" if state.algorithm == "pam-exp" else "pam_step"
+
+    def group(self, state: PAMState, step: int) -> int | None:
+        return step_groups(state)[step] if state.algorithm in ("pam", "pam-nonprivate") else None
+
+    def groups(self, state: PAMState) -> int:
+        """Disjoint groups of one step's release (parallel composition), else 1."""
+        return state.config.epochs if state.algorithm == "pam" and state.config.schedule == "disjoint" else 1
+
+    def release(self, kind: str, sums: tuple, state: PAMState, ledger):
+        if kind == "pam_init":
+            return release_init(sums[0], state, ledger)
+        if kind == "pam_exp":
+            return release_exp(sums[0], state, ledger)
+        if state.algorithm == "pam-single-model":
+            return release_single(*sums, state, ledger)
+        return release_am(*sums, state, ledger)
+
+    def server_step(self, release, state: PAMState, server) -> None:
+        if state.algorithm == "pam-exp":
+            server_exp_select(release, state)
+        elif state.algorithm == "pam-single-model":
+            server_single_update(*release, state)
+        else:
+            server_am_update(*release, state)
+
+    def check_secure(self, state: PAMState) -> None:
+        if state.algorithm not in ("pam", "pam-single-model"):
+            raise ConfigError(f"secure aggregation adds distributed Gaussian-like noise to sums; {state.algorithm} has no such release (use aggregation=central)", field="aggregation")
+
+    def secure_parts(self, kind: str, state: PAMState) -> list[tuple[str, int, float, float]]:
+        return secure_parts(kind, state)
+
+    def secure_release(self, kind: str, values: dict, state: PAMState, plan):
+        proxy = Prereleased(plan)
+        names = [name for name, *_ in secure_parts(kind, state)]
+        out = self.release(kind, tuple(np.asarray(values[n], dtype=np.float64) for n in names), state, proxy)
+        missing = set(names) - proxy.used
+        if missing:
+            raise PrivacyError(f"secure round {kind!r}: parts {sorted(missing)} were decoded but not released")
+        return out
+
+
+PERSONAL = PersonalRounds()

@@ -15,7 +15,7 @@ from ..algorithms.shards import UserShard, shard_users, split_users
 from ..data.interactions import Interactions
 from ..util import threads
 from ..errors import ConfigError
-from .loop import Hooks, make_aggregator, recommend_rounds, train_rounds
+from .loop import Hooks, RatingTransport, make_aggregator, recommend_rounds, train_rounds
 from ..privacy.accounting import BestOfAccountant
 from ..privacy import distributed
 from ..privacy.ledger import PrivacyLedger
@@ -130,7 +130,7 @@ def shard_population(shards: list[UserShard]) -> tuple[int, int]:
     return len(shards), max(1, sum(s.n_users for s in shards))
 
 
-class ShardTransport:
+class ShardTransport(RatingTransport):
     """The in-process engine's clients: the client functions called on user shards."""
 
     def __init__(self, shards: list[UserShard], reproducible: bool = False):
@@ -151,7 +151,7 @@ class ShardTransport:
     def population(self) -> tuple[int, int]:
         return shard_population(self.shards)
 
-    def secure_sum(self, kind: str, plan, state: als.PublicState, step: int):
+    def secure_sum(self, kind: str, plan, state: als.PublicState, step: int, group: int | None = None):
         """The arithmetic of secure summation without its cryptography: each shard's words (its
         quantized sums plus its Skellam share), summed mod 2^bits (the masks would cancel)."""
         total = np.zeros(plan.length, dtype=np.uint64)

@@ -1,10 +1,13 @@
-"""The one alternating loop of the rating algorithms (ALS and encoder families), for both engines.
+"""The one training loop of every family (the rating algorithms and DP model personalization),
+for both engines and both aggregation modes.
 
-The round order is written here once: the private user count, the mean and the item counts
-(each as the algorithm needs them), the server's setup, then one round per alternating step:
-clients' contributions, the aggregator's release, the server's step. What differs between the
-engines is passed in:
+The round order is written here once: the setup rounds (the rating family's user count, mean,
+item counts and bias stage; pam's private initialization), the server's setup, then one round
+per step: clients' contributions, the aggregator's release, the server's step. What differs is
+passed in:
 
+- the algorithm's family says which rounds to run and what each releases
+  (:mod:`fedpriv.algorithms.rounds`: the rating algorithms and DP model personalization);
 - a *transport* brings the clients' contributions: :class:`fedpriv.engine.inprocess.ShardTransport` calls
   the client functions on in-process user shards; the Flower ServerApp's transport
   (:mod:`fedpriv.flower.server_app`) sends messages over a Grid (Ray simulation, gRPC
@@ -22,90 +25,89 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from ..algorithms import als, defaults, protocol, recommend, secure
+from ..algorithms import als, recommend
+from ..algorithms.rounds import rounds_of
 from ..privacy import distributed
 from ..privacy.ledger import PrivacyLedger
 
 
 class Transport(Protocol):
-    """How the loop reaches the clients."""
+    """How the loop reaches the clients (one transport per engine and kind of client data:
+    rating shards, personal sample blocks)."""
 
-    def vector(self, kind: str, length: int, state: als.PublicState) -> np.ndarray:
-        """The sum of the clients' clipped contributions to a pre-processing release
-        ('users', 'mean' or 'counts'), each checked by the transport."""
+    def sums(self, kind: str, state, step: int = 0, group: int | None = None) -> tuple:
+        """Central mode: the exact sums of the clients' clipped contributions to round ``kind``
+        (the users of ``group`` only, when given), each reply checked by the transport, in the
+        order of the round's parts."""
 
-    def start(self, state: als.PublicState, server) -> None:
+    def start(self, state, server) -> None:
         """Called once the server is set up (or restored), before the first step."""
 
     def prepare(self, step: int) -> None:
         """Called before each step's release (e.g. to take in nodes that rejoined)."""
 
-    def step(self, state: als.PublicState, step: int) -> list:
-        """The clients' contributions of one alternating step."""
-
     def population(self) -> tuple[int, int]:
         """(nodes asked, a public bound on their users): what a secure round is planned for."""
 
-    def secure_sum(self, kind: str, plan, state: als.PublicState, step: int) -> tuple[Callable[[], np.ndarray], int]:
+    def secure_sum(self, kind: str, plan, state, step: int, group: int | None = None) -> tuple[Callable[[], np.ndarray], int]:
         """Secure mode: (unmask, contributors) for the round ``kind``: ``unmask()`` reveals the
         modular sum of the contributors' words (each node's quantized sums plus its noise
         share); it is called only after the ledger's budget check."""
 
 
+class RatingTransport:
+    """The central-mode sums of the rating algorithms' rounds, from a transport's ``vector``
+    (a setup release's summed vector) and ``step`` (the clients' step contributions, which the
+    algorithm's step sums)."""
+
+    def sums(self, kind: str, state: als.PublicState, step: int = 0, group: int | None = None) -> tuple:
+        if kind == "step":
+            return state.spec.alternating_step().sums(self.step(state, step), state)
+        return (self.vector(kind, als.pre_release_length(kind, state), state),)
+
+
 class CentralAggregator:
     """Central mode: sums the clients' contributions and noises each declared release once,
-    through the ledger (:func:`fedpriv.algorithms.als.release_user_count` and friends,
-    :func:`fedpriv.algorithms.protocol.aggregate`): the only code that sees exact sums."""
+    through the ledger, by the family's release function
+    (:meth:`fedpriv.algorithms.rounds.RatingRounds.release`): the only code that sees exact sums."""
 
     def __init__(self, ledger: PrivacyLedger | None):
         self.ledger = ledger
         self.client_seconds = 0.0
 
-    def pre_release(self, kind: str, transport: Transport, state: als.PublicState):
-        """One pre-processing release (``als.PRE_RELEASES``): the clients' vectors summed, then
-        noised once through the ledger by the release's own function."""
-        total = transport.vector(kind, als.pre_release_length(kind, state), state)
-        return als.PRE_RELEASE_FUNCTIONS[kind](total, state, self.ledger)
-
-    def step(self, transport: Transport, state: als.PublicState, step: int):
+    def run(self, kind: str, transport: Transport, state, step: int = 0, group: int | None = None):
+        """One round: the transport's exact sums, released through the ledger."""
         t = time.perf_counter()
-        parts = transport.step(state, step)
+        sums = transport.sums(kind, state, step, group)
         self.client_seconds = time.perf_counter() - t
-        return protocol.aggregate(parts, state, self.ledger)
+        return rounds_of(state).release(kind, sums, state, self.ledger)
 
 
 class SecureAggregator:
     """Secure mode: every round is a secure sum of the nodes' quantized words, each carrying the
-    node's Skellam noise share (:mod:`fedpriv.algorithms.secure`); the transport reveals only
-    the modular sum (secure summation over Flower, or its arithmetic simulated in process), the
-    ledger checks the budget and records each part before it is decoded. No code here sees an
-    exact sum."""
+    node's Skellam noise share; the transport reveals only the modular sum (secure summation
+    over Flower, or its arithmetic simulated in process), the ledger checks the budget and
+    records each part before it is decoded. No code here sees an exact sum."""
 
     def __init__(self, ledger: PrivacyLedger, dropout: float = 0.0, colluders: int = 1):
         self.ledger, self.dropout, self.colluders = ledger, dropout, colluders
         self.client_seconds = 0.0
 
-    def _round(self, transport, kind: str, state: als.PublicState, step: int = 0):
-        secure.check_secure(state)
+    def run(self, kind: str, transport, state, step: int = 0, group: int | None = None):
+        family = rounds_of(state)
+        family.check_secure(state)
         n_nodes, max_users = transport.population()
 
         def gather(plan):
             t = time.perf_counter()
-            out = transport.secure_sum(kind, plan, state, step)
+            out = transport.secure_sum(kind, plan, state, step) if group is None else transport.secure_sum(kind, plan, state, step, group)
             self.client_seconds = time.perf_counter() - t
             return out
 
         # the budget check comes first; only then is the sum unmasked, decoded and recorded
-        values, proxy = distributed.secure_round(self.ledger, secure.round_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=self.dropout,
-                                                   colluders=self.colluders, secure_sum=gather)
-        return secure.release(kind, values, state, proxy.plan)
-
-    def pre_release(self, kind: str, transport, state: als.PublicState):
-        """One pre-processing release as a secure round of its declared parts."""
-        return self._round(transport, kind, state)
-
-    def step(self, transport, state: als.PublicState, step: int):
-        return self._round(transport, "step", state, step)
+        values, proxy = distributed.secure_round(self.ledger, family.secure_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=self.dropout,
+                                                   colluders=self.colluders, secure_sum=gather, groups=family.groups(state) if group is not None else 1)
+        return family.secure_release(kind, values, state, proxy.plan)
 
 
 def make_aggregator(cfg, ledger: PrivacyLedger | None):
@@ -118,7 +120,7 @@ def make_aggregator(cfg, ledger: PrivacyLedger | None):
 @dataclass
 class Hooks:
     """Optional callbacks around the loop: ``after_setup(state, server)`` once the
-    pre-processing releases are made, ``before_step(step)`` before each step's release,
+    setup releases are made, ``before_step(step)`` before each step's release,
     ``after_step(step, state, server, seconds)`` after it (returns True to stop there)."""
 
     after_setup: Callable | None = None
@@ -127,42 +129,40 @@ class Hooks:
     timings: list = field(default_factory=list)  # per step: client, aggregate and server seconds
 
 
-def train_rounds(transport: Transport, aggregator: CentralAggregator | SecureAggregator, state: als.PublicState, *, item_features=None,
+def step_seconds(timings: list[dict]) -> list[dict]:
+    """Per step, its whole time (clients, aggregation and server), from :attr:`Hooks.timings`."""
+    return [{"seconds": t["client_seconds"] + t["aggregate_seconds"] + t["server_seconds"]} for t in timings]
+
+
+def train_rounds(transport: Transport, aggregator: CentralAggregator | SecureAggregator, state, *, item_features=None,
                  server=None, first_step: int = 0, resumed: bool = False, hooks: Hooks | None = None, progress=None):
-    """Run the algorithm's releases and steps; returns the server (the encoder server of the
-    encoder family, else None). ``resumed``: the state, ledger and server come from a checkpoint
-    taken after step ``first_step`` (the pre-processing releases are not made again).
+    """Run any family's rounds (:mod:`fedpriv.algorithms.rounds`): the setup releases, the
+    server's setup, then one release and server step per step. Returns the server (the encoder
+    server of the encoder family, else None). ``resumed``: the state, ledger and server come
+    from a checkpoint taken after step ``first_step`` (the setup releases are not made again).
     ``progress``: wraps the step range (e.g. tqdm)."""
     hooks = hooks or Hooks()
-    alg, cfg = state.algorithm, state.config
+    family = rounds_of(state)
+    if isinstance(aggregator, SecureAggregator):
+        family.check_secure(state)
     t0 = time.perf_counter()
     if not resumed:
-        if state.private and als.needs_user_count(alg, cfg):
-            state.n_users = aggregator.pre_release("users", transport, state)
-            if cfg.defaults == "noise-aware":
-                # the rule reads the released count (post-processing) and the rest of the plan
-                # is calibrated for its choice, the count's release composed as it was made
-                defaults.apply(state, aggregator.ledger)
-                cfg = state.config
-        if als.needs_mean(alg, state.implicit):
-            state.mean = aggregator.pre_release("mean", transport, state)
-        if als.needs_counts(alg, cfg):
-            state.counts_hat = aggregator.pre_release("counts", transport, state)
-        if als.has_bias_stage(alg, cfg):
-            state.item_bias = aggregator.pre_release("bias", transport, state)
-        server = protocol.server_setup(state, item_features)
+        for kind in family.setup_kinds(state):
+            family.take(kind, aggregator.run(kind, transport, state), state, aggregator.ledger)
+        server = family.server_setup(state, item_features)
         if hooks.after_setup is not None:
             hooks.after_setup(state, server)
     transport.start(state, server)
-    steps = range(first_step, cfg.steps)
+    kind = family.step_kind(state)
+    steps = range(first_step, family.n_steps(state))
     for step in (progress(steps) if progress is not None else steps):
         transport.prepare(step)
         if hooks.before_step is not None:
             hooks.before_step(step)
         ts = time.perf_counter()
-        release = aggregator.step(transport, state, step)
+        release = aggregator.run(kind, transport, state, step, family.group(state, step))
         ta = time.perf_counter()
-        protocol.server_step(release, state, server)
+        family.server_step(release, state, server)
         te = time.perf_counter()
         client = aggregator.client_seconds
         hooks.timings.append({"client_seconds": client, "aggregate_seconds": ta - ts - client, "server_seconds": te - ta})

@@ -9,78 +9,76 @@ from pathlib import Path
 
 import numpy as np
 
+from tqdm.auto import tqdm
+
 from ..algorithms import pam
 from ..algorithms.shards import split_users
 from ..data.personal import PersonalData
+from ..privacy import distributed
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RunSecrets, node_noise_rng, user_keys
+from .loop import Hooks, make_aggregator, step_seconds, train_rounds
 
 
-def train_personal_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, epsilon: float | None, delta: float, users_per_shard: int = 4096, secrets: RunSecrets | None = None, ledger: PrivacyLedger | None = None) -> tuple[pam.PAMState, PrivacyLedger, dict]:
+def train_personal_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, epsilon: float | None, delta: float, users_per_shard: int = 4096, secrets: RunSecrets | None = None, ledger: PrivacyLedger | None = None, progress: bool = False) -> tuple[pam.PAMState, PrivacyLedger, dict]:
     """``secrets``: the run's secret randomness (default fresh); ``ledger``: release through this
-    ledger instead of the run's own (sensitivity tests replay one run's releases in another)."""
+    ledger instead of the run's own (sensitivity tests replay one run's releases in another).
+    The rounds are the one loop's (:func:`fedpriv.engine.loop.train_rounds`)."""
     t0 = time.perf_counter()
     secrets = secrets if secrets is not None else RunSecrets()
     state, own = pam.new_pam_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta, secrets.ledger_seed())
     ledger = ledger if ledger is not None else own
     keys = user_keys(secrets.client_key(), data.user_ids)
     group_of = pam.user_groups(keys, cfg.epochs) if cfg.schedule == "disjoint" else None
-    transport = _BlockTransport(data, users_per_shard, group_of, keys, secrets.reproducible)
-    timings: dict = {"steps": pam.run_pam_rounds(transport, state, ledger)}
-    timings["train_seconds"] = time.perf_counter() - t0
+    transport = BlockTransport(data, users_per_shard, group_of, keys, secrets.reproducible)
+    hooks = Hooks()
+    train_rounds(transport, make_aggregator(cfg, ledger), state, hooks=hooks, progress=lambda steps: tqdm(steps, desc=algorithm, disable=not progress, leave=False))
+    timings: dict = {"steps": step_seconds(hooks.timings), "train_seconds": time.perf_counter() - t0}
     return state, ledger, timings
 
 
-class _BlockTransport:
-    """The personalization rounds' clients in process: the client functions on user blocks."""
+class BlockTransport:
+    """The personalization rounds' clients in process: the client functions on user blocks
+    (each block plays one node, as a Flower node holds one block)."""
 
     def __init__(self, data: PersonalData, users_per_shard: int, group_of: np.ndarray | None, keys: np.ndarray | None = None, reproducible: bool = False):
         self.data, self.size, self.group_of = data, users_per_shard, group_of
         self.keys, self.reproducible = keys, reproducible
 
+    def start(self, state, server) -> None:
+        pass
+
+    def prepare(self, step: int) -> None:
+        pass
+
     def population(self) -> tuple[int, int]:
-        """Each block of users plays one node (as a Flower node holds one block)."""
         return len(split_users(self.data.n_users, self.size)), max(1, self.data.n_users)
 
-    def secure_sum(self, kind: str, plan, state, step: int, group):
-        """The arithmetic of secure summation without its cryptography: each block's words (its
-        users' statistics, those of the step's group only, plus the block's Skellam share)."""
-        from ..privacy import distributed
-
-        total = np.zeros(plan.length, dtype=np.uint64)
-        blocks = split_users(self.data.n_users, self.size)
-        for u in blocks:
+    def _blocks(self, group):
+        """(block slice, its users of ``group``) of every block."""
+        for u in split_users(self.data.n_users, self.size):
             users = np.arange(self.data.n_users)[u]
             if group is not None:
                 users = users[self.group_of[users] == group]
-            values = pam.pam_node_values(kind, self.data.X[users], self.data.y[users], state)
-            total = distributed.add_words(plan, total, distributed.encode(plan, values, node_noise_rng(self.keys[u], f"{kind}-{step}", self.reproducible)))
-        return (lambda: total), len(blocks)
+            yield u, users
 
-    def _sum(self, fn, users=None) -> tuple:
-        users = np.arange(self.data.n_users) if users is None else users
+    def sums(self, kind: str, state, step: int = 0, group: int | None = None) -> tuple:
         total = None
-        for u in split_users(len(users), self.size):
-            part = fn(self.data.X[users[u]], self.data.y[users[u]])
-            part = part if isinstance(part, tuple) else (part,)
+        for _, users in self._blocks(group):
+            part = pam.client_round(kind, self.data.X[users], self.data.y[users], state)
             total = part if total is None else tuple(a + b for a, b in zip(total, part))
-        if total is None:  # no user (an empty group): the statistics of no one
-            part = fn(self.data.X[:0], self.data.y[:0])
-            total = part if isinstance(part, tuple) else (part,)
         return total
 
-    def single_stats(self, state):
-        return self._sum(lambda X, y: pam.client_single_stats(X, y, state))
-
-    def exp_scores(self, state, net):
-        return self._sum(lambda X, y: pam.client_exp_scores(X, y, state, net))[0]
-
-    def init_stats(self, state):
-        return self._sum(lambda X, y: pam.client_init_stats(X, y, state))[0]
-
-    def step_stats(self, state, t, group):
-        users = None if group is None else np.flatnonzero(self.group_of == group)
-        return self._sum(lambda X, y: pam.client_am_stats(X, y, state), users)
+    def secure_sum(self, kind: str, plan, state, step: int, group: int | None = None):
+        """The arithmetic of secure summation without its cryptography: each block's words (its
+        users' statistics, those of the step's group only, plus the block's Skellam share)."""
+        total = np.zeros(plan.length, dtype=np.uint64)
+        n = 0
+        for u, users in self._blocks(group):
+            values = pam.pam_node_values(kind, self.data.X[users], self.data.y[users], state)
+            total = distributed.add_words(plan, total, distributed.encode(plan, values, node_noise_rng(self.keys[u], f"{kind}-{step}", self.reproducible)))
+            n += 1
+        return (lambda: total), n
 
 
 def evaluate_personal(state: pam.PAMState, data: PersonalData, users_per_shard: int = 4096) -> dict:
@@ -90,8 +88,9 @@ def evaluate_personal(state: pam.PAMState, data: PersonalData, users_per_shard: 
     return out
 
 
-def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | None, delta: float, overrides: dict, engine: str, work_dir=None, flower_runner=None, secrets: RunSecrets | None = None) -> tuple[dict, list[dict]]:
-    """One run of a personalization algorithm: (metrics, ledger records), the CLI contract."""
+def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | None, delta: float, overrides: dict, engine: str, work_dir=None, flower_runner=None, secrets: RunSecrets | None = None, progress: bool = False) -> tuple[dict, list[dict], pam.PAMState]:
+    """One run of a personalization algorithm: (metrics, ledger records, released state), the
+    CLI contract; ``progress``: the same progress lines as the rating algorithms' runs."""
     from ..algorithms.metrics import run_header
     from ..privacy.accounting import zcdp_rho
 
@@ -107,13 +106,13 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
     if engine == "flower":
         from ..flower.pam_server import PamJob
 
-        job = PamJob(algorithm, epsilon, delta, cfg, data, work_dir, users_per_node=users_per_node, secrets=secrets)
+        job = PamJob(algorithm, epsilon, delta, cfg, data, work_dir, users_per_node=users_per_node, secrets=secrets, progress=progress)
         res = run_pam_job_local(job, nodes, flower_runner)
         state, ledger, timings = res.state, res.ledger, res.timings
         ev = res.evaluation
         extra = {"rounds": res.rounds, "bytes_up": res.bytes_up, "bytes_down": res.bytes_down, "round_log": res.round_log, "rejected_replies": res.rejected, "nodes": res.nodes, "users_per_node": users_per_node}
     else:
-        state, ledger, timings = train_personal_inprocess(algorithm, data, cfg, epsilon=epsilon if private else None, delta=delta, users_per_shard=users_per_shard, secrets=secrets)
+        state, ledger, timings = train_personal_inprocess(algorithm, data, cfg, epsilon=epsilon if private else None, delta=delta, users_per_shard=users_per_shard, secrets=secrets, progress=progress)
         ev = evaluate_personal(state, data, users_per_shard)
     metrics = {
         **run_header(algorithm, spec, engine, cfg.seed, epsilon, delta, private, "personalization"),
@@ -131,7 +130,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
         "wall_seconds": time.perf_counter() - t0,
         "config": {"algorithm": algorithm, "data": str(spec), "engine": engine, "epsilon": epsilon, "delta": delta, "users_per_node": users_per_node, **cfg.to_dict()},
     }
-    return metrics, ledger.to_list()
+    return metrics, ledger.to_list(), state
 
 
 def _spent(ledger, delta, private) -> dict:

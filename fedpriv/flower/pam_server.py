@@ -17,6 +17,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from ..algorithms import pam
+from ..engine.loop import Hooks, make_aggregator, step_seconds, train_rounds
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RunSecrets
 from . import codec
@@ -39,6 +40,7 @@ class PamJob:
     round_timeout: float | None = None
     node_wait_seconds: float = 120.0
     secrets: RunSecrets = field(default_factory=RunSecrets, repr=False)  # never sent to a node
+    progress: bool = False  # one line per round and a summary table on stdout (fedpriv.flower.progress), as for the rating algorithms
 
     def n_parts(self) -> int:
         return -(-self.data.n_users // self.users_per_node)
@@ -115,8 +117,9 @@ def _decode(content: RecordDict, keys: dict[str, int], bounds: dict[str, float],
 
 
 class _GridPamTransport:
-    """The personalization rounds over a Flower Grid: one message per node, every reply
-    validated against its per-user bounds (:func:`_decode`) before it is summed."""
+    """The personalization rounds over a Flower Grid (:class:`fedpriv.engine.loop.Transport`):
+    one message per node, every reply validated against its per-user bounds (:func:`_decode`)
+    before it is summed."""
 
     def __init__(self, rounds: Rounds, state: pam.PAMState, data_dir: str, users_per_node: int, key_file: str | None):
         self.rounds, self.state, self.data_dir, self.upn, self.key_file = rounds, state, data_dir, users_per_node, key_file
@@ -126,10 +129,16 @@ class _GridPamTransport:
 
             self.secure = SecureRounds(rounds, users_per_node)
 
+    def start(self, state, server) -> None:
+        pass
+
+    def prepare(self, step: int) -> None:
+        pass
+
     def population(self) -> tuple[int, int]:
         return self.secure.population()
 
-    def secure_sum(self, kind: str, plan, state: pam.PAMState, step: int, group):
+    def secure_sum(self, kind: str, plan, state: pam.PAMState, step: int, group=None):
         return self.secure.secure_sum(kind, plan, encode_pam_state(state, self.data_dir, self.upn, group, self.key_file), step)
 
     def collect(self, kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None, ranges=None) -> dict[str, np.ndarray]:
@@ -142,24 +151,19 @@ class _GridPamTransport:
                 total[key] += vals[key]
         return total
 
-    def single_stats(self, state):
-        d = state.d
-        tot = self.collect("pam_step", "single", {"A_upper": d * (d + 1) // 2, "b": d}, {"A_upper": pam.pam_sensitivity("single_A", state), "b": pam.pam_sensitivity("single_b", state)})
-        return tot["A_upper"], tot["b"]
-
-    def exp_scores(self, state, net):
-        # every entry of a user's score vector is in [0, s]: L2 norm <= s sqrt(N) per user
-        s_user = pam.pam_sensitivity("exp_U", state)
-        return self.collect("pam_exp", "exp", {"scores": len(net)}, {"scores": s_user * math.sqrt(len(net))}, ranges={"scores": s_user})["scores"]
-
-    def init_stats(self, state):
-        d = state.d
-        return self.collect("pam_init", "init", {"values": d * (d + 1) // 2}, {"values": pam.pam_sensitivity("init_M", state)})["values"]
-
-    def step_stats(self, state, t, group):
-        dk = state.d * state.k
-        bounds = {"A_upper": pam.pam_sensitivity("am_A", state), "b": pam.pam_sensitivity("am_b", state)}
-        tot = self.collect("pam_step", f"step{t + 1}", {"A_upper": dk * (dk + 1) // 2, "b": dk}, bounds, group)
+    def sums(self, kind: str, state: pam.PAMState, step: int = 0, group=None) -> tuple:
+        """A round's checked, summed replies, in the order of the round's parts."""
+        if kind == "pam_init":
+            d = state.d
+            return (self.collect(kind, "init", {"values": d * (d + 1) // 2}, {"values": pam.pam_sensitivity("init_M", state)})["values"],)
+        if kind == "pam_exp":
+            # every entry of a user's score vector is in [0, s]: L2 norm <= s sqrt(N) per user
+            n, s_user = len(pam.exp_net(state)), pam.pam_sensitivity("exp_U", state)
+            return (self.collect(kind, "exp", {"scores": n}, {"scores": s_user * math.sqrt(n)}, ranges={"scores": s_user})["scores"],)
+        (name_a, n_a, *_), (name_b, n_b, *_) = pam.summed_parts(kind, state)
+        label = "single" if name_a == "single_A" else f"step{step + 1}"
+        bounds = {"A_upper": pam.pam_sensitivity(name_a, state), "b": pam.pam_sensitivity(name_b, state)}
+        tot = self.collect(kind, label, {"A_upper": n_a, "b": n_b}, bounds, group)
         return tot["A_upper"], tot["b"]
 
 
@@ -180,7 +184,12 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
         from ..errors import ConfigError
 
         raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(nodes)} registered", field="users-per-node")
-    rounds = Rounds(grid, nodes, result, job.round_timeout)
+    progress = None
+    if job.progress:
+        from .progress import Progress
+
+        progress = Progress(job.delta, lambda: result.ledger, job.epsilon)
+    rounds = Rounds(grid, nodes, result, job.round_timeout, progress=progress)
     upn = job.users_per_node
 
     partition_of: dict[int, int] = {}
@@ -193,7 +202,9 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
     result.nodes = len(rounds.nodes)
 
     transport = _GridPamTransport(rounds, state, data_dir, upn, key_file)
-    result.timings = {"steps": pam.run_pam_rounds(transport, state, ledger), "train_seconds": time.perf_counter() - t0}
+    hooks = Hooks()
+    train_rounds(transport, make_aggregator(job.cfg, ledger), state, hooks=hooks)
+    result.timings = {"steps": step_seconds(hooks.timings), "train_seconds": time.perf_counter() - t0}
 
     before = (result.rounds, result.bytes_up, result.bytes_down)  # evaluation is measurement
     if transport.secure is not None:  # the totals only, never one node's sums
@@ -203,4 +214,7 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
     result.rounds, result.bytes_up, result.bytes_down = before
     result.evaluation = {"test_mse": float(tot["values"][0] / max(tot["values"][1], 1.0) + data.noise**2)}
     result.evaluation["subspace_error"] = pam.subspace_error(state.U, data.U_star) if state.U is not None else None
+    if progress is not None:
+        shown = {"test MSE": result.evaluation["test_mse"], "subspace error": result.evaluation["subspace_error"]}
+        progress.summary(result.round_log, result.rejected, {k: v for k, v in shown.items() if v is not None})
     return result

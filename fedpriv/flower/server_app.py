@@ -30,7 +30,7 @@ from . import codec
 from .counters import RoundCounters
 from .rounds import Rounds, wait_for_nodes
 from .secure_server import SecureRounds
-from ..engine.loop import Hooks, make_aggregator, train_rounds
+from ..engine.loop import Hooks, RatingTransport, make_aggregator, train_rounds
 from .node_secrets import write_key_file
 from .partition import write_feature_table, write_partitions
 
@@ -216,7 +216,7 @@ class _Nodes:
         self.rounds.nodes = self.serving()
 
 
-class _GridTransport:
+class _GridTransport(RatingTransport):
     """The loop's clients over a Flower Grid (:class:`fedpriv.engine.loop.Transport`): one message per
     serving node; every reply is validated (:mod:`fedpriv.flower.codec`) before it is summed,
     a rejected one is logged and left out."""
@@ -229,7 +229,7 @@ class _GridTransport:
     def population(self) -> tuple[int, int]:
         return self.secure.population()
 
-    def secure_sum(self, kind: str, plan, state: als.PublicState, step: int):
+    def secure_sum(self, kind: str, plan, state: als.PublicState, step: int, group: int | None = None):
         return self.secure.secure_sum(kind, plan, self.down(step), step)
 
     def vector(self, kind: str, length: int, state: als.PublicState) -> np.ndarray:

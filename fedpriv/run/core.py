@@ -269,10 +269,10 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
 
         params = {**plan.engine_params, **{k: str(v) for k, v in engine.run_options().items()}}
         overrides = {**{k: v for k, v in job.params.items() if k not in ("users_per_node", "users_per_shard", "nodes")}, **params}
-        metrics, records = run_personal(algorithm, spec, ds, epsilon=epsilon, delta=delta, overrides=overrides, engine=engine_name,
-                                        work_dir=engine.work_dir, flower_runner=engine.flower_runner(), secrets=secrets)
+        metrics, records, state = run_personal(algorithm, spec, ds, epsilon=epsilon, delta=delta, overrides=overrides, engine=engine_name,
+                                               work_dir=engine.work_dir, flower_runner=engine.flower_runner(), secrets=secrets, progress=progress)
         metrics.update(noise_statement(secrets))
-        return _clean(metrics), records, None, None
+        return _clean(metrics), records, state, None
     opts = dataclasses.replace(plan.options, **engine.run_options())
     cfg = copy.deepcopy(plan.config)
     rec_cfg = plan.recommend

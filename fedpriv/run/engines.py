@@ -30,6 +30,10 @@ Plan = Any  # fedpriv.run.job.Plan (job.py imports this module: no import back)
 
 def _model(plan: Plan, state, train, ledger: list[dict], metrics: dict):
     """The released model of a finished run (None when nothing shared was released)."""
+    if plan.protocol == "personalization" and state is not None:
+        from .model import PersonalModel
+
+        return PersonalModel.from_run(state, ledger, metrics) if (state.U is not None or state.theta is not None) else None
     if state is None or getattr(state, "item_factors", None) is None:
         return None
     from .model import Model

@@ -270,6 +270,109 @@ def _plain(x):
     return x.item() if isinstance(x, np.generic) else x
 
 
-def load_model(path: str | os.PathLike) -> Model:
-    """:meth:`Model.load`."""
+PERSONAL_FORMAT = "fedpriv-personal-model/1"
+
+
+@dataclass
+class PersonalModel:
+    """The released model of DP model personalization (:mod:`fedpriv.algorithms.pam`): the
+    shared d x k embedding U (pam, pam-exp, pam-nonprivate) or the single global regression
+    vector theta (pam-single-model), with its config, ledger and spent epsilon. A user's
+    personal vector is solved on their own device from their own samples
+    (:meth:`personalize`) and spends no budget. The folder holds ``model.npz`` (``U`` or
+    ``theta``), ``model.json`` and ``ledger.json``, written together or not at all."""
+
+    algorithm: str
+    config: dict
+    d: int
+    k: int
+    U: np.ndarray | None = None
+    theta: np.ndarray | None = None
+    ledger: list[dict] = field(default_factory=list)
+    epsilon_spent: float | None = None
+    delta: float | None = None
+    info: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_run(cls, state, ledger: list[dict], metrics: dict) -> PersonalModel:
+        if state.U is None and state.theta is None:
+            raise ConfigError(f"{state.algorithm} releases no shared model (each user learns alone)", field="--save-model")
+        return cls(state.algorithm, state.config.to_dict(), int(state.d), int(state.k), state.U, state.theta, list(ledger),
+                   metrics.get("epsilon_spent"), metrics.get("delta"), public_info(metrics))
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        check_model_folder(path)
+
+        def fill(tmp: Path) -> None:
+            arrays = {name: np.asarray(v, dtype=np.float64) for name, v in (("U", self.U), ("theta", self.theta)) if v is not None}
+            np.savez(tmp / "model.npz", **arrays)
+            meta = {"format": PERSONAL_FORMAT, "algorithm": self.algorithm, "config": self.config, "d": self.d, "k": self.k,
+                    "epsilon_spent": self.epsilon_spent, "delta": self.delta, "info": public_info(self.info)}
+            (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            (tmp / "ledger.json").write_text(json.dumps(self.ledger, indent=2) + "\n", encoding="utf-8")
+
+        return atomic.write_folder(path, fill)
+
+    @classmethod
+    def from_files(cls, path: Path, meta: dict, ledger: list, arrays: dict) -> PersonalModel:
+        try:
+            d, k = int(meta["d"]), int(meta["k"])
+            model = cls(str(meta["algorithm"]), dict(meta["config"]), d, k, arrays.get("U"), arrays.get("theta"), ledger,
+                        meta.get("epsilon_spent"), meta.get("delta"), public_info(meta.get("info")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"bad or missing field: {exc}", path=str(path / "model.json")) from None
+        ok_u = model.U is not None and model.U.shape == (d, k) and np.isfinite(model.U).all()
+        ok_theta = model.theta is not None and model.theta.shape == (d,) and np.isfinite(model.theta).all()
+        if not (ok_u or ok_theta):
+            raise DataError(f"expected a finite U ({d}, {k}) or theta ({d},) array", path=str(path / "model.npz"))
+        return model
+
+    def _samples(self, X, y=None) -> tuple[np.ndarray, np.ndarray | None]:
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.d or not np.isfinite(X).all():
+            raise DataError(f"expected a finite (samples, {self.d}) feature array, got shape {X.shape}")
+        if y is None:
+            return X, None
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        if y.shape != (len(X),) or not np.isfinite(y).all():
+            raise DataError(f"expected {len(X)} finite labels, got shape {y.shape}")
+        return X, y
+
+    def personalize(self, X, y) -> np.ndarray | None:
+        """One user's personal vector v (k,) solved from their own samples X (m, d) and labels
+        y (m,), locally; None for the single model (it has no personal part)."""
+        if self.U is None:
+            return None
+        from ..algorithms.pam import client_personal_vectors
+
+        X, y = self._samples(X, y)
+        ridge = float(self.config.get("user_ridge", 1e-3))
+        return client_personal_vectors(X[None], y[None], self.U, ridge)[0]
+
+    def predict(self, X, v=None) -> np.ndarray:
+        """Predictions x U v for samples X (m, d) (x theta for the single model)."""
+        X, _ = self._samples(X)
+        if self.U is None:
+            return X @ self.theta
+        if v is None:
+            raise ConfigError("give the user's personal vector (from personalize)", field="v")
+        return X @ self.U @ np.asarray(v, dtype=np.float64)
+
+
+def load_model(path: str | os.PathLike) -> Model | PersonalModel:
+    """A saved model: :meth:`Model.load`, or a :class:`PersonalModel` (by the folder's format)."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / "model.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        meta = None
+    if isinstance(meta, dict) and meta.get("format") == PERSONAL_FORMAT and all((path / n).is_file() for n in FILES):
+        try:
+            ledger = json.loads((path / "ledger.json").read_text(encoding="utf-8"))
+            with np.load(path / "model.npz", allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (OSError, ValueError) as exc:
+            raise DataError(f"cannot read the model: {exc}", path=str(path)) from None
+        return PersonalModel.from_files(path, meta, ledger, arrays)
     return Model.load(path)

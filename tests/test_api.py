@@ -142,11 +142,16 @@ def test_bad_model_folder_and_refused_destination(tmp_path, capsys):
         fedpriv.load_model(bad)
 
 
-def test_personalization_has_no_shared_model():
-    res = fedpriv.train("pam-nonprivate", "synthetic-personal:users=60,samples=20,d=10,k=2,noise=0.1,seed=1", epochs=2)
+def test_personalization_models():
+    """pam-own-data releases nothing shared; the others release the shared embedding (a
+    PersonalModel), whose users personalize locally."""
+    data = "synthetic-personal:users=60,samples=20,d=10,k=2,noise=0.1,seed=1"
+    res = fedpriv.train("pam-own-data", data)
     assert res.model is None
     with pytest.raises(ConfigError, match="releases no shared item model"):
         res.save_model("/nonexistent/never")
+    shared = fedpriv.train("pam-nonprivate", data, epochs=2).model
+    assert isinstance(shared, fedpriv.PersonalModel) and shared.U.shape == (10, 2)
 
 
 def test_import_fedpriv_is_light():

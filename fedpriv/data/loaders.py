@@ -570,7 +570,7 @@ def load_dataset(
     fmt = _FORMATS.get(kind)
     if fmt is None:
         raise DataError(f"unknown data set kind {kind!r}; known kinds: {', '.join(KNOWN_KINDS)}")
-    low, high = check_rating_range(fmt.rating_range if rating_range is None else rating_range, open_above=fmt.implicit)
+    low, high = check_rating_range(fmt.rating_range if rating_range is None else rating_range, open_above=fmt.implicit, unbounded=rating_range is not None)
     with _Source(Path(os.fspath(path))) as source:
         parsed = _read_table(source, fmt.ratings)
         if not len(parsed):

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,11 +50,22 @@ class Result:
         """Epsilon spent, computed by dp-accounting from the ledger (None for non-private runs)."""
         return self.metrics.get("epsilon_spent")
 
-    def save_model(self, path: str | os.PathLike) -> os.PathLike:
-        """Write the released model to the folder ``path`` (:meth:`fedpriv.run.model.Model.save`)."""
+    def __repr__(self) -> str:
+        m = self.metrics
+        eps = f"epsilon {m['epsilon_spent']:.3g}" if isinstance(m.get("epsilon_spent"), (int, float)) else "non-private"
+        shown = [f"{label} {m[key]:.4f}" for key, label in (("test_rmse", "test RMSE"), ("test_mse", "test MSE")) if isinstance(m.get(key), (int, float))]
+        rank = m.get("ranking") or {}
+        if isinstance(rank.get("recall"), (int, float)):
+            shown.append(f"Recall@{rank['k']} {rank['recall']:.4f}")
+        return f"Result({m.get('algorithm')}, {eps}{', ' + ', '.join(shown) if shown else ''})"
+
+    def save_model(self, path: str | os.PathLike, *, overwrite: bool = False) -> os.PathLike:
+        """Write the released model to the folder ``path`` (:meth:`fedpriv.run.model.Model.save`;
+        an earlier model there is replaced only with ``overwrite``)."""
         if self.model is None:
             raise ConfigError(f"{self.metrics.get('algorithm')} releases no shared item model to save", field="save_model")
-        return self.model.save(path)
+        with _keywords(save_model="path", overwrite="overwrite"):
+            return self.model.save(path, overwrite=overwrite)
 
     def write(self, out: str | os.PathLike) -> None:
         """``metrics.json`` and ``ledger.json`` in ``out`` (both or neither), as the CLI writes them."""
@@ -100,7 +111,7 @@ def _engine(engine, options: dict[str, Any]):
         return InProcess(**options)
     if engine == "flower":
         return FlwrRun(**options)
-    raise ConfigError(f"unknown engine {engine!r} (known: inprocess, flower, or an engine object of fedpriv.run)", field="engine")
+    raise ConfigError(f"unknown engine {engine!r} (known: inprocess, flower, or an engine object of fedpriv.run){did_you_mean(engine, ('inprocess', 'flower'))}", field="engine")
 
 
 def load_data(data: str | DataSpec | pd.DataFrame, **options: Any) -> Dataset:

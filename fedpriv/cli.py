@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from .errors import ConfigError, DataError, FedprivError
+from .errors import ConfigError, DataError, FedprivError, did_you_mean
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,6 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--data", required=True, help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, jester:PATH, csv:PATH, parquet:PATH (your own ratings; see --data-opt), synthetic-mf:users=N,items=M,ratings=R,seed=S or synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R")
     r.add_argument("--data-opt", dest="data_options", action="append", default=[], metavar="KEY=VALUE", help="csv/parquet option (repeatable): user=COL, item=COL, rating=COL, sep=',', header=1, rating_range=LO,HI (required for explicit ratings), implicit=1, duplicates=error|last, items=FILE (the item catalogue: a header line, then one item id per line; private algorithms need it or features=), features=PATH (item features table; it lists the catalogue too), feature_item=COL, categorical=A;B, numeric=C, multi_sep='|', name=COL, bins=5")
     r.add_argument("--save-model", default=None, metavar="DIR", help="write the released model (item embeddings and biases, encoder, mean, config, ledger; no metric, no data path) to DIR (every engine)")
+    r.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out and the model in --save-model (refused otherwise)")
     r.add_argument("--epsilon", type=float, default=None, help="target epsilon (private algorithms)")
     r.add_argument("--delta", type=float, default=1e-5)
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter or run option (repeatable); e.g. recommend=mgem rec_epsilon=1 rec_sensitivity=quantile: after training every user reports one item by private selection")
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from .ops.launcher import FlwrRun
     from .run.model import check_model_folder
-    from .run import InProcess, Job, parse_overrides, write_outputs
+    from .run import InProcess, Job, check_results_folder, parse_overrides, write_outputs
 
     params: dict = parse_overrides(args.overrides)
     if args.aggregation is not None:
@@ -138,9 +139,11 @@ def _run(args) -> int:
                 params[key] = getattr(args, key)
         engine = InProcess()
     else:
-        raise ConfigError(f"unknown engine {args.engine!r} (known: inprocess, flower)", field="--engine")
+        raise ConfigError(f"unknown engine {args.engine!r} (known: inprocess, flower){did_you_mean(args.engine, ('inprocess', 'flower'))}", field="--engine")
+    # before training: a refused folder costs nothing
+    check_results_folder(args.out, overwrite=args.overwrite)
     if args.save_model is not None:
-        check_model_folder(args.save_model)  # before training: a refused folder costs nothing
+        check_model_folder(args.save_model, overwrite=args.overwrite)
     job = Job(args.algorithm, args.data, epsilon=args.epsilon, delta=args.delta, noise_seed=args.noise_seed, params=params,
               data_options=parse_overrides(args.data_options, field="--data-opt"))
     outcome = job.prepare().execute(engine, progress=not args.quiet)
@@ -148,7 +151,7 @@ def _run(args) -> int:
         raise ConfigError(f"{args.algorithm} releases no shared item model to save", field="--save-model")
     write_outputs(args.out, outcome.report.to_json(), outcome.ledger)
     if args.save_model is not None:
-        outcome.model.save(args.save_model)
+        outcome.model.save(args.save_model, overwrite=args.overwrite)
     if not args.quiet:  # the human summary (every engine the same) on stderr; stdout keeps the JSON line
         print(outcome.report.summary(out=str(args.out.rstrip("/") + "/metrics.json")), file=sys.stderr)
     _print_summary(outcome.report.to_json())
@@ -173,8 +176,10 @@ def _recommend(args) -> int:
         for rank, r in enumerate(recs, 1):
             print(json.dumps({"rank": rank, **r}))
         return 0
+    width = max([len(str(r["item"])) for r in recs] + [4])
+    print(f"{'rank':>4}  {'item':>{width}}  {'score':>7}  {'rating':>6}  name")
     for rank, r in enumerate(recs, 1):
-        print(f"{rank:>3}  {r['item']!s:>10}  {r['score']:7.3f}  {r['name'] or ''}")
+        print(f"{rank:>4}  {r['item']!s:>{width}}  {r['score']:7.3f}  {r['rating']:6.2f}  {r['name'] or ''}")
     return 0
 
 

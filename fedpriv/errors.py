@@ -42,5 +42,13 @@ class ConfigError(FedprivError, ValueError):
         return ConfigError(self.reason, field=names[self.field])
 
 
+def did_you_mean(name, known) -> str:
+    """"; did you mean 'x'?" naming the closest of ``known`` to ``name`` (nothing when none is close)."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 class PrivacyError(FedprivError, RuntimeError):
     """A privacy invariant would be violated (unaccounted release, bound exceeded, ...)."""

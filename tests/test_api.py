@@ -74,8 +74,10 @@ def test_saved_model_holds_only_released_values(tmp_path):
     res = fedpriv.train("adadpals", SPEC, epsilon=5, steps=1, rank=3, noise_seed=2)
     path = Path(res.save_model(tmp_path / "m"))
     with np.load(path / "model.npz") as z:
-        assert set(z.files) <= {"item_factors", "item_bias", "item_ids", "encoder_params"}
+        assert set(z.files) <= {"item_factors", "item_bias", "item_ids", "encoder_params", "counts_hat", "item_support"}
         assert np.array_equal(z["item_factors"], res.model.state.item_factors)
+        for name in {"counts_hat", "item_support"} & set(z.files):  # released (noised) values, as the run released them
+            assert np.array_equal(z[name], getattr(res.model.state, name))
     meta = json.loads((path / "model.json").read_text())
     assert meta["mean"] == res.metrics["released_mean"]
     assert meta["n_users_released"] == res.metrics["released_n_users"]

@@ -28,7 +28,9 @@ TOP_KEYS = {
 }  # fmt: skip
 INFO_KEYS = {"algorithm", "dataset", "engine", "epsilon"}
 CONFIG_KEYS = {f.name for f in dataclasses.fields(ALSConfig)}  # the public hyperparameters
-ARRAYS = {"item_factors", "item_bias", "item_ids", "encoder_params"}
+# counts_hat / item_support: the released (noised) item counts and the bias stage's weight sums,
+# the popularity the ranking reads (issue 33)
+ARRAYS = {"item_factors", "item_bias", "item_ids", "encoder_params", "counts_hat", "item_support"}
 METRIC_WORDS = ("rmse", "recall", "logloss", "accuracy", "sliced", "mse", "hit", "n_ratings", "test_", "valid_")
 
 

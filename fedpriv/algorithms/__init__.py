@@ -5,3 +5,4 @@ every rating algorithm (:mod:`fedpriv.algorithms.registry`): the built-in family
 from . import family  # noqa: F401 - registers the built-in members
 from . import dpals_uniform  # noqa: F401 - registers itself
 from . import bias  # noqa: F401 - registers itself
+from . import popular  # noqa: F401 - registers itself

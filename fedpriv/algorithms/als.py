@@ -64,6 +64,8 @@ class PublicState:
     # the AM-SSP family's released encoder, flattened (kept for saved models; never broadcast)
     encoder_release: np.ndarray | None = field(default=None, repr=False)
     multipliers: dict[str, float] = field(default_factory=dict)
+    # the noise-aware rule's choice and its reason (public numbers; server only, never broadcast)
+    choice: dict | None = field(default=None, repr=False)
 
     @property
     def spec(self) -> registry.AlgorithmSpec:

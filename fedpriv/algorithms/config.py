@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from . import registry
 
 
@@ -53,7 +53,8 @@ def _parse(cls, overrides: dict):
     cfg = cls()
     for key, raw in overrides.items():
         if key not in known:
-            raise ConfigError(f"unknown key (known: {', '.join(sorted(known))})", field=key)
+            shown = sorted(known - {"given", "options"})  # filled by the parser, never set by hand
+            raise ConfigError(f"unknown key (known: {', '.join(shown)}){did_you_mean(key, shown)}", field=key)
         setattr(cfg, key, _coerce(key, raw, type(getattr(cfg, key))))
     return cfg
 

@@ -85,6 +85,20 @@ def noise_aware_config(cfg, algorithm: str, epsilon: float, delta: float, n_item
     return new
 
 
+def explain(algorithm: str, cfg, epsilon: float, delta: float, n_items: int, n_users: int) -> dict:
+    """Why the rule chose what it chose, in public numbers: the snr statistic, the thresholds,
+    the model it picked and the keys the user had set (which it left alone)."""
+    s = snr(epsilon, delta, n_items, n_users)
+    if registry.get(algorithm).bias_model:
+        model = "the bias model (its own algorithm): the rule sets its ridge and clip only"
+    elif cfg.rank == 0:
+        model = f"the bias model: snr {s:.3g} < {FACTOR_SNR:g}, too little signal per item for factors at this epsilon"
+    else:
+        model = f"rank {cfg.rank}, {cfg.steps} steps over the bias stage: snr {s:.3g} >= {FACTOR_SNR:g}" + (f" (>= {RICH_SNR:g}: the rich setting)" if s >= RICH_SNR else "")
+    return {"snr": s, "factor_snr": FACTOR_SNR, "rich_snr": RICH_SNR, "released_n_users": int(n_users), "n_items": int(n_items),
+            "model": model, "given": sorted(cfg.given)}
+
+
 def apply(state, ledger) -> None:
     """Replace the state's config by the rule's choice for the keys not given, and recalibrate
     the rest of the plan around the released user count (see the module docstring). Nothing
@@ -94,6 +108,7 @@ def apply(state, ledger) -> None:
         return
     epsilon, delta = ledger.budget
     new = noise_aware_config(cfg, state.algorithm, epsilon, delta, state.n_items, state.n_users)
+    state.choice = explain(state.algorithm, new, epsilon, delta, state.n_items, state.n_users)
     plan = als.plan_releases(state.algorithm, new, state.implicit)
     # secure mode's Skellam records are accounted at integer orders only: calibrate there too
     state.multipliers = dict(calibrate(plan, epsilon, delta, pinned={"users": state.multipliers["users"]}, integer_orders=new.aggregation == "secure").multipliers)

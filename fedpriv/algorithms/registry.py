@@ -24,7 +24,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from .releases import stats_releases
 
 
@@ -61,6 +61,7 @@ class AlgorithmSpec:
     defaults: tuple[tuple[str, str], ...] = ()  # config values this algorithm starts from (overrides win)
     fixed: tuple[str, ...] = ()  # config keys of ``defaults`` an override may not change
     bias_model: bool = False  # the private bias model itself: the noise-aware rule sets its ridge and clip only
+    setup_only: bool = False  # the setup releases are the whole run (no alternating step: popular)
     # the algorithm's own config keys as a dataclass (``cfg.options`` holds the parsed instance;
     # its ``validate()`` runs with the config's); the shared keys stay in ALSConfig
     options: type | None = None
@@ -144,7 +145,7 @@ def get(name: str) -> AlgorithmSpec:
     try:
         return _SPECS[name]
     except KeyError:
-        raise ConfigError(f"unknown algorithm {name!r} (known: {', '.join(_SPECS)})", field="algorithm") from None
+        raise ConfigError(f"unknown algorithm {name!r} (known: {', '.join(_SPECS)}){did_you_mean(name, _SPECS)}", field="algorithm") from None
 
 
 def names() -> tuple[str, ...]:

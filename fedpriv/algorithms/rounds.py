@@ -66,7 +66,7 @@ class RatingRounds:
         return protocol.server_setup(state, features)
 
     def n_steps(self, state: als.PublicState) -> int:
-        return state.config.steps
+        return 0 if state.spec.setup_only else state.config.steps
 
     def step_kind(self, state: als.PublicState) -> str:
         return "step"

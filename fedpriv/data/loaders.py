@@ -72,6 +72,12 @@ class Dataset:
     source: str
     duplicates_dropped: int
 
+    def __repr__(self) -> str:
+        inter = self.interactions
+        kind = "implicit" if self.implicit else f"ratings {self.rating_range[0]:g}-{self.rating_range[1]:g}"
+        features = f", {self.item_features.matrix.shape[1]} item features" if self.item_features is not None else ""
+        return f"Dataset({inter.name or self.source}: {inter.n_users:,} users, {inter.n_items:,} items, {len(inter.ratings):,} {kind}{features})"
+
 
 # --------------------------------------------------------------------------- file layouts
 

@@ -74,7 +74,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, did_you_mean
 from .features import ItemFeatures, assemble_fields
 from .frames import (
     NA_MARKERS,
@@ -216,7 +216,7 @@ def parse_options(kind: str, options: Mapping[str, str] | None) -> dict:
     for key, value in (options or {}).items():
         key = str(key).strip()
         if key not in _PARSERS:
-            raise ConfigError(f"unknown option {key!r} for {kind}: data (known: {', '.join(OPTION_NAMES)})", field=OPTION_FLAG)
+            raise ConfigError(f"unknown option {key!r} for {kind}: data (known: {', '.join(OPTION_NAMES)}){did_you_mean(key, OPTION_NAMES)}", field=OPTION_FLAG)
         typed[key] = _PARSERS[key](key, str(value))
     _check_combination(kind, typed, OPTION_FLAG)
     return typed
@@ -289,7 +289,7 @@ def _check_combination(kind: str, given: Mapping[str, object], field: str | None
 def _options(kind: str, given: Mapping[str, object], field: str | None) -> TabularOptions:
     unknown = sorted(set(given) - set(OPTION_NAMES))
     if unknown:
-        raise ConfigError(f"unknown option {unknown[0]!r} (known: {', '.join(OPTION_NAMES)})", field=field or unknown[0])
+        raise ConfigError(f"unknown option {unknown[0]!r} (known: {', '.join(OPTION_NAMES)}){did_you_mean(unknown[0], OPTION_NAMES)}", field=field or unknown[0])
     _check_combination(kind, given, field)
     given = dict(given)
     if given.get("rating_range") is not None:  # typed options given by hand (load_tabular)

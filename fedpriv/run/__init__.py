@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # model's recommendations) stays light: no torch, no dp-accounting, no Flower
 _EXPORTS = {
     "ENGINES": "core", "REPRODUCIBLE_WARNING": "core", "RunOptions": "core", "_clean": "core", "noise_statement": "core",
-    "parse_overrides": "core", "resolve_data": "core", "write_outputs": "core",
+    "parse_overrides": "core", "resolve_data": "core", "write_outputs": "core", "check_results_folder": "core",
     "Engine": "engines", "FlowerCallback": "engines", "FlowerGrid": "engines", "FlowerOptions": "engines", "FlowerSimulation": "engines",
     "InProcess": "engines", "engine_named": "engines",
     "Job": "job", "Plan": "job", "Outcome": "report", "RunReport": "report",

@@ -31,7 +31,7 @@ from ..data.spec import (
 )
 from ..data.splits import HeldoutSplit, heldout_users_split, random_split
 from ..engine.inprocess import train_inprocess
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from ..algorithms.metrics import run_header
 from ..privacy.accounting import epsilon_bounds, epsilon_pld, pld_supported
 from ..privacy.randomness import RunSecrets
@@ -139,7 +139,8 @@ def load_and_check(job) -> dict:
 
     algorithm, epsilon = job.algorithm, job.epsilon
     if algorithm not in als.ALGORITHMS and algorithm not in pam.PAM_ALGORITHMS:
-        raise ConfigError(f"unknown algorithm {algorithm!r} (known: {', '.join((*als.ALGORITHMS, *pam.PAM_ALGORITHMS))})", field="algorithm")
+        known = (*als.ALGORITHMS, *pam.PAM_ALGORITHMS)
+        raise ConfigError(f"unknown algorithm {algorithm!r} (known: {', '.join(known)}){did_you_mean(algorithm, known)}", field="algorithm")
     private = is_private(algorithm)
     if private and epsilon is None:
         raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
@@ -342,12 +343,15 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
             item_counts = train.item_counts()
             metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
             metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
+        _ranking_metrics(metrics, state, train, split)
         metrics["tuning"] = tuning_report
     elif engine_name == "flower":
         state, ledger, timings, rec_ledger = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, engine.work_dir, metrics,
                                                            engine.flower_runner(), ds.item_features, rec_cfg, secrets, progress=progress)
         if protocol == "heldout":
             _recall_metrics(metrics, state, train, split, cfg.eval_k)
+        elif not algorithm_protocol.is_logistic(algorithm):
+            _ranking_metrics(metrics, state, train, split)
     else:
         result = train_inprocess(
             algorithm,
@@ -372,6 +376,7 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
         elif protocol == "random":
             metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
             metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
+            _ranking_metrics(metrics, state, train, split)
         else:
             _recall_metrics(metrics, state, train, split, cfg.eval_k)
         if rec_cfg is not None:
@@ -383,6 +388,15 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
     metrics, records = _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, algorithm=algorithm, spec=spec, engine=engine_name, epsilon=epsilon,
                                delta=delta, private=private, opts=opts, t0=t0, protocol=protocol, second_opinion=second_opinion)
     return metrics, records, state, train
+
+
+def delta_warning(delta: float, n_users) -> str | None:
+    """A warning when delta exceeds 1/n (n: the released user count, else the data's): a
+    mechanism may then publish one user's whole data with probability delta and still be
+    (epsilon, delta)-DP, so delta should stay well below 1/n (README, "Choosing delta")."""
+    if not n_users or delta is None or delta <= 1.0 / float(n_users):
+        return None
+    return f"delta {delta:g} is larger than 1/n = {1.0 / float(n_users):.3g} for n = {int(n_users):,} users: choose delta well below 1/n (e.g. 1e-5 or 1/n^1.1)"
 
 
 def _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, *, algorithm, spec, engine, epsilon, delta, private, opts, t0, protocol, second_opinion):
@@ -411,6 +425,11 @@ def _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, *, algorithm, 
     metrics["noise_multipliers"] = dict(state.multipliers)
     metrics["released_mean"] = state.mean
     metrics["released_n_users"] = int(state.n_users) if private and als.needs_user_count(algorithm, state.config) else None
+    if state.choice is not None:
+        metrics["noise_aware"] = state.choice
+    warning = delta_warning(delta, metrics["released_n_users"] or metrics.get("n_users")) if private else None
+    if warning:
+        metrics["delta_warning"] = warning
     metrics["timings"] = timings
     # a tuned run's total time would tell how many runs K were drawn: K stays hidden
     metrics["wall_seconds"] = None if opts.tune else time.perf_counter() - t0
@@ -425,6 +444,28 @@ def _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, *, algorithm, 
         **state.config.to_dict(),  # noise-aware runs: what the rule chose
     }
     return _clean(metrics), records
+
+
+def _ranking_metrics(metrics: dict, state, train, split) -> None:
+    """Random split, explicit ratings: the released model's top-10 lists on the test ratings
+    (:mod:`fedpriv.algorithms.ranking`), beside two non-private references measured on the same
+    held-out ratings: the most-popular list and the global-mean predictor's test RMSE. Like the
+    test RMSE, measurements outside the privacy guarantee; computed from the released model on
+    either engine."""
+    from ..algorithms import ranking
+
+    rank = ranking.evaluate_ranking(state, train, split.test)
+    popular = ranking.popular_reference(train, split.test, k=rank["k"], threshold=rank["threshold"])
+    metrics["ranking"] = {**rank, "score": f"released popularity + {ranking.RANK_BLEND:g} x predicted rating (standardized)"}
+    mean = float(np.mean(train.ratings)) if len(train.ratings) else 0.0
+    test = split.test.ratings.astype(np.float64)
+    metrics["references"] = {
+        "global_mean_test_rmse": float(np.sqrt(np.mean((test - mean) ** 2))) if len(test) else None,
+        "popular_recall": popular["recall"],
+        "popular_ndcg": popular["ndcg"],
+        "popular_median_train_count": popular["median_train_count"],
+        "rating_range": [float(x) for x in state.rating_range],
+    }
 
 
 def _recall_metrics(metrics: dict, state, train, split, k: int) -> None:
@@ -539,6 +580,13 @@ def _clean(obj):
     if isinstance(obj, np.integer):
         return int(obj)
     return obj
+
+
+def check_results_folder(out_dir: str | os.PathLike, *, overwrite: bool = False) -> None:
+    """Refuse ``--out`` when it holds an earlier run's results, unless ``overwrite``."""
+    out = Path(out_dir)
+    if not overwrite and out.is_dir() and any((out / name).exists() for name in ("metrics.json", "ledger.json")):
+        raise ConfigError(f"{out} holds an earlier run's results (metrics.json, ledger.json); give --overwrite to replace them, or choose a new folder", field="--out")
 
 
 def write_outputs(out_dir: str | os.PathLike, metrics: dict, ledger: list[dict]) -> None:

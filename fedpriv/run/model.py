@@ -86,11 +86,12 @@ class Model:
                    epsilon_spent=metrics.get("epsilon_spent"), delta=metrics.get("delta"), info=info)
 
     # ------------------------------------------------------------------ files
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the model folder ``path`` (replacing an existing model folder there; a folder
-        holding anything else is refused). All files appear at once or not at all."""
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Write the model folder ``path`` (an existing model folder there is replaced only with
+        ``overwrite``; a folder holding anything else is refused). All files appear at once or
+        not at all."""
         path = Path(path)
-        check_model_folder(path)
+        check_model_folder(path, overwrite=overwrite)
 
         def fill(tmp: Path) -> None:
             arrays = {"item_factors": np.asarray(self.state.item_factors, dtype=np.float32)}
@@ -98,6 +99,10 @@ class Model:
                 arrays["item_bias"] = np.asarray(self.state.item_bias, dtype=np.float64)
             if self.state.encoder_release is not None:
                 arrays["encoder_params"] = np.asarray(self.state.encoder_release, dtype=np.float32)
+            for name in ("counts_hat", "item_support"):  # the released popularity the ranking reads
+                value = getattr(self.state, name)
+                if value is not None:
+                    arrays[name] = np.asarray(value, dtype=np.float64)
             numeric_ids = np.issubdtype(self.item_ids.dtype, np.number)
             if numeric_ids:
                 arrays["item_ids"] = self.item_ids
@@ -156,6 +161,11 @@ class Model:
         state.item_factors = V.astype(np.float32)
         state.item_bias = arrays.get("item_bias")
         state.encoder_release = arrays.get("encoder_params")
+        for name in ("counts_hat", "item_support"):
+            value = arrays.get(name)
+            if value is not None and (value.shape != (n_items,) or not np.isfinite(value).all()):
+                raise DataError(f"{name} must be a finite ({n_items},) array", path=str(path / "model.npz"))
+            setattr(state, name, value)
         ids = arrays["item_ids"] if "item_ids" in arrays else np.asarray(meta.get("item_ids") or [], dtype=object)
         if len(ids) != n_items:
             raise DataError(f"expected {n_items} item ids, got {len(ids)}", path=str(path / "model.json"))
@@ -186,12 +196,8 @@ class Model:
             raise DataError(f"item {_plain(raw[np.flatnonzero(unknown)[0]])!r} is not in the model's catalogue")
         return dense.astype(np.int64)
 
-    def recommend(self, items, ratings=None, k: int = 10, *, exclude_seen: bool = True) -> list[dict]:
-        """The top ``k`` items for one user from their own ratings: ``items`` (raw ids) and
-        ``ratings`` (same length; None for implicit feedback: all 1). The user's vector is
-        solved locally (no privacy cost); returns [{item, score, name}] best first."""
-        if k < 1:
-            raise ConfigError(f"must be >= 1, got {k}", field="k")
+    def _user(self, items, ratings) -> tuple[UserShard, np.ndarray]:
+        """One user's shard from their raw item ids and ratings (checked), and the dense ids."""
         dense = self.dense_items(items)
         if ratings is None:
             y = np.ones(len(dense), dtype=np.float32)
@@ -204,24 +210,77 @@ class Model:
                 raise DataError(f"ratings must be finite and lie in the model's range [{lo:g}, {hi:g}]")
         if len(np.unique(dense)) != len(dense):
             raise DataError("an item is rated twice")
-        shard = UserShard(user_ids=np.zeros(1, np.int64), indptr=np.array([0, len(dense)], np.int64),
-                          items=dense.astype(np.int32), ratings=y)
+        shard = UserShard(user_ids=np.zeros(1, np.int64), indptr=np.array([0, len(dense)], np.int64), items=dense.astype(np.int32), ratings=y)
+        return shard, dense
+
+    def recommend(self, items, ratings=None, k: int = 10, *, exclude_seen: bool = True, as_frame: bool = False, blend: float | None = None):
+        """The top ``k`` items for one user from their own ratings: ``items`` (raw ids) and
+        ``ratings`` (same length; None for implicit feedback: all 1). The user's vector is
+        solved locally (no privacy cost). Ranked by the released popularity plus ``blend``
+        (default :data:`fedpriv.algorithms.ranking.RANK_BLEND`) times the predicted rating,
+        both standardized (:func:`fedpriv.algorithms.ranking.ranking_scores`); ``score`` is
+        that ranking score and ``rating`` the predicted rating, clipped to the rating range.
+        Returns [{item, score, rating, name}] best first, or with ``as_frame`` a pandas
+        DataFrame with the columns rank, item, score, rating, name."""
+        from ..algorithms import ranking
         from ..algorithms.recommend import client_scores
 
+        if k < 1:
+            raise ConfigError(f"must be >= 1, got {k}", field="k")
+        shard, dense = self._user(items, ratings)
         everything = np.arange(self.state.n_items)
-        scores = client_scores(shard, self.state, everything, clip=False)[0]
+        scores = ranking.ranking_scores(shard, self.state, everything, ranking.RANK_BLEND if blend is None else float(blend))[0].astype(np.float64)
+        rating = client_scores(shard, self.state, everything)[0]
         if exclude_seen:
             scores[dense] = -np.inf
         k = min(k, int(np.isfinite(scores).sum()))
         top = np.argsort(-scores, kind="stable")[:k]
-        return [{"item": _plain(self.item_ids[i]), "score": float(scores[i]), "name": self.item_names[i] if self.item_names else None} for i in top]
+        rows = [{"item": _plain(self.item_ids[i]), "score": float(scores[i]), "rating": float(rating[i]), "name": self.item_names[i] if self.item_names else None} for i in top]
+        if not as_frame:
+            return rows
+        import pandas as pd
+
+        return pd.DataFrame([{"rank": r, **row} for r, row in enumerate(rows, 1)], columns=["rank", "item", "score", "rating", "name"])
+
+    def predict(self, items, ratings=None, targets=None) -> np.ndarray:
+        """Predicted ratings of one user for the raw item ids ``targets`` (default: every item),
+        from their own ``items`` and ``ratings`` (solved locally), clipped to the rating range."""
+        from ..algorithms.recommend import client_scores
+
+        shard, _ = self._user(items, ratings)
+        wanted = np.arange(self.state.n_items) if targets is None else self.dense_items(targets)
+        return client_scores(shard, self.state, wanted)[0]
+
+    def similar_items(self, item, k: int = 10) -> list[dict]:
+        """The ``k`` items whose released embeddings are closest in cosine similarity to
+        ``item``'s (post-processing of the release); [{item, similarity, name}]. A model
+        without factors (the bias model, popular) has no embeddings to compare."""
+        if k < 1:
+            raise ConfigError(f"must be >= 1, got {k}", field="k")
+        V = np.asarray(self.state.item_factors, dtype=np.float64)
+        if V.shape[1] == 0 or not np.any(V):
+            raise ConfigError(f"{self.state.algorithm} released no item embeddings (rank {V.shape[1]}): nothing to compare", field="item")
+        i = int(self.dense_items([item])[0])
+        norms = np.linalg.norm(V, axis=1)
+        sims = (V @ V[i]) / np.maximum(norms * norms[i], 1e-12)
+        sims[i] = -np.inf
+        top = np.argsort(-sims, kind="stable")[: min(k, self.state.n_items - 1)]
+        return [{"item": _plain(self.item_ids[j]), "similarity": float(sims[j]), "name": self.item_names[j] if self.item_names else None} for j in top]
+
+    def __repr__(self) -> str:
+        eps = f"epsilon {self.epsilon_spent:.3g}" if isinstance(self.epsilon_spent, (int, float)) else "non-private"
+        d = np.asarray(self.state.item_factors).shape[1]
+        return f"Model({self.state.algorithm}, {self.state.n_items:,} items, rank {d}, {eps})"
 
 
-def check_model_folder(path: str | os.PathLike) -> None:
-    """Refuse a model destination that holds anything but a model (before any training)."""
+def check_model_folder(path: str | os.PathLike, *, overwrite: bool = False) -> None:
+    """Refuse a model destination that holds anything but a model, or an earlier model unless
+    ``overwrite`` (before any training)."""
     path = Path(path)
     if path.exists() and (not path.is_dir() or any(p.name not in FILES for p in path.iterdir())):
         raise ConfigError(f"{path} exists and is not a fedpriv model folder; choose a new folder", field="--save-model")
+    if not overwrite and path.is_dir() and any(path.iterdir()):
+        raise ConfigError(f"{path} holds an earlier model; give --overwrite (overwrite=True) to replace it, or choose a new folder", field="--save-model")
 
 
 def read_user_ratings(path: str | os.PathLike, *, implicit: bool = False) -> tuple[list, list[float] | None]:
@@ -300,9 +359,9 @@ class PersonalModel:
         return cls(state.algorithm, state.config.to_dict(), int(state.d), int(state.k), state.U, state.theta, list(ledger),
                    metrics.get("epsilon_spent"), metrics.get("delta"), public_info(metrics))
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
         path = Path(path)
-        check_model_folder(path)
+        check_model_folder(path, overwrite=overwrite)
 
         def fill(tmp: Path) -> None:
             arrays = {name: np.asarray(v, dtype=np.float64) for name, v in (("U", self.U), ("theta", self.theta)) if v is not None}
@@ -338,6 +397,11 @@ class PersonalModel:
         if y.shape != (len(X),) or not np.isfinite(y).all():
             raise DataError(f"expected {len(X)} finite labels, got shape {y.shape}")
         return X, y
+
+    def __repr__(self) -> str:
+        eps = f"epsilon {self.epsilon_spent:.3g}" if isinstance(self.epsilon_spent, (int, float)) else "non-private"
+        shared = f"U {self.d}x{self.k}" if self.U is not None else f"theta ({self.d},)"
+        return f"PersonalModel({self.algorithm}, {shared}, {eps})"
 
     def personalize(self, X, y) -> np.ndarray | None:
         """One user's personal vector v (k,) solved from their own samples X (m, d) and labels

@@ -130,6 +130,9 @@ class RunReport:
         rank, steps = cfg.get("rank"), cfg.get("steps")
         given = {k for k in str(cfg.get("given", "")).split(",") if k}
         shape = "the bias model (rank 0)" if rank == 0 else f"rank {rank}, {steps} step{'s' if steps != 1 else ''}"
+        choice = self.get("noise_aware")
+        if isinstance(choice, dict) and not {"rank", "steps"} <= given:
+            return f"{self.algorithm} asked; the noise-aware rule chose {choice['model']}"
         if cfg.get("defaults") == "noise-aware" and not {"rank", "steps"} <= given:
             return f"{shape}, chosen by the noise-aware defaults from epsilon, delta, the catalogue and the released user count"
         return shape
@@ -152,15 +155,30 @@ class RunReport:
         if data:
             rows.append(("data", ", ".join(data)))
         scores = []
+        refs = self.get("references") or {}
         for key, label in _METRIC_LABELS:
             v = self.metrics.get(key)
             if isinstance(v, float) and math.isfinite(v):
                 scores.append(f"{label} {v:.4f}")
+        if scores and key_is_rmse(self.metrics) and isinstance(refs.get("global_mean_test_rmse"), float):
+            lo, hi = refs.get("rating_range") or (None, None)
+            scale = f"; ratings {lo:g} to {hi:g}" if lo is not None else ""
+            scores.append(f"(global-mean predictor: test RMSE {refs['global_mean_test_rmse']:.4f}{scale})")
         for key, v in self.metrics.items():
             if "recall_at" in key and isinstance(v, float) and key.startswith("test_"):
                 scores.append(f"test Recall@{key.rsplit('_', 1)[-1]} {v:.4f}")
         if scores:
-            rows.append(("scores", "; ".join(scores)))
+            rows.append(("scores", "; ".join(scores).replace("; (", " (")))
+        rank = self.get("ranking")
+        if isinstance(rank, dict) and isinstance(rank.get("recall"), float):
+            line = f"Recall@{rank['k']} {rank['recall']:.4f}, NDCG@{rank['k']} {rank['ndcg']:.4f}"
+            if isinstance(refs.get("popular_recall"), float):
+                line += f" (most-popular list: {refs['popular_recall']:.4f}, {refs['popular_ndcg']:.4f})"
+            if rank.get("median_train_count") is not None:
+                line += f"; recommended items: median {rank['median_train_count']:.0f} training ratings, {100 * rank['coverage']:.1f}% of the catalogue"
+            rows.append((f"top-{rank['k']}", line + f"; relevant = test ratings >= {rank['threshold']:g}"))
+        if self.get("delta_warning"):
+            rows.append(("warning", self.get("delta_warning")))
         if self.get("rounds") is not None:
             rows.append(("rounds", f"{self.get('rounds')} protocol rounds on {self.get('nodes')} nodes; {self.get('bytes_up'):,} bytes up, {self.get('bytes_down'):,} down"))
         if self.wall_seconds is not None:
@@ -169,6 +187,11 @@ class RunReport:
             rows.append(("wrote", out))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def key_is_rmse(metrics) -> bool:
+    """The run reports a test RMSE (explicit ratings)."""
+    return isinstance(metrics.get("test_rmse"), float)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,36 @@
+"""The private popularity baseline (``popular``): the item counts released once, with their
+noise, and nothing else but the mean. Each user adds one to each item it rated, its vector
+clipped to L2 norm sqrt(count_cap) (a heavy user's ones are scaled down uniformly); the counts
+take almost the whole budget (the mean, for its rating predictions, the rest). Its top-k list is
+the same for every user (the released counts, the items a user rated excluded) and it predicts
+every rating by the released mean: the floor every private recommender must beat, at the same
+epsilon. Adding it is this module and its registration (fedpriv.algorithms.__init__)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import AlgorithmSpec, register
+
+
+def no_rating_weights(shard, state) -> np.ndarray:
+    """popular has no alternating step: no rating is weighted."""
+    return np.zeros(shard.n_ratings)
+
+
+def no_step_releases(cfg, share: float) -> list:
+    return []
+
+
+SPEC = register(
+    AlgorithmSpec(
+        "popular",
+        no_rating_weights,
+        needs_counts=True,
+        summary="private popularity baseline: the item counts released once (top-k = the most popular unrated items)",
+        step_releases=no_step_releases,
+        setup_only=True,
+        defaults=(("rank", "0"), ("steps", "1"), ("share_counts", "0.9"), ("share_mean", "0.08"), ("item_bias", "true"), ("user_bias", "false")),
+        fixed=("rank", "steps"),
+    )
+)

@@ -1,0 +1,158 @@
+"""Top-k recommendation from a released model, and its ranking metrics.
+
+The ranking score (:func:`ranking_scores`, the one of :meth:`fedpriv.run.model.Model.recommend`
+and of the evaluation) is popularity-aware: an item's released popularity (the noised item
+counts of runs that release them, else the bias stage's noised per-item weight sums W; exact
+counts for non-private runs) standardized over the catalogue, plus ``blend`` times the user's
+predicted rating standardized over the candidates. Ranking by predicted rating alone puts items
+with a handful of ratings on top (their biases and embeddings are mostly noise, or overfit):
+measured on ML-100K at epsilon 5, Recall@10 0.001 against 0.147 for the most-popular list; the
+blend (0.1, chosen on ML-100K and ml-latest-small) reaches the most-popular list and
+personalizes its order. Everything it reads is released or the user's own (post-processing).
+
+Ranking metrics (rating data): a user's relevant items are their test ratings at or above a
+threshold (default: the top 20% of the rating scale); every item the user did not rate in
+training is a candidate. Recall@k = hits / min(k, relevant), NDCG@k with binary gains; the
+catalogue coverage (share of items recommended to at least one user) and the median training
+count of the recommended items tell how popular the lists are. These are measurements on
+held-out private ratings, like the test RMSE: outside the privacy guarantee (never released by
+a node in secure mode except as totals).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import als
+from .shards import UserShard, shard_users
+
+#: weight of the standardized predicted rating against the standardized released popularity
+RANK_BLEND = 0.1
+RANK_K = 10
+
+
+def relevance_threshold(rating_range: tuple[float, float]) -> float:
+    """The default relevance threshold: the top 20% of the rating scale."""
+    lo, hi = (float(x) for x in rating_range)
+    return hi - 0.2 * (hi - lo)
+
+
+def popularity(state: als.PublicState) -> np.ndarray | None:
+    """The released popularity of every item (noised counts, else the bias stage's noised
+    weight sums W), or None when the run released neither."""
+    for value in (state.counts_hat, state.item_support):
+        if value is not None:
+            return np.asarray(value, dtype=np.float64)
+    return None
+
+
+def _standard(x: np.ndarray, axis: int | None = None) -> np.ndarray:
+    mean = x.mean(axis=axis, keepdims=axis is not None)
+    std = x.std(axis=axis, keepdims=axis is not None)
+    return (x - mean) / np.maximum(std, 1e-12)
+
+
+def ranking_scores(shard: UserShard, state: als.PublicState, candidates: np.ndarray, blend: float = RANK_BLEND) -> np.ndarray:
+    """(n_users, k) ranking scores of the shard's users for the candidates (larger is better):
+    standardized log-popularity plus ``blend`` times the standardized predicted rating (the
+    predicted rating alone when the run released no popularity)."""
+    from .recommend import client_scores
+
+    pred = client_scores(shard, state, candidates, clip=True)
+    pop = popularity(state)
+    if pop is None:
+        return pred
+    prior = _standard(np.log1p(np.maximum(pop, 0.0)))[candidates]
+    if len(candidates) < 2 or blend == 0:
+        return np.broadcast_to(prior, pred.shape).copy()
+    return prior[None, :] + blend * _standard(pred, axis=1)
+
+
+def _empty(n_items: int) -> dict:
+    return {"users": 0.0, "recall": 0.0, "ndcg": 0.0, "hits": 0.0, "recommended": np.zeros(n_items)}
+
+
+def _top_k_sums(scores_of, history: UserShard, target: UserShard, n_items: int, k: int, threshold: float) -> dict:
+    """Sums over the users with a relevant target item: their lists (``scores_of(history)``:
+    (users, n_items) scores, items rated in training excluded), Recall@k, NDCG@k, hits and how
+    often each item was recommended."""
+    out = _empty(n_items)
+    relevant = target.ratings >= threshold
+    rel_users = np.unique(target.local_user_of_rating[relevant])
+    if len(rel_users) == 0:
+        return out
+    sub_h, sub_t = _rows(history, rel_users), _rows(target, rel_users)
+    scores = np.array(scores_of(sub_h), dtype=np.float64)
+    scores[sub_h.local_user_of_rating, sub_h.items] = -np.inf  # rated in training: not a candidate
+    kk = min(k, n_items)
+    top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
+    order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1, kind="stable")
+    top = np.take_along_axis(top, order, axis=1)
+    rel = np.zeros((len(rel_users), n_items), dtype=bool)
+    mask = sub_t.ratings >= threshold
+    rel[sub_t.local_user_of_rating[mask], sub_t.items[mask]] = True
+    hit = np.take_along_axis(rel, top, axis=1)
+    n_rel = rel.sum(axis=1)
+    discount = 1.0 / np.log2(np.arange(2, kk + 2))
+    ideal = np.cumsum(discount)[np.minimum(n_rel, kk) - 1]
+    out["users"] = float(len(rel_users))
+    out["recall"] = float(np.sum(hit.sum(axis=1) / np.minimum(n_rel, kk)))
+    out["ndcg"] = float(np.sum((hit * discount).sum(axis=1) / ideal))
+    out["hits"] = float(hit.sum())
+    out["recommended"] = np.bincount(top.ravel(), minlength=n_items).astype(np.float64)
+    return out
+
+
+def shard_ranking_sums(state: als.PublicState, history: UserShard, target: UserShard, k: int, threshold: float, blend: float = RANK_BLEND) -> dict:
+    """One shard's ranking sums of the released model (:func:`ranking_scores` over every item)."""
+    everything = np.arange(state.n_items)
+    return _top_k_sums(lambda h: ranking_scores(h, state, everything, blend), history, target, state.n_items, k, threshold)
+
+
+def _rows(shard: UserShard, local_users: np.ndarray) -> UserShard:
+    """The shard restricted to some of its users (renumbered in the given order)."""
+    starts, ends = shard.indptr[local_users], shard.indptr[local_users + 1]
+    indptr = np.zeros(len(local_users) + 1, dtype=np.int64)
+    np.cumsum(ends - starts, out=indptr[1:])
+    idx = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)]) if len(local_users) else np.zeros(0, np.int64)
+    return UserShard(shard.user_ids[local_users], indptr, shard.items[idx], shard.ratings[idx],
+                     None if shard.user_keys is None else shard.user_keys[local_users])
+
+
+def ranking_from_sums(sums: dict, item_counts: np.ndarray, k: int, threshold: float) -> dict:
+    """The ranking metrics of summed shard sums."""
+    users = sums["users"]
+    rec = np.asarray(sums["recommended"])
+    out = {"k": int(k), "threshold": float(threshold), "users": int(users),
+           "recall": float(sums["recall"] / users) if users else None,
+           "ndcg": float(sums["ndcg"] / users) if users else None,
+           "coverage": float((rec > 0).mean()) if len(rec) else None,
+           "median_train_count": None}
+    if rec.sum() > 0:
+        out["median_train_count"] = float(np.median(np.repeat(np.asarray(item_counts, dtype=np.float64), rec.astype(np.int64))))
+    return out
+
+
+def _evaluate(sums_of, train, test, n_items: int, k: int, threshold: float, chunk: int = 512) -> dict:
+    users = np.unique(test.users[test.ratings >= threshold])
+    total = _empty(n_items)
+    for start in range(0, len(users), chunk):
+        part = users[start:start + chunk]
+        sums = sums_of(shard_users(train, part), shard_users(test, part))
+        for key in total:
+            total[key] = total[key] + sums[key]
+    return ranking_from_sums(total, train.item_counts(), k, threshold)
+
+
+def evaluate_ranking(state: als.PublicState, train, test, *, k: int = RANK_K, threshold: float | None = None, blend: float = RANK_BLEND) -> dict:
+    """Ranking metrics of the released model on ``test`` (users solved from ``train``), in
+    chunks of users (a chunk scores every item)."""
+    threshold = relevance_threshold(state.rating_range) if threshold is None else float(threshold)
+    return _evaluate(lambda h, t: shard_ranking_sums(state, h, t, k, threshold, blend), train, test, state.n_items, k, threshold)
+
+
+def popular_reference(train, test, *, k: int = RANK_K, threshold: float) -> dict:
+    """The non-private most-popular list (training counts) on the same users: a reference."""
+    counts = train.item_counts().astype(np.float64)
+    return _evaluate(lambda h, t: _top_k_sums(lambda hh: np.broadcast_to(counts, (hh.n_users, len(counts))), h, t, len(counts), k, threshold),
+                     train, test, len(counts), k, threshold)

@@ -7,8 +7,9 @@ counts for non-private runs) standardized over the catalogue, plus ``blend`` tim
 predicted rating standardized over the candidates. Ranking by predicted rating alone puts items
 with a handful of ratings on top (their biases and embeddings are mostly noise, or overfit):
 measured on ML-100K at epsilon 5, Recall@10 0.001 against 0.147 for the most-popular list; the
-blend (0.1, chosen on ML-100K and ml-latest-small) reaches the most-popular list and
-personalizes its order. Everything it reads is released or the user's own (post-processing).
+blend (0.2-0.3, chosen on validation ratings of ML-100K and ml-latest-small) reaches it and
+personalizes its order (:func:`blend_for`). Everything it reads is released or the user's own
+(post-processing).
 
 Ranking metrics (rating data): a user's relevant items are their test ratings at or above a
 threshold (default: the top 20% of the rating scale); every item the user did not rate in
@@ -26,9 +27,26 @@ import numpy as np
 from . import als
 from .shards import UserShard, shard_users
 
-#: weight of the standardized predicted rating against the standardized released popularity
-RANK_BLEND = 0.1
+#: weight of the standardized predicted rating against the standardized released popularity:
+#: BLEND, or BLEND_LOW below snr BLEND_SNR (the noise-aware statistic of fedpriv.algorithms.defaults).
+#: Chosen on the validation ratings of ML-100K and ml-latest-small at epsilon 1, 5 and 20 (3 noise
+#: seeds each, README "Recommendations"): 0.3 had the best mean validation Recall@10, 0.1-0.2 won
+#: at the lowest snr (ml-latest-small at epsilon 1, snr 0.9)
+BLEND = 0.3
+BLEND_LOW = 0.2
+BLEND_SNR = 2.0
+RANK_BLEND = BLEND  # the blend of a non-private model
 RANK_K = 10
+
+
+def blend_for(epsilon: float | None, delta: float | None, n_items: int, n_users: int) -> float:
+    """The default blend of a model released at (epsilon, delta) for n_users (the released
+    count) and n_items: public numbers only."""
+    if epsilon is None or delta is None or not n_users:
+        return BLEND
+    from .defaults import snr
+
+    return BLEND_LOW if snr(epsilon, delta, n_items, n_users) < BLEND_SNR else BLEND
 
 
 def relevance_threshold(rating_range: tuple[float, float]) -> float:

@@ -62,6 +62,7 @@ def make_mf(
     seed: int = 0,
     n_genres: int = 18,
     n_year_buckets: int = 10,
+    select: float = 0.0,
 ) -> SyntheticMF:
     """Build a MovieLens-like rating matrix with exactly ``ratings`` distinct (user, item) pairs.
 
@@ -78,16 +79,28 @@ def make_mf(
     ``n_year_buckets`` one-hot year buckets, thresholds / quantiles of random projections of
     the true item factors. Raises :class:`ConfigError` (naming the field) on impossible input,
     e.g. ``ratings`` outside ``[users, users * items]``.
+
+    ``select`` (default 0: which items a user rates depends on popularity and activity alone):
+    with ``select > 0`` what a user rates depends on their preferences too, as in real data
+    (people mostly watch what they expect to like): about twice the pairs are drawn from
+    activity x popularity, and the extras dropped are chosen with weights
+    ``exp(-select * a_ui)``, ``a_ui`` the standardized true affinity
+    ``<user_factors[u], item_factors[i]> + item_bias[i]`` (the first pairs of every user kept).
     """
     _check_mf_args(users, items, ratings, rank, skew, user_skew, noise, n_genres, n_year_buckets)
+    _require(select >= 0 and np.isfinite(select), f"must be a finite number >= 0, got {select}", "select")
     pair_rng, truth_rng, feature_rng, noise_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
-    keys = _sample_pairs(pair_rng, users, items, ratings, skew, user_skew)
+    user_factors, item_factors, user_bias, item_bias = _ground_truth(truth_rng, users, items, rank)
+    affinity = None
+    if select > 0:
+        def affinity(keys: np.ndarray) -> np.ndarray:
+            return _affinity(keys, items, user_factors, item_factors, item_bias)
+    keys = _sample_pairs(pair_rng, users, items, ratings, skew, user_skew, affinity=affinity, select=select)
     user_idx = keys // items
     item_idx = keys - user_idx * items
     del keys
-    user_factors, item_factors, user_bias, item_bias = _ground_truth(truth_rng, users, items, rank)
     values = _ratings(
         noise_rng, user_idx, item_idx, user_factors, item_factors, user_bias, item_bias, noise
     )
@@ -101,7 +114,7 @@ def make_mf(
         item_ids=np.arange(items, dtype=np.int64),
         name="synthetic-mf",
         meta={"generator": "make_mf", "rank": rank, "skew": skew, "user_skew": user_skew,
-              "noise": noise, "seed": seed, "catalogue": "metadata"},
+              "noise": noise, "seed": seed, "catalogue": "metadata", **({"select": select} if select else {})},
     )
     return SyntheticMF(
         interactions=inter,
@@ -177,15 +190,44 @@ def _more_uniform(uniform_share: float) -> float:
 
 
 def _sample_pairs(
-    rng: np.random.Generator, users: int, items: int, ratings: int, skew: float, user_skew: float
+    rng: np.random.Generator, users: int, items: int, ratings: int, skew: float, user_skew: float, *, affinity=None, select: float = 0.0
 ) -> np.ndarray:
-    """Sorted int64 keys ``u * items + i`` of exactly ``ratings`` distinct pairs."""
+    """Sorted int64 keys ``u * items + i`` of exactly ``ratings`` distinct pairs (with
+    ``affinity``: twice as many drawn, the extras dropped by low affinity, see :func:`make_mf`)."""
     user_p = _power_law(rng, users, user_skew)
     item_p = _power_law(rng, items, skew)
     per_user = min(_MIN_RATINGS_PER_USER, ratings // users, items)
     base = _base_pairs(rng, users, items, per_user, item_p)
-    taken = _fill_pairs(rng, items, ratings, user_p, item_p, base)
-    return _drop_random_extras(rng, taken, len(taken) - ratings, base)
+    if affinity is None:
+        taken = _fill_pairs(rng, items, ratings, user_p, item_p, base)
+        return _drop_random_extras(rng, taken, len(taken) - ratings, base)
+    drawn = min(2 * ratings, (users * items + ratings) // 2) if 2 * ratings <= users * items else ratings
+    taken = _fill_pairs(rng, items, drawn, user_p, item_p, base)
+    return _drop_by_affinity(rng, taken, len(taken) - ratings, base, affinity(taken), select)
+
+
+def _affinity(keys: np.ndarray, items: int, user_factors, item_factors, item_bias) -> np.ndarray:
+    """Standardized true affinity of the pairs ``keys`` (in chunks)."""
+    out = np.empty(len(keys), dtype=np.float64)
+    for start in range(0, len(keys), _CHUNK):
+        k = keys[start:start + _CHUNK]
+        u, i = k // items, k % items
+        out[start:start + len(k)] = np.einsum("ij,ij->i", user_factors[u], item_factors[i]) + item_bias[i]
+    return (out - out.mean()) / max(out.std(), 1e-12)
+
+
+def _drop_by_affinity(rng: np.random.Generator, keys: np.ndarray, count: int, base: np.ndarray, affinity: np.ndarray, select: float) -> np.ndarray:
+    """Remove ``count`` keys not in ``base``, drawn without replacement with weights
+    ``exp(-select * affinity)`` (Efraimidis-Spirakis keys)."""
+    if count <= 0:
+        return keys
+    pos = np.minimum(np.searchsorted(base, keys), len(base) - 1)
+    extras = np.flatnonzero(base[pos] != keys)
+    log_key = np.log(rng.random(len(extras))) * np.exp(select * affinity[extras])  # log(u) / w, w = exp(-select a)
+    drop = extras[np.argpartition(-log_key, count - 1)[:count]]
+    keep = np.ones(len(keys), dtype=bool)
+    keep[drop] = False
+    return keys[keep]
 
 
 def _base_pairs(

@@ -454,9 +454,11 @@ def _ranking_metrics(metrics: dict, state, train, split) -> None:
     either engine."""
     from ..algorithms import ranking
 
-    rank = ranking.evaluate_ranking(state, train, split.test)
+    private = state.private
+    blend = ranking.blend_for(metrics.get("epsilon") if private else None, metrics.get("delta"), state.n_items, state.n_users)
+    rank = ranking.evaluate_ranking(state, train, split.test, blend=blend)
     popular = ranking.popular_reference(train, split.test, k=rank["k"], threshold=rank["threshold"])
-    metrics["ranking"] = {**rank, "score": f"released popularity + {ranking.RANK_BLEND:g} x predicted rating (standardized)"}
+    metrics["ranking"] = {**rank, "blend": blend, "score": f"released popularity + {blend:g} x predicted rating (standardized)"}
     mean = float(np.mean(train.ratings)) if len(train.ratings) else 0.0
     test = split.test.ratings.astype(np.float64)
     metrics["references"] = {

@@ -217,7 +217,7 @@ class Model:
         """The top ``k`` items for one user from their own ratings: ``items`` (raw ids) and
         ``ratings`` (same length; None for implicit feedback: all 1). The user's vector is
         solved locally (no privacy cost). Ranked by the released popularity plus ``blend``
-        (default :data:`fedpriv.algorithms.ranking.RANK_BLEND`) times the predicted rating,
+        (default :func:`fedpriv.algorithms.ranking.blend_for` the model's epsilon) times the predicted rating,
         both standardized (:func:`fedpriv.algorithms.ranking.ranking_scores`); ``score`` is
         that ranking score and ``rating`` the predicted rating, clipped to the rating range.
         Returns [{item, score, rating, name}] best first, or with ``as_frame`` a pandas
@@ -229,7 +229,10 @@ class Model:
             raise ConfigError(f"must be >= 1, got {k}", field="k")
         shard, dense = self._user(items, ratings)
         everything = np.arange(self.state.n_items)
-        scores = ranking.ranking_scores(shard, self.state, everything, ranking.RANK_BLEND if blend is None else float(blend))[0].astype(np.float64)
+        if blend is None:
+            private = self.state.private
+            blend = ranking.blend_for(self.info.get("epsilon") if private else None, self.delta, self.state.n_items, self.state.n_users)
+        scores = ranking.ranking_scores(shard, self.state, everything, float(blend))[0].astype(np.float64)
         rating = client_scores(shard, self.state, everything)[0]
         if exclude_seen:
             scores[dense] = -np.inf

@@ -169,3 +169,15 @@ def test_synthetic_ratings_can_depend_on_preferences():
     assert affinity(chosen) > affinity(plain) + 0.1  # users rate what they like
     with pytest.raises(ConfigError, match="select"):
         make_mf(10, 5, 20, select=-1)
+
+
+def test_the_blend_follows_the_noise_aware_statistic():
+    """0.3 in the middle of the snr range, 0.2 at the edges (validation, README); public numbers only."""
+    from fedpriv.algorithms.defaults import snr
+
+    assert ranking.blend_for(None, None, 100, 0) == ranking.BLEND  # a non-private model
+    low = ranking.blend_for(1.0, 1e-5, 9742, 610)
+    mid = ranking.blend_for(5.0, 1e-5, 1682, 943)
+    high = ranking.blend_for(5.0, 1e-5, 10000, 56000)
+    assert snr(1.0, 1e-5, 9742, 610) < 2 <= snr(5.0, 1e-5, 1682, 943) < 350 <= snr(5.0, 1e-5, 10000, 56000)
+    assert (low, mid, high) == (0.2, 0.3, 0.2)

@@ -133,6 +133,13 @@ def flatten_metrics(metrics: dict) -> dict:
             val = next((b[k] for k in ("rmse", "recall", "logloss") if k in b), None)
             if isinstance(val, (int, float)) and "bucket" in b:
                 row[f"{prefix}{b['bucket']}"] = val
+    rank, refs = metrics.get("ranking"), metrics.get("references") or {}
+    if isinstance(rank, dict) and isinstance(rank.get("recall"), (int, float)):  # top-k lists (issue 33)
+        k = rank["k"]
+        row[f"test_ranking_recall_at_{k}"], row[f"test_ranking_ndcg_at_{k}"] = rank["recall"], rank["ndcg"]
+        row["ranking_median_train_count"], row["ranking_coverage"] = rank["median_train_count"], rank["coverage"]
+        if isinstance(refs.get("popular_recall"), (int, float)):
+            row[f"popular_recall_at_{k}"] = refs["popular_recall"]
     rec = metrics.get("recommendation")
     if isinstance(rec, dict):
         for k in _REC_KEYS:

@@ -2,7 +2,7 @@
 
     import fedpriv
 
-    data = fedpriv.load_data("ml-100k:../shared/data/ml-100k")          # or a pandas DataFrame
+    data = fedpriv.load_data("ml-100k:data/ml-100k")          # or a pandas DataFrame
     result = fedpriv.train("adadpals", data, epsilon=5.0)              # noise-aware defaults; rank=8, steps=3 to override
     print(result.epsilon, result.metrics["test_rmse"])                  # dp-accounting, from the ledger
     result.save_model("model/")

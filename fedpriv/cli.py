@@ -16,6 +16,9 @@ from .errors import ConfigError, DataError, FedprivError, did_you_mean
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpriv", description="Federated user-level DP recommendation.")
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"fedpriv {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train and evaluate one algorithm on one data set")
     from .algorithms import registry

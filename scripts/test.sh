@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,docs]'
 # The report's screenshot tests need a headless browser: Debian's chromium. As root with apt (CI),
 # install it and require it; elsewhere those tests skip when no browser is found.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

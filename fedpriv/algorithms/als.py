@@ -101,8 +101,8 @@ def has_bias_stage(algorithm: str, cfg: ALSConfig) -> bool:
     if not cfg.bias_stage:
         return False
     spec = registry.get(algorithm)
-    if spec.contribution != "stats":
-        raise ConfigError(f"{algorithm} has no bias stage (the ALS and AM-SSP families only)", field="bias_stage")
+    if spec.contribution != "stats" and cfg.steps > 0:  # its steps estimate their own biases
+        raise ConfigError(f"{algorithm} has no bias stage before its steps (the ALS and AM-SSP families only; with steps=0 it is the bias model alone)", field="bias_stage")
     return True
 
 
@@ -158,7 +158,16 @@ def calibrate_plan(algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: floa
     if not plan:
         return {}
     # secure mode: the releases carry Skellam noise, whose RDP bound holds at integer orders only
-    return calibrate(plan, epsilon, delta, integer_orders=cfg.aggregation == "secure").multipliers
+    secure = cfg.aggregation == "secure"
+    if cfg.defaults == "noise-aware" and registry.get(algorithm).resamples is not None and needs_user_count(algorithm, cfg):
+        # SSP1 noises each step's statistics once per server step (hundreds of releases): the
+        # user count that the noise-aware rule reads is calibrated as if each step were noised
+        # once (as for SSP2), then pinned, so that its noise does not grow with the resampling
+        import dataclasses
+
+        once = calibrate(plan_releases(algorithm, dataclasses.replace(cfg, ssp_resamples=1), implicit), epsilon, delta, integer_orders=secure).multipliers
+        return calibrate(plan, epsilon, delta, pinned={"users": once["users"]}, integer_orders=secure).multipliers
+    return calibrate(plan, epsilon, delta, integer_orders=secure).multipliers
 
 
 # ---------------------------------------------------------------------------- sensitivities

@@ -65,6 +65,7 @@ for _spec in (
         step_releases=gradient_releases("dpsgd_grad"),
         contribution="gradient",
         bias_column=True,
+        defaults=registry.FALL_BACK,
     ),
     *(
         registry.AlgorithmSpec(
@@ -76,6 +77,7 @@ for _spec in (
             step_releases=releases,
             resamples=resamples,
             encoder=True,
+            defaults=registry.FALL_BACK,
             **_ADAPTIVE,
         )
         for name, variant, releases, resamples in (("am-ssp", "SSP2", ssp2_releases, ssp2_resamples), ("am-ssp1", "SSP1", ssp1_releases, ssp1_resamples))
@@ -103,7 +105,7 @@ for _spec in (
         encoder=True,
         # the gradient rounds are Poisson-sampled and need most of the budget: the one-shot
         # releases keep under a fifth of it (fedpriv privacy plan am-dpsgd --epsilon 1)
-        defaults=(("share_users", "0.005"), ("share_mean", "0.01"), ("share_counts", "0.05")),
+        defaults=(("share_users", "0.005"), ("share_mean", "0.01"), ("share_counts", "0.05"), *registry.FALL_BACK),
         **_ADAPTIVE,
     ),
 ):

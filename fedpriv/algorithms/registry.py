@@ -99,6 +99,9 @@ _SPECS: dict[str, AlgorithmSpec] = {}
 # the ALS family's private members start from the private bias model and let the rule of
 # fedpriv.algorithms.defaults choose what is not set (``--set defaults=fixed`` turns it off)
 NOISE_AWARE = (("defaults", "noise-aware"), ("bias_stage", "true"))
+# the encoder family and DP-SGD: the rule falls back to the bias model while the signal is too
+# weak for them (issue 34), and leaves their own settings above it
+FALL_BACK = (("defaults", "noise-aware"),)
 
 
 #: wire forms of a step contribution; 'parts' is the generic one: the node's sums of the step's

@@ -1,7 +1,7 @@
 """The truncated negative binomial distribution D_{eta,gamma} on {1, 2, ...} of Papernot and
 Steinke (2022), Definition 1: the random number of runs of private tuning by random stopping.
 
-Formulas: ../shared/specs/private_selection.md, section 5. ``eta`` is dp-accounting's ``shape``
+Formulas: the private-selection specification (Antonova et al. 2025), section 5. ``eta`` is dp-accounting's ``shape``
 (``RepeatAndSelectDpEvent``): 0 logarithmic, 1 geometric; the mean is mapped to ``gamma``
 here exactly as dp-accounting maps it (so what is sampled is what is accounted).
 """

@@ -175,11 +175,22 @@ def _check_keys(path: Path, where: str, tbl: dict, allowed: set[str]) -> None:
         raise _err(path, f"{where}.{unknown[0]}" if where else unknown[0], f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
 
-def load(path: str | Path, *, quick: bool = False, data_root: str = "../shared/data", engine: str | None = None,
+def default_data_root() -> str:
+    """``$FEDPRIV_DATA``, else ``data`` (relative to the working folder): the library names no
+    folder outside the project."""
+    import os
+
+    return os.environ.get("FEDPRIV_DATA") or "data"
+
+
+def load(path: str | Path, *, quick: bool = False, data_root: str | None = None, engine: str | None = None,
          dataset_specs: dict[str, str] | None = None, only_datasets: list[str] | None = None) -> Experiment:
     """Parse and validate one config; ``quick`` applies its ``[quick]`` table.
     ``dataset_specs`` (``--dataset NAME=SPEC``) adds or replaces data sets; ``only_datasets``
-    (``--datasets``) replaces the grid's list (e.g. a paper-scale ``ml-20m``)."""
+    (``--datasets``) replaces the grid's list (e.g. a paper-scale ``ml-20m``). ``data_root``:
+    the folder of the downloaded data sets (``{data}`` in the configs; default
+    :func:`default_data_root`)."""
+    data_root = default_data_root() if data_root is None else str(data_root)
     path = Path(path)
     try:
         text = path.read_text()

@@ -244,7 +244,7 @@ def parse_dataset_specs(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def run_configs(configs: list[str], out: str | Path, *, quick: bool = False, engine: str | None = None, data_root: str = "../shared/data",
+def run_configs(configs: list[str], out: str | Path, *, quick: bool = False, engine: str | None = None, data_root: str | None = None,
                 require_data: bool = False, only: list[str] | None = None, dataset_specs: dict[str, str] | None = None,
                 only_datasets: list[str] | None = None, log=print) -> list[dict]:
     if not configs:
@@ -277,7 +277,7 @@ def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="results folder (one subfolder per experiment; finished cells are reused)")
     p.add_argument("--quick", action="store_true", help="each config's [quick] values: small data and grids (CI runs this)")
     p.add_argument("--engine", default=None, help="inprocess or flower: overrides every config's engine")
-    p.add_argument("--data-root", default="../shared/data", help="folder of the downloaded data sets ({data} in the configs; default ../shared/data)")
+    p.add_argument("--data-root", default=None, help="folder of the downloaded data sets ({data} in the configs; default: $FEDPRIV_DATA, else ./data)")
     p.add_argument("--require-data", action="store_true", help="a missing data set is an error (default: its cells are skipped and listed)")
     p.add_argument("--only", default=None, metavar="NAME[,NAME...]", help="run only these experiments (by name, comma-separated)")
     p.add_argument("--dataset", action="append", default=[], metavar="NAME=SPEC",

@@ -1,6 +1,6 @@
 """Exact output laws of the selection mechanisms of :mod:`fedpriv.privacy.selection` for ONE
 score vector (k,) — test oracles and small-k analysis (spec §9 of
-``/work/shared/specs/private_selection.md``).
+the private-selection specification, Antonova et al. 2025).
 
 * RNM-Exp / permute-and-flip (spec §1.1): P[a] = p_a * int_0^1 prod_{b != a} (1 - p_b x) dx,
   p_a = exp(eps (q_a - OPT) / (2 Delta)). The integrand is a polynomial of degree k-1 in x, so

@@ -3,7 +3,7 @@
 A private Ray head is started for this module with ``ray start --head`` on this host: its own
 ``--temp-dir`` (so it does not become the "current cluster" that a plain ``ray.init()`` elsewhere
 on the machine would join), its own free ports, 2 CPUs. It is stopped by PID at the end (never
-``ray stop``, which would stop every Ray instance on the machine). See docs/ray_cluster.md.
+``ray stop``, which would stop every Ray instance on the machine). See docs/how-to/ray-cluster.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ random 10.231.R.0/30, no other route). Host A runs ``ray start --head``, host B
 ``ray start --address A:PORT``, one CPU each, each with its own ``--temp-dir``. The driver (the
 ServerApp: ``Job(...).prepare().execute(FlowerSimulation(ray_address="A:PORT"))``) runs inside A, as a Ray driver must run on a node of its cluster. The
 namespaces share the filesystem, so the job's work dir is "shared storage" at the same path on
-both hosts, as docs/ray_cluster.md requires.
+both hosts, as docs/how-to/ray-cluster.md requires.
 
 Flower sizes its actor pool from the cluster: floor(1 CPU / 1 CPU per node) per host, so two
 ClientApp actors that cannot share a host. The test checks in the cluster's actor table (and in

@@ -10,7 +10,7 @@ the rule can choose is made of unsampled Gaussian releases, whose composed RDP i
 ``alpha * R`` with one R fixed by (epsilon, delta): each choice spends the same RDP curve, so
 choosing after seeing the (noised) count is post-processing followed by a fixed budget.
 
-The rule, fitted on ML-100K, ml-latest-small and the synthetic generators (README, "Noise-aware
+The rule, fitted on ML-100K, ml-latest-small and the synthetic generators (docs/explanations/noise-aware-defaults.md, "Noise-aware
 defaults"): a factor model only pays for its noise when the per-item signal is large against
 it. The statistic is
 
@@ -37,7 +37,7 @@ FACTOR_SNR = 350.0  # below: the bias model alone (see the module docstring)
 # the bias model's own settings below FACTOR_SNR (the stage, or the ``bias`` algorithm's step):
 # its ridge in noise standard deviations and the clip of the residual after the user bias.
 # A heavy ridge and a tight clip while the noise dominates, lighter ones as the signal grows
-# (validation RMSE on ML-100K and the 1.5k- and 4k-user synthetic sets, README)
+# (validation RMSE on ML-100K and the 1.5k- and 4k-user synthetic sets, docs/explanations/noise-aware-defaults.md)
 BIAS_SNR_TIGHT = 5.0  # below: residuals clipped to +-0.5 (almost pure noise: bias in exchange for less of it)
 BIAS_SNR_LIGHT = 15.0  # from here: ridge 1 noise std instead of 3
 BIAS_SNR_WIDE = 45.0  # from here: residuals clipped to +-2 instead of +-1

@@ -29,7 +29,7 @@ from .shards import UserShard, shard_users
 
 #: weight of the standardized predicted rating against the standardized released popularity:
 #: BLEND for BLEND_SNR <= snr < FACTOR_SNR (the noise-aware statistic of fedpriv.algorithms.defaults),
-#: else BLEND_EDGE. Chosen on validation ratings (README "Recommendations"): on ML-100K and
+#: else BLEND_EDGE. Chosen on validation ratings (docs/how-to/recommendations.md): on ML-100K and
 #: ml-latest-small at epsilon 1, 5 and 20 (3 noise seeds each) 0.3 had the best mean validation
 #: Recall@10 and 0.1-0.2 won at the lowest snr (ml-latest-small at epsilon 1, snr 0.9); on the
 #: 70,000-user preference-dependent synthetic set at epsilon 5 (snr 469, a factor model) 0.2 won

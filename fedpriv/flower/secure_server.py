@@ -10,7 +10,7 @@ their contribution here) and ``secagg_unmask``, which is only sent after the bud
 
 The server cannot check a masked reply's norm: it checks its format and size, and the unmasked
 sum against its declared range (:func:`fedpriv.privacy.distributed.decode`). Clipping is
-enforced by the honest node code (README, trust model).
+enforced by the honest node code (docs/explanations/trust-and-threat-models.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ every node runs the fedpriv ClientApp. The offline and quiet settings are set he
 not have to know them.
 
 By default Ray is started here, privately, and stopped at the end. With ``ray_address`` the
-nodes run on an existing Ray cluster instead (see ``docs/ray_cluster.md``): Flower passes
+nodes run on an existing Ray cluster instead (see ``docs/how-to/ray-cluster.md``): Flower passes
 ``backend_config["init_args"]`` to ``ray.init``, so ``address`` goes there, and its
 ``ray.shutdown()`` at the end only disconnects this process from that cluster.
 

@@ -311,7 +311,7 @@ class ExactPlan:
     squared errors and counts, the recommendation's hit counts): each node sends its values in
     fixed point (``EXACT_SCALE`` per unit), masked, so the server learns only the total over the
     nodes, exactly, and no node's own values. Not a release: no ledger record, and the total is
-    outside the (epsilon, delta) guarantee (README, trust model). ``parts``: (name, length)."""
+    outside the (epsilon, delta) guarantee (docs/explanations/trust-and-threat-models.md). ``parts``: (name, length)."""
 
     parts: tuple[tuple[str, int], ...]
     n_nodes: int

@@ -393,7 +393,7 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
 def delta_warning(delta: float, n_users) -> str | None:
     """A warning when delta exceeds 1/n (n: the released user count, else the data's): a
     mechanism may then publish one user's whole data with probability delta and still be
-    (epsilon, delta)-DP, so delta should stay well below 1/n (README, "Choosing delta")."""
+    (epsilon, delta)-DP, so delta should stay well below 1/n (docs/explanations/privacy.md, "Choosing δ")."""
     if not n_users or delta is None or delta <= 1.0 / float(n_users):
         return None
     return f"delta {delta:g} is larger than 1/n = {1.0 / float(n_users):.3g} for n = {int(n_users):,} users: choose delta well below 1/n (e.g. 1e-5 or 1/n^1.1)"

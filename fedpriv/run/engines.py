@@ -114,7 +114,7 @@ class FlowerGrid(FlowerOptions):
 class FlowerSimulation(FlowerOptions):
     """Flower's simulation runtime started in this process (Ray): one simulated node per
     partition unless ``nodes``; ``ray_address`` runs the nodes on an existing Ray cluster
-    (``docs/ray_cluster.md``)."""
+    (``docs/how-to/ray-cluster.md``)."""
 
     ray_address: str | None = None
     cpus_per_node: float = 1.0

@@ -136,7 +136,7 @@ def deploy_command(args) -> int:
         if args.docker and args.data is None:
             raise ConfigError("the compose file gives every SuperNode its own data folder: give --data", field="--data")
         cfg, job = _layout_config(args, docker=args.docker)
-        if args.bind_host or args.superlink_host:  # separate hosts (README, "cross-host")
+        if args.bind_host or args.superlink_host:  # separate hosts (docs/how-to/deployment.md, "cross-host")
             cfg.bind_host = args.bind_host or cfg.bind_host
             cfg.superlink_host = args.superlink_host or cfg.superlink_host
         if not args.docker and 0 in (cfg.fleet_port, cfg.control_port, cfg.node_port_base):

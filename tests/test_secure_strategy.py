@@ -79,3 +79,27 @@ def test_the_example_app_trains_a_torch_model_under_secure_aggregation(monkeypat
     acc = res.evaluate_metrics_clientapp[cfg["num-server-rounds"]]["eval-acc"]
     assert acc > 0.85  # the classes' Bayes accuracy is about 0.9; chance is 0.5
     assert strategy.epsilon() == pytest.approx(cfg["epsilon"], rel=1e-3)
+
+
+@pytest.mark.deployment
+def test_the_example_runs_with_flwr_and_leaves_nothing_behind(tmp_path):
+    """``bash examples/secure-fedavg/run.sh`` (``flwr run`` on the local simulation federation):
+    one line per round with epsilon and accuracy, a readable summary, its SuperLink stopped, and
+    nothing written to ~/.flwr (a fresh HOME here)."""
+    import os
+    import shutil
+    import subprocess
+
+    pytest.importorskip("ray")
+    example = tmp_path / "secure-fedavg"
+    shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns(".flwr", "__pycache__"))
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "NODES": "6"}
+    r = subprocess.run(["bash", str(example / "run.sh"), "num-server-rounds=3"], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if "[secure-fedavg] round" in line]
+    assert len(lines) == 3 and all("epsilon" in line and "accuracy" in line for line in lines), lines
+    assert "epsilon 4.99" in (r.stdout + r.stderr) or "epsilon 5.000" in (r.stdout + r.stderr)
+    left = subprocess.run(["pgrep", "-f", f"flower-superlink.*{example}/.flwr"], capture_output=True, text=True).stdout.split()
+    assert left == [] and not (home / ".flwr").exists()

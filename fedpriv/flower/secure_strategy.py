@@ -126,9 +126,12 @@ class SecureDPFedAvg(FedAvg):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              on_round: Callable[[int, float, MetricRecord | None], None] | None = None) -> Result:
         """FedAvg's loop, each training round a secure sum (keys once, then share, train and
-        mask, unmask). Returns Flower's Result; the epsilon is :meth:`epsilon`."""
+        mask, unmask). Returns Flower's Result; the epsilon is :meth:`epsilon`. ``on_round(round,
+        epsilon spent so far, the nodes' aggregated evaluation metrics)`` after every round
+        (progress lines)."""
         self.summary()
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
@@ -153,6 +156,8 @@ class SecureDPFedAvg(FedAvg):
                 res = evaluate_fn(server_round, arrays)
                 if res is not None:
                     result.evaluate_metrics_serverapp[server_round] = res
+            if on_round is not None:
+                on_round(server_round, self.epsilon(), metrics)
         log.info("SecureDPFedAvg finished in %.2fs: epsilon %.4f", time.time() - t0, self.epsilon())
         result.arrays = arrays
         return result

@@ -35,7 +35,7 @@ def test_default_runs_never_lose_to_the_private_bias_model(loaded, data, epsilon
 
 
 def test_above_the_threshold_the_encoder_fits_the_residual_and_dpsgd_is_the_bias_model():
-    assert defaults.choose("am-ssp", 20, 1e-5, 10000, 70000) == {"bias_stage": True}  # above FACTOR_SNR: the encoder fits the stage's residual
+    assert defaults.choose("am-ssp", 20, 1e-5, 10000, 70000) == {"bias_stage": True, "bias_prior": True}  # above FACTOR_SNR: the encoder fits the residual
     assert defaults.choose("am-dpsgd", 20, 1e-5, 10000, 70000)["steps"] == 0  # the bias model: its own settings lost to it (10M set)
     assert defaults.choose("am-dpsgd", 20, 1e-5, 10000, 70000, frozenset({"rank"})) == {}
     assert defaults.choose("dpsgd", 1, 1e-5, 1682, 943)["steps"] == 0  # below: the bias model

@@ -434,6 +434,31 @@ def release_bias(total: np.ndarray, state: PublicState, ledger: PrivacyLedger | 
     return B / (W + cfg.reg_item * np.maximum(W, 1.0) + unobserved)
 
 
+def bias_feature_prior(state: PublicState, features) -> None:
+    """Post-processing of the bias stage's release with public item features: each item's bias
+    is shrunk towards the effect of its feature groups (genres, year bucket, ...) instead of
+    towards 0. A group's effect pools the released per-item sums of all its items, B_f / (W_f +
+    ridge), so its noise is that of one item times sqrt(items) against a signal of many: a
+    rarely rated item gets a far better prior than 0. No release and no budget: only the
+    released W and B (recovered from the biases) and the public features are read."""
+    cfg = state.config
+    if state.item_support is None or state.item_bias is None or features is None or not state.private:
+        return
+    import scipy.sparse as sp
+
+    X = sp.csr_matrix(features.matrix, dtype=np.float64)
+    if X.shape[0] != state.n_items or X.shape[1] == 0:
+        return
+    W = np.maximum(np.asarray(state.item_support, dtype=np.float64), 0.0)
+    ridge = cfg.reg_item_private + cfg.bias_ridge_units * noise_std("bias", state)
+    denom = W + ridge + cfg.gravity * state.n_users
+    B = np.asarray(state.item_bias, dtype=np.float64) * denom / cfg.rating_clip  # the released numerator
+    group = (X.T @ B) / (X.T @ W + ridge)  # per feature: the pooled effect
+    active = np.asarray(X.sum(axis=1)).ravel()
+    prior = (X @ group) / np.maximum(active, 1.0)  # the mean effect of the item's groups (0 without features)
+    state.item_bias = cfg.rating_clip * (B + ridge * prior) / denom
+
+
 #: the release function of each pre-processing release (its exact or noised sum -> the value the
 #: state keeps): one table for the central aggregator, the secure rounds and the tests
 PRE_RELEASE_FUNCTIONS = {"users": release_user_count, "mean": release_mean, "counts": release_counts, "bias": release_bias}

@@ -79,6 +79,7 @@ class ALSConfig:
     share_bias: float = 0.3  # its budget share (an RDP share like share_mean)
     bias_ridge_units: float = 3.0  # its item ridge, in noise standard deviations of the released denominators
     factor_floor: float = 0.0  # items whose released weight sum is below this many of its noise stds get no factors
+    bias_prior: bool = False  # bias stage: shrink item biases towards their public feature groups' pooled effects (post-processing)
     # 'noise-aware': the keys not set here are chosen by the rule of fedpriv.algorithms.defaults
     # from epsilon, delta, the number of items and the privately released user count; 'fixed': as written
     defaults: str = "fixed"

@@ -54,4 +54,6 @@ def server_setup(state: als.PublicState, features):
     """Post-processing after the pre-processing releases: weights, then the initial model
     (random item embeddings, or a random encoder and its outputs)."""
     als.server_weights(state)
+    if state.config.bias_prior and als.has_bias_stage(state.algorithm, state.config):
+        als.bias_feature_prior(state, features)
     return state.spec.alternating_step().setup(state, features)

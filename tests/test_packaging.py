@@ -109,8 +109,9 @@ def test_the_wheel_installs_outside_the_checkout_and_runs(tmp_path):
     work = tmp_path / "user"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    where = subprocess.run([str(py), "-c", "import fedpriv, sys; print(fedpriv.__file__)"], cwd=work, env=env, capture_output=True, text=True, check=True).stdout
-    assert where.startswith(str(venv)) and str(ROOT) not in where
+    found = subprocess.run([str(py), "-c", "import fedpriv, sys; print(fedpriv.__file__)"], cwd=work, env=env, capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert found.stdout.startswith(str(venv)) and str(ROOT) not in found.stdout
     cli = subprocess.run([str(venv / "bin" / "fedpriv"), "run", "bias", "--data", "synthetic-mf:users=200,items=40,ratings=3000,seed=1", "--epsilon", "2", "--out", "out", "--quiet"],
                          cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert cli.returncode == 0, cli.stderr[-2000:]

@@ -52,13 +52,13 @@ def main() -> None:
     print(f"test RMSE: adadpals {result.metrics['test_rmse']:.3f} (rank {result.metrics['config']['rank']}), "
           f"private bias model {bias.metrics['test_rmse']:.3f}, non-private ALS {exact.metrics['test_rmse']:.3f}")
 
-    result.save_model("example-model")  # item embeddings, biases, mean, config, ledger: released values only
+    result.save_model("example-model", overwrite=True)  # item embeddings, biases, popularity, mean, config, ledger: released values only
     model = fedpriv.load_model("example-model")
 
     # one user's own ratings, on their own device: the user vector is solved locally, no budget spent
     mine = df[df["user"] == df["user"].iloc[0]]
-    for rec in model.recommend(mine["item"].tolist(), mine["rating"].tolist(), k=5):
-        print(f"  {rec['item']}: {rec['score']:.2f}")
+    # ranked by the released popularity and this user's predicted ratings (rating: clipped to 1..5)
+    print(model.recommend(mine["item"].tolist(), mine["rating"].tolist(), k=5, as_frame=True).to_string(index=False))
 
 
 if __name__ == "__main__":

@@ -100,15 +100,18 @@ def test_the_wheel_installs_outside_the_checkout_and_runs(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "fedpriv/py.typed" in names and "fedpriv/algorithms/_segment_stats.c" in names
     assert any(n.endswith("LICENSE") for n in names)  # the license ships in the wheel's metadata
+    # a clean environment for every step: a PYTHONPATH naming the checkout (set by other code of
+    # this test process) would make pip see fedpriv as installed already and skip the wheel
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME") and not k.startswith("PIP_")}
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=env, cwd=tmp_path)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], check=True, capture_output=True, timeout=300)
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
+    installed = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall", "-q", str(wheel)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True, env=env).stdout.strip()
     Path(site, "_deps_of_the_test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # numpy, flwr, torch...: not fedpriv
     work = tmp_path / "user"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     found = subprocess.run([str(py), "-c", "import fedpriv, sys; print(fedpriv.__file__)"], cwd=work, env=env, capture_output=True, text=True)
     assert found.returncode == 0, found.stderr[-3000:]
     assert found.stdout.startswith(str(venv)) and str(ROOT) not in found.stdout

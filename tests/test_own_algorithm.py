@@ -71,9 +71,6 @@ class ShrinkStep:
     def release(self, sums, state, ledger):
         return als.release_gaussian(RELEASE, sums[0], state, ledger)
 
-    def aggregate(self, parts, state, ledger):
-        return self.release(self.sums(parts, state), state, ledger)
-
     def server(self, release, state, server):
         s0, s1 = release[:, 0], release[:, 1]
         state.item_bias = state.item_bias + s1 / (np.maximum(s0, 0.0) + state.config.options.ridge)

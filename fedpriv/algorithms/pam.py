@@ -40,10 +40,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import ConfigError, PrivacyError
+from ..errors import ConfigError
 from .config import PAMConfig  # noqa: F401 - re-exported
 from ..privacy.clipping import clip_rows
-from ..privacy.distributed import Prereleased
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import PURPOSE_GROUP, user_uniform
 from .kernels import from_upper, upper
@@ -504,14 +503,10 @@ class PersonalRounds:
     def secure_parts(self, kind: str, state: PAMState) -> list[tuple[str, int, float, float]]:
         return secure_parts(kind, state)
 
-    def secure_release(self, kind: str, values: dict, state: PAMState, plan):
-        proxy = Prereleased(plan)
-        names = [name for name, *_ in secure_parts(kind, state)]
-        out = self.release(kind, tuple(np.asarray(values[n], dtype=np.float64) for n in names), state, proxy)
-        missing = set(names) - proxy.used
-        if missing:
-            raise PrivacyError(f"secure round {kind!r}: parts {sorted(missing)} were decoded but not released")
-        return out
+    def declared_parts(self, kind: str, state: PAMState) -> list:
+        from .steps import Part
+
+        return [Part(name, i, (length,)) for i, (name, length) in enumerate(summed_parts(kind, state))]
 
 
 PERSONAL = PersonalRounds()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import als
-from .shards import UserShard, shard_users
+from .shards import UserShard, shard_users, sub_shard
 
 #: weight of the standardized predicted rating against the standardized released popularity:
 #: BLEND for BLEND_SNR <= snr < FACTOR_SNR (the noise-aware statistic of fedpriv.algorithms.defaults),
@@ -101,7 +101,9 @@ def _top_k_sums(scores_of, history: UserShard, target: UserShard, n_items: int, 
     rel_users = np.unique(target.local_user_of_rating[relevant])
     if len(rel_users) == 0:
         return out
-    sub_h, sub_t = _rows(history, rel_users), _rows(target, rel_users)
+    keep = np.zeros(history.n_users, dtype=bool)
+    keep[rel_users] = True
+    sub_h, sub_t = sub_shard(history, keep), sub_shard(target, keep)
     scores = np.array(scores_of(sub_h), dtype=np.float64)
     scores[sub_h.local_user_of_rating, sub_h.items] = -np.inf  # rated in training: not a candidate
     kk = min(k, n_items)
@@ -127,16 +129,6 @@ def shard_ranking_sums(state: als.PublicState, history: UserShard, target: UserS
     """One shard's ranking sums of the released model (:func:`ranking_scores` over every item)."""
     everything = np.arange(state.n_items)
     return _top_k_sums(lambda h: ranking_scores(h, state, everything, blend), history, target, state.n_items, k, threshold)
-
-
-def _rows(shard: UserShard, local_users: np.ndarray) -> UserShard:
-    """The shard restricted to some of its users (renumbered in the given order)."""
-    starts, ends = shard.indptr[local_users], shard.indptr[local_users + 1]
-    indptr = np.zeros(len(local_users) + 1, dtype=np.int64)
-    np.cumsum(ends - starts, out=indptr[1:])
-    idx = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)]) if len(local_users) else np.zeros(0, np.int64)
-    return UserShard(shard.user_ids[local_users], indptr, shard.items[idx], shard.ratings[idx],
-                     None if shard.user_keys is None else shard.user_keys[local_users])
 
 
 def ranking_from_sums(sums: dict, item_counts: np.ndarray, k: int, threshold: float) -> dict:

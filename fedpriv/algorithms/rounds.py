@@ -11,7 +11,9 @@ family declares:
   through the ledger (central mode) or taken from a secure sum (:class:`~fedpriv.privacy.
   distributed.Prereleased`); the only place a family touches noise;
 - ``secure_parts(kind, state)``: the parts of the round (release name, words, sensitivity, noise
-  multiplier), from which a secure round is planned and each node's words encoded;
+  multiplier), from which a secure round is planned and each node's words encoded, and
+  ``declared_parts(kind, state)``: the same parts as :class:`~fedpriv.algorithms.steps.Part`
+  (name, place in ``sums``, shape), by which the decoded words become ``release``'s sums;
 - ``take(kind, value, state, ledger)`` after a setup round, ``server_setup`` once, and
   ``server_step`` after each step: post-processing on the server.
 
@@ -91,8 +93,8 @@ class RatingRounds:
     def secure_parts(self, kind: str, state: als.PublicState) -> list[tuple[str, int, float, float]]:
         return secure.round_parts(kind, state)
 
-    def secure_release(self, kind: str, values: dict, state: als.PublicState, plan):
-        return secure.release(kind, values, state, plan)
+    def declared_parts(self, kind: str, state: als.PublicState) -> list:
+        return secure.declared(kind, state)
 
 
 RATING = RatingRounds()

@@ -9,9 +9,9 @@ A secure round has a *kind* ('users', 'mean', 'counts', 'bias' or 'step'). Both 
   step of every family);
 - :func:`node_values` then :func:`node_words` on each node: the node's clipped sums, flattened
   (upper triangles for symmetric parts), quantized, plus the node's Skellam share;
-- :func:`release`: the server's post-processing of the decoded (already noised) sums, through
-  the algorithm's own release functions, which receive them from :class:`Prereleased` instead
-  of drawing noise.
+- the server's post-processing of the decoded (already noised) sums goes through the
+  algorithm's own release functions, which receive them from :class:`Prereleased` instead of
+  drawing noise (:class:`fedpriv.engine.loop.SecureAggregator`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from ..errors import ConfigError, PrivacyError
 from ..privacy import distributed
 from ..privacy.distributed import Prereleased  # noqa: F401 - re-exported
 from ..privacy.randomness import node_noise_rng
-from ..privacy.symmetric import from_upper, upper
 from . import als
 from .shards import UserShard
 from .steps import Part
@@ -59,22 +58,13 @@ def round_parts(kind: str, state: als.PublicState) -> list[tuple[str, int, float
 
 
 # ---------------------------------------------------------------------------- node side
-def _flat(part: Part, arr) -> np.ndarray:
-    if arr is None:
-        arr = np.zeros(part.shape)
-    arr = np.asarray(arr, dtype=np.float64)
-    if part.symmetric:
-        return upper(arr).ravel()
-    return arr.ravel()
-
-
 def node_values(kind: str, shard: UserShard, state: als.PublicState, step: int = 0, table=None) -> dict[str, np.ndarray]:
     """The node's clipped sums of one round, flattened per declared part."""
     if kind in als.PRE_RELEASES:
         return {kind: als.client_vector(kind, shard, state)}
     alternating = state.spec.alternating_step()
     sums = alternating.sums([alternating.client(shard, state, step, table)], state)
-    return {p.name: _flat(p, sums[p.index]) for p in alternating.parts(state)}
+    return {p.name: p.flatten(sums[p.index]) for p in alternating.parts(state)}
 
 
 def node_histogram(shard: UserShard, state: als.PublicState, candidates: np.ndarray, cfg) -> dict[str, np.ndarray]:
@@ -98,30 +88,3 @@ def node_words(plan: distributed.DistributedPlan, values: dict[str, np.ndarray],
 def label(kind: str, step: int = 0) -> str:
     """The public name of a round (its masks and noise shares are drawn per label)."""
     return kind if kind != "step" else f"step-{step}"
-
-
-# ---------------------------------------------------------------------------- server side
-def release(kind: str, values: dict[str, np.ndarray], state: als.PublicState, plan: distributed.DistributedPlan):
-    """The release of a round from its decoded, noised sums (post-processing only)."""
-    proxy = Prereleased(plan)
-    parts = declared(kind, state)
-    shaped = {}
-    for p in parts:
-        v = np.asarray(values[p.name], dtype=np.float64)
-        if p.symmetric:
-            d = p.shape[-1]
-            shaped[p.name] = from_upper(v.reshape(*p.shape[:-2], d * (d + 1) // 2), d)
-        else:
-            shaped[p.name] = v.reshape(p.shape)
-    if kind in als.PRE_RELEASE_FUNCTIONS:
-        out = als.PRE_RELEASE_FUNCTIONS[kind](shaped[kind], state, proxy)
-    else:
-        alternating = state.spec.alternating_step()
-        sums = [None] * (max(p.index for p in parts) + 1)
-        for p in parts:
-            sums[p.index] = shaped[p.name]
-        out = alternating.release(tuple(sums), state, proxy)
-    missing = {p.name for p in parts} - proxy.used
-    if missing:
-        raise PrivacyError(f"secure round {kind!r}: parts {sorted(missing)} were decoded but not released")
-    return out

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..privacy.ledger import PrivacyLedger
+from ..privacy.symmetric import from_upper, upper
 from . import als, dpsgd, ssp_client
 from .shards import UserShard
 
@@ -59,6 +60,20 @@ class Part:
             d = self.shape[-1]
             return int(np.prod(self.shape[:-2], dtype=np.int64)) * d * (d + 1) // 2
         return int(np.prod(self.shape, dtype=np.int64))
+
+    def flatten(self, arr) -> np.ndarray:
+        """The part's sum as its :attr:`length` words (float64; upper triangles of symmetric
+        parts; None: zeros): the form a secure sum encodes and a 'parts' reply carries."""
+        arr = np.zeros(self.shape) if arr is None else np.asarray(arr, dtype=np.float64)
+        return (upper(arr) if self.symmetric else arr).ravel()
+
+    def unflatten(self, values) -> np.ndarray:
+        """The inverse of :meth:`flatten`: the part's sum in its shape."""
+        v = np.asarray(values, dtype=np.float64)
+        if self.symmetric:
+            d = self.shape[-1]
+            return from_upper(v.reshape(*self.shape[:-2], d * (d + 1) // 2), d)
+        return v.reshape(self.shape)
 
 
 def client_encoder(state: als.PublicState, table: FeatureTable):

@@ -28,6 +28,7 @@ import numpy as np
 from ..algorithms import als, recommend
 from ..algorithms.rounds import rounds_of
 from ..privacy import distributed
+from ..errors import PrivacyError
 from ..privacy.ledger import PrivacyLedger
 
 
@@ -107,7 +108,17 @@ class SecureAggregator:
         # the budget check comes first; only then is the sum unmasked, decoded and recorded
         values, proxy = distributed.secure_round(self.ledger, family.secure_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=self.dropout,
                                                    colluders=self.colluders, secure_sum=gather, groups=family.groups(state) if group is not None else 1)
-        return family.secure_release(kind, values, state, proxy.plan)
+        # post-processing: the family's own release function, given the decoded (already noised)
+        # sums through the stand-in ledger, which checks each part against the plan
+        parts = family.declared_parts(kind, state)
+        sums = [None] * (max(p.index for p in parts) + 1)
+        for p in parts:
+            sums[p.index] = p.unflatten(values[p.name])
+        out = family.release(kind, tuple(sums), state, proxy)
+        missing = {p.name for p in parts} - proxy.used
+        if missing:
+            raise PrivacyError(f"secure round {kind!r}: parts {sorted(missing)} were decoded but not released")
+        return out
 
 
 def make_aggregator(cfg, ledger: PrivacyLedger | None):

@@ -201,8 +201,7 @@ def encode_parts(sums: tuple, state: als.PublicState, n_users: int) -> RecordDic
     (upper triangles of symmetric parts), one array per release name."""
     arrays = {}
     for p in state.spec.alternating_step().parts(state):
-        x = np.asarray(sums[p.index], dtype=np.float64)
-        arrays[f"part.{p.name}"] = to_array((upper(x) if p.symmetric else x).ravel())
+        arrays[f"part.{p.name}"] = to_array(p.flatten(sums[p.index]))
     return _contrib(arrays, n_users)
 
 
@@ -219,11 +218,7 @@ def decode_parts(content: RecordDict, state: als.PublicState, max_users: int) ->
             raise RejectedReply(f"malformed: part {p.name!r} has {len(v)} values, expected {p.length}")
         if state.private:
             check_norm(p.name, v, n * als.sensitivity(p.name, state.config, state.rating_range))
-        if p.symmetric:
-            d = p.shape[-1]
-            out[p.index] = from_upper(v.reshape(*p.shape[:-2], d * (d + 1) // 2), d)
-        else:
-            out[p.index] = v.reshape(p.shape)
+        out[p.index] = p.unflatten(v)
     return tuple(out)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpriv.data import loaders
+from fedpriv.data import tables
 from fedpriv.data.loaders import ML100K_GENRES, Dataset, load_dataset, load_jester
 from fedpriv.errors import ConfigError, DataError
 
@@ -438,7 +438,7 @@ def test_ambiguous_zip_member(tmp_path: Path) -> None:
 
 def test_chunked_rescan_keeps_line_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a fast-path failure the file is re-parsed in chunks; rows and line numbers stay right."""
-    monkeypatch.setattr(loaders, "_CHUNK_BYTES", 40)
+    monkeypatch.setattr(tables, "_CHUNK_BYTES", 40)
     lines = [f"{u}::{u + 1}::3::1" for u in range(1, 200)]
     lines[150] = "\t\t\t"  # the C parser rejects this blank-ish line; the careful scan skips it
     path = make_source(tmp_path, "ml-1m", {"ratings.dat": text(lines)}, "folder")

@@ -1,12 +1,14 @@
-"""Checks of a rating table held in a DataFrame: ids, rating values, duplicate pairs, and where a row is.
+"""Checks of a rating table held in a DataFrame: ids, rating values and duplicate pairs.
 
-The table is a pandas DataFrame, from a ``csv:``/``parquet:`` file (read by
-:mod:`fedpriv.data.tabular`) or given by the user (:func:`fedpriv.data.tabular.dataset_from_pandas`,
+The table is a :class:`~fedpriv.data.tables.Table` (a DataFrame and where each row came from),
+from a ``csv:`` file (read by the one table reader, :mod:`fedpriv.data.tables`), a ``parquet:``
+file (:mod:`fedpriv.data.tabular`) or given by the user (:func:`fedpriv.data.tabular.dataset_from_pandas`,
 :meth:`fedpriv.data.interactions.Interactions.from_pandas`). :func:`read_ratings` checks its
 user, item and rating columns and returns plain arrays (:class:`RawRatings`: raw ids and float32
 ratings, not yet renumbered); the callers turn them into interactions with
 :func:`fedpriv.data.interactions.from_raw_ids`. This module imports no other module of
-``fedpriv.data``, so both the interactions type and the file loaders can use it.
+``fedpriv.data`` but :mod:`~fedpriv.data.tables`, so both the interactions type and the file
+loaders can use it.
 
 Ids are read as text and stripped of surrounding blanks; when every id of a column is an integer
 written plainly (``42``, ``-7``, ``42.0``; not ``007`` nor ``+7``) the column becomes int64;
@@ -20,18 +22,16 @@ for CSV, ``NAME: row N (0-based):`` otherwise. When several rows are bad the fir
 
 from __future__ import annotations
 
-import csv
 import math
-import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, DataError
+from .tables import Table  # where a row is: one location class for every table reader
 
 _INT_ID = r"-?(?:0|[1-9]\d{0,17})(?:\.0*)?"  # plainly written integers that fit an int64
 #: pandas' missing-value spellings (compared lower-case).
@@ -65,104 +65,6 @@ class RawRatings:
 
 
 # --------------------------------------------------------------------------- locations
-
-
-@dataclass
-class Table:
-    """A table read into a DataFrame, with what is needed to say where a row came from.
-
-    ``style``: "csv" (1-based physical lines, the header is line 1), "parquet" or "frame"
-    (0-based row positions). ``kept``: for CSV, the record number (0-based, after the header) of
-    each row left once blank lines are dropped (None: all of them).
-    """
-
-    frame: pd.DataFrame
-    where: str
-    style: str
-    kept: np.ndarray | None = None
-    header: bool = True
-    file: Path | None = None  # CSV: the file (re-read to number the lines after an error)
-    encoding: str = "utf-8"
-    sep: str = ","
-    _lines: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.frame)
-
-    def _record(self, pos: int) -> int:
-        return int(self.kept[pos]) if self.kept is not None else int(pos)
-
-    def line(self, pos: int) -> int:
-        """CSV: the 1-based line where data row ``pos`` starts."""
-        if self._lines is None:
-            assert self.file is not None
-            self._lines = record_lines(self.file, self.encoding, self.sep)
-        return int(self._lines[self._record(pos) + (1 if self.header else 0)])
-
-    def at(self, pos: int) -> str:
-        """``line 5`` / ``row 3``: where data row ``pos`` is (for cross references)."""
-        return f"line {self.line(pos)}" if self.style == "csv" else f"row {self._record(pos)}"
-
-    def error(self, pos: int, message: str) -> DataError:
-        if self.style == "csv":
-            return DataError(message, path=self.where, line=self.line(pos))
-        return DataError(f"row {self._record(pos)} (0-based): {message}", path=self.where)
-
-    def file_error(self, message: str) -> DataError:
-        """An error about the table as a whole (the header line for CSV)."""
-        return DataError(message, path=self.where, line=1 if self.style == "csv" and self.header else None)
-
-    def columns(self) -> list[str]:
-        return [str(c) for c in self.frame.columns]
-
-    def column(self, name: str, position: int, what: str, hint: str) -> tuple[pd.Series, str]:
-        """The column named ``name`` (CSV without header: the one at ``position``) and how to
-        name it in messages."""
-        if self.style == "csv" and not self.header:
-            if position >= self.frame.shape[1]:
-                raise DataError(
-                    f"expected at least {position + 1} columns with header=0 ({what} is column {position + 1}), "
-                    f"found {self.frame.shape[1]}",
-                    path=self.where, line=self.line(0) if len(self) else 1,
-                )  # fmt: skip
-            return self.frame.iloc[:, position], f"column {position + 1}"
-        if name in self.frame.columns:
-            column = self.frame[name]
-            if isinstance(column, pd.DataFrame):
-                raise self.file_error(f"several columns are named {name!r}")
-            return column, f"column {name!r}"
-        if name in [n for n in self.frame.index.names if n is not None]:
-            return pd.Series(self.frame.index.get_level_values(name), index=self.frame.index), f"index level {name!r}"
-        found = ", ".join(self.columns()) or "none"
-        raise self.file_error(f"no {what} column {name!r} ({hint}); columns found: {found}")
-
-
-def csv_records(path: Path, encoding: str, sep: str, *, strict: bool = False):
-    """(start line, fields) of each record, as the C parser splits them (blank lines included);
-    ``strict``: stop at a malformed quoted field, yielding (its start line, the csv.Error)."""
-    limit = csv.field_size_limit()
-    csv.field_size_limit(sys.maxsize)
-    try:
-        with open(path, newline="", encoding=encoding, errors="replace") as fh:
-            reader = csv.reader(fh, delimiter=sep, quotechar='"', doublequote=True, strict=strict)
-            previous = 0
-            while True:
-                try:
-                    fields_ = next(reader)
-                except StopIteration:
-                    return
-                except csv.Error as exc:
-                    yield previous + 1, exc
-                    return
-                yield previous + 1, fields_
-                previous = reader.line_num
-    finally:
-        csv.field_size_limit(limit)
-
-
-def record_lines(path: Path, encoding: str, sep: str) -> np.ndarray:
-    """The 1-based line where each record (header included) starts."""
-    return np.asarray([line for line, _ in csv_records(path, encoding, sep)], dtype=np.int64)
 
 
 # --------------------------------------------------------------------------- checks

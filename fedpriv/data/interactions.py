@@ -107,8 +107,9 @@ class Interactions:
         use :func:`fedpriv.data.tabular.dataset_from_pandas` for that, for duplicate policies and
         item features."""
         from . import frames  # imports pandas: only when a DataFrame is read
+        from .tables import Table
 
-        table = frames.Table(frames.require_frame(df, "df"), "DataFrame", "frame")
+        table = Table(frames.require_frame(df, "df"), "DataFrame", "frame")
         raw = frames.read_ratings(table, user=user, item=item, rating=rating, implicit=bool(implicit))
         inter, _ = from_raw_ids(raw.users, raw.items, raw.ratings, name="DataFrame")
         return inter

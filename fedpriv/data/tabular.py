@@ -63,7 +63,6 @@ rating rows themselves (ids, ratings, duplicate pairs, error locations) are in
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import itertools
 import warnings
@@ -76,17 +75,11 @@ import pandas as pd
 
 from ..errors import ConfigError, DataError, did_you_mean
 from .features import ItemFeatures, assemble_fields
-from .frames import (
-    NA_MARKERS,
-    Table,
-    csv_records,
-    read_ratings,
-    require_frame,
-    stripped_text,
-)
+from .frames import NA_MARKERS, read_ratings, require_frame, stripped_text
 from .interactions import from_raw_ids
 from .loaders import Dataset
 from .ranges import check_rating_range
+from .tables import Layout, Source, Table, read_table
 
 #: Data spec kinds read by this module.
 KINDS = ("csv", "parquet")
@@ -378,83 +371,16 @@ def dataset_from_pandas(
 
 
 def _existing_file(path: str | Path) -> Path:
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise DataError("is a folder; expected a file", path=str(path))
-    if not p.is_file():
-        raise DataError("no such file", path=str(path))
-    return p
+    """The file at ``path`` (a DataError naming it when it is missing or a folder)."""
+    return Source.file(path).path
 
 
 def _read_csv(path: str | Path, sep: str, header: bool, rows: str = "one rating per line") -> Table:
-    """Every cell as text (pandas' C parser); blank lines (and lines of empty fields) dropped.
-    ``rows``: what the lines after the header hold (for the message about an empty file)."""
-    p = _existing_file(path)
-    where = str(path)
-    frame = None
-    for encoding in ("utf-8", "latin-1"):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", pd.errors.ParserWarning)
-                frame = pd.read_csv(
-                    p, sep=sep, header=0 if header else None, dtype=str, keep_default_na=False, na_filter=False,
-                    skip_blank_lines=False, index_col=False, engine="c", encoding=encoding,
-                )  # fmt: skip
-            break
-        except UnicodeDecodeError:
-            continue
-        except pd.errors.EmptyDataError:
-            need = "a header line naming the columns, then " if header else ""
-            raise DataError(f"the file is empty; expected {need}{rows}", path=where) from None
-        except (pd.errors.ParserError, pd.errors.ParserWarning) as exc:
-            raise _parse_error(p, where, encoding, sep, header, exc) from None
-        except OSError as exc:
-            raise DataError(f"cannot read the file: {exc}", path=where) from None
-    assert frame is not None  # latin-1 decodes any bytes
-    if header:
-        frame.columns = [str(c).strip() for c in frame.columns]
-    table = Table(frame, where, "csv", header=header, file=p, encoding="utf-8-sig" if encoding == "utf-8" else encoding, sep=sep)
-    blank = _blank_rows(frame)
-    if blank is not None:
-        table.kept = np.flatnonzero(~blank)
-        table.frame = frame.iloc[table.kept].reset_index(drop=True)
-    return table
-
-
-def _blank_rows(frame: pd.DataFrame) -> np.ndarray | None:
-    """Rows whose every field is empty or blank (blank lines); None when there are none."""
-    if frame.shape[1] == 0 or not len(frame):
-        return None
-    blank = frame.iloc[:, 0].str.strip().to_numpy() == ""
-    if not blank.any():
-        return None
-    candidates = np.flatnonzero(blank)
-    for c in range(1, frame.shape[1]):
-        values = frame.iloc[candidates, c].str.strip().to_numpy()
-        candidates = candidates[values == ""]
-    out = np.zeros(len(frame), dtype=bool)
-    out[candidates] = True
-    return out if out.any() else None
-
-
-def _parse_error(path: Path, where: str, encoding: str, sep: str, header: bool, exc: Exception) -> DataError:
-    """A DataError at the first line the C parser could not split."""
-    encoding = "utf-8-sig" if encoding == "utf-8" else encoding
-    expected = None
-    for line, fields_ in csv_records(path, encoding, sep, strict=True):
-        if isinstance(fields_, csv.Error):
-            if "end of data" in str(fields_):
-                return DataError('a quoted field (starting with ") is never closed', path=where, line=line)
-            return DataError(f"cannot split the line into fields: {fields_}", path=where, line=line)
-        if not fields_ or all(not f.strip() for f in fields_):
-            continue
-        if expected is None:
-            expected = len(fields_)
-            continue
-        if len(fields_) > expected:
-            what = "the header" if header else "the first line"
-            return DataError(f"expected {expected} fields (as on {what}), found {len(fields_)}", path=where, line=line)
-    return DataError(f"cannot parse the file: {exc}", path=where)
+    """Every cell as text, through the one table reader (:func:`fedpriv.data.tables.read_table`);
+    blank lines (and lines of empty fields) dropped. ``rows``: what the lines after the header
+    hold (for the message about an empty file)."""
+    source = Source.file(path)
+    return read_table(source, Layout(source.path.name, sep, header=header, rows=rows))
 
 
 def _read_parquet(path: str | Path) -> Table:

@@ -505,6 +505,7 @@ def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state
     """Item solve from (noised) statistics: PSD projection, regularisation, batched solve;
     sets the state's item factors (and item biases)."""
     cfg = state.config
+    A_released = A
     if state.private:
         reg = private_item_ridge(state)
     else:
@@ -524,6 +525,10 @@ def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state
     if item_bias_coordinate(cfg):
         state.item_bias = theta[:, -1] * bias_coordinate(state)
         theta = theta[:, :-1]
+        if cfg.rank == 0 and state.item_support is None and state.counts_hat is None:
+            # the bias model released no other popularity: its released per-item weight sums
+            # (the bias coordinate of A, kappa^2 * sum_j w_ij) are what the ranking reads
+            state.item_support = np.asarray(A_released[:, -1, -1], dtype=np.float64) / bias_coordinate(state) ** 2
     state.item_factors = theta.astype(np.float32)
 
 

@@ -58,8 +58,8 @@ def relevance_threshold(rating_range: tuple[float, float]) -> float:
 
 
 def popularity(state: als.PublicState) -> np.ndarray | None:
-    """The released popularity of every item (noised counts, else the bias stage's noised
-    weight sums W), or None when the run released neither."""
+    """The released popularity of every item (noised counts, else the noised weight sums W of
+    the bias stage or of the bias model's step), or None when the run released neither."""
     for value in (state.counts_hat, state.item_support):
         if value is not None:
             return np.asarray(value, dtype=np.float64)

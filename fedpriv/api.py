@@ -25,6 +25,7 @@ from .errors import ConfigError, did_you_mean
 if TYPE_CHECKING:
     import pandas as pd
 
+    from .algorithms.typed import AlgorithmConfig
     from .data.loaders import Dataset
     from .data.spec import DataSpec
     from .run.model import Model
@@ -130,7 +131,7 @@ def load_data(data: str | DataSpec | pd.DataFrame, **options: Any) -> Dataset:
 
 
 def train(
-    algorithm: str,
+    algorithm: str | AlgorithmConfig,
     data: str | DataSpec | Dataset | pd.DataFrame,
     *,
     epsilon: float | None = None,
@@ -146,8 +147,9 @@ def train(
     """Train ``algorithm`` on ``data`` and evaluate it; private algorithms need ``epsilon``.
     A short convenience over ``Job(...).prepare().execute(engine)`` (:mod:`fedpriv.run`).
 
-    ``params``: hyperparameters and run options as Python values (``rank=8``, ``steps=3``,
-    ``aggregation="secure"``, ``recommend="mgem"``, ...). ``engine``: ``"inprocess"`` (this
+    ``algorithm``: a name, or a typed configuration (``AdaDPALS(rank=8)``,
+    :mod:`fedpriv.algorithms.typed`). ``params``: hyperparameters and run options as Python
+    values (``rank=8``, ``steps=3``, ``aggregation="secure"``, ``recommend="mgem"``, ...). ``engine``: ``"inprocess"`` (this
     process), ``"flower"`` (``flwr run`` on Flower's local simulation federation, as
     ``fedpriv run --engine flower``), or an engine object (:class:`fedpriv.run.InProcess`,
     :class:`~fedpriv.run.FlowerSimulation`, :class:`~fedpriv.ops.launcher.FlwrRun`, ...);
@@ -167,7 +169,7 @@ def train(
 
 
 def plan(
-    algorithm: str,
+    algorithm: str | AlgorithmConfig,
     *,
     epsilon: float,
     delta: float = 1e-5,
@@ -182,6 +184,10 @@ def plan(
     from .algorithms.als import ALSConfig
     from .algorithms.plans import budget_plan
 
+    from .run.job import typed_params
+
     with _keywords():
+        if not isinstance(algorithm, str):
+            algorithm, params = typed_params(algorithm, dict(params))
         cfg = ALSConfig.from_overrides(dict(params), algorithm)
         return budget_plan(algorithm, cfg, epsilon, delta, implicit=implicit, rating_range=tuple(float(x) for x in rating_range), tuning=tuning)

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 class Job:
     """What to run: an algorithm, its data, its privacy target and its parameters.
 
+    ``algorithm``: a name (``"adadpals"``) or a typed configuration
+    (``AdaDPALS(rank=8, mu=0.25)``, :mod:`fedpriv.algorithms.typed`), whose given keys join
+    ``params`` (a key in both is an error naming it).
+
     ``data``: a spec string (``"ml-100k:PATH"``, ``"csv:PATH"``, ``"synthetic-mf:..."``), a
     :class:`~fedpriv.data.spec.DataSpec`, a loaded :class:`~fedpriv.data.loaders.Dataset` or a
     pandas DataFrame; ``data_options``: the csv/parquet options of a spec string, or the
@@ -43,7 +47,7 @@ class Job:
     then holds only against those who know not the seed); by default the noise is secret.
     ``dataset``: the loaded data of a spec (skips loading it again)."""
 
-    algorithm: str
+    algorithm: str  # a name, or a typed configuration (fedpriv.algorithms.typed): its name is kept
     data: Any
     epsilon: float | None = None
     delta: float = 1e-5
@@ -53,7 +57,11 @@ class Job:
     dataset: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "params", MappingProxyType(dict(self.params or {})))
+        params = dict(self.params or {})
+        if not isinstance(self.algorithm, str):  # a typed configuration (fedpriv.algorithms.typed)
+            algorithm, params = typed_params(self.algorithm, params)
+            object.__setattr__(self, "algorithm", algorithm)
+        object.__setattr__(self, "params", MappingProxyType(params))
         object.__setattr__(self, "data_options", MappingProxyType(dict(self.data_options or {})))
 
     def prepare(self) -> Plan:
@@ -132,3 +140,20 @@ class Plan:
 
         engine = engine if engine is not None else InProcess()
         return engine.execute(self, progress=progress, second_opinion=second_opinion)
+
+
+def typed_params(config: Any, params: dict) -> tuple[str, dict]:
+    """(name, params) of a typed algorithm configuration joined with ``params``."""
+    from ..algorithms.typed import AlgorithmConfig
+    from ..errors import ConfigError
+
+    if not isinstance(config, AlgorithmConfig):
+        raise ConfigError(f"expected an algorithm name or a typed configuration (fedpriv.algorithms.typed), got {type(config).__name__}", field="algorithm")
+    try:
+        given = config.params()
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="algorithm") from None
+    both = sorted(set(given) & set(params))
+    if both:
+        raise ConfigError(f"given both in {type(config).__name__}(...) and as a parameter", field=both[0])
+    return config.name, {**given, **params}

@@ -299,9 +299,10 @@ def test_a_node_sends_no_plaintext_tuning_score_in_secure_mode(tmp_path):
     from flwr.app import ConfigRecord, Context, Message, RecordDict
 
     from fedpriv.algorithms.als import ALSConfig, PublicState
+    from fedpriv.algorithms.config import Aggregation
     from fedpriv.flower import client_app, codec
 
-    state = PublicState(algorithm="adadpals", config=replace(ALSConfig(), aggregation="secure"), n_items=4, n_users=0, rating_range=(1.0, 5.0), implicit=False)
+    state = PublicState(algorithm="adadpals", config=replace(ALSConfig(), aggregation=Aggregation("secure")), n_items=4, n_users=0, rating_range=(1.0, 5.0), implicit=False)
     content = codec.encode_state(state, str(tmp_path), 1)
     content["tune"] = ConfigRecord({"clip": 4.0})
     msg = Message(content=content, dst_node_id=1, message_type="query.tune_score")

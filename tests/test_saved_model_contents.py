@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fedpriv
-from fedpriv.algorithms.config import ALSConfig
+from fedpriv.algorithms.config import Aggregation, ALSConfig
 from fedpriv.cli import main
 from fedpriv.run.model import Model
 
@@ -27,7 +27,7 @@ TOP_KEYS = {
     "item_ids", "item_names", "epsilon_spent", "delta", "info",
 }  # fmt: skip
 INFO_KEYS = {"algorithm", "dataset", "engine", "epsilon"}
-CONFIG_KEYS = {f.name for f in dataclasses.fields(ALSConfig)}  # the public hyperparameters
+CONFIG_KEYS = {f.name for f in dataclasses.fields(ALSConfig)} - {"aggregation"} | set(Aggregation.KEYS)  # the public hyperparameters and the engine options
 # counts_hat / item_support: the released (noised) item counts and the bias stage's weight sums,
 # the popularity the ranking reads (issue 33)
 ARRAYS = {"item_factors", "item_bias", "item_ids", "encoder_params", "counts_hat", "item_support"}

@@ -104,7 +104,7 @@ def test_too_many_dropped_nodes_release_nothing(small_mf):
     from fedpriv.errors import PrivacyError
 
     with pytest.raises(PrivacyError, match="fewer than the 8"):
-        train_rounds(Dropping(shards, reproducible=True), SecureAggregator(ledger, cfg.secure_dropout), state)
+        train_rounds(Dropping(shards, reproducible=True), SecureAggregator(ledger, cfg.aggregation.dropout), state)
     assert ledger.releases == []
 
 

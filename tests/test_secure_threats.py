@@ -70,7 +70,7 @@ def test_too_few_nodes_for_the_collusion_is_an_error_naming_the_option():
     with pytest.raises(ConfigError) as err:
         ALSConfig.from_overrides({"secure_collusion": "-1"})
     assert err.value.field == "secure_collusion"
-    assert ALSConfig.from_overrides({"secure_collusion": "3"}).secure_collusion == 3
+    assert ALSConfig.from_overrides({"secure_collusion": "3"}).aggregation.collusion == 3
 
 
 def test_the_plan_sent_to_nodes_carries_the_collusion():

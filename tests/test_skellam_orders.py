@@ -123,13 +123,13 @@ def test_the_old_fractional_order_calibration_overspends_at_integer_orders(eps, 
 @pytest.mark.parametrize("eps", [1.0, 5.0, 20.0])
 def test_every_secure_caller_calibrates_at_integer_orders(eps):
     from fedpriv.algorithms import pam
-    from fedpriv.algorithms.config import PAMConfig
+    from fedpriv.algorithms.config import Aggregation, PAMConfig
 
     # SecureDPFedAvg (its calibration): 10 rounds of one Skellam release
     z = calibrate([PlannedRelease("update", 10, 1.0)], eps, DELTA, integer_orders=True).multiplier("update")
     assert eps * 0.97 <= epsilon_rdp([_skellam("update", 1.0, z, 10)], DELTA) <= eps * (1 + 1e-3)
     # PAM in secure mode
-    state, _ = pam.new_pam_state("pam", PAMConfig(aggregation="secure"), 6, 2, 8, eps, DELTA, ledger_seed=0)
+    state, _ = pam.new_pam_state("pam", PAMConfig(aggregation=Aggregation("secure")), 6, 2, 8, eps, DELTA, ledger_seed=0)
     central, _ = pam.new_pam_state("pam", PAMConfig(), 6, 2, 8, eps, DELTA, ledger_seed=0)
     recs = [_skellam(p.name, 1.0, state.multipliers[p.name], p.count) for p in pam.plan_pam_releases("pam", state.config)]
     assert eps * 0.97 <= epsilon_rdp(recs, DELTA) <= eps * (1 + 1e-3)

@@ -12,14 +12,16 @@ import pytest
 import fedpriv
 from fedpriv.algorithms import registry
 from fedpriv.algorithms.config import ALSConfig
-from fedpriv.algorithms.typed import CLASSES, AdaDPALS, AMSSP, Bias, BiasStage, Budget, Clipping, Regularisation, offered_keys
+from fedpriv.algorithms.typed import AdaDPALS, AMSSP, Bias, BiasStage, Budget, Clipping, Regularisation, classes, offered_keys
+
+CLASSES = classes()
 from fedpriv.errors import ConfigError
 from fedpriv.run import InProcess, Job
 
 SPEC = "synthetic-mf:users=200,items=40,ratings=4000,seed=2"
 #: config keys no user sets: filled by the parser, engine options (they belong to the run), the
 #: algorithm's own options object
-NOT_OFFERED = {"given", "options", "aggregation", "secure_dropout", "secure_collusion"}
+NOT_OFFERED = {"given", "options", "aggregation"}  # aggregation: the engine options, a field of their own
 
 
 def _reads(name: str) -> set[str]:
@@ -30,9 +32,10 @@ def _reads(name: str) -> set[str]:
     return keys - set(spec.fixed)
 
 
-@pytest.mark.parametrize("name", sorted(CLASSES))
+@pytest.mark.parametrize("name", sorted(registry.names()))
 def test_each_class_offers_exactly_the_keys_its_algorithm_reads(name):
     assert set(CLASSES) == set(registry.names())  # one class per registered rating algorithm
+    assert CLASSES[name].name == name  # registering named it
     if name == "popular":  # the popularity list has no model: the bias coordinates mean nothing to it
         assert offered_keys(CLASSES[name]) == _reads(name) - {"user_bias", "item_bias"}
     else:
@@ -67,3 +70,12 @@ def test_bad_values_and_keys_given_twice_name_the_key():
     with pytest.raises(ConfigError) as err:
         Job(object(), SPEC, epsilon=1.0)
     assert err.value.field == "algorithm"
+
+
+def test_a_class_serves_one_algorithm():
+    """Registration names the class; a second algorithm registering the same class is refused."""
+    from fedpriv.algorithms.registry import AlgorithmSpec, register
+
+    with pytest.raises(ValueError, match="already the typed configuration"):
+        register(AlgorithmSpec("test-second-adadpals", registry.get("adadpals").rating_weights, typed=AdaDPALS))
+    assert "test-second-adadpals" not in registry.names()

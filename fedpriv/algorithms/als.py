@@ -145,7 +145,7 @@ def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[Planne
         plan += list(spec.step_releases(cfg, rest / cfg.steps))
     elif plan and plan[-1].name == "bias":  # the bias model alone: the stage takes the rest
         plan[-1] = PlannedRelease("bias", 1, cfg.share_bias + rest)
-    if cfg.aggregation == "secure":
+    if cfg.aggregation.secure:
         # distributed Skellam noise has no subsampled accountant event: no amplification credit
         plan = [PlannedRelease(p.name, p.count, p.share) for p in plan]
     return plan
@@ -158,7 +158,7 @@ def calibrate_plan(algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: floa
     if not plan:
         return {}
     # secure mode: the releases carry Skellam noise, whose RDP bound holds at integer orders only
-    secure = cfg.aggregation == "secure"
+    secure = cfg.aggregation.secure
     if cfg.defaults == "noise-aware" and registry.get(algorithm).resamples is not None and needs_user_count(algorithm, cfg):
         # SSP1 noises each step's statistics once per server step (hundreds of releases): the
         # user count that the noise-aware rule reads is calibrated as if each step were noised

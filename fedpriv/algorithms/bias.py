@@ -16,6 +16,7 @@ import numpy as np
 
 from ..privacy.weights import uniform_user_weights
 from .registry import AlgorithmSpec, register
+from .typed import Bias
 
 
 def bias_rating_weights(shard, state) -> np.ndarray:
@@ -35,5 +36,6 @@ SPEC = register(
                   ("defaults", "noise-aware")),
         fixed=("rank", "item_bias", "user_bias"),
         bias_model=True,
+        typed=Bias,
     )
 )

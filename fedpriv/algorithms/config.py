@@ -7,7 +7,7 @@ imports neither torch nor dp-accounting (a test checks it)."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from ..errors import ConfigError, did_you_mean
 from . import registry
@@ -48,15 +48,87 @@ def _own_options(spec) -> set[str]:
 
 
 def _parse(cls, overrides: dict):
-    """An instance of the dataclass ``cls`` with ``overrides`` parsed strictly into its fields."""
-    known = {f.name for f in fields(cls)}
+    """An instance of the dataclass ``cls`` with ``overrides`` parsed strictly into its fields
+    (the engine keys into its :class:`Aggregation`, when it has one)."""
+    overrides, engine = _split_engine(cls, overrides)
+    known = {f.name for f in fields(cls)} - {"aggregation"}
     cfg = cls()
     for key, raw in overrides.items():
         if key not in known:
-            shown = sorted(known - {"given", "options"})  # filled by the parser, never set by hand
+            shown = sorted((known | (set(Aggregation.KEYS) if engine is not None else set())) - {"given", "options"})  # filled by the parser, never set by hand
             raise ConfigError(f"unknown key (known: {', '.join(shown)}){did_you_mean(key, shown)}", field=key)
         setattr(cfg, key, _coerce(key, raw, type(getattr(cfg, key))))
+    if engine is not None:
+        cfg.aggregation = engine
     return cfg
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """Engine options, apart from every algorithm's hyperparameters: who sees exact sums.
+    ``mode``: 'central' (a trusted aggregator step adds the noise) or 'secure' (nodes add
+    Skellam noise shares and mask their words: only the noised sum is revealed); ``dropout``:
+    the fraction of nodes that may drop (shares sized for the rest); ``collusion``: nodes that
+    may pool their own noise shares (the noise holds without them). Set with the keys
+    ``aggregation``, ``secure_dropout`` and ``secure_collusion`` (``--aggregation``, ``--set``);
+    the same object for every family (ALS, encoder, DP-SGD, pam)."""
+
+    mode: str = "central"
+    dropout: float = 0.0
+    collusion: int = 1
+
+    #: config key -> field (the keys are what users write and what the JSON holds)
+    KEYS = {"aggregation": "mode", "secure_dropout": "dropout", "secure_collusion": "collusion"}
+
+    @property
+    def secure(self) -> bool:
+        return self.mode == "secure"
+
+    def validate(self) -> None:
+        if self.mode not in ("central", "secure"):
+            raise ConfigError(f"must be 'central' or 'secure', got {self.mode!r}", field="aggregation")
+        if not (0 <= self.dropout < 1):
+            raise ConfigError(f"must be in [0, 1), got {self.dropout}", field="secure_dropout")
+        if not (isinstance(self.collusion, int) and self.collusion >= 0):
+            raise ConfigError(f"must be an integer >= 0, got {self.collusion!r}", field="secure_collusion")
+
+    def to_dict(self) -> dict:
+        """The options under their config keys."""
+        return {key: getattr(self, attr) for key, attr in self.KEYS.items()}
+
+    @classmethod
+    def parse(cls, given: dict) -> "Aggregation":
+        """From config keys (values typed strictly, as every key); validated."""
+        base = cls()
+        values = {attr: _coerce(key, given[key], type(getattr(base, attr))) for key, attr in cls.KEYS.items() if key in given}
+        out = cls(**values)
+        out.validate()
+        return out
+
+
+def _split_engine(cls, overrides: dict) -> tuple[dict, Aggregation | None]:
+    """The overrides without the engine keys, and the engine options they set (None: the
+    config class has no engine options). ``aggregation`` is the mode's key, or a whole
+    :class:`Aggregation`."""
+    if "aggregation" not in {f.name for f in fields(cls)}:
+        return overrides, None
+    rest = {k: v for k, v in overrides.items() if k not in Aggregation.KEYS}
+    given = {k: v for k, v in overrides.items() if k in Aggregation.KEYS}
+    whole = given.get("aggregation")
+    if isinstance(whole, Aggregation):
+        given = {**whole.to_dict(), **{k: v for k, v in given.items() if k != "aggregation"}}
+    return rest, Aggregation.parse(given)
+
+
+def _engine_dict(cfg) -> dict:
+    """``asdict(cfg)`` with the engine options flattened in place under their config keys."""
+    out: dict = {}
+    for name, value in asdict(cfg).items():
+        if name == "aggregation":
+            out.update(cfg.aggregation.to_dict())
+        else:
+            out[name] = value
+    return out
 
 
 @dataclass
@@ -119,11 +191,8 @@ class ALSConfig:
     convex_threshold: float = 3.5  # am-ssp-convex: label 1 when rating >= threshold
     newton_steps: int = 5  # am-ssp-convex: Newton steps of the local logistic user solve
     encoder_sgd_lr: float = 0.01  # am-dpsgd: Adam learning rate on the noised gradient
-    # who sees exact sums: 'central' (a trusted aggregator step adds the noise) or 'secure'
-    # (nodes add Skellam noise shares and mask their words: only the noised sum is revealed)
-    aggregation: str = "central"
-    secure_dropout: float = 0.0  # secure: fraction of nodes that may drop (shares sized for the rest)
-    secure_collusion: int = 1  # secure: nodes that may pool their own noise shares (the noise holds without them)
+    # engine options (aggregation, secure_dropout, secure_collusion), apart from the hyperparameters
+    aggregation: Aggregation = field(default_factory=Aggregation)
     # the algorithm's own typed options (an instance of its spec's ``options`` dataclass), or None
     options: object = None
 
@@ -178,12 +247,7 @@ class ALSConfig:
             raise ConfigError(f"must be finite, got {self.convex_threshold}", field="convex_threshold")
         if not [f for f in self.features.replace(";", ",").split(",") if f.strip()]:
             raise ConfigError("name at least one field (e.g. genre,year or id)", field="features")
-        if self.aggregation not in ("central", "secure"):
-            raise ConfigError(f"must be 'central' or 'secure', got {self.aggregation!r}", field="aggregation")
-        if not (0 <= self.secure_dropout < 1):
-            raise ConfigError(f"must be in [0, 1), got {self.secure_dropout}", field="secure_dropout")
-        if not (isinstance(self.secure_collusion, int) and self.secure_collusion >= 0):
-            raise ConfigError(f"must be an integer >= 0, got {self.secure_collusion!r}", field="secure_collusion")
+        self.aggregation.validate()
         if self.defaults not in ("fixed", "noise-aware"):
             raise ConfigError(f"must be 'fixed' or 'noise-aware', got {self.defaults!r}", field="defaults")
         if self.weight_mode not in ("clip", "normalize"):
@@ -192,8 +256,9 @@ class ALSConfig:
             self.options.validate()
 
     def to_dict(self) -> dict:
-        """The config as JSON values (``given`` as its sorted, comma-joined keys)."""
-        d = asdict(self)
+        """The config as JSON values (``given`` as its sorted, comma-joined keys; the engine
+        options under their keys)."""
+        d = _engine_dict(self)
         d["given"] = ",".join(sorted(self.given))
         if self.options is None:
             del d["options"]  # the built-in algorithms have none: their JSON stays as it was
@@ -233,9 +298,7 @@ class PAMConfig:
     exp_radius: float = 0.0  # pam-exp: C, bound on |v| (0: 2.5 sqrt(k))
     exp_clip: float = 0.0  # pam-exp: L_f, bound on |U^T x| (0: 2 sqrt(k))
     seed: int = 1234  # public seed (the pam-exp net); noise and user groups come from secret randomness
-    aggregation: str = "central"  # or 'secure' (pam, pam-single-model): nodes add distributed noise and mask
-    secure_dropout: float = 0.0  # secure: fraction of nodes that may drop (shares sized for the rest)
-    secure_collusion: int = 1  # secure: nodes that may pool their own noise shares (the noise holds without them)
+    aggregation: Aggregation = field(default_factory=Aggregation)  # secure: pam and pam-single-model only
 
     @classmethod
     def from_overrides(cls, overrides: dict) -> "PAMConfig":
@@ -260,12 +323,7 @@ class PAMConfig:
             raise ConfigError(f"must be in (0, 1), got {self.share_init}", field="share_init")
         if self.schedule not in ("full", "disjoint"):
             raise ConfigError(f"must be 'full' or 'disjoint', got {self.schedule!r}", field="schedule")
-        if self.aggregation not in ("central", "secure"):
-            raise ConfigError(f"must be 'central' or 'secure', got {self.aggregation!r}", field="aggregation")
-        if not (0 <= self.secure_dropout < 1):
-            raise ConfigError(f"must be in [0, 1), got {self.secure_dropout}", field="secure_dropout")
-        if not (isinstance(self.secure_collusion, int) and self.secure_collusion >= 0):
-            raise ConfigError(f"must be an integer >= 0, got {self.secure_collusion!r}", field="secure_collusion")
+        self.aggregation.validate()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return _engine_dict(self)

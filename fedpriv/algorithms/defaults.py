@@ -44,7 +44,10 @@ BIAS_SNR_WIDE = 45.0  # from here: residuals clipped to +-2 instead of +-1
 # bias_prior: the stage's item biases shrink towards their public feature groups (post-processing;
 # test RMSE 0.001-0.003 lower on ML-100K and ml-latest-small at epsilon 5 and 20, every seed;
 # nothing changes without item features)
-BIAS_ONLY = {"bias_stage": True, "rank": 0, "steps": 0, "bias_ridge_units": 3.0, "rating_clip": 1.0, "bias_prior": True}
+# share_mean: the family's default, also where an algorithm starts from a smaller one (AM-DPSGD
+# keeps its one-shot releases small for its gradient rounds; as the bias model it has none: its
+# noisier mean lost 0.009 to the bias model on the 1.5k-user synthetic set at epsilon 0.5)
+BIAS_ONLY = {"bias_stage": True, "rank": 0, "steps": 0, "bias_ridge_units": 3.0, "rating_clip": 1.0, "bias_prior": True, "share_mean": 0.02}
 # k: the DPALS members keep 100 items per user (on the 10M-rating set k = 100 beat the old default
 # of 50 on validation in all four cells tried, by 0.003-0.034; AdaDPALS does not read k)
 WITH_FACTORS = {"bias_stage": True, "rank": 4, "steps": 2, "share_bias": 0.3, "bias_ridge_units": 3.0, "reg_noise_units": 3.0, "factor_floor": 10.0, "rating_clip": 1.0,
@@ -68,14 +71,25 @@ def bias_settings(s: float) -> tuple[float, float]:
     return (3.0 if s < BIAS_SNR_LIGHT else 1.0), (0.5 if s < BIAS_SNR_TIGHT else 1.0 if s < BIAS_SNR_WIDE else 2.0)
 
 
-def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: int, given: frozenset = frozenset()) -> dict:
+def effective_snr(s: float, noisings: int) -> float:
+    """The snr of one noising when a step's statistics are noised ``noisings`` times (SSP1):
+    each draw gets 1/noisings of the step's zCDP budget, so its noise std grows by
+    sqrt(noisings)."""
+    return s / math.sqrt(max(int(noisings), 1))
+
+
+def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: int, given: frozenset = frozenset(), noisings: int = 1) -> dict:
     """The rule's values (typed) for a private run of the ALS family, of ``bias``, of the
     encoder family (AM-SSP, AM-SSP1, AM-DPSGD) or of DP-SGD. Below ``FACTOR_SNR`` every one of
     them is the private bias model (the bias stage alone); above it the ALS family fits factors
     over the stage and the AM-SSP family fits its encoder to the stage's residual. DP-SGD and
     AM-DPSGD (whose steps estimate their own biases, so no stage can precede them) are the bias
     model at every snr: their own settings lost to it wherever measured. ``given``: keys the user set; an algorithm whose steps cannot
-    follow the stage (DP-SGD, AM-DPSGD) keeps its own settings when rank or steps were given."""
+    follow the stage (DP-SGD, AM-DPSGD) keeps its own settings when rank or steps were given.
+    ``noisings``: independent noisings of each step's statistics (AM-SSP1: one per server
+    step); factors are fitted only when the snr of one noising reaches ``FACTOR_SNR`` (on the
+    300k-rating synthetic set at epsilon 20, AM-SSP1's 200 noisings at snr 421 lost 0.057 to
+    the bias model)."""
     s = snr(epsilon, delta, n_items, n_users)
     ridge, clip = bias_settings(s)
     spec = registry.get(algorithm)
@@ -87,7 +101,9 @@ def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: 
         # (the 10M-rating set at epsilon 5: 0.929 and 0.927 against 0.775): their own settings
         # run when rank or steps are given (or with defaults=fixed)
         return {} if {"rank", "steps"} & set(given) else {**BIAS_ONLY, "bias_ridge_units": ridge, "rating_clip": clip}
-    if s < FACTOR_SNR:
+    if effective_snr(s, noisings) < FACTOR_SNR:
+        if "bias_stage" in given:  # the stage turned off by hand: the bias model through one rank-0 step, if the steps can be it
+            return {} if spec.encoder else {"rank": 0, "steps": 1, "reg_noise_units": ridge, "rating_clip": clip}
         return {**BIAS_ONLY, "bias_ridge_units": ridge, "rating_clip": clip}
     if spec.encoder:  # the encoder fits the residual of the bias stage (10M-rating set, epsilon 5: 0.765 against 0.903 without the stage)
         return {"bias_stage": True, "bias_prior": True}
@@ -97,7 +113,8 @@ def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: 
 def noise_aware_config(cfg, algorithm: str, epsilon: float, delta: float, n_items: int, n_users: int):
     """A new config: ``cfg`` with the rule's values for every key the user did not set
     (``cfg.given``), validated. ``cfg`` itself is left as it is."""
-    chosen = {k: v for k, v in choose(algorithm, epsilon, delta, n_items, n_users, cfg.given).items() if k not in cfg.given}
+    noisings = registry.get(algorithm).noisings(cfg)
+    chosen = {k: v for k, v in choose(algorithm, epsilon, delta, n_items, n_users, cfg.given, noisings).items() if k not in cfg.given}
     new = dataclasses.replace(cfg, **chosen)
     new.validate()
     return new
@@ -109,6 +126,10 @@ def explain(algorithm: str, cfg, epsilon: float, delta: float, n_items: int, n_u
     s = snr(epsilon, delta, n_items, n_users)
     if registry.get(algorithm).bias_model:
         model = "the bias model (its own algorithm): the rule sets its ridge and clip only"
+    elif (cfg.rank == 0 or (cfg.steps == 0 and cfg.bias_stage)) and registry.get(algorithm).noisings(cfg) > 1:
+        n = registry.get(algorithm).noisings(cfg)
+        model = (f"the bias model: {algorithm} noises each step's statistics {n} times, so one noising's snr is "
+                 f"{s:.3g} / sqrt({n}) = {effective_snr(s, n):.3g} < {FACTOR_SNR:g}, too little signal per item for factors")
     elif (cfg.rank == 0 or (cfg.steps == 0 and cfg.bias_stage)) and s >= FACTOR_SNR:
         model = (f"the bias model: {algorithm}'s own settings lost to it wherever measured (snr {s:.3g}; "
                  "set rank or steps, or defaults=fixed, to run them)")
@@ -137,5 +158,5 @@ def apply(state, ledger) -> None:
         return
     plan = als.plan_releases(state.algorithm, new, state.implicit)
     # secure mode's Skellam records are accounted at integer orders only: calibrate there too
-    state.multipliers = dict(calibrate(plan, epsilon, delta, pinned={"users": state.multipliers["users"]}, integer_orders=new.aggregation == "secure").multipliers)
+    state.multipliers = dict(calibrate(plan, epsilon, delta, pinned={"users": state.multipliers["users"]}, integer_orders=new.aggregation.secure).multipliers)
     state.config = new

@@ -9,6 +9,7 @@ import numpy as np
 
 from .family import sampled_rating_weights
 from .registry import NOISE_AWARE, AlgorithmSpec, register
+from .typed import DPALSUniform
 
 
 def uniform_rating_weights(shard, state) -> np.ndarray:
@@ -16,4 +17,4 @@ def uniform_rating_weights(shard, state) -> np.ndarray:
     return sampled_rating_weights(shard, state, "uniform")
 
 
-SPEC = register(AlgorithmSpec("dpals-uniform", uniform_rating_weights, keys=("k",), summary="DPALS, k items sampled per user", defaults=NOISE_AWARE))
+SPEC = register(AlgorithmSpec("dpals-uniform", uniform_rating_weights, keys=("k",), summary="DPALS, k items sampled per user", defaults=NOISE_AWARE, typed=DPALSUniform))

@@ -171,7 +171,7 @@ def new_pam_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, 
                 raise ConfigError(f"must be a finite number > 0, got {epsilon}", field="--epsilon")
             state.exp_epsilon = float(epsilon)
         else:
-            state.multipliers = calibrate(plan_pam_releases(algorithm, cfg), epsilon, delta, integer_orders=cfg.aggregation == "secure").multipliers  # Skellam: integer orders
+            state.multipliers = calibrate(plan_pam_releases(algorithm, cfg), epsilon, delta, integer_orders=cfg.aggregation.secure).multipliers  # Skellam: integer orders
         budget = (epsilon, delta)  # the ledger refuses any release beyond it (pure bound included)
     return state, PrivacyLedger(seed=ledger_seed, budget=budget, accountant=BestOfAccountant() if budget else None)
 

@@ -21,7 +21,7 @@ def budget_plan(
     als.validate_algorithm(algorithm)
     planned = als.plan_releases(algorithm, cfg, implicit)
     sens = {p.name: als.sensitivity(p.name, cfg, rating_range) for p in planned}
-    secure = cfg.aggregation == "secure"  # Skellam noise: calibrated and accounted at integer RDP orders
+    secure = cfg.aggregation.secure  # Skellam noise: calibrated and accounted at integer RDP orders
     plan = calibrated_plan(algorithm, planned, sens, epsilon, delta, rating_range=rating_range, tuning=tuning, integer_orders=secure)
     plan.one_shot = als.PRE_RELEASES
     before = plan.calibration.share_rule

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .registry import AlgorithmSpec, register
+from .typed import Popular
 
 
 def no_rating_weights(shard, state) -> np.ndarray:
@@ -32,5 +33,6 @@ SPEC = register(
         setup_only=True,
         defaults=(("rank", "0"), ("steps", "1"), ("share_counts", "0.9"), ("share_mean", "0.08"), ("item_bias", "true"), ("user_bias", "false")),
         fixed=("rank", "steps"),
+        typed=Popular,
     )
 )

@@ -251,7 +251,7 @@ def release_ranges(total: np.ndarray, state: als.PublicState, cfg: RecommendConf
     through the ledger (L2 sensitivity sqrt(k)), then read [lo_a, hi_a] off the noised
     histogram (post-processing)."""
     k = total.shape[0]
-    z = hist_multiplier(cfg, integer_orders=state.config.aggregation == "secure")  # secure: the decoded Skellam sum's planned z
+    z = hist_multiplier(cfg, integer_orders=state.config.aggregation.secure)  # secure: the decoded Skellam sum's planned z
     noised = ledger.gaussian(HIST_RELEASE, total, sensitivity=math.sqrt(k), noise_multiplier=z)
     return quantile_ranges(noised, hist_edges(state, cfg.bins), cfg.quantiles)
 

@@ -65,6 +65,8 @@ class AlgorithmSpec:
     # the algorithm's own config keys as a dataclass (``cfg.options`` holds the parsed instance;
     # its ``validate()`` runs with the config's); the shared keys stay in ALSConfig
     options: type | None = None
+    # its typed configuration class (fedpriv.algorithms.typed): registering names the class
+    typed: type | None = None
 
     def noisings(self, cfg) -> int:
         """Independent noise draws of the item statistics per alternating step (1 unless SSP1)."""
@@ -139,6 +141,10 @@ def register(spec: AlgorithmSpec) -> AlgorithmSpec:
         raise ValueError(f"algorithm {spec.name!r}: contribution must be one of {_CONTRIBUTIONS}, got {spec.contribution!r}")
     if spec.name in _SPECS:
         raise ValueError(f"algorithm {spec.name!r} is registered twice")
+    if spec.typed is not None:
+        if spec.typed.name not in ("", spec.name):
+            raise ValueError(f"algorithm {spec.name!r}: {spec.typed.__name__} is already the typed configuration of {spec.typed.name!r}")
+        spec.typed.name = spec.name
     _SPECS[spec.name] = spec
     return spec
 

@@ -4,7 +4,8 @@
     job = fedpriv.Job(AdaDPALS(rank=8, mu=0.25, clipping=Clipping(user_clip=0.5)), "ml-100k:PATH", epsilon=5)
     fedpriv.train(AMSSP(features="genre,year,id"), data, epsilon=5)
 
-Each class holds only what its algorithm reads (its own keys, the shared ones, and the pieces:
+Each class is named by its algorithm's registration (``AlgorithmSpec(..., typed=AdaDPALS)``; a
+new algorithm may define its own class in its own module, from these pieces). Each holds only what its algorithm reads (its own keys, the shared ones, and the pieces:
 :class:`Clipping`, :class:`Budget`, :class:`Regularisation`, :class:`BiasStage`), typed, every
 field ``None`` by default. ``None`` means *not given*: the noise-aware rule
 (:mod:`fedpriv.algorithms.defaults`) or the algorithm's default chooses it, so which keys a user
@@ -97,7 +98,7 @@ class AlgorithmConfig:
     """What every rating algorithm reads. ``defaults``: "noise-aware" (the rule chooses what is
     not given) or "fixed" (as written); ``seed``: the public seed of the initialisations."""
 
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # set when the algorithm's spec is registered with this class
     defaults: str | None = None
     clipping: Clipping | None = None
     budget: Budget | None = None
@@ -134,40 +135,35 @@ class _Factored(AlgorithmConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class Bias(AlgorithmConfig):
-    """``bias``: the private bias model (global mean, item biases, user biases solved locally)."""
+    """The private bias model (global mean, item biases, user biases solved locally)."""
 
-    name: ClassVar[str] = "bias"
     steps: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class Popular(AlgorithmConfig):
-    """``popular``: the private most-popular list (item counts released once)."""
+    """The private most-popular list (item counts released once)."""
 
-    name: ClassVar[str] = "popular"
 
 
 @dataclass(frozen=True, kw_only=True)
 class ALS(_Factored):
-    """``als``: non-private weighted-lambda ALS (the reference)."""
+    """Non-private weighted-lambda ALS (the reference)."""
 
-    name: ClassVar[str] = "als"
     reg_item: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class DPALSUniform(_Factored):
-    """``dpals-uniform``: DPALS, ``k`` items sampled per user."""
+    """DPALS, ``k`` items sampled per user."""
 
-    name: ClassVar[str] = "dpals-uniform"
     k: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class DPALSTail(_Factored):
-    """``dpals-tail``: DPALS, the ``k`` least popular items per user."""
+    """DPALS, the ``k`` least popular items per user."""
 
-    name: ClassVar[str] = "dpals-tail"
     k: int | None = None
 
 
@@ -182,16 +178,14 @@ class _Adaptive(_Factored):
 
 @dataclass(frozen=True, kw_only=True)
 class AdaDPALS(_Adaptive):
-    """``adadpals``: AdaDPALS, adaptive weights from private counts."""
+    """AdaDPALS, adaptive weights from private counts."""
 
-    name: ClassVar[str] = "adadpals"
 
 
 @dataclass(frozen=True, kw_only=True)
 class DPSGD(_Factored):
-    """``dpsgd``: federated DP-SGD on the item factors (a baseline)."""
+    """Federated DP-SGD on the item factors (a baseline)."""
 
-    name: ClassVar[str] = "dpsgd"
     sgd_lr: float | None = None
     sgd_sampling_rate: float | None = None
     sgd_clip: float | None = None
@@ -219,43 +213,41 @@ class _ServerSteps(_Encoder):
 
 @dataclass(frozen=True, kw_only=True)
 class AMSSP(_ServerSteps):
-    """``am-ssp``: alternating minimization with sufficient statistics (SSP2: one noising per step)."""
+    """AM-SSP: alternating minimization with sufficient statistics (SSP2: one noising per step)."""
 
-    name: ClassVar[str] = "am-ssp"
     ssp_resamples: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class AMSSP1(_ServerSteps):
-    """``am-ssp1``: SSP1, an independent noising per server step."""
+    """AM-SSP1: an independent noising per server step."""
 
-    name: ClassVar[str] = "am-ssp1"
     ssp_resamples: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class AMSSPConvex(_ServerSteps):
-    """``am-ssp-convex``: the logistic model (ratings >= ``convex_threshold`` are positives)."""
+    """AM-SSP-convex: the logistic model (ratings >= ``convex_threshold`` are positives)."""
 
-    name: ClassVar[str] = "am-ssp-convex"
     convex_threshold: float | None = None
     newton_steps: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class AMDPSGD(_Encoder):
-    """``am-dpsgd``: the encoder trained by federated DP-SGD."""
+    """AM-DPSGD: the encoder trained by federated DP-SGD."""
 
-    name: ClassVar[str] = "am-dpsgd"
     sgd_sampling_rate: float | None = None
     sgd_clip: float | None = None
     encoder_sgd_lr: float | None = None
 
 
-#: every typed configuration, by algorithm name
-CLASSES: dict[str, type[AlgorithmConfig]] = {
-    cls.name: cls for cls in (Bias, Popular, ALS, DPALSUniform, DPALSTail, AdaDPALS, DPSGD, AMSSP, AMSSP1, AMSSPConvex, AMDPSGD)
-}
+def classes() -> dict[str, type[AlgorithmConfig]]:
+    """Every registered algorithm's typed configuration, by name (a spec names its class with
+    ``typed=``; registering sets the class's :attr:`AlgorithmConfig.name`)."""
+    from . import registry
+
+    return {name: registry.get(name).typed for name in registry.names() if registry.get(name).typed is not None}
 
 
 def offered_keys(cls: type[AlgorithmConfig]) -> set[str]:

@@ -122,9 +122,9 @@ class SecureAggregator:
 
 
 def make_aggregator(cfg, ledger: PrivacyLedger | None):
-    """The aggregator of ``cfg.aggregation``."""
-    if getattr(cfg, "aggregation", "central") == "secure":
-        return SecureAggregator(ledger, cfg.secure_dropout, cfg.secure_collusion)
+    """The aggregator of the engine options ``cfg.engine``."""
+    if cfg.aggregation.secure:
+        return SecureAggregator(ledger, cfg.aggregation.dropout, cfg.aggregation.collusion)
     return CentralAggregator(ledger)
 
 
@@ -207,14 +207,14 @@ def recommend_rounds(transport: RecommendTransport, state: als.PublicState, cfg,
     merged (through the ledger's budget check). Returns (summary, {client key: reported items})."""
     cfg.validate()
     candidates = recommend.candidate_items(state, cfg.candidates)
-    if cfg.sensitivity == "quantile" and state.config.aggregation == "secure":
+    if cfg.sensitivity == "quantile" and state.config.aggregation.secure:
         lo, hi = _secure_ranges(transport, state, candidates, cfg, ledger)
     elif cfg.sensitivity == "quantile":
         lo, hi = recommend.release_ranges(transport.histogram(state, candidates, cfg), state, cfg, ledger)
     else:
         lo, hi = recommend.public_ranges(state, candidates, cfg)
     sums, reports = None, {}
-    secure_eval = state.config.aggregation == "secure"  # the server sees no client's own evaluation sums
+    secure_eval = state.config.aggregation.secure  # the server sees no client's own evaluation sums
     for key, n_users, picks, records, part in transport.reports(state, candidates, lo, hi, cfg, secure_eval):
         try:
             rels = recommend.check_report(picks, records, None if secure_eval else part, n_users, len(candidates), cfg)
@@ -237,7 +237,7 @@ def _secure_ranges(transport, state: als.PublicState, candidates: np.ndarray, cf
     k = len(candidates)
     n_nodes, max_users = transport.population()
     parts = [(recommend.HIST_RELEASE, k * cfg.bins, float(np.sqrt(k)), recommend.hist_multiplier(cfg, integer_orders=True))]
-    values, proxy = distributed.secure_round(ledger, parts, n_nodes=n_nodes, max_users=max_users, dropout=state.config.secure_dropout,
-                                             colluders=state.config.secure_collusion,
+    values, proxy = distributed.secure_round(ledger, parts, n_nodes=n_nodes, max_users=max_users, dropout=state.config.aggregation.dropout,
+                                             colluders=state.config.aggregation.collusion,
                                              secure_sum=lambda plan: transport.secure_histogram(plan, state, candidates, cfg))
     return recommend.release_ranges(values[recommend.HIST_RELEASE].reshape(k, cfg.bins), state, cfg, proxy)

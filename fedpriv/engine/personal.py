@@ -124,7 +124,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
         **_spent(ledger, delta, private),
         "rho_zcdp": zcdp_rho(ledger) if private else None,
         "noise_multipliers": dict(state.multipliers),
-        "aggregation": cfg.aggregation,
+        "aggregation": cfg.aggregation.mode,
         **extra,
         "timings": timings,
         "wall_seconds": time.perf_counter() - t0,

@@ -68,7 +68,7 @@ def tune_score(msg: Message, context: Context) -> Message:
     """Private tuning (central mode): the sum over the node's users of min(own validation MSE,
     clip), users solved locally from their training ratings; the server adds the noise."""
     state, data_dir, upn = codec.decode_state(msg.content)
-    if state.config.aggregation != "central":  # secure mode: nothing of one node in plaintext
+    if state.config.aggregation.mode != "central":  # secure mode: nothing of one node in plaintext
         raise PermissionError("a node in secure mode sends no plaintext tuning score")
     folder = data_dir_of(context.node_config, data_dir)
     history, valid = (load_shard(folder, part, _partition_id(context), upn) for part in ("train", "valid"))

@@ -44,7 +44,7 @@ def load_block(folder: str, partition_id: int, users_per_node: int):
 def decode_pam_state(content: RecordDict):
     cfg = content.config_records["cfg"]
     arrays = content.array_records["state"]
-    state = pam.PAMState(str(cfg["algorithm"]), pam.PAMConfig(**json.loads(str(cfg["config"]))), int(cfg["d"]), int(cfg["k"]), int(cfg["samples"]), {})
+    state = pam.PAMState(str(cfg["algorithm"]), pam.PAMConfig.from_overrides(json.loads(str(cfg["config"]))), int(cfg["d"]), int(cfg["k"]), int(cfg["samples"]), {})
     state.U = arrays["U"].numpy() if "U" in arrays else None
     state.theta = arrays["theta"].numpy() if "theta" in arrays else None
     group = int(cfg.get("group", -1))

@@ -10,7 +10,7 @@ import json
 import math
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -84,7 +84,7 @@ def encode_pam_state(state: pam.PAMState, data_dir: str, users_per_node: int, gr
     cfg = ConfigRecord(
         {
             "algorithm": state.algorithm,
-            "config": json.dumps(asdict(state.config)),
+            "config": json.dumps(state.config.to_dict()),
             "d": state.d,
             "k": state.k,
             "samples": state.samples,
@@ -124,7 +124,7 @@ class _GridPamTransport:
     def __init__(self, rounds: Rounds, state: pam.PAMState, data_dir: str, users_per_node: int, key_file: str | None):
         self.rounds, self.state, self.data_dir, self.upn, self.key_file = rounds, state, data_dir, users_per_node, key_file
         self.secure = None
-        if state.config.aggregation == "secure":
+        if state.config.aggregation.secure:
             from .secure_server import SecureRounds
 
             self.secure = SecureRounds(rounds, users_per_node)

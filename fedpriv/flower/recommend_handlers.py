@@ -59,7 +59,7 @@ def register_recommend_handlers(app) -> None:
         held = load_shard(data_dir, "test", pid, upn) if has_test else None
         rep = recommend.client_recommend(shard, state, cand, rec["lo"].numpy(), rec["hi"].numpy(), cfg, held, reproducible=reproducible)
         sums = {k: to_array(np.asarray(v, np.float64)) for k, v in rep.sums.items()}
-        if state.config.aggregation == "secure":  # kept on the node for the secure measurement (rec_eval)
+        if state.config.aggregation.secure:  # kept on the node for the secure measurement (rec_eval)
             context.state[EVAL_KEY] = ArrayRecord(sums)
             sums = {}
         arrays = {"picks": to_array(rep.picks.astype(np.int64)), **sums}

@@ -224,7 +224,7 @@ class _GridTransport(RatingTransport):
     def __init__(self, job: FlowerJob, rounds: Rounds, nodes: _Nodes, down, data_dir: str):
         self.job, self.rounds, self.nodes, self.down, self.data_dir = job, rounds, nodes, down, data_dir
         self.n_params = 0
-        self.secure = SecureRounds(rounds, job.users_per_node) if job.cfg.aggregation == "secure" else None
+        self.secure = SecureRounds(rounds, job.users_per_node) if job.cfg.aggregation.secure else None
 
     def population(self) -> tuple[int, int]:
         return self.secure.population()
@@ -288,7 +288,7 @@ def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content, sec
 def _tune_score(job: FlowerJob, rounds: Rounds, content) -> np.ndarray:
     """Private tuning's score round (central mode): every node's sum of its users' clipped
     validation MSEs, checked against its bound and summed; the tuning adds the noise."""
-    if job.cfg.aggregation != "central":
+    if job.cfg.aggregation.mode != "central":
         raise ConfigError("private tuning on the Flower engine scores in central mode only", field="tune")
     content["tune"] = ConfigRecord({"clip": float(job.tune_score_clip)})
     total = np.zeros(1)

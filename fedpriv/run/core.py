@@ -277,7 +277,7 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
     opts = dataclasses.replace(plan.options, **engine.run_options())
     cfg = copy.deepcopy(plan.config)
     rec_cfg = plan.recommend
-    if opts.tune and engine_name == "flower" and cfg.aggregation != "central":
+    if opts.tune and engine_name == "flower" and cfg.aggregation.mode != "central":
         raise ConfigError("private tuning on the Flower engine runs in central mode (its score round is not a secure sum yet)", field="tune")
     if plan.public is not None:
         if engine_name != "flower":
@@ -294,7 +294,7 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
             "server_holds_ratings": False,
             "duplicates_dropped": None,
             **noise_statement(secrets),
-            "aggregation": cfg.aggregation,
+            "aggregation": cfg.aggregation.mode,
         }
         state, ledger, timings, rec_ledger = _train_flower(
             algorithm, None, cfg, opts, plan.rating_range, public.implicit, epsilon, delta, engine.work_dir, metrics, engine.flower_runner(),
@@ -313,7 +313,7 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
         "duplicates_dropped": int(ds.duplicates_dropped),
         **noise_statement(secrets),
         # who saw exact sums: the ServerApp's aggregator step (central) or nobody (secure)
-        "aggregation": cfg.aggregation,
+        "aggregation": cfg.aggregation.mode,
     }
     rec_ledger = None
     if opts.tune:
@@ -410,7 +410,7 @@ def _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, *, algorithm, 
             {"mechanism": rec_cfg.mechanism, "sensitivity_source": rec_cfg.sensitivity, "epsilon_select": rec_cfg.epsilon,
              "epsilon": epsilon_bounds(rec_ledger, delta)[0], "params": rec_cfg.params,
              # the score histogram (quantile source) is a secure sum in secure mode
-             "aggregation": cfg.aggregation}
+             "aggregation": cfg.aggregation.mode}
         )
         metrics["epsilon_training"] = epsilon_bounds(ledger, delta)[0] if private else None
         records = records + rec_ledger.to_list()

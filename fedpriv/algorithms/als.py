@@ -501,6 +501,31 @@ def private_item_ridge(state: PublicState) -> float:
     return cfg.reg_item_private + cfg.reg_noise_units * noise_std("item_stats_A", state)
 
 
+def step_bias_prior(A: np.ndarray, b: np.ndarray, state: PublicState, features) -> None:
+    """Post-processing of the bias model's rank-0 step with public item features (``bias`` with
+    ``bias_prior``): each item's bias is shrunk towards the pooled effect of its feature groups
+    instead of towards 0, as :func:`bias_feature_prior` does for the bias stage. The step solved
+    item_bias_i = kappa b_i / (A_i + ridge) from the released A (kappa^2 times the item's weight
+    sum) and b; a group's effect pools the released sums of its items, kappa sum b / (sum A +
+    ridge). No release and no budget."""
+    cfg = state.config
+    if features is None or not state.private or cfg.rank != 0 or not item_bias_coordinate(cfg):
+        return
+    import scipy.sparse as sp
+
+    X = sp.csr_matrix(features.matrix, dtype=np.float64)
+    if X.shape[0] != state.n_items or X.shape[1] == 0:
+        return
+    kappa = bias_coordinate(state)
+    a = np.maximum(np.asarray(A, dtype=np.float64)[:, -1, -1], cfg.psd_floor)
+    kb = kappa * np.asarray(b, dtype=np.float64)[:, -1]
+    ridge = private_item_ridge(state)
+    group = (X.T @ kb) / (X.T @ a + ridge)
+    active = np.asarray(X.sum(axis=1)).ravel()
+    prior = (X @ group) / np.maximum(active, 1.0)
+    state.item_bias = (kb + ridge * prior) / (a + ridge)
+
+
 def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state: PublicState) -> None:
     """Item solve from (noised) statistics: PSD projection, regularisation, batched solve;
     sets the state's item factors (and item biases)."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..privacy.weights import uniform_user_weights
+from . import als
+from .steps import AlternatingStep
 from .registry import AlgorithmSpec, register
 from .typed import Bias
 
@@ -23,6 +25,24 @@ def bias_rating_weights(shard, state) -> np.ndarray:
     """w_ij = min(1, sqrt(beta / n_j)) on each of user j's ratings."""
     return uniform_user_weights(shard.indptr, state.config.beta)
 
+
+class BiasStep(AlternatingStep):
+    """The family's step at rank 0; with ``bias_prior`` (public item features on the server)
+    each item's bias is then shrunk towards its feature groups' pooled effect (post-processing
+    of the released statistics: :func:`fedpriv.algorithms.als.step_bias_prior`)."""
+
+    def setup(self, state, features):
+        super().setup(state, features)
+        return features  # public: the server's item features, for the prior
+
+    def server(self, release, state, server) -> None:
+        super().server(release, state, server)
+        if state.config.bias_prior:
+            A, b, *_ = release
+            als.step_bias_prior(A, b, state, server)
+
+
+BIAS_STEP = BiasStep()
 
 SPEC = register(
     AlgorithmSpec(
@@ -36,6 +56,7 @@ SPEC = register(
                   ("defaults", "noise-aware")),
         fixed=("rank", "item_bias", "user_bias"),
         bias_model=True,
+        step=BIAS_STEP,
         typed=Bias,
     )
 )

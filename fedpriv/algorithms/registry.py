@@ -60,7 +60,7 @@ class AlgorithmSpec:
     resamples: Callable | None = None  # cfg -> independent noisings of a step's statistics (SSP1)
     defaults: tuple[tuple[str, str], ...] = ()  # config values this algorithm starts from (overrides win)
     fixed: tuple[str, ...] = ()  # config keys of ``defaults`` an override may not change
-    bias_model: bool = False  # the private bias model itself: the noise-aware rule sets its ridge and clip only
+    bias_model: bool = False  # the private bias model itself: the noise-aware rule sets its ridge, clip and feature prior only
     setup_only: bool = False  # the setup releases are the whole run (no alternating step: popular)
     # the algorithm's own config keys as a dataclass (``cfg.options`` holds the parsed instance;
     # its ``validate()`` runs with the config's); the shared keys stay in ALSConfig

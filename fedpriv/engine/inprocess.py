@@ -140,7 +140,8 @@ class ShardTransport(RatingTransport):
         return np.sum([als.client_vector(kind, s, state) for s in self.shards], axis=0)
 
     def start(self, state: als.PublicState, server) -> None:
-        self.table = server.encoder.table if server is not None else None
+        encoder = getattr(server, "encoder", None)  # an encoder server; the bias model keeps its public features
+        self.table = encoder.table if encoder is not None else None
 
     def prepare(self, step: int) -> None:
         pass

@@ -1,13 +1,17 @@
 """Every private algorithm's default run (no --set) against the private bias model, over a grid
 of data sets x epsilons x noise seeds: test RMSE (mean and std over the seeds), the gap to the
-``bias`` algorithm's mean and per seed (same noise seed), what the noise-aware rule chose (its
-model and snr), the epsilon spent, Recall@10 beside the private ``popular`` baseline at the same
-epsilon and seed, and the seconds each cell took. The summary lists the worst gap and every cell
-whose mean loses to the bias model by more than 0.005 (``--tolerance``). Variants (``--variants``)
-measure the public-feature prior: the ``bias`` algorithm with ``bias_prior`` (it has no bias
-stage, so the flag changes nothing), the bias model as a bias stage (``bias_stage=true
-steps=0``) with and without the prior, and ``adadpals``'s default with the prior switched off
-(opt-in: AM-DPSGD's and AM-SSP's own settings, ``defaults=fixed``).
+``bias`` algorithm's default run (the reference: it applies the public-feature prior,
+``bias_prior``, by default) in mean and per seed (same noise seed), what the noise-aware rule
+chose (its model and snr), the epsilon spent, Recall@10 beside the private ``popular`` baseline at
+the same epsilon and seed, and the seconds each cell took. Each cell also runs the plain bias
+model (``bias`` with ``bias_prior=false``, key ``bias-plain``) and gives every default's gap to it
+(``gap_to_plain_*``): the public-feature claim is made against that one. The summary lists the
+worst gap and every cell whose mean loses to the reference by more than 0.005 (``--tolerance``),
+and per data set and epsilon the best default's gain over both bias models and the prior's own
+gain in the ``bias`` algorithm. Variants (``--variants``) measure the prior elsewhere: the bias
+model as a bias stage (``bias_stage=true steps=0``) with and without the prior, and
+``adadpals``'s default with the prior switched off (opt-in: ``bias+prior``, now the reference's
+own setting, and AM-DPSGD's and AM-SSP's own settings, ``defaults=fixed``).
 Prints one JSON object and writes it to ``--out`` (after every data set too).
 
     nice -n 19 python benchmarks/bench_defaults_grid.py --out results/defaults_grid.json
@@ -36,8 +40,11 @@ DATASETS = (
     "synthetic-mf:users=6000,items=1000,ratings=300000,seed=11",
 )
 ALGORITHMS = ("adadpals", "dpals-tail", "dpals-uniform", "am-ssp", "am-ssp1", "am-dpsgd", "dpsgd")
+# the plain private bias model (no public-feature prior), run in every cell beside the reference
+PLAIN = ("bias-plain", "bias", {"bias_prior": False})
 # name -> (algorithm, --set values): not defaults, reported apart from the floor check
 VARIANTS = {
+    # now the reference's own setting (bias_prior is on in the bias algorithm's defaults): opt-in, as a check
     "bias+prior": ("bias", {"bias_prior": True}),
     "bias-stage": ("bias", {"bias_stage": True, "steps": 0, "bias_prior": False}),
     "bias-stage+prior": ("bias", {"bias_stage": True, "steps": 0, "bias_prior": True}),
@@ -46,7 +53,7 @@ VARIANTS = {
     "am-dpsgd-fixed": ("am-dpsgd", {"defaults": "fixed"}),
     "am-ssp-fixed": ("am-ssp", {"defaults": "fixed"}),
 }
-DEFAULT_VARIANTS = ("bias+prior", "bias-stage", "bias-stage+prior", "adadpals-no-prior")
+DEFAULT_VARIANTS = ("bias-stage", "bias-stage+prior", "adadpals-no-prior")
 
 
 def _name(data: str) -> str:
@@ -71,7 +78,8 @@ def _std(xs: list[float]) -> float:
     return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
-def _cell(runs: list[dict], bias_runs: list[dict] | None, popular_runs: list[dict], tolerance: float) -> dict:
+def _cell(runs: list[dict], bias_runs: list[dict] | None, popular_runs: list[dict], tolerance: float,
+          plain_runs: list[dict] | None = None) -> dict:
     rmse = [r["test_rmse"] for r in runs]
     cell = {"test_rmse": rmse, "mean": statistics.fmean(rmse), "std": _std(rmse)}
     if bias_runs is not None:
@@ -80,6 +88,9 @@ def _cell(runs: list[dict], bias_runs: list[dict] | None, popular_runs: list[dic
         cell["gap_mean"] = cell["mean"] - bias_mean
         cell["gap_max_seed"] = max(cell["gap_per_seed"])
         cell["loses"] = cell["gap_mean"] > tolerance
+    if plain_runs is not None:  # against the plain bias model (no public-feature prior)
+        cell["gap_to_plain_per_seed"] = [a["test_rmse"] - b["test_rmse"] for a, b in zip(runs, plain_runs)]
+        cell["gap_to_plain_mean"] = cell["mean"] - statistics.fmean(r["test_rmse"] for r in plain_runs)
     cell["models"] = sorted({r["model"] for r in runs if r["model"] is not None})
     cell["snr"] = [r["snr"] for r in runs]
     cell["released_n_users"] = [r["released_n_users"] for r in runs]
@@ -150,6 +161,7 @@ def _summary(report: dict, tolerance: float) -> dict:
     for name, entry in report["data"].items():
         for eps, cells in entry["epsilons"].items():
             bias_mean = cells["bias"]["mean"]
+            plain = cells.get(PLAIN[0])
             defaults = {a: c for a, c in cells.items() if a in report["algorithms"]}
             for alg, c in defaults.items():
                 row = {"dataset": name, "epsilon": float(eps), "algorithm": alg, "gap_mean": c["gap_mean"], "gap_per_seed": c["gap_per_seed"],
@@ -164,10 +176,18 @@ def _summary(report: dict, tolerance: float) -> dict:
                     seed_losses.append(row)
             if defaults:
                 alg = min(defaults, key=lambda a: defaults[a]["mean"])
-                best.setdefault(name, {})[eps] = {"algorithm": alg, "mean": defaults[alg]["mean"], "bias_mean": bias_mean,
-                                                  "gain_over_bias": bias_mean - defaults[alg]["mean"]}
+                b = best.setdefault(name, {})[eps] = {"algorithm": alg, "mean": defaults[alg]["mean"], "bias_mean": bias_mean,
+                                                      "gain_over_bias": bias_mean - defaults[alg]["mean"]}
+                if plain is not None:
+                    b["plain_bias_mean"] = plain["mean"]
+                    b["gain_over_plain_bias"] = plain["mean"] - defaults[alg]["mean"]
+                    b["gain_over_plain_bias_per_seed"] = [-g for g in defaults[alg]["gap_to_plain_per_seed"]]
             v = cells.get("variants", {})
             p = {"dataset": name, "epsilon": float(eps), "bias_mean": bias_mean}
+            if plain is not None:  # the prior in the bias algorithm itself: plain minus the reference
+                p["plain_bias_mean"] = plain["mean"]
+                p["prior_gain_bias"] = plain["mean"] - bias_mean
+                p["prior_gain_bias_per_seed"] = [a - b for a, b in zip(plain["test_rmse"], cells["bias"]["test_rmse"])]
             if "bias-stage" in v and "bias-stage+prior" in v:
                 p["bias_stage_mean"], p["bias_stage_prior_mean"] = v["bias-stage"]["mean"], v["bias-stage+prior"]["mean"]
                 p["prior_gain_bias_stage"] = v["bias-stage"]["mean"] - v["bias-stage+prior"]["mean"]
@@ -177,7 +197,7 @@ def _summary(report: dict, tolerance: float) -> dict:
                 p["prior_gain_adadpals_default"] = v["adadpals-no-prior"]["mean"] - cells["adadpals"]["mean"]
                 p["prior_gain_adadpals_default_per_seed"] = [a - b for a, b in zip(v["adadpals-no-prior"]["test_rmse"], cells["adadpals"]["test_rmse"])]
             if "bias+prior" in v:
-                p["bias_prior_flag_change"] = v["bias+prior"]["mean"] - bias_mean  # 0: the bias algorithm has no stage
+                p["bias_prior_flag_change"] = v["bias+prior"]["mean"] - bias_mean  # 0: the reference's own setting
             if len(p) > 3:
                 prior.append(p)
     return {"tolerance": tolerance, "worst_gap": worst, "worst_gap_per_dataset": per_data, "losing_cells": losing,
@@ -205,7 +225,8 @@ def main(argv=None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}")
-    report: dict = {"algorithms": algorithms, "reference": "bias", "ranking_reference": "popular", "epsilons": epsilons, "seeds": seeds,
+    report: dict = {"algorithms": algorithms, "reference": "bias", "plain_reference": {"key": PLAIN[0], "algorithm": PLAIN[1], "set": PLAIN[2]},
+                    "ranking_reference": "popular", "epsilons": epsilons, "seeds": seeds,
                     "variants": {k: {"algorithm": VARIANTS[k][0], "set": VARIANTS[k][1]} for k in variants}, "data": {}}
     t_all = time.perf_counter()
 
@@ -224,18 +245,21 @@ def main(argv=None) -> int:
         for eps in [] if args.references_only else epsilons:
             te = time.perf_counter()
             bias = [_run("bias", data, eps, s, plan.dataset) for s in seeds]
+            plain = [_run(PLAIN[1], data, eps, s, plan.dataset, PLAIN[2]) for s in seeds]
             popular = [_run("popular", data, eps, s, plan.dataset) for s in seeds]
-            cells: dict = {"bias": _cell(bias, None, popular, args.tolerance), "popular": _cell(popular, None, popular, args.tolerance)}
+            cells: dict = {"bias": _cell(bias, None, popular, args.tolerance, plain), PLAIN[0]: _cell(plain, bias, popular, args.tolerance),
+                           "popular": _cell(popular, None, popular, args.tolerance)}
             for alg in algorithms:
-                cells[alg] = _cell([_run(alg, data, eps, s, plan.dataset) for s in seeds], bias, popular, args.tolerance)
+                cells[alg] = _cell([_run(alg, data, eps, s, plan.dataset) for s in seeds], bias, popular, args.tolerance, plain)
             cells["variants"] = {}
             for v in variants:
                 alg, params = VARIANTS[v]
-                cells["variants"][v] = _cell([_run(alg, data, eps, s, plan.dataset, params) for s in seeds], bias, popular, args.tolerance)
+                cells["variants"][v] = _cell([_run(alg, data, eps, s, plan.dataset, params) for s in seeds], bias, popular, args.tolerance, plain)
             cells["seconds"] = time.perf_counter() - te
             entry["epsilons"][f"{eps:g}"] = cells
             lost = [a for a in algorithms if cells[a]["loses"]]
             print(json.dumps({"data": _name(data), "epsilon": eps, "seconds": round(cells["seconds"], 1), "bias": round(cells["bias"]["mean"], 4),
+                              "bias_plain": round(cells[PLAIN[0]]["mean"], 4),
                               "worst": max(((a, round(cells[a]["gap_mean"], 4)) for a in algorithms), key=lambda x: x[1], default=None), "losing": lost}),
                   file=sys.stderr, flush=True)
         entry["seconds"] = time.perf_counter() - t0

@@ -188,7 +188,7 @@ def public_state(algorithm: str, cfg: als.ALSConfig, inter: Interactions, featur
         rng = np.random.default_rng(5)
         state.counts_hat = inter.item_counts() + rng.normal(0, 3, inter.n_items)  # noisy, some < 1
     server = protocol.server_setup(state, features)
-    if server is None:
+    if getattr(server, "encoder", None) is None:  # no encoder server (the bias model keeps only its public features)
         state.item_factors = state.item_factors * inflate
         if cfg.item_bias:
             state.item_bias = np.linspace(-1.0, 1.0, inter.n_items)

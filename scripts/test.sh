@@ -19,6 +19,30 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     fi
     export FEDPRIV_REQUIRE_BROWSER=1
 fi
+# The Docker test (tests/test_docker.py, deployment suite) builds the images of docker/ on a
+# debootstrap base and runs docker/compose.yml: as root with apt (CI), install Debian's docker.io,
+# docker-compose and debootstrap, and start dockerd (log: build/dockerd.log) unless a daemon
+# answers. Once a daemon answers the test is required (FEDPRIV_REQUIRE_DOCKER=1); where dockerd
+# cannot start it skips, naming why.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker-compose >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
+        echo "installing Debian's docker.io, docker-compose and debootstrap for the Docker test" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -qq docker.io docker-compose debootstrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq docker.io docker-compose debootstrap >/dev/null; } \
+            || echo "could not install docker.io, docker-compose and debootstrap: the Docker test will skip" >&2
+    fi
+    if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
+        mkdir -p build
+        echo "starting dockerd (log: build/dockerd.log)" >&2
+        nohup dockerd >build/dockerd.log 2>&1 &
+        for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+    fi
+    if docker info >/dev/null 2>&1; then
+        export FEDPRIV_REQUIRE_DOCKER=1
+    else
+        echo "no Docker daemon (see build/dockerd.log): the Docker test will skip" >&2
+    fi
+fi
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi

@@ -70,11 +70,13 @@ def test_compose_file_runs_the_builders_commands():
         assert svc["entrypoint"] + svc["command"] == want[name], name
     cfg = deploy.docker_config(3)
     assert want["superlink"] == deploy.superlink_command(cfg) and want["supernode-1"] == deploy.supernode_command(cfg, 1)
-    # each SuperNode mounts only the CA, its own key and its own data; the host sees only the Control API
+    # each SuperNode mounts only the CA, its own key and its own data; every service on the host's
+    # network with the SuperLink on loopback only (nothing published)
     for i in range(3):
         mounts = [v.rsplit(":", 2)[1] for v in services[f"supernode-{i}"]["volumes"]]
         assert mounts == [str(cfg.ca_cert), str(cfg.node_private_key(i)), str(cfg.node_data_dir(i))]
-    assert services["superlink"]["ports"] == ["127.0.0.1:8000:8000"]
+    assert all(svc["network_mode"] == "host" and "ports" not in svc for svc in services.values())
+    assert cfg.bind_host == cfg.superlink_host == "127.0.0.1"
     for dockerfile in ("Dockerfile.superlink", "Dockerfile.supernode"):
         assert (ROOT / "docker" / dockerfile).is_file()
 
@@ -88,7 +90,7 @@ def test_docker_prepare_matches_the_compose_file(tmp_path, capsys):
     (run_dir / "dataset").mkdir(parents=True)
     assert main(["deploy", "prepare", "--docker", "--run-dir", str(run_dir), "--nodes", "3", "--data", SYN, "--users-per-node", "100"]) == 0
     state = json.loads((run_dir / "deploy.json").read_text())
-    assert (state["superlink_host"], state["bind_host"], state["fleet_port"], state["control_port"]) == ("superlink", "0.0.0.0", 9092, 8000)
+    assert (state["superlink_host"], state["bind_host"], state["fleet_port"], state["control_port"]) == ("127.0.0.1", "127.0.0.1", 9092, 8000)
     inside = deploy.DeployConfig(run_dir=Path(deploy.DOCKER_RUN_DIR), bin_dir=None, **{k: v for k, v in state.items()})
     services = yaml.safe_load((ROOT / "docker" / "compose.yml").read_text())["services"]
     assert services["superlink"]["entrypoint"] + services["superlink"]["command"] == deploy.superlink_command(inside)
@@ -96,7 +98,7 @@ def test_docker_prepare_matches_the_compose_file(tmp_path, capsys):
         svc = services[f"supernode-{i}"]
         assert svc["entrypoint"] + svc["command"] == deploy.supernode_command(inside, i)
         assert (run_dir / "keys" / f"node-{i}").is_file() and (run_dir / "node-data" / f"node-{i}" / "ratings.npz").is_file()
-    deploy.verify_server_cert(run_dir / "certs" / "ca.crt", run_dir / "certs" / "server.pem", "superlink")
+    deploy.verify_server_cert(run_dir / "certs" / "ca.crt", run_dir / "certs" / "server.pem", "127.0.0.1")
     # a data file inside the run folder is stored relative to it (the folder is mounted elsewhere)
     assert deploy._portable_data(f"ml-100k:{run_dir}/dataset/u.zip", run_dir) == "ml-100k:{run_dir}/dataset/u.zip"
     assert main(["deploy", "prepare", "--docker", "--run-dir", str(tmp_path / "nodata")]) == 2

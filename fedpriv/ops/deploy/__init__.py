@@ -6,7 +6,7 @@ loopback (``fedpriv deploy up|run|down``), or the same processes in Docker conta
   :func:`flwr_run_command`, :func:`register_command`) are pure functions of a
   :class:`DeployConfig`; the local launcher and the compose file use the very same argv.
 * **TLS**: a self-signed CA and a server certificate (SAN 127.0.0.1, localhost and any extra
-  names, e.g. ``superlink`` in Docker) in ``RUN_DIR/certs``. The SuperLink gets ``--ssl-*``,
+  names, e.g. a host's address for nodes on other hosts) in ``RUN_DIR/certs``. The SuperLink gets ``--ssl-*``,
   each SuperNode ``--root-certificates``, the CLI connection ``root-certificates``.
 * **SuperNode authentication**: one ECDSA P-384 key pair per node (OpenSSH format, as
   ``flower-supernode --auth-supernode-private-key`` and ``flwr supernode register`` expect);

@@ -55,7 +55,7 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
 
     pr = sub.add_parser("prepare", help="write certificates, node keys, per-node data and deploy.json without starting anything")
     layout(pr, local=False)
-    pr.add_argument("--docker", action="store_true", help="the layout of docker/compose.yml (SuperLink `superlink` on 0.0.0.0 in its container)")
+    pr.add_argument("--docker", action="store_true", help="the layout of docker/compose.yml (host networking: SuperLink on 127.0.0.1, Fleet API 9092, Control API 8000, nodes 9094+i)")
     pr.add_argument("--bind-host", default=None, help="address the SuperLink listens on (default 127.0.0.1): its host's own address for nodes on other hosts")
     pr.add_argument("--superlink-host", default=None, help="address the nodes and the CLI dial (default 127.0.0.1; added to the certificate)")
 
@@ -115,9 +115,8 @@ def _layout_config(args, *, docker: bool = False) -> tuple[DeployConfig, object]
         run_dir=Path(args.run_dir), nodes=nodes, tls=not insecure, auth=not (insecure or args.no_auth), data=args.data, users_per_node=upn,
         san=list(args.san), **ports,
     )
-    if docker:
-        cfg.bind_host, cfg.superlink_host = "0.0.0.0", "superlink"
-        cfg.san = list(dict.fromkeys(["superlink", *cfg.san]))
+    if docker:  # the compose file's containers share the host's network: everything on its loopback
+        cfg.bind_host = cfg.superlink_host = "127.0.0.1"
     return cfg, job
 
 

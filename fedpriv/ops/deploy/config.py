@@ -18,6 +18,7 @@ STATE_FILE = "deploy.json"
 PIDS_FILE = "pids.json"
 DEFAULT_RUN_DIR = "runs/deploy"
 DOCKER_RUN_DIR = "/fedpriv"  # where compose mounts the run folder (or parts of it)
+# the compose file's ports, on the host's loopback (every container uses the host's network)
 DOCKER_PORTS = {"fleet_port": 9092, "control_port": 8000, "node_port_base": 9094}
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 STOP_SECONDS = 15.0  # SIGTERM, then SIGKILL after this long
@@ -30,8 +31,9 @@ FIXED_BY_UP = ("split", "split_seed", "heldout_fraction", "users_per_node", "nod
 class DeployConfig:
     """One deployment: a SuperLink and ``nodes`` SuperNodes, and where their files live.
 
-    ``bind_host`` is where the SuperLink listens (127.0.0.1 locally; 0.0.0.0 inside a
-    container), ``superlink_host`` how nodes and the CLI reach it. SuperNode i serves its own
+    ``bind_host`` is where the SuperLink listens (127.0.0.1 locally and in the compose file's
+    host-network containers; a host's own address for nodes on other hosts), ``superlink_host``
+    how nodes and the CLI reach it. SuperNode i serves its own
     runtime API on 127.0.0.1:``node_port_base + i`` (used by its ClientApp processes only)."""
 
     run_dir: Path
@@ -182,9 +184,10 @@ def _bin_dir() -> str:
 
 def docker_config(nodes: int = 3, *, data: bool = True, tls: bool = True, auth: bool = True) -> DeployConfig:
     """The configuration the compose file is generated from: the run folder at /fedpriv in
-    every container, the SuperLink listening on all interfaces of its container and reached as
-    ``superlink``; executables from the image's PATH."""
+    every container; every container on the host's network (``network_mode: host``), so the
+    SuperLink listens on 127.0.0.1 and the SuperNodes and the CLI reach it there, on the fixed
+    ports of :data:`DOCKER_PORTS`; executables from the image's PATH."""
     return DeployConfig(
         run_dir=Path(DOCKER_RUN_DIR), nodes=nodes, tls=tls, auth=auth, data="(docker)" if data else None,
-        bind_host="0.0.0.0", superlink_host="superlink", san=["superlink"], bin_dir=None, **DOCKER_PORTS,
+        bind_host="127.0.0.1", superlink_host="127.0.0.1", san=[], bin_dir=None, **DOCKER_PORTS,
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -280,19 +279,9 @@ def _all_gone(pids: list[int], seconds: float = 20.0) -> bool:
 def _kill_when(log, marker: str, pid: int):
     """Kill the process tree of ``pid`` as soon as ``marker`` appears in the file ``log``.
     Returns (killed, done, watcher): set ``done`` and join ``watcher`` when the run is over."""
-    killed, done = threading.Event(), threading.Event()
+    from fedpriv.testing.chaos import kill_when
 
-    def killer():
-        while not done.is_set():
-            if marker in log.read_text(errors="replace"):
-                _kill_tree(pid)
-                killed.set()
-                return
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=killer, daemon=True)
-    watcher.start()
-    return killed, done, watcher
+    return kill_when(lambda: marker in log.read_text(errors="replace"), lambda: _kill_tree(pid))
 
 
 def _tree(cfg) -> list[int]:

@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -262,20 +261,13 @@ def _wait_online(superlink: str, n: int, seconds: float = 180.0) -> list[dict]:
 
 def _kill_when(container: str, marker: str):
     """`docker kill` the container as soon as ``marker`` is in its log. Returns (killed, done, thread)."""
-    killed, done = threading.Event(), threading.Event()
+    from fedpriv.testing.chaos import kill_when
 
-    def watch():
-        while not done.is_set():
-            logs = subprocess.run(["docker", "logs", container], capture_output=True, text=True, timeout=60)
-            if marker in logs.stdout + logs.stderr:
-                subprocess.run(["docker", "kill", container], capture_output=True, timeout=60)
-                killed.set()
-                return
-            time.sleep(0.3)
+    def seen() -> bool:
+        logs = subprocess.run(["docker", "logs", container], capture_output=True, text=True, timeout=60)
+        return marker in logs.stdout + logs.stderr
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return killed, done, thread
+    return kill_when(seen, lambda: subprocess.run(["docker", "kill", container], capture_output=True, timeout=60), interval=0.3)
 
 
 def test_compose_secure_run_completes_with_a_supernode_container_killed(stack, images):

@@ -6,7 +6,9 @@ complete the run, log every rejected reply, and keep the ledger complete."""
 from __future__ import annotations
 
 import random
+import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
@@ -73,3 +75,23 @@ def make_chaos_app(fault_rate: float, *, modes=("raise", "timeout", "garbage"), 
 
     real.register_handlers(_Wrapping(app, wrap))  # every handler of the real app, each wrapped
     return app
+
+
+def kill_when(seen: Callable[[], bool], kill: Callable[[], object], interval: float = 0.1):
+    """Fault injection from outside: call ``kill()`` (end a process, a container) as soon as
+    ``seen()`` is true (a marker in its log), polling every ``interval`` seconds in a daemon
+    thread. Returns (killed, done, thread): set ``done`` and join ``thread`` when the run is over."""
+    killed, done = threading.Event(), threading.Event()
+
+    def watch():
+        while not done.is_set():
+            if seen():
+                kill()
+                killed.set()
+                return
+            time.sleep(interval)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return killed, done, thread
+

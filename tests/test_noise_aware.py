@@ -225,3 +225,14 @@ def test_the_rule_returns_a_new_config_and_leaves_the_given_keys():
     assert new is not cfg and new.rank == 4 and new.given == {"rank"}  # the user's key stays
     assert cfg == ALSConfig.from_overrides({"rank": "4"}, "adadpals")  # the input is untouched
     assert ALSConfig.from_dict(new.to_dict()) == new  # the JSON form round-trips, given included
+
+
+def test_the_explanation_never_claims_a_threshold_the_snr_did_not_reach():
+    """Factors set by hand below the threshold are explained as given, not as snr >= 350."""
+    from fedpriv.algorithms import defaults
+    from fedpriv.algorithms.config import ALSConfig
+
+    for algorithm in ("am-dpsgd", "adadpals"):
+        cfg = ALSConfig.from_overrides({"rank": "4", "steps": "2"}, algorithm)
+        model = defaults.explain(algorithm, cfg, 1.0, 1e-5, 1682, 943)["model"]
+        assert "rank or steps given" in model and ">= 350" not in model, model

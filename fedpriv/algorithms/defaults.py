@@ -137,7 +137,10 @@ def explain(algorithm: str, cfg, epsilon: float, delta: float, n_items: int, n_u
         model = f"the bias model: snr {s:.3g} < {FACTOR_SNR:g}, too little signal per item for factors at this epsilon"
     elif registry.get(algorithm).encoder or registry.get(algorithm).contribution != "stats":
         stage = " over the bias stage" if cfg.bias_stage else ""
-        model = f"{algorithm}'s own settings (rank {cfg.rank}, {cfg.steps} steps){stage}: snr {s:.3g} >= {FACTOR_SNR:g}"
+        why = f"snr {s:.3g} >= {FACTOR_SNR:g}" if s >= FACTOR_SNR else f"rank or steps given (snr {s:.3g} < {FACTOR_SNR:g})"
+        model = f"{algorithm}'s own settings (rank {cfg.rank}, {cfg.steps} steps){stage}: {why}"
+    elif s < FACTOR_SNR:  # factors below the threshold: the user set them
+        model = f"rank {cfg.rank}, {cfg.steps} steps" + (" over the bias stage" if cfg.bias_stage else "") + f": rank or steps given (snr {s:.3g} < {FACTOR_SNR:g})"
     else:
         model = f"rank {cfg.rank}, {cfg.steps} steps over the bias stage: snr {s:.3g} >= {FACTOR_SNR:g}" + (f" (>= {RICH_SNR:g}: the rich setting)" if s >= RICH_SNR else "")
     return {"snr": s, "factor_snr": FACTOR_SNR, "rich_snr": RICH_SNR, "released_n_users": int(n_users), "n_items": int(n_items),

@@ -442,21 +442,31 @@ def bias_feature_prior(state: PublicState, features) -> None:
     rarely rated item gets a far better prior than 0. No release and no budget: only the
     released W and B (recovered from the biases) and the public features are read."""
     cfg = state.config
-    if state.item_support is None or state.item_bias is None or features is None or not state.private:
-        return
-    import scipy.sparse as sp
-
-    X = sp.csr_matrix(features.matrix, dtype=np.float64)
-    if X.shape[0] != state.n_items or X.shape[1] == 0:
+    if state.item_support is None or state.item_bias is None or not state.private:
         return
     W = np.maximum(np.asarray(state.item_support, dtype=np.float64), 0.0)
     ridge = cfg.reg_item_private + cfg.bias_ridge_units * noise_std("bias", state)
     denom = W + ridge + cfg.gravity * state.n_users
     B = np.asarray(state.item_bias, dtype=np.float64) * denom / cfg.rating_clip  # the released numerator
-    group = (X.T @ B) / (X.T @ W + ridge)  # per feature: the pooled effect
+    prior = feature_group_prior(features, state.n_items, B, W, ridge)
+    if prior is not None:
+        state.item_bias = cfg.rating_clip * (B + ridge * prior) / denom
+
+
+def feature_group_prior(features, n_items: int, numerator: np.ndarray, weight: np.ndarray, ridge: float) -> np.ndarray | None:
+    """Each item's prior: the mean pooled effect of its public feature groups, where a group's
+    effect is sum(numerator) / (sum(weight) + ridge) over its items (0 for an item without
+    features); None without a usable feature table. Post-processing of released sums only."""
+    if features is None:
+        return None
+    import scipy.sparse as sp
+
+    X = sp.csr_matrix(features.matrix, dtype=np.float64)
+    if X.shape[0] != n_items or X.shape[1] == 0:
+        return None
+    group = (X.T @ numerator) / (X.T @ weight + ridge)  # per feature: the pooled effect
     active = np.asarray(X.sum(axis=1)).ravel()
-    prior = (X @ group) / np.maximum(active, 1.0)  # the mean effect of the item's groups (0 without features)
-    state.item_bias = cfg.rating_clip * (B + ridge * prior) / denom
+    return (X @ group) / np.maximum(active, 1.0)
 
 
 #: the release function of each pre-processing release (its exact or noised sum -> the value the
@@ -509,21 +519,14 @@ def step_bias_prior(A: np.ndarray, b: np.ndarray, state: PublicState, features) 
     sum) and b; a group's effect pools the released sums of its items, kappa sum b / (sum A +
     ridge). No release and no budget."""
     cfg = state.config
-    if features is None or not state.private or cfg.rank != 0 or not item_bias_coordinate(cfg):
+    if not state.private or cfg.rank != 0 or not item_bias_coordinate(cfg):
         return
-    import scipy.sparse as sp
-
-    X = sp.csr_matrix(features.matrix, dtype=np.float64)
-    if X.shape[0] != state.n_items or X.shape[1] == 0:
-        return
-    kappa = bias_coordinate(state)
     a = np.maximum(np.asarray(A, dtype=np.float64)[:, -1, -1], cfg.psd_floor)
-    kb = kappa * np.asarray(b, dtype=np.float64)[:, -1]
+    kb = bias_coordinate(state) * np.asarray(b, dtype=np.float64)[:, -1]
     ridge = private_item_ridge(state)
-    group = (X.T @ kb) / (X.T @ a + ridge)
-    active = np.asarray(X.sum(axis=1)).ravel()
-    prior = (X @ group) / np.maximum(active, 1.0)
-    state.item_bias = (kb + ridge * prior) / (a + ridge)
+    prior = feature_group_prior(features, state.n_items, kb, a, ridge)
+    if prior is not None:
+        state.item_bias = (kb + ridge * prior) / (a + ridge)
 
 
 def server_item_update(A: np.ndarray, b: np.ndarray, g: np.ndarray | None, state: PublicState) -> None:

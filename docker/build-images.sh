@@ -2,13 +2,14 @@
 # Builds fedpriv's Docker images with no registry image and no package index inside a build:
 #
 #   base    the image fedpriv-base:bookworm: Debian bookworm by `debootstrap --variant=minbase`
-#           from the host's Debian mirror, with python3 (3.11, fedpriv's pin), python3-venv,
+#           from the host's Debian mirror, with python3 (3.11, the Python the wheelhouse is built for), python3-venv,
 #           gcc and libc6-dev (the SuperNode's native kernel), imported with `docker import`.
 #           Skipped when the image exists (--rebuild-base builds it again). Needs root.
 #   wheels  docker/wheels: fedpriv's wheel, built from this checkout, and its dependencies, by
-#           `pip wheel` on the host with the host's pip configuration, pinned to the versions of
-#           the host's Python environment (docker/wheels/constraints.txt). Wheels already there
-#           are reused; fedpriv's own wheel is built again every time.
+#           `pip wheel` on the host with the host's pip configuration, pinned to the NEWEST
+#           supported stack, ci/constraints-newest.txt (Flower 1.42: SuperNodes on the HTTP Fleet
+#           API, as docker/compose.yml expects; copied to docker/wheels/constraints.txt). Wheels
+#           already there are reused; fedpriv's own wheel is built again every time.
 #   images  fedpriv-superlink:TAG and fedpriv-supernode:TAG from the build sections of
 #           docker/compose.yml (context docker/; the Dockerfiles install from the wheelhouse with
 #           `pip install --no-index --find-links`).
@@ -16,7 +17,9 @@
 # Usage (from anywhere; root for the base):
 #   docker/build-images.sh [base] [wheels] [images] [--rebuild-base]     (no step: all three)
 # Environment:
-#   PYTHON         host Python 3.11 with pip (default: the checkout's .venv/bin/python, else python3)
+#   PYTHON         host Python 3.11 with pip, the images' Python (default: the checkout's
+#                  .venv-newest/bin/python, else .venv/bin/python, else python3)
+#   CONSTRAINTS    the wheelhouse's pins (default: ci/constraints-newest.txt)
 #   FEDPRIV_TAG    tag of the two images (default latest), as in compose.yml
 #   FEDPRIV_BASE   base image name (default fedpriv-base:bookworm), as in compose.yml
 #   DEBIAN_MIRROR  Debian mirror for debootstrap (default: the Debian mirror of the host's apt
@@ -112,25 +115,24 @@ EOF
 }
 
 build_wheels() {
-    local py=${PYTHON:-}
+    local py=${PYTHON:-} constraints=${CONSTRAINTS:-$ROOT/ci/constraints-newest.txt}
     if [ -z "$py" ]; then
-        if [ -x "$ROOT/.venv/bin/python" ]; then py=$ROOT/.venv/bin/python; else py=python3; fi
+        if [ -x "$ROOT/.venv-newest/bin/python" ]; then py=$ROOT/.venv-newest/bin/python
+        elif [ -x "$ROOT/.venv/bin/python" ]; then py=$ROOT/.venv/bin/python
+        else py=python3; fi
     fi
     "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
         || die "wheels: $py is not Python 3.11 (the images' Python; set PYTHON)"
+    [ -f "$constraints" ] || die "wheels: no constraints file $constraints"
+    grep -q '^flwr==' "$constraints" || die "wheels: $constraints pins no flwr"
     mkdir -p "$WHEELS"
     rm -f "$WHEELS"/fedpriv-*.whl
-    # the versions of the host's environment (the ones the tests ran with), fedpriv's own left out
-    "$py" - >"$WHEELS/constraints.txt" <<'EOF'
-import importlib.metadata as md
-seen = {}
-for d in md.distributions():
-    name = (d.metadata["Name"] or "").strip()
-    if name and name.lower().replace("_", "-") != "fedpriv":
-        seen.setdefault(name.lower(), f"{name}=={d.version}")
-print("# pins of the wheelhouse: the host environment's versions (written by docker/build-images.sh)")
-print("\n".join(sorted(seen.values())))
-EOF
+    # the pins of the newest supported stack (the versions the deployment tests run with)
+    {
+        echo "# pins of the wheelhouse: $(basename "$constraints") (written by docker/build-images.sh)"
+        grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$constraints"
+    } >"$WHEELS/constraints.txt"
+    say "wheels: pins of $(basename "$constraints"): $(grep -E '^(flwr|torch)==' "$constraints" | paste -sd' ')"
     local wheel=("$py" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$WHEELS" --find-links "$WHEELS" -c "$WHEELS/constraints.txt")
     # every pinned wheel there already (a warm wheelhouse): no index, fedpriv built with the host's setuptools
     if "${wheel[@]}" --no-index --no-build-isolation "$ROOT" >/dev/null 2>&1; then

@@ -10,19 +10,31 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
+from pathlib import Path
 
 from .errors import ConfigError, DataError, FedprivError, did_you_mean
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedpriv", description="Federated user-level DP recommendation.")
-    from . import __version__
+#: the subcommands and their help; :data:`ADDERS` adds each one's arguments and sets the handler
+#: of its leaf parsers (``set_defaults(handler=...)``): dispatch never goes by name. The adders
+#: import their modules, so :func:`main` builds only the chosen command's arguments
+#: (``fedpriv --help`` and ``--version`` load no torch, Flower or data code).
+COMMANDS: dict[str, str] = {
+    "run": "train and evaluate one algorithm on one data set",
+    "privacy": "privacy tools",
+    "recommend": "top-k unseen items for one user from a saved model: the user's vector is solved locally from their own ratings (no privacy cost)",
+    "selection": "private selection with heterogeneous sensitivities: synthetic scenarios, bandit under shift",
+    "deploy": "Flower deployment runtime on loopback: SuperLink + SuperNodes (TLS, node authentication, per-node data); up, run, down",
+    "experiment": "run experiment configs (TOML) into a results folder, resumably: tidy CSV, tables, PNG plots, per-run ledgers",
+    "report": "render a results folder of `fedpriv experiment` into one self-contained HTML page",
+}
 
-    p.add_argument("--version", action="version", version=f"fedpriv {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="train and evaluate one algorithm on one data set")
+
+def _add_run(r: argparse.ArgumentParser) -> None:
     from .algorithms import registry
 
+    r.set_defaults(handler=_run)
     r.add_argument("algorithm", help=f"{', '.join(registry.names())}; on synthetic-personal data: pam, pam-exp, pam-own-data, pam-single-model, pam-nonprivate")
     r.add_argument("--data", required=True, help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, jester:PATH, csv:PATH, parquet:PATH (your own ratings; see --data-opt), synthetic-mf:users=N,items=M,ratings=R,seed=S or synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R")
     r.add_argument("--data-opt", dest="data_options", action="append", default=[], metavar="KEY=VALUE", help="csv/parquet option (repeatable): user=COL, item=COL, rating=COL, sep=',', header=1, rating_range=LO,HI (required for explicit ratings), implicit=1, duplicates=error|last, items=FILE (the item catalogue: a header line, then one item id per line; private algorithms need it or features=), features=PATH (item features table; it lists the catalogue too), feature_item=COL, categorical=A;B, numeric=C, multi_sep='|', name=COL, bins=5")
@@ -38,23 +50,26 @@ def _parser() -> argparse.ArgumentParser:
         "its SuperLink is stopped when the job ends)",
     )
     r.add_argument("--aggregation", choices=("central", "secure"), default=None, help="who sees exact sums: central (a trusted aggregator step adds the noise; default) or secure (nodes add distributed Skellam noise and mask their words: the server learns only noised sums)")
-    r.add_argument("--nodes", type=int, default=None, help="flower engine: number of simulated nodes (default: ceil(training users / users-per-node))")
-    r.add_argument("--users-per-node", type=int, default=None, help="flower engine: users held by each node (default 1)")
+    r.add_argument("--nodes", type=int, default=None, help="number of nodes the training users are split over, on every engine (alone: ceil(users / N) users per node; default: "
+                   "inprocess one node in central mode and 20 users per node in secure mode, flower one node per user)")
+    r.add_argument("--users-per-node", type=int, default=None, help="users held by each node, on every engine (default: see --nodes)")
     r.add_argument(
         "--noise-seed", type=int, default=None, metavar="N",
         help="reproducible noise and user sampling from N (tests, debugging). By default every noise value comes from the OS CSPRNG and "
         "every user's random choices from a secret key; with a noise seed, privacy holds only against those who do not know N "
         "(metrics.json says so; N is written nowhere)",
     )
-    r.add_argument("--tune", action="append", default=[], metavar="KEY=V1/V2/...", help="private tuning by random stopping over these candidates (repeatable; in-process engine)")
+    r.add_argument("--tune", action="append", default=[], metavar="KEY=V1/V2/...", help="private tuning by random stopping over these candidates (repeatable)")
     r.add_argument("--tune-mean", type=float, default=None, help="expected number of tuning runs (default 5)")
     r.add_argument("--tune-shape", type=float, default=None, help="truncated negative binomial shape: 1 geometric (default), 0 logarithmic")
     r.add_argument("--out", required=True, help="output folder for metrics.json and ledger.json")
     r.add_argument("--quiet", action="store_true", help="no progress bar; flower engine: Flower's log is not shown")
 
-    pv = sub.add_parser("privacy", help="privacy tools")
+
+def _add_privacy(pv: argparse.ArgumentParser) -> None:
     psub = pv.add_subparsers(dest="privacy_command", required=True)
     pl = psub.add_parser("plan", help="split a target (epsilon, delta) over an algorithm's releases and print the calibrated plan; no training")
+    pl.set_defaults(handler=_privacy_plan)
     pl.add_argument("algorithm")
     pl.add_argument("--epsilon", type=float, required=True)
     pl.add_argument("--delta", type=float, default=1e-5)
@@ -66,58 +81,108 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--tune-share", type=float, default=0.05)
     pl.add_argument("--aggregation", choices=("central", "secure"), default=None, help="plan for secure aggregation (distributed Skellam noise: subsampled releases get no amplification)")
     pl.add_argument("--json", action="store_true", help="print JSON instead of markdown tables")
-    rc = sub.add_parser("recommend", help="top-k unseen items for one user from a saved model: the user's vector is solved locally from their own ratings (no privacy cost)")
+
+
+def _add_recommend(rc: argparse.ArgumentParser) -> None:
+    rc.set_defaults(handler=_recommend)
     rc.add_argument("--model", required=True, help="a model folder written by `fedpriv run --save-model`")
     rc.add_argument("--ratings", required=True, help="the user's ratings: a CSV file with a header, columns item,rating (item alone for implicit feedback)")
     rc.add_argument("--k", type=int, default=10)
     rc.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
-    sel = sub.add_parser("selection", help="private selection with heterogeneous sensitivities: synthetic scenarios, bandit under shift")
-    ssub = sel.add_subparsers(dest="selection_command", required=True)
-    from .ops import deploy  # light at import: flwr and the data code load on use
+
+
+def _add_selection(sel: argparse.ArgumentParser) -> None:
     from .studies.selection import bandit, scenarios  # light modules: numpy and the ledger
 
-    deploy.add_deploy_arguments(sub.add_parser("deploy", help="Flower deployment runtime on loopback: SuperLink + SuperNodes (TLS, node authentication, per-node data); up, run, down"))
-    scenarios.add_scenarios_arguments(ssub.add_parser("scenarios", help="the paper's synthetic scenarios: MSE to the optimum per mechanism and epsilon (selection.json, plots)"))
-    bandit.add_bandit_arguments(ssub.add_parser("bandit", help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)"))
-    from .ops import report  # light at import: the standard library
-    from .ops.experiments import (
-        runner as experiments_runner,  # light at import: the config parser
-    )
+    ssub = sel.add_subparsers(dest="selection_command", required=True)
+    sc = ssub.add_parser("scenarios", help="the paper's synthetic scenarios: MSE to the optimum per mechanism and epsilon (selection.json, plots)")
+    scenarios.add_scenarios_arguments(sc)
+    sc.set_defaults(handler=scenarios.scenarios_command)
+    ba = ssub.add_parser("bandit", help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)")
+    bandit.add_bandit_arguments(ba)
+    ba.set_defaults(handler=bandit.bandit_command)
 
-    experiments_runner.add_experiment_arguments(sub.add_parser("experiment", help="run experiment configs (TOML) into a results folder, resumably: tidy CSV, tables, PNG plots, per-run ledgers"))
-    report.add_report_arguments(sub.add_parser("report", help="render a results folder of `fedpriv experiment` into one self-contained HTML page"))
+
+def _add_deploy(p: argparse.ArgumentParser) -> None:
+    from .ops import deploy
+
+    deploy.add_deploy_arguments(p)
+    p.set_defaults(handler=deploy.deploy_command)
+
+
+def _add_experiment(p: argparse.ArgumentParser) -> None:
+    from .ops.experiments import runner  # light at import: the config parser
+
+    runner.add_experiment_arguments(p)
+    p.set_defaults(handler=runner.experiment_command)
+
+
+def _add_report(p: argparse.ArgumentParser) -> None:
+    from .ops import report  # light at import: the standard library
+
+    report.add_report_arguments(p)
+    p.set_defaults(handler=report.report_command)
+
+
+ADDERS = {"run": _add_run, "privacy": _add_privacy, "recommend": _add_recommend, "selection": _add_selection, "deploy": _add_deploy,
+          "experiment": _add_experiment, "report": _add_report}
+
+
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; ``only``: build the arguments of that command alone (the others are
+    listed with their help), as :func:`main` does; None builds every command's."""
+    p = argparse.ArgumentParser(prog="fedpriv", description="Federated user-level DP recommendation.")
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"fedpriv {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, text in COMMANDS.items():
+        cp = sub.add_parser(name, help=text)
+        if only is None or name == only:
+            ADDERS[name](cp)
     return p
 
 
+def _command_of(argv: list[str]) -> str:
+    """The subcommand named in ``argv`` ("" when none: --help, --version, an error)."""
+    for a in argv:
+        if not a.startswith("-"):
+            return a if a in COMMANDS else ""
+        if a in ("-h", "--help", "--version"):
+            return ""
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run one command; a FedprivError exits 2 with one line, a stop signal (SIGINT, SIGTERM,
+    SIGHUP) stops what the command started, removes its temporary files and exits 128 + n with
+    one line (:mod:`fedpriv.util.stopping`)."""
+    from .util.stopping import Stopped, stop_signals
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if args.command == "run":
-            return _run(args)
-        if args.command == "privacy":
-            return _privacy_plan(args)
-        if args.command == "recommend":
-            return _recommend(args)
-        if args.command == "deploy":
-            from .ops import deploy
+        with stop_signals(), warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            args = _parser(only=_command_of(argv)).parse_args(argv)
+            try:
+                return int(args.handler(args))
+            except FedprivError as exc:
+                print(f"fedpriv: error: {exc}", file=sys.stderr)
+                return 2
+    except Stopped as stop:
+        print(f"fedpriv: {stop}: stopped what it started and removed its temporary files", file=sys.stderr)
+        return stop.exit_code
 
-            return deploy.deploy_command(args)
-        if args.command == "experiment":
-            from .ops.experiments import runner as experiments_runner
 
-            return experiments_runner.experiment_command(args)
-        if args.command == "report":
-            from .ops import report
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning of fedpriv's (FedprivWarning, or raised in the package) as one line on stderr;
+    other packages' warnings as Python shows them."""
+    from .errors import FedprivWarning
 
-            return report.report_command(args)
-        if args.command == "selection":
-            from .studies.selection import bandit, scenarios
-
-            return (scenarios if args.selection_command == "scenarios" else bandit).command(args)
-    except FedprivError as exc:
-        print(f"fedpriv: error: {exc}", file=sys.stderr)
-        return 2
-    return 1
+    if issubclass(category, FedprivWarning) or str(filename).startswith(str(Path(__file__).resolve().parent)):
+        print(f"fedpriv: warning: {message}", file=file if file is not None else sys.stderr)
+        return
+    (file if file is not None else sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def _run(args) -> int:
@@ -137,10 +202,7 @@ def _run(args) -> int:
     if args.engine == "flower":
         engine = FlwrRun(nodes=args.nodes, users_per_node=args.users_per_node, quiet=args.quiet)
     elif args.engine == "inprocess":
-        for key in ("nodes", "users_per_node"):  # recorded in the config as on every engine
-            if getattr(args, key) is not None:
-                params[key] = getattr(args, key)
-        engine = InProcess()
+        engine = InProcess(nodes=args.nodes, users_per_node=args.users_per_node)
     else:
         raise ConfigError(f"unknown engine {args.engine!r} (known: inprocess, flower){did_you_mean(args.engine, ('inprocess', 'flower'))}", field="--engine")
     # before training: a refused folder costs nothing

@@ -52,3 +52,8 @@ def did_you_mean(name, known) -> str:
 
 class PrivacyError(FedprivError, RuntimeError):
     """A privacy invariant would be violated (unaccounted release, bound exceeded, ...)."""
+
+
+class FedprivWarning(UserWarning):
+    """A choice that runs but is probably not what was meant (a trivial node layout, an epsilon
+    that protects nothing); the CLI prints it as one ``fedpriv: warning:`` line."""

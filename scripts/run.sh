@@ -2,31 +2,66 @@
 # Creates the virtual environment (if needed), installs fedpriv and runs the main job with
 # `flwr run .`: AdaDPALS at epsilon = 5 on Flower's simulation runtime (20 nodes) over the
 # embedded synthetic MovieLens-like data set -> runs/default/{metrics,ledger}.json
+# Extra arguments are run-config overrides, e.g. `bash scripts/run.sh "epsilon=1"`.
+#
+# Ctrl-C (SIGINT), SIGTERM and SIGHUP stop the run and every process it started (the local
+# SuperLink, SuperExec, the simulation and Ray: found by this project's FLWR_HOME), print one
+# line and exit 128 + n.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
+# torch from the CPU wheel first (a plain `pip install torch` may pull a multi-GB CUDA build), then
+# fedpriv within the versions CI tests (ci/constraints-oldest.txt; any version in the declared
+# ranges works)
+CONSTRAINTS=()
+[ -f ci/constraints-oldest.txt ] && CONSTRAINTS=(-c ci/constraints-oldest.txt)
+.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install --quiet --disable-pip-version-check "${CONSTRAINTS[@]}" torch
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${CONSTRAINTS[@]}" -e .
 
 # offline, quiet Flower with a project-local home (flwr starts flower-superlink from PATH)
 export PATH="$PWD/.venv/bin:$PATH" FLWR_HOME="$PWD/.flwr" FLWR_TELEMETRY_ENABLED=0 \
     FLWR_DISABLE_UPDATE_CHECK=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
     RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0
 mkdir -p "$FLWR_HOME"
+OUT="$PWD/runs/default"
 
-# `flwr run` leaves its local SuperLink running: stop it by PID when we are done
-stop_superlink() {
-    local pids
-    pids=$(pgrep -f "flower-superlink.*$FLWR_HOME/local-superlink" || true)
-    [ -z "$pids" ] && return
-    kill $pids
-    for _ in $(seq 20); do kill -0 $pids 2>/dev/null || return 0; sleep 0.5; done
+# `flwr run` leaves its local SuperLink running, and a stopped `flwr run` leaves the whole run:
+# stop every process started under this FLWR_HOME, found by PID through the FLWR_HOME in its
+# environment (SuperLink, SuperExec, simulation, Ray: fedpriv.util.processes, standard library only)
+stop_flower() {
+    .venv/bin/python -c 'import sys; from fedpriv.util.processes import pids_with_env, stop_all; stop_all(lambda: pids_with_env("FLWR_HOME", sys.argv[1]), 2.0)' "$FLWR_HOME" || true
 }
-trap stop_superlink EXIT
+FLWR_PID=""
+on_signal() {  # $1: the signal's name, $2: its number
+    trap '' INT TERM HUP
+    trap - EXIT
+    [ -n "$FLWR_PID" ] && kill -TERM -- "-$FLWR_PID" 2>/dev/null
+    stop_flower
+    echo "run.sh: stopped by SIG$1: the run and every process it started are stopped" >&2
+    exit $((128 + $2))
+}
+trap 'on_signal INT 2' INT
+trap 'on_signal TERM 15' TERM
+trap 'on_signal HUP 1' HUP
+trap stop_flower EXIT
 
-flwr run . --stream --federation-config "num-supernodes=20" --run-config "out='$PWD/runs/default' $*"
-echo "metrics: $PWD/runs/default/metrics.json"
-.venv/bin/python - "$PWD/runs/default/metrics.json" <<'PY'
+STARTED="$FLWR_HOME/run-started"
+touch "$STARTED"
+# its own session: a Ctrl-C reaches this script alone, which stops the run cleanly
+setsid flwr run . --stream --federation-config "num-supernodes=20" --run-config "out='$OUT' $*" &
+FLWR_PID=$!
+set +e
+wait "$FLWR_PID"
+code=$?
+set -e
+FLWR_PID=""
+if [ "$code" -ne 0 ] || [ ! "$OUT/metrics.json" -nt "$STARTED" ]; then
+    echo "run.sh: the run failed (flwr run exited $code) and wrote no new $OUT/metrics.json; see its output above" >&2
+    exit 1
+fi
+echo "metrics: $OUT/metrics.json"
+.venv/bin/python - "$OUT/metrics.json" <<'PY'
 import json, sys
 from fedpriv.run import RunReport
 print(RunReport.read(sys.argv[1]).summary(out=sys.argv[1]))  # the same summary as every engine's

@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# Creates the virtual environment (if needed), installs fedpriv with its test extras, runs the tests:
-# the default suite; the experiments suite (every config in simulations/experiments/ in --quick
-# mode, its HTML report checked in headless Chromium); the deployment suite (SuperLink/SuperNode/Ray
-# processes on loopback). With arguments, runs pytest once with them (e.g. `bash scripts/test.sh tests/test_ledger.py`).
+# Creates the virtual environments (if needed), installs fedpriv with its test extras, runs the tests
+# on the oldest and the newest supported Flower (pyproject.toml: flwr>=1.39,<1.43):
+#
+#   .venv         the OLDEST stack, ci/constraints-oldest.txt (Flower 1.39.0, torch 2.13.0):
+#                 the default suite; the experiments suite (every config in simulations/experiments/
+#                 in --quick mode, its HTML report checked in headless Chromium); the deployment
+#                 suite without the Docker test (SuperNodes on Flower 1.39's gRPC-rere Fleet API)
+#   .venv-newest  the NEWEST stack, ci/constraints-newest.txt (Flower 1.42.0, torch 2.13.0):
+#                 the Flower-engine tests (marker `flower`: `flwr run`, the Flower simulation, a
+#                 Flower grid) and the deployment suite with the Docker test (SuperNodes on the
+#                 HTTP Fleet API); and `pip install .` resolving beside the installed Flower 1.42.0
+#
+# Both environments get torch 2.13.0 from this machine's disk first (ci/venv.sh), so no CUDA build
+# is downloaded. With arguments, runs pytest once with them in .venv (e.g.
+# `bash scripts/test.sh tests/test_ledger.py`); run one in the newest stack with
+# `bash ci/venv.sh .venv-newest ci/constraints-newest.txt && .venv-newest/bin/python -m pytest ...`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,docs]'
+bash ci/venv.sh .venv ci/constraints-oldest.txt
 # The report's screenshot tests need a headless browser: Debian's chromium. As root with apt (CI),
 # install it and require it; elsewhere those tests skip when no browser is found.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -46,6 +56,15 @@ fi
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi
-.venv/bin/python -m pytest -q -m "not deployment and not experiments"
+suite() { echo "== $1 (${2}: $("$2/bin/python" -c 'import importlib.metadata as m; print("flwr", m.version("flwr"))'))" >&2; }
+suite "default suite" .venv
+.venv/bin/python -m pytest -q -m "not deployment and not experiments and not flower"
+suite "experiments suite" .venv
 .venv/bin/python -m pytest -q -m experiments
-exec .venv/bin/python -m pytest -q -m deployment
+suite "deployment suite on gRPC-rere, without Docker" .venv
+.venv/bin/python -m pytest -q -m "deployment and not experiments" --ignore=tests/test_docker.py
+bash ci/venv.sh .venv-newest ci/constraints-newest.txt
+suite "pip install . beside the newest Flower" .venv-newest
+.venv-newest/bin/python -m pytest -q tests/test_packaging.py -k "pip_install_keeps_the_installed_flower or dependencies_are_ranges"
+suite "Flower-engine tests and deployment suite (with Docker) on the HTTP Fleet API" .venv-newest
+exec .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments"

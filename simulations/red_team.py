@@ -375,48 +375,55 @@ def server_view_run(algorithm: str, ds, epsilon: float, noise_seed: int, overrid
     return {"replies": replies, "rounds": rounds, "records": records, "metrics": metrics}
 
 
-def _random_entries(r1: dict, r2: dict) -> set:
-    """The entries of one reply that are random: present in both runs on D with different
-    values, or in a record whose key set differs between them (keys named by random neighbours)."""
-    out = {e for e in set(r1["fields"]) & set(r2["fields"]) if r1["fields"][e] != r2["fields"][e]}
-    for r in (r1, r2):
-        out |= {e for e in r["fields"] if _random_record(r1, r2, e[0])}
+def _random_entries(ra: list[dict]) -> set:
+    """The entries of one reply that are random: present in two runs on D (``ra``: the reply in
+    each run on D) with different values, or in a record whose key set differs between runs on
+    D (keys named by random neighbours)."""
+    r1 = ra[0]
+    out = {e for r in ra[1:] for e in set(r1["fields"]) & set(r["fields"]) if r1["fields"][e] != r["fields"][e]}
+    for r in ra:
+        out |= {e for e in r["fields"] if _random_record(ra, e[0])}
     return out
 
 
-def _random_record(r1: dict, r2: dict, record: str) -> bool:
-    return r1["keys"].get(record) != r2["keys"].get(record)
+def _random_record(ra: list[dict], record: str) -> bool:
+    return any(ra[0]["keys"].get(record) != r["keys"].get(record) for r in ra[1:])
 
 
-def _size_without_printed_noise(r: dict, random_entries: set, r1: dict, r2: dict):
+def _size_without_printed_noise(r: dict, random_entries: set, ra: list[dict]):
     """The reply's size with each random bytes entry (``random_entries``, or any entry of a
-    record whose keys differ between ``r1`` and ``r2``, the runs on D) counted by its length, not
-    by its printed form (whose length varies with the random bytes themselves)."""
+    record whose keys differ between the runs on D, ``ra``) counted by its length, not by its
+    printed form (whose length varies with the random bytes themselves)."""
     if r["size"] is None:
         return None
-    return r["size"] - sum(printed - raw for e, (printed, raw) in r["entry_bytes"].items() if e in random_entries or _random_record(r1, r2, e[0]))
+    return r["size"] - sum(printed - raw for e, (printed, raw) in r["entry_bytes"].items() if e in random_entries or _random_record(ra, e[0]))
 
 
-def compare_views(a1: dict, a2: dict, b: dict) -> dict:
-    """The attack on the server's view: a reply entry (or size) equal in the two runs on D
-    (deterministic given the data) but different in the run on D' carries a per-node value.
-    Entries that differ between the runs on D (masks, keys, ciphertexts) are random and left
-    out; the presence of an entry is compared only in records whose key set is the same in both
-    runs on D. Sizes: the counters' measure, each random bytes entry counted by its length."""
+def compare_views(a1: dict, a2: dict, b: dict, *more: dict) -> dict:
+    """The attack on the server's view: a reply entry (or size) equal in the runs on D
+    (``a1``, ``a2`` and ``more``: deterministic given the data) but different in the run on D'
+    carries a per-node value. Entries that differ between runs on D (masks, keys, ciphertexts)
+    are random and left out; the presence of an entry is compared only in records whose key set
+    is the same in every run on D. Sizes: the counters' measure, each random bytes entry counted
+    by its length. More runs on D make a random value less likely to repeat by chance (a random
+    neighbour set drawn twice alike)."""
     fields: dict[str, set] = {}
     sizes: dict[str, set] = {}
     random_names: set[str] = set()
-    unaligned = sorted({f"{t}:{n}#{k}" for (t, n, k) in set(a1["rounds"]) ^ set(b["rounds"]) | set(a1["rounds"]) ^ set(a2["rounds"])})
-    for key in sorted(set(a1["replies"]) & set(a2["replies"]) & set(b["replies"]), key=str):
+    d_runs = [a1, a2, *more]
+    unaligned = sorted({f"{t}:{n}#{k}" for a in (a2, *more, b) for (t, n, k) in set(a1["rounds"]) ^ set(a["rounds"])})
+    for key in sorted(set(b["replies"]).intersection(*(a["replies"] for a in d_runs)), key=str):
         (t, name, k), part = key
-        r1, r2, rb = a1["replies"][key], a2["replies"][key], b["replies"][key]
-        rand = _random_entries(r1, r2)
+        ra, rb = [a["replies"][key] for a in d_runs], b["replies"][key]
+        r1 = ra[0]
+        rand = _random_entries(ra)
         random_names |= {f"{t}:{rec}.{field}" for rec, field in rand}
-        s1, s2, sb = (_size_without_printed_noise(r, rand, r1, r2) for r in (r1, r2, rb))
-        if s1 == s2 and s1 != sb:
+        sa = [_size_without_printed_noise(r, rand, ra) for r in ra]
+        sb = _size_without_printed_noise(rb, rand, ra)
+        if len(set(sa)) == 1 and sa[0] != sb:
             sizes.setdefault(f"{t}:{name}" + (f"#{k}" if k else ""), set()).add(part)
-        for entry in (set(r1["fields"]) | set(r2["fields"]) | set(rb["fields"])) - rand:
-            if _random_record(r1, r2, entry[0]):
+        for entry in set(rb["fields"]).union(*(r["fields"] for r in ra)) - rand:
+            if _random_record(ra, entry[0]):
                 continue  # an entry of a record whose keys are random, present on D' only
             v1, vb = r1["fields"].get(entry, _MISSING), rb["fields"].get(entry, _MISSING)
             if vb != v1:  # (v1 == v2 here: a deterministic entry, or one absent in both runs on D)
@@ -432,9 +439,9 @@ def compare_views(a1: dict, a2: dict, b: dict) -> dict:
 
 
 def server_view(data: str, *, aggregation: str = "secure", algorithm: str = "adadpals", epsilon: float = 1.0, nodes: int = 24,
-                overrides: dict | None = None, noise_seed: int | None = None, delta: float = 1e-5, client_app=None) -> dict:
-    """Does the server's view of a run leak a per-node value? Three runs with one user per node
-    (A1, A2 on D, B on the neighbouring D' of :func:`one_user_per_node_sets`), all with the same
+                overrides: dict | None = None, noise_seed: int | None = None, delta: float = 1e-5, client_app=None, d_runs: int = 2) -> dict:
+    """Does the server's view of a run leak a per-node value? Runs with one user per node
+    (``d_runs`` runs A1, A2, ... on D, B on the neighbouring D' of :func:`one_user_per_node_sets`), all with the same
     reproducible noise (ledger noise and node noise shares fixed; secure aggregation's masks,
     keys and neighbour graph fresh OS randomness each run), compared by :func:`compare_views`.
     Also the epsilon that holds against a node that knows its own noise share
@@ -446,9 +453,9 @@ def server_view(data: str, *, aggregation: str = "secure", algorithm: str = "ada
     with tempfile.TemporaryDirectory(prefix="fedpriv-server-view-") as tmp:
         folder = Path(tmp)
         d, d_prime, changed = one_user_per_node_sets(dataset_through_loader(data, folder), nodes, folder)
-        runs = {name: server_view_run(algorithm, ds, epsilon, seed, overrides, folder / name, delta, client_app)
-                for name, ds in (("A1", d), ("A2", d), ("B", d_prime))}
-    out = compare_views(runs["A1"], runs["A2"], runs["B"])
+        sets = [(f"A{i + 1}", d) for i in range(max(2, int(d_runs)))] + [("B", d_prime)]
+        runs = {name: server_view_run(algorithm, ds, epsilon, seed, overrides, folder / name, delta, client_app) for name, ds in sets}
+    out = compare_views(*[runs[name] for name, _ in sets if name != "B"][:2], runs["B"], *[runs[name] for name, _ in sets if name not in ("A1", "A2", "B")])
     eps = max(epsilon_vs_colluders(r["records"], delta, colluders=1) for r in runs.values())
     # the target: the asked epsilon; with a recommendation phase (its own budget on top), the RDP
     # epsilon the run's records claim, by the same accountant as epsilon_vs_colluders

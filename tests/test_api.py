@@ -13,7 +13,7 @@ import pytest
 
 import fedpriv
 from fedpriv.cli import main
-from fedpriv.errors import ConfigError, DataError
+from fedpriv.errors import ConfigError, DataError, FedprivWarning
 
 SPEC = "synthetic-mf:users=400,items=90,ratings=9000,seed=3"
 TIMING = ("wall_seconds", "timings")
@@ -201,3 +201,53 @@ def test_own_csv_trains_and_saves_on_the_command_line(tmp_path, capsys):
     model = fedpriv.load_model(tmp_path / "model")
     recs = model.recommend(["i1", "i2"], [5, 1], k=4)
     assert len(recs) == 4 and all(r["item"].startswith("i") and r["item"] not in ("i1", "i2") for r in recs)
+
+
+def _small_model(item_ids):
+    """A released model over ``item_ids`` without training (random embeddings, popularity)."""
+    from fedpriv.algorithms import als
+    from fedpriv.algorithms.config import ALSConfig
+    from fedpriv.run.model import Model
+
+    rng = np.random.default_rng(0)
+    n = len(item_ids)
+    state = als.PublicState("als", ALSConfig(rank=2), n, 0, (1.0, 5.0), implicit=False, mean=3.5)
+    state.item_factors = rng.normal(size=(n, 2)).astype(np.float32)
+    state.item_bias = rng.normal(0, 0.3, n)
+    state.counts_hat = rng.uniform(0, 50, n)
+    return Model(state=state, item_ids=np.asarray(item_ids))
+
+
+@pytest.mark.parametrize("ids, targets", [(np.arange(1, 21), [3, 9]), (np.arange(1, 21), ["3", "9"]),
+                                          ([f"item{i}" for i in range(20)], ["item3", "item9"])])
+def test_predict_takes_the_catalogue_ids_as_targets(ids, targets):
+    model = _small_model(ids)
+    got = model.predict([ids[1], ids[2]], [5, 2], targets=targets)
+    everything = model.predict([ids[1], ids[2]], [5, 2])
+    dense = model.dense_items(targets)
+    assert got.shape == (2,) and np.allclose(got, everything[dense]) and np.all((got >= 1) & (got <= 5))
+
+
+def test_unknown_ids_are_named_never_silently_dropped():
+    model = _small_model(np.arange(1, 21))  # MovieLens-like: numeric ids
+    # the tutorial's old ids on a numeric catalogue: an error naming them and what the catalogue holds
+    with pytest.raises(DataError, match=r"items 'item3', 'item9' are not in the model's catalogue \(20 items whose ids are numbers: 1, 2, 3"):
+        model.predict([1, 2], [5, 3], targets=["item3", "item9"])
+    with pytest.raises(DataError, match=r"item 99 is not in the model's catalogue"):
+        model.predict([1], [5], targets=[3, 99])
+    # none of the user's items known: an error naming them
+    with pytest.raises(DataError, match=r"items 'i1', 'i7' are not in the model's catalogue: none of the user's 2 item ids is known"):
+        model.recommend(items=["i1", "i7"], ratings=[5, 3], k=3)
+    with pytest.raises(DataError, match=r"item 2.5 is not"):
+        model.recommend(items=[2.5], ratings=[5], k=3)
+    # some known: the others are left out with a warning naming them, and the result is the known ones'
+    with pytest.warns(FedprivWarning, match=r"item 'x9' is not in the model's catalogue: left out; .* other 2 of their 3"):
+        partial = model.recommend(items=[4, "x9", 7], ratings=[5, 1, 2], k=5)
+    assert partial == model.recommend(items=[4, 7], ratings=[5, 2], k=5)
+    assert not {4, 7} & {r["item"] for r in partial}
+    # no ratings at all (a user id that matched no row): the popularity ranking, and a warning that says so
+    with pytest.warns(FedprivWarning, match="no ratings given: the ranking is the released popularity alone"):
+        cold = model.recommend(items=[], ratings=[], k=5)
+    assert len(cold) == 5
+    with pytest.raises(DataError, match=r"expected one rating per item \(2\), got 1"):
+        model.recommend(items=[1, 2], ratings=[5], k=3)

@@ -9,6 +9,8 @@ import pytest
 from fedpriv.cli import main
 from fedpriv.ops import launcher
 
+pytestmark = pytest.mark.flower  # Flower's engine: scripts/test.sh runs these on the newest Flower
+
 SYN = "synthetic-mf:users=60,items=40,ratings=1500,seed=2"
 
 

@@ -1,4 +1,4 @@
-"""``fedpriv deploy``: Flower's deployment runtime (SuperLink + SuperNodes over gRPC on loopback,
+"""``fedpriv deploy``: Flower's deployment runtime (SuperLink + SuperNodes on loopback: gRPC-rere on Flower 1.39, HTTP from 1.40,
 TLS, SuperNode authentication, per-node data) and the Docker compose file generated from the
 same command builders.
 
@@ -32,15 +32,23 @@ def _cfg(tmp_path, **kw) -> deploy.DeployConfig:
     return deploy.DeployConfig(**{**base, **kw})
 
 
-def test_builders_bind_loopback_with_tls_and_auth(tmp_path):
-    cfg = _cfg(tmp_path, data=SYN, users_per_node=100)
+@pytest.mark.parametrize("fleet_api", ["grpc-rere", "http"])
+def test_builders_bind_loopback_with_tls_and_auth(tmp_path, fleet_api):
+    """Flower 1.39 (gRPC-rere): the Fleet API on a port of its own; Flower >= 1.40 (HTTP): on
+    the SuperLink's one HTTP port, no --fleet-api-address. TLS and authentication: the same flags."""
+    cfg = _cfg(tmp_path, data=SYN, users_per_node=100, fleet_api=fleet_api)
     sl = deploy.superlink_command(cfg)
     assert sl[0] == "/venv/bin/flower-superlink"
-    assert sl[sl.index("--fleet-api-address") + 1] == "127.0.0.1:19092"
+    fleet = "127.0.0.1:19092" if fleet_api == "grpc-rere" else "127.0.0.1:18000"
+    if fleet_api == "grpc-rere":
+        assert sl[sl.index("--fleet-api-address") + 1] == fleet and cfg.superlink_ports == [18000, 19092]
+    else:
+        assert "--fleet-api-address" not in sl and "--fleet-api-type" not in sl and cfg.superlink_ports == [18000]
+    assert cfg.fleet_address == fleet
     assert sl[sl.index("--host") + 1] == "127.0.0.1" and sl[sl.index("--port") + 1] == "18000"
     assert sl[sl.index("--ssl-ca-certfile") + 1] == str(cfg.ca_cert) and "--enable-supernode-auth" in sl and "--insecure" not in sl
     sn = deploy.supernode_command(cfg, 2)
-    assert sn[sn.index("--superlink") + 1] == "127.0.0.1:19092" and sn[sn.index("--host") + 1] == "127.0.0.1"
+    assert sn[sn.index("--superlink") + 1] == fleet and sn[sn.index("--host") + 1] == "127.0.0.1" and "--grpc-rere" not in sn
     assert sn[sn.index("--port") + 1] == "19096" and sn[sn.index("--root-certificates") + 1] == str(cfg.ca_cert)
     assert sn[sn.index("--auth-supernode-private-key") + 1] == str(cfg.node_private_key(2))
     # the node config parses (flwr's own parser) into the partition and the node's own folder
@@ -50,10 +58,76 @@ def test_builders_bind_loopback_with_tls_and_auth(tmp_path):
     assert nc == {"partition-id": 2, "num-partitions": 3, "data-dir": str(cfg.node_data_dir(2))}
     assert deploy.flwr_run_command(cfg) == ["/venv/bin/flwr", "run", str(cfg.app_dir), "deploy", "--stream", "--run-config", str(cfg.run_config_file)]
 
-    plain = _cfg(tmp_path, tls=False, auth=False)
+    plain = _cfg(tmp_path, tls=False, auth=False, fleet_api=fleet_api)
     assert "--insecure" in deploy.superlink_command(plain) and "--enable-supernode-auth" not in deploy.superlink_command(plain)
     assert "--insecure" in deploy.supernode_command(plain, 0) and "data-dir" not in deploy.node_config(plain, 0)
     assert 'insecure = true' in deploy.connection_toml(plain) and f'root-certificates = "{cfg.ca_cert}"' in deploy.connection_toml(cfg)
+
+
+def test_transport_follows_the_installed_flower():
+    """One place decides the transport from the installed flwr (importlib.metadata): gRPC-rere
+    on 1.39, HTTP from 1.40; an unset ``fleet_api`` follows it, and deploy.json keeps a set one."""
+    import importlib.metadata as md
+
+    from fedpriv.ops.deploy import flower_version as fv
+
+    assert fv.parse_version("1.39.0") == (1, 39, 0) and fv.parse_version("1.40.0rc1") == (1, 40, 0) and fv.parse_version("1.42") == (1, 42, 0)
+    assert [fv.fleet_transport(v) for v in ("1.39.0", "1.39.9", "1.40.0", "1.42.0")] == ["grpc-rere", "grpc-rere", "http", "http"]
+    installed = fv.parse_version(md.version("flwr"))
+    assert fv.SUPPORTED[0] <= installed[:2] <= fv.SUPPORTED[1], f"flwr {md.version('flwr')} is outside the supported range"
+    assert fv.flwr_version() == installed
+    want = "grpc-rere" if installed[:2] < (1, 40) else "http"
+    cfg = deploy.DeployConfig(run_dir=Path("/r"), nodes=2)
+    assert fv.fleet_transport() == cfg.transport == want
+    assert deploy.docker_config(2).transport == fv.fleet_transport(fv.DOCKER_FLWR_VERSION) == "http"
+    with pytest.raises(ConfigError, match="fleet_api"):
+        deploy.DeployConfig(run_dir=Path("/r"), nodes=2, fleet_api="grpc-bidi").validate()
+
+
+def test_up_refuses_a_transport_the_installed_flower_does_not_speak(tmp_path):
+    other = "http" if deploy.fleet_transport() == "grpc-rere" else "grpc-rere"
+    with pytest.raises(ConfigError, match="fleet_api"):
+        deploy.up(deploy.DeployConfig(run_dir=tmp_path / "run", nodes=1, fleet_api=other, fleet_port=0, control_port=0, node_port_base=0))
+    assert not (tmp_path / "run").exists()
+
+
+def test_supported_flower_range_agrees_with_pyproject_and_ci():
+    """pyproject's flwr range, the oldest/newest CI constraints and the Docker images' Flower agree."""
+    import re
+    import tomllib
+
+    from fedpriv.ops.deploy import flower_version as fv
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    flwr = next(d for d in deps if d.startswith("flwr"))
+    assert flwr.replace(" ", "") == f"flwr[simulation]>={fv.SUPPORTED[0][0]}.{fv.SUPPORTED[0][1]},<{fv.SUPPORTED[1][0]}.{fv.SUPPORTED[1][1] + 1}"
+
+    def pin(name: str, which: str) -> str:
+        text = (ROOT / "ci" / f"constraints-{which}.txt").read_text()
+        return re.search(rf"^{name}==(\S+)$", text, re.M).group(1)
+
+    assert fv.parse_version(pin("flwr", "oldest"))[:2] == fv.SUPPORTED[0]
+    assert fv.parse_version(pin("flwr", "newest"))[:2] == fv.SUPPORTED[1]
+    assert pin("flwr", "newest") == fv.DOCKER_FLWR_VERSION  # the images' wheelhouse is built with the newest constraints
+    assert pin("torch", "oldest") == pin("torch", "newest") == "2.13.0"
+
+
+def test_builders_flags_are_the_installed_flowers_own():
+    """Every flag of the SuperLink and SuperNode argv parses with the installed Flower's own
+    argument parser, and none of them is one Flower calls deprecated or hides."""
+    import argparse
+    import importlib
+
+    # the modules (their packages re-export functions of the same names)
+    sl_cli = importlib.import_module("flwr.superlink.cli.flower_superlink")
+    sn_cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
+
+    cfg = _cfg(Path("/r"), data=SYN, users_per_node=100)  # the installed Flower's transport
+    for parser, argv in ((sl_cli._parse_args_run_superlink(), deploy.superlink_command(cfg)), (sn_cli._parse_args_run_supernode(), deploy.supernode_command(cfg, 1))):
+        parser.parse_args(argv[1:])  # exits (SystemExit) on an unknown flag
+        for flag in (a for a in argv[1:] if a.startswith("--")):
+            action = parser._option_string_actions[flag]
+            assert action.help is not argparse.SUPPRESS and "deprecated" not in (action.help or "").lower(), (flag, action.help)
 
 
 def test_compose_file_runs_the_builders_commands():

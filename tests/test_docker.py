@@ -91,10 +91,12 @@ def _listeners() -> dict[int, set]:
 
 
 def _ports() -> list[int]:
-    """The compose file's host ports: Fleet API, Control API, one runtime port per SuperNode."""
-    from fedpriv.ops.deploy import DOCKER_PORTS
+    """The compose file's host ports: the SuperLink's (its one HTTP port with the Fleet API on the
+    images' Flower >= 1.40; a gRPC Fleet port besides on 1.39), one runtime port per SuperNode."""
+    from fedpriv.ops.deploy import docker_config
 
-    return [DOCKER_PORTS["fleet_port"], DOCKER_PORTS["control_port"], *range(DOCKER_PORTS["node_port_base"], DOCKER_PORTS["node_port_base"] + NODES)]
+    cfg = docker_config(NODES)
+    return [*cfg.superlink_ports, *range(cfg.node_port_base, cfg.node_port_base + NODES)]
 
 
 def _image_size(ref: str) -> int:
@@ -145,6 +147,17 @@ def test_images_build_from_the_wheelhouse_on_the_local_base():
     assert not list(DOCKER.glob("Dockerfile.*.dockerignore"))  # BuildKit only: the classic builder reads .dockerignore
     assert os.access(SCRIPT, os.X_OK)
     _run(["bash", "-n", str(SCRIPT)])
+    # the wheelhouse is pinned to the newest supported stack, the Flower whose transport
+    # docker/compose.yml uses (HTTP Fleet API: no gRPC Fleet port exposed)
+    from fedpriv.ops.deploy import docker_config
+    from fedpriv.ops.deploy.flower_version import DOCKER_FLWR_VERSION, fleet_transport
+
+    assert "ci/constraints-newest.txt" in SCRIPT.read_text()
+    assert re.search(rf"^flwr=={re.escape(DOCKER_FLWR_VERSION)}$", (ROOT / "ci" / "constraints-newest.txt").read_text(), re.M)
+    cfg = docker_config(NODES)
+    assert cfg.transport == fleet_transport(DOCKER_FLWR_VERSION) == "http"
+    exposed = [int(x) for x in re.search(r"^EXPOSE (.+)$", (DOCKER / "Dockerfile.superlink").read_text(), re.M).group(1).split()]
+    assert exposed == cfg.superlink_ports == [cfg.control_port]
 
 
 # ------------------------------------------------------------------------------ the engine
@@ -199,13 +212,17 @@ def images(engine):
 
 def test_supernode_image_has_no_torch(images):
     """The SuperNode image carries the light client only (no torch); the SuperLink's ServerApp has torch."""
-    probe = "import importlib.util as u; print(json.dumps({m: u.find_spec(m) is not None for m in ('torch', 'fedpriv', 'flwr')}))"
+    from fedpriv.ops.deploy.flower_version import DOCKER_FLWR_VERSION
+
+    probe = ("import importlib.util as u, importlib.metadata as m; "
+             "print(json.dumps({**{x: u.find_spec(x) is not None for x in ('torch', 'fedpriv', 'flwr')}, 'flwr_version': m.version('flwr')}))")
     found = {}
     for name, ref in images["refs"].items():
         out = _run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python", ref, "-c", "import json; " + probe])
         found[name] = json.loads(out.stdout.strip().splitlines()[-1])
-    assert found["supernode"] == {"torch": False, "fedpriv": True, "flwr": True}, found
-    assert found["superlink"] == {"torch": True, "fedpriv": True, "flwr": True}, found
+    # the images' Flower is the one docker/compose.yml's commands are written for
+    assert found["supernode"] == {"torch": False, "fedpriv": True, "flwr": True, "flwr_version": DOCKER_FLWR_VERSION}, found
+    assert found["superlink"] == {"torch": True, "fedpriv": True, "flwr": True, "flwr_version": DOCKER_FLWR_VERSION}, found
     assert images["sizes"]["supernode"] < images["sizes"]["superlink"] / 2
 
 

@@ -12,6 +12,8 @@ from fedpriv.flower.server_app import FlowerJob
 from fedpriv.flower.simulation import simulate
 from fedpriv.privacy.randomness import RunSecrets
 
+pytestmark = pytest.mark.flower  # Flower's engine: scripts/test.sh runs these on the newest Flower
+
 
 @pytest.mark.parametrize("algorithm,n_users,users_per_node", [("adadpals", 20, 1), ("adadpals", 200, 10), ("dpsgd", 200, 10)])
 def test_flower_and_inprocess_engines_agree(tmp_path, algorithm, n_users, users_per_node):

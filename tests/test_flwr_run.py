@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+pytestmark = __import__("pytest").mark.flower  # Flower's engine: scripts/test.sh runs these on the newest Flower
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

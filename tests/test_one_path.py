@@ -91,6 +91,7 @@ def _flwr_run_dot(tmp: Path, root: Path, options: dict) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
+@pytest.mark.flower  # Flower's engine: scripts/test.sh runs it on the newest Flower
 def test_same_csv_through_every_entry_point(table, tmp_path):
     root, options = table
     runs: dict[str, dict] = {}
@@ -129,6 +130,7 @@ def test_same_csv_through_every_entry_point(table, tmp_path):
     assert saved.info["dataset"] == "csv" and saved.info["engine"] == "flower"  # the public label, not the work folder's kind
 
 
+@pytest.mark.flower  # Flower's engine: scripts/test.sh runs it on the newest Flower
 def test_a_dataframe_reaches_the_flwr_run_subprocess(tmp_path):
     """A DataFrame (string ids, a declared catalogue) is written once to the job's work folder
     and read there by the ServerApp of `flwr run`: same release as in process."""
@@ -318,6 +320,7 @@ def test_the_one_job_example_runs_and_its_engines_agree():
     assert len(scores) == 2 and scores[0] == scores[1] and "test RMSE" in scores[0]
 
 
+@pytest.mark.flower  # Flower's engine: scripts/test.sh runs it on the newest Flower
 def test_a_two_key_tuning_grid_goes_through_flwr_run():
     """`--engine flower` tunes with any grid (the run config's `tune` key carries its ';'):
     the same selection and ledger as in process under a noise seed."""

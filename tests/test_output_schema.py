@@ -6,7 +6,12 @@ the JSON type of its value (``a.b`` for nested objects, ``a[]`` for list element
 list-of-object elements merged), in the order the files have them, and the names of the ledger
 records in order. For the runs under ``--noise-seed`` marked ``pin``, the values that the seed
 makes deterministic (epsilon spent, RMSE, the released mean and count, each record's noise std)
-are pinned too, to 1e-9 relative.
+are pinned too, at the tolerance the arithmetic supports (:data:`TOLERANCES`): the privacy
+accounting is float64 arithmetic of the run's configuration (1e-7 relative); the model's
+metrics come from float32 kernels whose rounding differs with the CPU's vector width, the
+native kernel against the torch path and the number of BLAS threads (1e-5 relative: 400 times
+the largest difference measured between those paths). A test runs a pinned command through the
+other kernel and one thread and checks it within these tolerances.
 
 A change of the output format fails here on purpose. When the change is meant, rewrite the
 golden files from the current code and review their diff:
@@ -62,7 +67,10 @@ NAMES = [*COMMANDS, FLOWER]
 
 PINNED_METRICS = ("epsilon_spent", "epsilon_spent_pld", "epsilon_spent_rdp", "rho_zcdp", "epsilon_training", "valid_rmse", "test_rmse",
                   "test_mse", "subspace_error", "released_mean", "released_n_users")
-REL = 1e-9
+#: relative tolerance of each pinned value (module docstring); the default is the privacy one
+MODEL_REL = 1e-5
+PRIVACY_REL = 1e-7
+TOLERANCES = {"valid_rmse": MODEL_REL, "test_rmse": MODEL_REL, "test_mse": MODEL_REL, "subspace_error": MODEL_REL}
 
 
 # ---------------------------------------------------------------- structure
@@ -156,12 +164,21 @@ def _diff(kind: str, w: dict, g: dict) -> str:
     return "\n".join(lines)
 
 
-def _close(a, b) -> bool:
+def _close(a, b, rel: float = PRIVACY_REL) -> bool:
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_close(x, y, rel) for x, y in zip(a, b))
     if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=REL, abs_tol=0.0)
+        return math.isclose(a, b, rel_tol=rel, abs_tol=0.0)
     return a == b and type(a) is type(b)
+
+
+def _value_problems(want: dict, got: dict) -> list[str]:
+    out = []
+    for key, value in want.items():
+        rel = TOLERANCES.get(key, PRIVACY_REL)
+        if not _close(value, got.get(key), rel):
+            out.append(f"value {key}: was {value!r}, now {got.get(key)!r} (rel tol {rel:g})")
+    return out
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -180,9 +197,7 @@ def test_outputs_match_the_golden_files(runs, name):
     problems = [_diff("metrics.json", want["metrics"], got["metrics"]), _diff("ledger.json", want["ledger"], got["ledger"])]
     if want["ledger_names"] != got["ledger_names"]:
         problems.append(f"ledger.json names: was {want['ledger_names']}, now {got['ledger_names']}")
-    for key, value in want.get("values", {}).items():
-        if not _close(value, got["values"].get(key)):
-            problems.append(f"value {key}: was {value!r}, now {got['values'].get(key)!r} (rel tol {REL:g})")
+    problems += _value_problems(want.get("values", {}), got.get("values", {}))
     problems = [p for p in problems if p]
     assert not problems, f"{name}: outputs differ from {path.name} (FEDPRIV_REGEN_GOLDEN=1 rewrites it if meant):\n" + "\n".join(problems)
 
@@ -206,4 +221,21 @@ def test_the_schema_walk_sees_nested_paths_and_types():
     assert list(got.items()) == [("", "object"), ("a", "int"), ("b", "list"), ("b[]", "object"), ("b[].x", "float|null"), ("b[].y", "str"),
                                  ("c", "object"), ("c.d", "bool"), ("c.e", "list")]
     assert _diff("m", {"a": "int", "b": "str"}, {"b": "str", "a": "int"}) == "m: same keys, other order"
-    assert "now float" in _diff("m", {"a": "int"}, {"a": "float"}) and not _close(1.0, 1.0 + 1e-8) and _close(1.0, 1.0 + 1e-12)
+    assert "now float" in _diff("m", {"a": "int"}, {"a": "float"}) and not _close(1.0, 1.0 + 1e-6) and _close(1.0, 1.0 + 1e-9)
+    # the tolerances: a model metric moved by 1e-4 or an epsilon by 1e-6 is a change, not rounding
+    assert _value_problems({"valid_rmse": 1.0, "epsilon_spent": 2.0}, {"valid_rmse": 1.0 + 2e-6, "epsilon_spent": 2.0 + 1e-8}) == []
+    assert len(_value_problems({"valid_rmse": 1.0, "epsilon_spent": 2.0}, {"valid_rmse": 1.0001, "epsilon_spent": 2.000002})) == 2
+
+
+def test_the_pinned_values_hold_on_the_other_kernel_and_one_thread(tmp_path, monkeypatch):
+    """The golden values are not one CPU's: the same command through the torch kernels
+    (FEDPRIV_NATIVE=0) on one thread gives them within the tolerances (its own float32
+    rounding, like another CPU's), while the schema stays exact."""
+    monkeypatch.setenv("FEDPRIV_NATIVE", "0")
+    monkeypatch.setenv("FEDPRIV_THREADS", "1")
+    argv, _ = COMMANDS["adadpals"]
+    metrics, ledger, _, _ = _cli(argv, tmp_path / "out")
+    want = json.loads((GOLDEN / "adadpals.json").read_text())
+    got = golden_doc("adadpals", argv, metrics, ledger, True)
+    assert _diff("metrics.json", want["metrics"], got["metrics"]) == ""
+    assert _value_problems(want["values"], got["values"]) == []

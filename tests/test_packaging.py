@@ -17,42 +17,132 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fedpriv"
-# third-party modules imported without being declared, and why
-NOT_DECLARED = {
-    "ray": "Flower's simulation runtime: declared through flwr[simulation]",
-    "threadpoolctl": "optional: imported inside try/except ImportError (fedpriv/util/threads.py)",
-}
+# import name -> distribution name, for modules whose distribution is named otherwise; used when
+# the distribution is not installed here (importlib.metadata then cannot tell)
+DIST_OF = {"Crypto": "pycryptodome", "absl": "absl-py", "yaml": "pyyaml", "sklearn": "scikit-learn", "PIL": "pillow", "google": "protobuf"}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _dependencies() -> list[str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 
 
 def _declared() -> set[str]:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    return {re.split(r"[\[<>=!~ ;]", d, maxsplit=1)[0].strip().lower().replace("_", "-") for d in deps}
+    return {_norm(re.split(r"[\[<>=!~ ;(]", d, maxsplit=1)[0].strip()) for d in _dependencies()}
+
+
+def _imports_in(tree: ast.AST) -> list[str]:
+    """Every absolute import of a module: ``import x``, ``from x import y`` and
+    ``importlib.import_module("x")`` / ``__import__("x")`` with a literal name, wherever they stand
+    (inside functions, and inside ``try: ... except ImportError`` too: an optional import is an
+    import, and a user without the package gets the slow path silently)."""
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if called in ("import_module", "__import__") and not node.args[0].value.startswith("."):
+                names.append(node.args[0].value)
+    return names
 
 
 def _imported() -> dict[str, str]:
     """Top-level third-party module -> the first file importing it."""
     out: dict[str, str] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
-            for name in names:
-                top = name.split(".")[0]
-                if top not in sys.stdlib_module_names and top != "fedpriv":
-                    out.setdefault(top, str(path.relative_to(ROOT)))
+        for name in _imports_in(ast.parse(path.read_text())):
+            top = name.split(".")[0]
+            if top not in sys.stdlib_module_names and top not in ("fedpriv", "__future__"):
+                out.setdefault(top, str(path.relative_to(ROOT)))
     return out
 
 
-def test_every_imported_third_party_module_is_declared():
-    declared, owners = _declared(), md.packages_distributions()
+def _missing(imported: dict[str, str], declared: set[str]) -> dict[str, tuple[str, list[str]]]:
+    owners = md.packages_distributions()
     missing = {}
-    for module, where in _imported().items():
-        if module in NOT_DECLARED:
-            continue
-        dists = {d.lower().replace("_", "-") for d in owners.get(module, [module])}
+    for module, where in imported.items():
+        dists = {_norm(d) for d in owners.get(module, [])} or {_norm(DIST_OF.get(module, module))}
         if not dists & declared:
             missing[module] = (where, sorted(dists))
+    return missing
+
+
+def test_every_imported_third_party_module_is_declared():
+    """No exceptions: what fedpriv/ imports, even optionally or only through a dependency's
+    dependency (ray through flwr[simulation]), is declared in pyproject.toml."""
+    declared = _declared()
+    missing = _missing(_imported(), declared)
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
-    assert {"cryptography", "pycryptodome", "absl-py", "dp-accounting", "flwr", "torch"} <= declared
+    assert {"cryptography", "pycryptodome", "absl-py", "dp-accounting", "flwr", "torch", "threadpoolctl", "ray"} <= declared
+
+
+def test_the_import_check_catches_an_optional_import_left_undeclared():
+    """The check sees an import inside ``try/except ImportError`` and one by
+    ``importlib.import_module``: dropping threadpoolctl from the declared set is caught."""
+    tree = ast.parse("try:\n    import threadpoolctl\nexcept ImportError:\n    threadpoolctl = None\n"
+                     "def f():\n    import importlib\n    return importlib.import_module('some_optional_pkg.sub')\n")
+    assert {"threadpoolctl", "some_optional_pkg.sub"} <= set(_imports_in(tree))
+    assert "threadpoolctl" in _imported() and "fedpriv/util/threads.py" == _imported()["threadpoolctl"]
+    missing = _missing(_imported(), _declared() - {"threadpoolctl"})
+    assert set(missing) == {"threadpoolctl"}, missing
+
+
+def test_dependencies_are_ranges_that_admit_the_ci_pins():
+    """Exact versions belong in CI (ci/constraints-*.txt), not in the package: no ``==``/``===``
+    in ``dependencies``, Flower bounded to the supported releases, Python 3.11 to 3.13; and every
+    range admits the versions both constraint files pin (oldest: Flower 1.39.0, newest: 1.42.0;
+    torch 2.13.0 in both)."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(d) for d in project["dependencies"]]
+    pinned = [str(r) for r in reqs if any(s.operator in ("==", "===") for s in r.specifier)]
+    assert not pinned, f"exact pins in dependencies (put them in ci/constraints-*.txt): {pinned}"
+    for group, deps in project.get("optional-dependencies", {}).items():
+        assert not [d for d in deps if re.search(r"===?", d)], group
+    by_name = {_norm(r.name): r for r in reqs}
+    assert str(by_name["flwr"].specifier) in ("<1.43,>=1.39", ">=1.39,<1.43") and by_name["flwr"].extras == {"simulation"}
+    assert project["requires-python"] == ">=3.11,<3.14"
+    classifiers = project["classifiers"]
+    assert {f"Programming Language :: Python :: 3.{m}" for m in (11, 12, 13)} <= set(classifiers)
+    assert not [c for c in classifiers if re.match(r"Programming Language :: Python :: 3\.(\d+)$", c) and int(c.rsplit(".", 1)[1]) not in (11, 12, 13)]
+    for which, flwr in (("oldest", "1.39.0"), ("newest", "1.42.0")):
+        pins = {}
+        for line in (ROOT / "ci" / f"constraints-{which}.txt").read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                name, _, version = line.partition("==")
+                assert version and "[" not in name, f"constraints-{which}.txt: {line!r} (name==version only: pip's constraints take no extras)"
+                pins[_norm(name)] = version
+        assert pins["flwr"] == flwr and pins["torch"] == "2.13.0", which
+        for name, req in by_name.items():
+            if name in pins:
+                assert req.specifier.contains(pins[name], prereleases=True), f"{req} does not admit {name}=={pins[name]} of constraints-{which}.txt"
+        assert set(by_name) <= set(pins), f"constraints-{which}.txt pins no {sorted(set(by_name) - set(pins))}"
+
+
+def test_pip_install_keeps_the_installed_flower(tmp_path):
+    """``pip install .`` beside the installed Flower (1.42.0 in .venv-newest, 1.39.0 in .venv)
+    resolves without touching it: a dry run (no index: every dependency must be satisfied by what
+    is installed) would install fedpriv and nothing else, flwr and torch stay."""
+    import json
+
+    flwr, torch = md.version("flwr"), md.version("torch")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME") and not k.startswith("PIP_")}
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation", "--disable-pip-version-check",
+                        "--quiet", "--report", "-", str(ROOT)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0, f"pip could not resolve fedpriv beside flwr {flwr}:\n{r.stderr[-3000:]}"
+    report = json.loads(r.stdout)
+    would = {_norm(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+    assert set(would) == {"fedpriv"}, f"pip would also install {would}"
+    assert md.version("flwr") == flwr and md.version("torch") == torch
 
 
 def test_no_library_file_names_a_path_outside_the_project():

@@ -125,6 +125,7 @@ def test_cli_contract_and_bad_input(tmp_path, capsys):
         make_personal(10, 4, 3, 5)
 
 
+@pytest.mark.flower  # Flower's engine: scripts/test.sh runs it on the newest Flower
 @pytest.mark.parametrize("algorithm,schedule", [("pam", "full"), ("pam", "disjoint"), ("pam-exp", "full")])
 def test_flower_and_inprocess_engines_agree(algorithm, schedule):
     over = {"epochs": "3", "schedule": schedule, "net_size": "200"}

@@ -37,7 +37,8 @@ def test_pam_runs_through_the_shared_loop_on_both_engines(tmp_path, monkeypatch,
 
     monkeypatch.setattr(personal, "train_rounds", loop.train_rounds)
     monkeypatch.setattr(pam_server, "train_rounds", loop.train_rounds)
-    params = {"aggregation": aggregation, "users_per_shard": 30, **({"epochs": 3} if algorithm == "pam" else {})}
+    # users_per_node means the same on both engines: 4 nodes of 30 users (in process: 4 shards)
+    params = {"aggregation": aggregation, "users_per_node": 30, **({"epochs": 3} if algorithm == "pam" else {})}
     plan = Job(algorithm, DATA, epsilon=4.0, noise_seed=6, params=params).prepare()
     ip = plan.execute(InProcess())
     fl = plan.execute(_flower(tmp_path))

@@ -155,4 +155,7 @@ def test_progress_lines_one_per_round_with_the_ledgers_epsilon(partition, tmp_pa
     step2 = next(line for line in lines if line.split()[2] == "step2")
     assert f"epsilon {metrics['epsilon_spent']:.3f} of 4" in step2
     assert f"epsilon spent {metrics['epsilon_spent']:.4f}" in out and f"test RMSE {metrics['test_rmse']:.4f}" in out
-    assert "[fedpriv]   total" in out
+    # the summary's protocol totals are metrics.json's rounds (one source), measurement apart
+    protocol = next(line for line in out.splitlines() if line.startswith("[fedpriv]   protocol"))
+    assert protocol.split()[2] == str(metrics["rounds"]), protocol
+    assert "[fedpriv]   measurement" in out and "[fedpriv]   all rounds" in out

@@ -160,6 +160,7 @@ def test_run_writes_the_recommendation_and_composes_its_epsilon(tmp_path):
     assert metrics["epsilon_spent"] == pytest.approx(combined) and combined > 3.0
 
 
+@pytest.mark.flower  # Flower's engine: scripts/test.sh runs it on the newest Flower
 def test_flower_and_inprocess_recommendations_agree(tmp_path):
     from fedpriv.flower.server_app import FlowerJob
     from fedpriv.flower.simulation import simulate

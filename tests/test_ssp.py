@@ -218,6 +218,7 @@ def test_cli_runs_am_ssp_and_names_a_bad_feature_field(tmp_path, capsys):
     assert "features" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
+@pytest.mark.flower  # Flower's engine: scripts/test.sh runs it on the newest Flower
 @pytest.mark.parametrize("algorithm", ["am-dpsgd", "am-ssp-convex"])
 def test_flower_and_inprocess_agree_for_encoder_algorithms(tmp_path, algorithm):
     from fedpriv.data.splits import random_split

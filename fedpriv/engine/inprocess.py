@@ -118,7 +118,7 @@ def train_inprocess(
 
     hooks = Hooks(after_setup=after_setup, after_step=after_step)
     train_rounds(transport, make_aggregator(cfg, ledger), state, item_features=item_features, hooks=hooks,
-                 progress=lambda steps: tqdm(steps, desc=algorithm, disable=not progress, leave=False))
+                 progress=lambda steps: tqdm(steps, desc=algorithm, disable=not progress or len(steps) == 0, leave=False))  # no "0it" bar
     timings["steps"] = hooks.timings
     timings["train_seconds"] = time.perf_counter() - t0
     return TrainResult(state=state, ledger=ledger, timings=timings)

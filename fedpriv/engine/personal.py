@@ -136,13 +136,13 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
 def _spent(ledger, delta, private) -> dict:
     """epsilon_spent by the rule of :func:`~fedpriv.privacy.accounting.epsilon_bounds` (the pure
     epsilon counts when every release is pure DP, as for pam-exp), with the RDP and PLD values."""
-    from ..privacy.accounting import epsilon_bounds, epsilon_pld, pld_supported
+    from ..privacy.accounting import epsilon_bounds, epsilon_pld_second_opinion
 
     if not private:
         return {"epsilon_spent": None, "epsilon_spent_pld": None}
     spent, rdp, pure = epsilon_bounds(ledger, delta)
     out = {"epsilon_spent": spent, "epsilon_spent_rdp": rdp}
-    out["epsilon_spent_pld"] = epsilon_pld(ledger, delta) if pld_supported(ledger) else None
+    out["epsilon_spent_pld"] = epsilon_pld_second_opinion(ledger, delta, spent)
     if pure is not None:
         out["epsilon_pure"] = pure
     return out

@@ -155,9 +155,11 @@ def _item_ids(arrays: ArrayRecord, n_items: int) -> np.ndarray:
 
 def _declared_users(content: RecordDict, max_users: int) -> int:
     try:
-        n = int(content.config_records["meta"]["n_users"])
-    except (KeyError, TypeError, ValueError) as exc:
+        n = content.config_records["meta"]["n_users"]
+    except KeyError as exc:
         raise RejectedReply(f"malformed: no declared user count ({exc})") from None
+    if isinstance(n, bool) or not isinstance(n, int):  # not int(): it truncates 1.5, parses "20", overflows on inf
+        raise RejectedReply(f"malformed: declared user count {n!r} is not an integer")
     if not 0 <= n <= max_users:
         raise RejectedReply(f"malformed: declared user count {n} outside [0, {max_users}]")
     return n

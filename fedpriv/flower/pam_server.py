@@ -195,9 +195,14 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
     partition_of: dict[int, int] = {}
     for nid, rep in rounds.ask("query.pam_info", encode_pam_state(state, data_dir, upn), "info", timeout=None):
         try:
-            partition_of[nid] = int(rep.content.config_records["meta"]["partition_id"])
-        except (KeyError, TypeError, ValueError) as exc:
+            pid = rep.content.config_records["meta"]["partition_id"]
+        except KeyError as exc:
             rounds.reject("info", nid, f"malformed info reply ({exc})")
+            continue
+        if isinstance(pid, bool) or not isinstance(pid, int):  # not int(): it overflows on inf
+            rounds.reject("info", nid, f"malformed info reply (partition id {pid!r} is not an integer)")
+            continue
+        partition_of[nid] = pid
     rounds.nodes = [n for n in sorted(partition_of, key=partition_of.get) if partition_of[n] < n_parts]
     result.nodes = len(rounds.nodes)
 
@@ -216,5 +221,5 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
     result.evaluation["subspace_error"] = pam.subspace_error(state.U, data.U_star) if state.U is not None else None
     if progress is not None:
         shown = {"test MSE": result.evaluation["test_mse"], "subspace error": result.evaluation["subspace_error"]}
-        progress.summary(result.round_log, result.rejected, {k: v for k, v in shown.items() if v is not None})
+        progress.summary(result.round_log, result.rejected, {k: v for k, v in shown.items() if v is not None}, counters=result)
     return result

@@ -8,7 +8,6 @@ Lines go to stdout: ``flwr run`` mirrors the ServerApp's output to ``--stream``,
 from __future__ import annotations
 
 import sys
-import time
 
 
 def _size(n: float) -> str:
@@ -31,7 +30,6 @@ class Progress:
     def __init__(self, delta: float, ledger_of, budget: float | None = None, stream=None):
         self.delta, self.ledger_of, self.budget = delta, ledger_of, budget
         self.stream = stream if stream is not None else sys.stdout
-        self.t0 = time.perf_counter()
         self._eps_key: tuple | None = None
         self._eps: float | None = None
 
@@ -70,8 +68,12 @@ class Progress:
             f"up {_size(entry['bytes_up']):>9}  down {_size(entry['bytes_down']):>9}  {entry['seconds']:7.2f} s  epsilon {spent}"
         )
 
-    def summary(self, round_log: list[dict], rejected: list[dict], extra: dict | None = None) -> None:
-        """A short table: rounds grouped by kind, then totals, epsilon and the given metrics."""
+    def summary(self, round_log: list[dict], rejected: list[dict], extra: dict | None = None, counters=None) -> None:
+        """A short table: rounds grouped by kind, then the protocol's totals (``counters``: the
+        run's protocol counters, the very numbers ``metrics.json`` reports as ``rounds``,
+        ``bytes_up`` and ``bytes_down``) apart from the measurement rounds (evaluation), then the
+        epsilon spent and the given metrics. Seconds are those spent inside rounds; the run's
+        own time is in its summary."""
         self.flush()
         groups: dict[str, dict] = {}
         bad: dict[str, int] = {}
@@ -89,9 +91,14 @@ class Progress:
         for kind, g in groups.items():
             self._print(f"  {kind:<12} {g['rounds']:>5} {g['replies']:>8} {bad.get(kind, 0):>8} {_size(g['up']):>10} {_size(g['down']):>10} {g['seconds']:>9.2f}")
         tot = {k: sum(g[k] for g in groups.values()) for k in ("rounds", "replies", "up", "down", "seconds")}
-        self._print(f"  {'total':<12} {tot['rounds']:>5} {tot['replies']:>8} {len(rejected):>8} {_size(tot['up']):>10} {_size(tot['down']):>10} {tot['seconds']:>9.2f}")
+        if counters is not None:
+            proto = {"rounds": int(counters.rounds), "up": int(counters.bytes_up), "down": int(counters.bytes_down)}
+            self._print(f"  {'protocol':<12} {proto['rounds']:>5} {'':>8} {'':>8} {_size(proto['up']):>10} {_size(proto['down']):>10} {'':>9}")
+            if tot["rounds"] > proto["rounds"]:
+                self._print(f"  {'measurement':<12} {tot['rounds'] - proto['rounds']:>5} {'':>8} {'':>8} {_size(tot['up'] - proto['up']):>10} "
+                            f"{_size(tot['down'] - proto['down']):>10} {'':>9}  (evaluation: not part of the protocol's rounds and bytes)")
+        self._print(f"  {'all rounds':<12} {tot['rounds']:>5} {tot['replies']:>8} {len(rejected):>8} {_size(tot['up']):>10} {_size(tot['down']):>10} {tot['seconds']:>9.2f}")
         eps = self.epsilon()
-        tail = [f"epsilon spent {eps:.4f} (delta {self.delta:g}, dp-accounting)" if eps is not None else "no private release"]
+        tail = [f"epsilon spent {eps:.4f} (delta {self.delta:g}; the guarantee, dp-accounting on the ledger)" if eps is not None else "no private release"]
         tail += [f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in (extra or {}).items() if v is not None]
-        tail.append(f"wall {time.perf_counter() - self.t0:.1f} s")
         self._print("  " + "; ".join(tail))

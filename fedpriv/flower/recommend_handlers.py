@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..algorithms import recommend
 from ..privacy.ledger import PrivacyLedger
-from .codec import decode_state, to_array
+from .codec import checked_array, decode_state, to_array
 
 log = logging.getLogger("fedpriv.flower")
 
@@ -103,7 +103,7 @@ class _GridRecommendTransport:
         total = np.zeros((k, cfg.bins))
 
         def decode(nid, rep) -> np.ndarray:
-            h = rep.content.array_records["rec"]["hist"].numpy().astype(np.float64)
+            h = checked_array(rep.content.array_records["rec"], "hist", 2, "f")  # undecodable or non-finite: rejected
             n = self.node_users[nid]
             if h.shape != (k, cfg.bins) or not np.all(np.isfinite(h)) or h.min() < 0 or np.any(h != np.round(h)) or np.any(h.sum(axis=1) != n):
                 raise ValueError(f"histogram must be ({k}, {cfg.bins}) non-negative integer counts, {n} per candidate")

@@ -1,5 +1,7 @@
 """The round machinery of the ServerApps (alternating loop, personalization): one message per
-node, replies collected with byte counting, and every rejected reply logged with its reason."""
+node, replies collected with byte counting, and every rejected reply logged with its reason.
+A reply counts only as the one answer of its node to the node's message of this round: a reply
+to another message (a replay), a second reply, or one of another message type is rejected."""
 
 from __future__ import annotations
 
@@ -40,15 +42,30 @@ class Rounds:
         up = 0
         ok = []
         asked = set(targets)
-        # error replies about an unavailable node come from the SuperLink: attribute them to the
-        # node the message was for (by the id of the message they answer)
+        # the grid gives every message an id on push (a SuperLink, LocalGrid): a reply counts only
+        # as the answer to one of this round's messages, from the node it was for. Error replies
+        # about an unavailable node come from the SuperLink: attribute them to that node.
         dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
-        answered = set()
+        ids = all(dst_of) and len(dst_of) == len(msgs)
+        by_node: dict[int, list] = {}
         for rep in replies:
-            src = rep.metadata.src_node_id
+            src, to = rep.metadata.src_node_id, rep.metadata.reply_to_message_id
+            if ids and (to not in dst_of or (src in asked and src != dst_of[to])):
+                self.reject(name, src, "stray reply: it answers no message of this round to its node (a replay?)")
+                continue
             if src not in asked:
-                src = dst_of.get(rep.metadata.reply_to_message_id, src)
+                src = dst_of.get(to, src)
+            if rep.metadata.message_type != message_type and not rep.has_error():
+                self.reject(name, src, f"malformed: a {rep.metadata.message_type!r} reply in a {message_type!r} round")
+                continue
+            by_node.setdefault(src, []).append(rep)
+        answered = set()
+        for src, reps in by_node.items():
             answered.add(src)
+            if len(reps) > 1:  # which one would be the node's? none is summed
+                self.reject(name, src, f"{len(reps)} replies to one message (a duplicate or replay): all rejected")
+                continue
+            rep = reps[0]
             if rep.has_error():
                 self.reject(name, src, f"node error: {rep.error.reason}")
                 continue

@@ -10,11 +10,15 @@ their contribution here) and ``secagg_unmask``, which is only sent after the bud
 
 The server cannot check a masked reply's norm: it checks its format and size, and the unmasked
 sum against its declared range (:func:`fedpriv.privacy.distributed.decode`). Clipping is
-enforced by the honest node code (docs/explanations/trust-and-threat-models.md).
+enforced by the honest node code (docs/explanations/trust-and-threat-models.md). Keys, shares
+and masked words are fresh randomness in every honest reply: one that repeats an earlier
+round's, or another reply's of the same round, is a replay or a copy and is rejected.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import json
 import logging
 import os
@@ -26,7 +30,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from ..errors import PrivacyError
 from ..privacy.distributed import DistributedPlan, ExactPlan
 from ..privacy.secagg import SecAggError, SecAggServer, plan_params
-from .codec import RejectedReply
+from .codec import RejectedReply, checked_array
 from .rounds import Rounds
 
 log = logging.getLogger("fedpriv.flower")
@@ -55,6 +59,24 @@ def _by_id(rec) -> dict[int, bytes]:
     return out
 
 
+def _channel(key: bytes) -> list[tuple[str, bytes]]:
+    return [("channel key", bytes(key))]
+
+
+def _mask_key(share: tuple) -> list[tuple[str, bytes]]:
+    return [("mask key", bytes(share[0]))]
+
+
+def _words(y: np.ndarray) -> list[tuple[str, bytes]]:
+    # an empty vector (a release with nothing to sum, e.g. the bias model's factor part) is
+    # the same in every honest reply: it carries no mask to replay
+    return [("masked words", hashlib.sha256(y.tobytes()).digest())] if y.size else []
+
+
+def _shares(reply: dict) -> list[tuple[str, bytes]]:
+    return [("share", blob) for part in reply.values() for blob in part.values()]
+
+
 class SecureRounds:
     """The secure-summation rounds of one job over ``rounds`` (its serving nodes)."""
 
@@ -67,6 +89,27 @@ class SecureRounds:
         self.graph_seed = os.urandom(32)  # public: the neighbour graph
         self.run_label = uuid.uuid4().hex  # public: makes every release label of this job new
         self.count = 0
+        self.seen: set[tuple[str, bytes]] = set()  # every key, share and masked vector (digest) accepted in this job
+
+    # ------------------------------------------------------------------ replays
+    def _fresh(self, values) -> None:
+        """RejectedReply if a reply repeats a value accepted in an earlier round of this job."""
+        if any(v in self.seen for v in values):
+            raise RejectedReply("replayed: a key, share or masked vector already received in an earlier round")
+
+    def _unique(self, name: str, accepted: dict, values) -> dict:
+        """``accepted`` without the replies that hold a value (``values(reply)``) that another
+        reply of this round holds too: a copy, and as the original is not known, every copy is
+        rejected. The values kept are remembered for :meth:`_fresh`."""
+        count = collections.Counter(v for r in accepted.values() for v in set(values(r)))
+        out = {}
+        for nid, r in accepted.items():
+            if any(count[v] > 1 for v in set(values(r))):
+                self.rounds.reject(name, nid, "replayed: another reply of this round holds the same key, share or masked vector")
+            else:
+                out[nid] = r
+        self.seen.update(v for r in out.values() for v in values(r))
+        return out
 
     # ------------------------------------------------------------------ per run
     def advertise(self) -> None:
@@ -77,12 +120,14 @@ class SecureRounds:
             key = rep.content.config_records["secagg"]["channel_key"]
             if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
                 raise RejectedReply("malformed: channel key is not 32 bytes")
+            self._fresh(_channel(key))
             return bytes(key)
 
         missing = [n for n in self.rounds.nodes if n not in self.asked]
         self.asked.update(missing)
         if missing:
-            self.channel_keys.update(self.rounds.gather("query.secagg_keys", RecordDict({"secagg": ConfigRecord({"run": self.run_label})}), "secagg_keys", decode, nodes=missing))
+            keys = dict(self.rounds.gather("query.secagg_keys", RecordDict({"secagg": ConfigRecord({"run": self.run_label})}), "secagg_keys", decode, nodes=missing))
+            self.channel_keys.update(self._unique("secagg_keys", keys, _channel))
 
     def population(self) -> tuple[int, int]:
         nodes = self._nodes()
@@ -118,9 +163,11 @@ class SecureRounds:
                 raise RejectedReply("malformed: mask key is not 32 bytes")
             if set(cts) != set(server.graph[nid]):
                 raise RejectedReply("malformed: not one share ciphertext per neighbour")
+            self._fresh(_mask_key((mask_key, cts)))
             return bytes(mask_key), cts
 
         shares = dict(self.rounds.gather("query.secagg_share", share_content, f"{name}:share", decode_share, nodes=nodes))
+        shares = self._unique(f"{name}:share", shares, _mask_key)
         routed = server.route(shares)
 
         # round 2: the nodes' contributions, quantized and noised, then masked
@@ -134,14 +181,18 @@ class SecureRounds:
             mask_content[n] = rd
 
         def decode_masked(nid, rep):
-            y = rep.content.array_records["masked"]["y"].numpy()
+            if "masked" not in rep.content.array_records:
+                raise RejectedReply("malformed: no masked record")
+            y = checked_array(rep.content.array_records["masked"], "y", 1, "u")
             if y.dtype != np.uint64 or y.shape != (plan.length,):
                 raise RejectedReply(f"malformed: masked words of dtype {y.dtype} and shape {y.shape}, expected uint64 ({plan.length},)")
             if plan.bits < 64 and y.size and int(y.max()) >> plan.bits:
                 raise RejectedReply(f"malformed: masked words beyond 2^{plan.bits}")
+            self._fresh(_words(y))
             return y
 
         masked = dict(self.rounds.gather(self.mask_message_type, mask_content, name, decode_masked, nodes=sorted(routed)))
+        masked = self._unique(name, masked, _words)
         if len(masked) < params.threshold:
             raise PrivacyError(f"secure round {name!r}: {len(masked)} masked replies, fewer than the threshold {params.threshold}; nothing is released")
         survivors, dropped = server.unmask_request(list(shares), list(masked))
@@ -153,9 +204,13 @@ class SecureRounds:
 
             @_rejecting
             def decode_unmask(nid, rep):
-                return {"self": _by_id(rep.content.config_records["self"]), "pairwise": _by_id(rep.content.config_records["pairwise"])}
+                reply = {"self": _by_id(rep.content.config_records["self"]), "pairwise": _by_id(rep.content.config_records["pairwise"])}
+                server.check_unmask_reply(nid, reply, survivors, dropped)
+                self._fresh(_shares(reply))
+                return reply
 
             replies = dict(self.rounds.gather("query.secagg_unmask", content3, f"{name}:unmask", decode_unmask, nodes=survivors))
+            replies = self._unique(f"{name}:unmask", replies, _shares)
             mask_keys = {n: s[0] for n, s in shares.items()}
             try:
                 return server.unmask(label.encode(), plan.length, mask_keys, masked, replies)

@@ -181,9 +181,12 @@ class _Nodes:
         for nid, rep in self.rounds.ask("query.info", self.down(), name, timeout=timeout):
             answered.add(nid)
             try:
-                pid = int(rep.content.config_records["meta"]["partition_id"])
-            except (KeyError, TypeError, ValueError) as exc:
+                pid = rep.content.config_records["meta"]["partition_id"]
+            except KeyError as exc:
                 self.rounds.reject(name, nid, f"malformed info reply ({exc})")
+                continue
+            if isinstance(pid, bool) or not isinstance(pid, int):  # not int(): it overflows on inf
+                self.rounds.reject(name, nid, f"malformed info reply (partition id {pid!r} is not an integer)")
                 continue
             for old in [n for n, p in self.partition_of.items() if p == pid and n != nid]:
                 log.info("partition %d moved from node %s to node %s (rejoined)", pid, old, nid)
@@ -396,7 +399,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     if progress is not None:
         shown = {"valid RMSE": result.valid_rmse, "test RMSE": result.test_rmse} if not result.logistic else \
             {"valid log-loss": result.logistic["valid"]["logloss"], "test log-loss": result.logistic["test"]["logloss"]}
-        progress.summary(result.round_log, result.rejected, {k: v for k, v in shown.items() if v == v})
+        progress.summary(result.round_log, result.rejected, {k: v for k, v in shown.items() if v == v}, counters=result)
     return result
 
 

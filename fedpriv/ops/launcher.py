@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -34,15 +33,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..util import atomic
+from ..util.processes import descendant_pids, pid_alive, pids_matching, pids_with_env, process_cmdline, stop_all, terminate_pids  # noqa: F401 - re-exported
 from ..algorithms.names import is_private
 from ..errors import ConfigError, FedprivError
 from ..run import FlowerOptions, Outcome, RunReport
+from ..run.nodes import node_layout
 
 HOME_PREFIX = "fedpriv-flwr-"  # temporary folders of this module: marks our SuperLinks
 APP_NAME = "fedpriv-job"
 STOP_SECONDS = 15.0  # SIGTERM, then SIGKILL after this long
 TAIL_LINES = 80
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes, stripped from captured output
+# lines of Flower's log that mislead a fedpriv user: the federation's size is fedpriv's
+# --nodes, not Flower's default or its simulation-config command
+FLOWER_NOISE = re.compile(r"default simulated SuperNodes changed|To change federation size|flwr federation simulation-config|Manually terminating ClientAppActor")
+SUPERLINK_SLOW = "Failed to start local SuperLink"  # Flower's message when its SuperLink took over 15 s to start
 ERROR_LINE = re.compile(r"\b(?:ConfigError|DataError|PrivacyError|FedprivError): (.+)$")  # a fedpriv error in `flwr run` output: group 1 the reason
 
 
@@ -205,34 +210,6 @@ def write_run_config(path: Path, values: dict) -> None:
 
 
 # ------------------------------------------------------------------------------ processes
-def _proc_ok() -> bool:
-    return os.path.isdir("/proc/self")
-
-
-def process_cmdline(pid: int) -> str:
-    """The command line of process ``pid`` (Linux /proc; empty when it is gone or unreadable)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def pids_matching(*needles: str) -> list[int]:
-    """PIDs (ours excluded) of the processes whose command line contains every one of ``needles``."""
-    if not _proc_ok():  # e.g. macOS: pgrep on the first needle, filter on the others
-        r = subprocess.run(["pgrep", "-fl", needles[0]], check=False, capture_output=True, text=True)
-        return sorted(int(line.split()[0]) for line in r.stdout.splitlines() if line.strip() and all(n in line for n in needles))
-    me = os.getpid()
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me:
-            cmd = process_cmdline(int(entry))
-            if cmd and all(n in cmd for n in needles):
-                out.append(int(entry))
-    return sorted(out)
-
-
 def superlink_pids(flwr_home: str | os.PathLike | None = None) -> list[int]:
     """PIDs of the local SuperLinks started with ``flwr_home`` as FLWR_HOME; without it, of
     every local SuperLink started by this module (FLWR_HOME in one of its temporary folders)."""
@@ -241,79 +218,19 @@ def superlink_pids(flwr_home: str | os.PathLike | None = None) -> list[int]:
     return [p for p in pids_matching("flower-superlink", "/local-superlink") if re.search(rf"/{HOME_PREFIX}[^/ ]*/home/local-superlink", process_cmdline(p))]
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` is running (a zombie is not)."""
-    if _proc_ok():
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")  # zombies are gone
-        except OSError:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def descendant_pids(pids: list[int]) -> list[int]:
-    """Every live process below ``pids`` (Linux only: empty elsewhere)."""
-    if not _proc_ok():
-        return []
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rpartition(")")[2].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children[ppid].append(int(entry))
-    out, todo = [], list(pids)
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in out:
-                out.append(c)
-                todo.append(c)
-    return out
-
-
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def terminate_pids(pids: list[int], seconds: float) -> None:
-    """SIGTERM, wait until gone, SIGKILL what is left after ``seconds``."""
-    _signal(pids, signal.SIGTERM)
-    deadline = time.monotonic() + seconds
-    while any(pid_alive(p) for p in pids):
-        if time.monotonic() > deadline:
-            _signal([p for p in pids if pid_alive(p)], signal.SIGKILL)
-            deadline = time.monotonic() + 5.0
-            while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            return
-        time.sleep(0.2)
-
-
-def stop_superlinks(flwr_home: str | os.PathLike, seconds: float = STOP_SECONDS) -> list[int]:
+def stop_superlinks(flwr_home: str | os.PathLike, seconds: float = STOP_SECONDS, sweep_seconds: float = 5.0) -> list[int]:
     """Stop the SuperLink(s) of ``flwr_home`` by PID, then whatever they started that is still
     running (ServerApp, simulation and Ray processes); returns the SuperLink PIDs."""
     pids = superlink_pids(flwr_home)
-    if not pids:
-        return []
-    below = descendant_pids(pids)  # taken before the SuperLink goes: its children are re-parented
-    terminate_pids(pids, seconds)
-    left = [p for p in below if pid_alive(p)]
-    if left:
-        terminate_pids(left, 5.0)
+    if pids:
+        below = descendant_pids(pids)  # taken before the SuperLink goes: its children are re-parented
+        terminate_pids(pids, seconds)
+        left = [p for p in below if pid_alive(p)]
+        if left:
+            terminate_pids(left, sweep_seconds)
+    # whatever is left of the run (Ray's daemons and workers, a detached SuperExec): every
+    # process started under this FLWR_HOME carries it in its environment
+    stop_all(lambda: pids_with_env("FLWR_HOME", str(flwr_home)), sweep_seconds)
     return pids
 
 
@@ -323,8 +240,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def flwr_env(flwr_home: Path) -> dict[str, str]:
-    """The environment of a ``flwr`` process: offline, our bin folder first on PATH, ``flwr_home`` as FLWR_HOME, fresh loopback ports."""
+#: Ray's sockets live under its temporary folder, and a Unix socket path holds at most 107 bytes
+#: (Ray adds about 70): a longer folder than this makes Flower's simulation crash
+RAY_TMPDIR_MAX = 36
+
+
+def ray_temp_dir(work: Path) -> Path:
+    """A new folder for Ray's session files of one run: ``work/r`` when that path is short
+    enough for Ray's sockets, else a new folder in /tmp (with any TMPDIR, however long). The
+    caller removes it."""
+    if len(str(work / "r")) <= RAY_TMPDIR_MAX:
+        (work / "r").mkdir()
+        return work / "r"
+    return Path(tempfile.mkdtemp(prefix="fedpriv-ray-", dir="/tmp" if os.path.isdir("/tmp") else None))
+
+
+def flwr_env(flwr_home: Path, ray_tmp: Path | None = None) -> dict[str, str]:
+    """The environment of a ``flwr`` process: offline, our bin folder first on PATH, ``flwr_home``
+    as FLWR_HOME, fresh loopback ports; ``ray_tmp``: Ray's temporary folder (:func:`ray_temp_dir`),
+    so that a run's session files go with the run."""
     from ..flower.simulation import OFFLINE_ENV
 
     bin_dir = str(Path(sys.executable).parent)
@@ -342,6 +276,8 @@ def flwr_env(flwr_home: Path) -> dict[str, str]:
         no_proxy=no_proxy,
         PYTHONUNBUFFERED="1",
     )
+    if ray_tmp is not None:
+        env["RAY_TMPDIR"] = str(ray_tmp)
     return env
 
 
@@ -359,13 +295,18 @@ def run_streaming(cmd: list[str], *, cwd: Path, env: dict, quiet: bool, timeout:
     """Run ``cmd`` with stdout+stderr merged; echo it to our stderr unless ``quiet``; returns
     (exit code, the last lines). The command is killed on timeout or interrupt."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+    # its own session: a Ctrl-C at the terminal reaches fedpriv alone, which stops the run
+    # (fedpriv.util.stopping) instead of `flwr` printing its traceback
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                            start_new_session=True)
+    colour = sys.stderr.isatty()
 
     def pump():
         for line in proc.stdout:
-            tail.append(ANSI_ESCAPE.sub("", line.rstrip("\n")))
-            if not quiet:
-                sys.stderr.write(line)
+            plain = ANSI_ESCAPE.sub("", line.rstrip("\n"))
+            tail.append(plain)
+            if not quiet and not FLOWER_NOISE.search(plain):
+                sys.stderr.write(line if colour else plain + "\n")  # no colour codes in a log file
                 sys.stderr.flush()
 
     reader = threading.Thread(target=pump, daemon=True)
@@ -376,12 +317,8 @@ def run_streaming(cmd: list[str], *, cwd: Path, env: dict, quiet: bool, timeout:
         raise FedprivError(f"`flwr run` did not finish within {timeout:g} s; last output:\n" + "\n".join(tail)) from None
     finally:
         if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_all(lambda: [proc.pid] if proc.poll() is None else [], 5.0, rounds=1)
+            proc.wait()
         reader.join(timeout=5)
         proc.stdout.close()
     return code, list(tail)
@@ -446,18 +383,19 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
     t0 = time.perf_counter()
     job = plan.job
     params = dict(job.params)
-    upn = _int_option("--users-per-node", engine.users_per_node, params, "users_per_node") or 1
+    upn = _int_option("--users-per-node", engine.users_per_node, params, "users_per_node")
     n_nodes = _int_option("--nodes", engine.nodes, params, "nodes")
     round_timeout = float(engine.round_timeout if engine.round_timeout is not None else params.pop("round_timeout", 0.0))
     node_wait = float(engine.node_wait if engine.node_wait is not None else params.pop("node_wait", 120.0))
-    n_parts = flower_partitions(plan, upn)
-    if n_nodes is None:
-        n_nodes = n_parts
-    elif n_nodes < n_parts:
-        raise ConfigError(f"{n_parts} partitions of {upn} users need at least {n_parts} nodes, got {n_nodes}", field="--nodes")
+    if plan.public is not None and upn is None:
+        upn = int(plan.public.users_per_node)
+    layout = node_layout(plan.n_users, nodes=n_nodes, users_per_node=upn)
+    n_nodes, upn = layout.nodes, layout.users_per_node
+    flower_partitions(plan, upn)
     run_config = job_run_config(job, "", users_per_node=upn, nodes=n_nodes, round_timeout=round_timeout, node_wait=node_wait, params=params)
     work = Path(tempfile.mkdtemp(prefix=HOME_PREFIX)).resolve()
     home = Path(engine.flwr_home).expanduser().resolve() if engine.flwr_home is not None else work / "home"
+    ray_tmp = None
     try:
         run_config["data"] = data_for_server(plan, work)
         home.mkdir(parents=True, exist_ok=True)
@@ -468,7 +406,12 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
         if job.noise_seed is not None:
             run_config["noise-seed-file"] = write_noise_seed_file(work / "noise-seed", job.noise_seed)
         write_run_config(work / "run-config.toml", run_config)
-        env = flwr_env(home)
+        ray_tmp = ray_temp_dir(work)  # removed with the run (its own folder when work's path is long)
+        env = flwr_env(home, ray_tmp)
+        # every temporary file of the run's processes (the ServerApp's copy of the node data, the
+        # nodes' splits) lands in the run's folder: removed with it, even when they are killed
+        (work / "tmp").mkdir()
+        env["TMPDIR"] = str(work / "tmp")
         cmd = [
             *_flwr_command(Path(sys.executable).parent),
             "run",
@@ -479,10 +422,18 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
             "--run-config",
             str(work / "run-config.toml"),
         ]
-        try:
-            code, tail = run_streaming(cmd, cwd=work, env=env, quiet=quiet, timeout=engine.timeout)
-        finally:
+        for attempt in range(2):
+            try:
+                code, tail = run_streaming(cmd, cwd=work, env=env, quiet=quiet, timeout=engine.timeout)
+            except BaseException:  # a stop signal (fedpriv.util.stopping), a timeout: stop it all now
+                stop_superlinks(home, seconds=2.0, sweep_seconds=2.0)
+                raise
             stop_superlinks(home)
+            if attempt == 0 and code != 0 and any(SUPERLINK_SLOW in line for line in tail):
+                # a busy machine: Flower gives its local SuperLink 15 s to start; once more, on fresh ports
+                env.update({k: v for k, v in flwr_env(home, ray_tmp).items() if k.startswith("FLWR_LOCAL_")})
+                continue
+            break
         metrics_path, ledger_path = job_out / "metrics.json", job_out / "ledger.json"
         if code != 0 or not (metrics_path.is_file() and ledger_path.is_file()):
             raise_run_failure(code, tail, "`flwr run` wrote no metrics.json")
@@ -491,6 +442,8 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
         model = load_model(model_dir) if model_dir.is_dir() else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if ray_tmp is not None:
+            shutil.rmtree(ray_tmp, ignore_errors=True)
     if run_config["data"].startswith("saved:"):  # name the user's data, not the work folder it went through
         metrics["dataset"] = str(plan.spec)
         if isinstance(metrics.get("config"), dict):

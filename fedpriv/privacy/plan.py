@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from .accounting import Calibration, PlannedRelease, calibrate, epsilon_pld, epsilon_rdp, pld_supported, zcdp_rho
+from .accounting import Calibration, PlannedRelease, calibrate, PLD_MAX_EPSILON, epsilon_pld_second_opinion, epsilon_rdp, pld_supported, zcdp_rho
 from .ledger import Release, RepeatAndSelect
 
 SCORE_RELEASE = "valid_score"
@@ -106,12 +106,13 @@ class BudgetPlan:
     def summary(self) -> dict:
         recs = self.records()
         sampled = any(p.sampling_rate not in (None, 1.0) for p in self.planned)
+        rdp = epsilon_rdp(recs, self.delta, integer_orders=self.integer_orders)
         out = {
             "algorithm": self.algorithm,
             "epsilon_target": self.epsilon,
             "delta": self.delta,
-            "epsilon_rdp": epsilon_rdp(recs, self.delta, integer_orders=self.integer_orders),
-            "epsilon_pld": epsilon_pld(recs, self.delta) if pld_supported(recs) else None,
+            "epsilon_rdp": rdp,
+            "epsilon_pld": epsilon_pld_second_opinion(recs, self.delta, rdp),
             "rho_zcdp": None if (sampled or self.tuning is not None) else zcdp_rho(recs),
             "rho_zcdp_one_run": None if sampled else zcdp_rho(self.run_records()),
             "epsilon_one_shot": self.epsilon_one_shot(),
@@ -147,7 +148,7 @@ class BudgetPlan:
             "| accountant | value |",
             "|---|---|",
             f"| epsilon (RDP, dp-accounting{', integer orders' if self.integer_orders else ''}) | {fmt(s['epsilon_rdp'])} |",
-            f"| epsilon (PLD, dp-accounting) | {fmt(s['epsilon_pld']) if s['epsilon_pld'] is not None else 'not supported for this plan'} |",
+            f"| epsilon (PLD, dp-accounting) | {fmt(s['epsilon_pld']) if s['epsilon_pld'] is not None else _no_pld(self.records(), s['epsilon_rdp'])} |",
             f"| zCDP rho | {fmt(s['rho_zcdp']) if s['rho_zcdp'] is not None else 'not defined (sampled releases or tuning)'} |",
         ]
         if s["epsilon_one_shot"] is not None:
@@ -188,3 +189,10 @@ def calibrated_plan(
     if tuning is not None:
         notes.append("PLD accounting does not cover repeat-and-select: epsilon is from RDP (Papernot and Steinke 2022, Theorem 2, in dp-accounting).")
     return BudgetPlan(algorithm, epsilon, delta, planned, sens, cal, tuning, notes)
+
+
+def _no_pld(records, epsilon_rdp: float) -> str:
+    """Why a plan's table shows no PLD epsilon."""
+    if not pld_supported(records):
+        return "not supported for this plan"
+    return f"not computed above epsilon {PLD_MAX_EPSILON:g} (bounded time and memory)"

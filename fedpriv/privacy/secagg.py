@@ -735,6 +735,14 @@ class SecAggServer:
         self._check_survivor_count(len(alive))
         return sorted(alive), sorted(done - alive)
 
+    def check_unmask_reply(self, holder: int, reply: dict[str, dict[int, bytes]],
+                           survivors: Collection[int], dropped: Collection[int]) -> None:
+        """SecAggError (naming ``holder``) unless ``holder``'s unmask reply is well formed on its
+        own: only shares of the nodes asked about, each held by ``holder`` and at its index. A
+        server that checks every reply so can leave a malformed one out and unmask with the
+        other holders' shares, where :meth:`unmask` refuses the whole release."""
+        self._collect({holder: reply}, _id_set(survivors, "survivors"), _id_set(dropped, "dropped"))
+
     def _check_survivor_count(self, count: int) -> None:
         if count < self.params.threshold:
             raise SecAggError(f"{count} survivors, fewer than the threshold "
@@ -795,6 +803,11 @@ class SecAggServer:
             raise SecAggError(f"node {holder} sent an unexpected share of node {owner}",
                               field="replies", node=holder)
         index, share = _decode_share(blob, holder, owner, self.params.degree)
+        # the owner gave share i + 1 to its i-th neighbour (sorted ids) and kept degree + 1
+        expected = self.params.degree + 1 if owner == holder else self.graph[owner].index(holder) + 1
+        if index != expected:
+            raise SecAggError(f"share of node {owner} from node {holder} has index {index}, not the "
+                              f"holder's {expected}", field="replies", node=holder)
         slot = into.setdefault(owner, {})
         if index in slot:
             raise SecAggError(f"duplicate share index {index} of node {owner} (from node "

@@ -33,8 +33,9 @@ from ..data.splits import HeldoutSplit, heldout_users_split, random_split
 from ..engine.inprocess import train_inprocess
 from ..errors import ConfigError, did_you_mean
 from ..algorithms.metrics import run_header
-from ..privacy.accounting import epsilon_bounds, epsilon_pld, pld_supported
+from ..privacy.accounting import epsilon_bounds, epsilon_pld_second_opinion
 from ..privacy.randomness import RunSecrets
+from .nodes import SECURE_USERS_PER_NODE, node_layout
 
 ENGINES = ("inprocess", "flower")
 
@@ -46,9 +47,9 @@ class RunOptions:
     split: str = "auto"  # 'random' (RMSE), 'heldout' (Recall@k) or 'auto' (by data set)
     split_seed: int = 1234
     heldout_fraction: float = 0.0  # share of users per held-out group (a public hash of the raw user id decides); 0 = 0.0722 for ML-20M/25M (about 10,000 users), else 0.1
-    users_per_shard: int = 0  # in-process engine: 0 = one shard with every user
-    users_per_node: int = 1  # flower engine: users held by each node
-    nodes: int = 0  # flower engine: number of nodes (0 = as many as the users need)
+    users_per_shard: int = 0  # in-process engine: users per shard (0: by the node layout)
+    users_per_node: int = 0  # users held by each node, every engine (0: not given; fedpriv.run.nodes)
+    nodes: int = 0  # number of nodes, every engine (0: not given; fedpriv.run.nodes)
     round_timeout: float = 0.0  # flower engine: seconds to wait for replies per round (0 = no limit)
     node_wait: float = 120.0  # flower engine: seconds to wait for the nodes to register
     tune: str = ""  # private tuning grid "key=v1/v2;key2=..." (fedpriv.run.tuning); "" = no tuning
@@ -144,6 +145,8 @@ def load_and_check(job) -> dict:
     private = is_private(algorithm)
     if private and epsilon is None:
         raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
+    if private:
+        check_privacy_target(epsilon, job.delta)
     if job.noise_seed is not None and (isinstance(job.noise_seed, bool) or not isinstance(job.noise_seed, int)):
         raise ConfigError(f"must be an integer, got {job.noise_seed!r}", field="--noise-seed")
     spec, ds = resolve_data(job.data, job.data_options)
@@ -201,6 +204,32 @@ def load_and_check(job) -> dict:
         raise ConfigError("private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)", field="tune")
     return dict(spec=spec, dataset=ds, private=private, options=opts, config=cfg, protocol=protocol, split=split,
                 rating_range=rating_range, implicit=implicit, recommend=rec_cfg, public=None, engine_params={})
+
+
+#: above this target epsilon a run is warned about: the guarantee says nothing any more
+TRIVIAL_EPSILON = 100.0
+
+
+def check_privacy_target(epsilon, delta) -> None:
+    """A private run's (epsilon, delta) before anything is loaded: a finite epsilon > 0 and a
+    delta in (0, 1) (ConfigError naming the flag); a warning when epsilon is so large that the
+    run is private in name only."""
+    try:
+        eps, dlt = float(epsilon), float(delta)
+    except (TypeError, ValueError):
+        raise ConfigError(f"expected numbers, got epsilon {epsilon!r} and delta {delta!r}", field="--epsilon") from None
+    if not (math.isfinite(eps) and eps > 0):
+        raise ConfigError(f"must be a finite number > 0, got {epsilon!r}", field="--epsilon")
+    if not (0.0 < dlt < 1.0):
+        raise ConfigError(f"must be in (0, 1), got {delta!r}", field="--delta")
+    if eps > TRIVIAL_EPSILON:
+        import warnings
+
+        from ..errors import FedprivWarning
+
+        warnings.warn(f"epsilon {eps:g} protects nothing: one user's data may change the odds of any outcome by a factor e^epsilon; "
+                      f"compare with a non-private algorithm instead (above epsilon {TRIVIAL_EPSILON:g} the PLD second opinion is not computed)",
+                      FedprivWarning, stacklevel=2)
 
 
 def resolve_data(data, options=None):
@@ -265,10 +294,12 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
     algorithm, epsilon, delta, private, spec, ds = job.algorithm, job.epsilon, job.delta, plan.private, plan.spec, plan.dataset
     secrets = RunSecrets(job.noise_seed)
     engine_name = engine.name
+    refuse_options_of_other_engines({**job.params, **engine.run_options()}, engine_name)
     if plan.protocol == "personalization":
         from ..engine.personal import run_personal
 
         params = {**plan.engine_params, **{k: str(v) for k, v in engine.run_options().items()}}
+        params.update(_personal_layout(params, ds.n_users, plan.config.aggregation.secure, in_process=engine_name != "flower"))
         overrides = {**{k: v for k, v in job.params.items() if k not in ("users_per_node", "users_per_shard", "nodes")}, **params}
         metrics, records, state = run_personal(algorithm, spec, ds, epsilon=epsilon, delta=delta, overrides=overrides, engine=engine_name,
                                                work_dir=engine.work_dir, flower_runner=engine.flower_runner(), secrets=secrets, progress=progress)
@@ -276,6 +307,14 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
         return _clean(metrics), records, state, None
     opts = dataclasses.replace(plan.options, **engine.run_options())
     cfg = copy.deepcopy(plan.config)
+    if engine_name != "flower" and plan.split is not None:  # the in-process engine's nodes: shards of users
+        opts.users_per_shard = inprocess_shard_size(opts, plan.split.train.n_users, cfg.aggregation.secure) or 0
+        if opts.users_per_shard:  # recorded as on every engine: the nodes the shards play
+            opts.users_per_node, opts.nodes = opts.users_per_shard, -(-plan.split.train.n_users // opts.users_per_shard)
+    elif engine_name == "flower":  # resolved once (fedpriv.run.nodes): every later use reads it back
+        given = opts.users_per_node or (plan.public.users_per_node if plan.public is not None else None)
+        layout = node_layout(plan.n_users, nodes=opts.nodes, users_per_node=given)
+        opts.nodes, opts.users_per_node = layout.nodes, layout.users_per_node
     rec_cfg = plan.recommend
     if opts.tune and engine_name == "flower" and cfg.aggregation.mode != "central":
         raise ConfigError("private tuning on the Flower engine runs in central mode (its score round is not a secure sum yet)", field="tune")
@@ -283,6 +322,8 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
         if engine_name != "flower":
             raise ConfigError("public:DIR holds no ratings: it is the server side of a partitioned deployment (--engine flower)", field="--data")
         public = plan.public
+        if not opts.users_per_node:
+            opts.users_per_node = int(public.users_per_node)
         if opts.users_per_node != public.users_per_node:
             raise ConfigError(f"the partition put {public.users_per_node} users on each node, got {opts.users_per_node}", field="users-per-node")
         metrics: dict = {
@@ -383,11 +424,32 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
             from ..engine.inprocess import recommend_inprocess
 
             metrics["recommendation"], rec_ledger, _ = recommend_inprocess(
-                state, train, split.test, rec_cfg, users_per_shard=opts.users_per_shard or opts.users_per_node, secrets=secrets
+                state, train, split.test, rec_cfg, users_per_shard=opts.users_per_shard or None, secrets=secrets
             )
     metrics, records = _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, algorithm=algorithm, spec=spec, engine=engine_name, epsilon=epsilon,
                                delta=delta, private=private, opts=opts, t0=t0, protocol=protocol, second_opinion=second_opinion)
     return metrics, records, state, train
+
+
+#: run options that only one kind of engine honours: given to another, they are refused, never ignored
+ENGINE_ONLY_OPTIONS = {"round_timeout": "flower", "node_wait": "flower", "users_per_shard": "inprocess"}
+
+
+def refuse_options_of_other_engines(options, engine_name: str) -> None:
+    """ConfigError naming the first option given (a non-default value) that ``engine_name``
+    cannot honour."""
+    defaults = RunOptions()
+    for key, owner in ENGINE_ONLY_OPTIONS.items():
+        value = options.get(key)
+        if value is None or owner == engine_name:
+            continue
+        try:
+            unchanged = float(value) == float(getattr(defaults, key))
+        except (TypeError, ValueError):
+            unchanged = False
+        if not unchanged:
+            other = "the Flower engines" if owner == "flower" else "the in-process engine"
+            raise ConfigError(f"applies to {other} only; the {engine_name} engine cannot honour it", field=key)
 
 
 def delta_warning(delta: float, n_users) -> str | None:
@@ -418,7 +480,7 @@ def _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, *, algorithm, 
         private = True
     if private:
         metrics["epsilon_spent"] = epsilon_bounds(ledger, delta)[0]
-        metrics["epsilon_spent_pld"] = epsilon_pld(ledger, delta) if second_opinion and pld_supported(ledger) else None
+        metrics["epsilon_spent_pld"] = epsilon_pld_second_opinion(ledger, delta, metrics["epsilon_spent"]) if second_opinion else None
     else:
         metrics["epsilon_spent"] = None
         metrics["epsilon_spent_pld"] = None
@@ -484,9 +546,38 @@ def _recall_metrics(metrics: dict, state, train, split, k: int) -> None:
 
 
 def _flower_nodes(opts, n_users: int) -> tuple[int, int]:
-    """(nodes, users per node) of a Flower run: ``opts.nodes``, or one node per block of users."""
-    upn = max(1, opts.users_per_node)
-    return opts.nodes or -(-n_users // upn), upn
+    """(nodes, users per node) of a Flower run (:func:`fedpriv.run.nodes.node_layout`; default one
+    node per user)."""
+    if opts.nodes and opts.users_per_node:  # resolved by train_and_evaluate
+        return int(opts.nodes), int(opts.users_per_node)
+    layout = node_layout(n_users, nodes=opts.nodes, users_per_node=opts.users_per_node)
+    return layout.nodes, layout.users_per_node
+
+
+def inprocess_shard_size(opts, n_users: int, secure: bool) -> int | None:
+    """Users per shard of the in-process engine: ``users_per_shard`` when given, else the node
+    layout of ``nodes`` / ``users_per_node`` (:mod:`fedpriv.run.nodes`); with neither, one shard
+    in central mode and :data:`~fedpriv.run.nodes.SECURE_USERS_PER_NODE` users per node in secure
+    mode. None: one shard."""
+    if opts.users_per_shard:
+        return int(opts.users_per_shard)
+    if not (opts.nodes or opts.users_per_node or secure):
+        return None
+    layout = node_layout(n_users, nodes=opts.nodes, users_per_node=opts.users_per_node, default_users_per_node=SECURE_USERS_PER_NODE)
+    return None if layout.nodes == 1 else layout.users_per_node
+
+
+def _personal_layout(params: dict, n_users: int, secure: bool, *, in_process: bool) -> dict:
+    """The personalization runs' node keys (``users_per_shard`` in process, ``users_per_node``
+    and ``nodes`` on Flower) resolved by the same rule as the rating runs'."""
+    get = lambda key: params.get(key) or None  # noqa: E731
+    if in_process:
+        opts = RunOptions(users_per_shard=int(float(get("users_per_shard") or 0)), users_per_node=int(float(get("users_per_node") or 0)),
+                          nodes=int(float(get("nodes") or 0)))
+        size = inprocess_shard_size(opts, n_users, secure)
+        return {"users_per_shard": str(size)} if size else {}
+    layout = node_layout(n_users, nodes=get("nodes"), users_per_node=get("users_per_node"))
+    return {"users_per_node": str(layout.users_per_node), "nodes": str(layout.nodes)}
 
 
 def _flower_job(algorithm, epsilon, delta, cfg, split, opts, rating_range, implicit, work_dir, item_features, secrets, **extra):
@@ -499,8 +590,9 @@ def _flower_job(algorithm, epsilon, delta, cfg, split, opts, rating_range, impli
     else:
         train = split.train
         valid, test = (None, None) if isinstance(split, HeldoutSplit) else (split.valid, split.test)
+    n_users = train.n_users if train is not None else extra["public"].n_users
     return FlowerJob(
-        algorithm, epsilon, delta, cfg, train, valid, test, rating_range, work_dir, users_per_node=max(1, opts.users_per_node), implicit=implicit,
+        algorithm, epsilon, delta, cfg, train, valid, test, rating_range, work_dir, users_per_node=_flower_nodes(opts, n_users)[1], implicit=implicit,
         item_features=item_features, round_timeout=opts.round_timeout or None, node_wait_seconds=opts.node_wait, secrets=secrets, **extra,
     )
 

@@ -71,14 +71,18 @@ def _set(options: dict, **values) -> dict:
 
 @dataclass(frozen=True)
 class InProcess(Engine):
-    """Every client in this process; ``users_per_shard`` users per simulated client (default:
-    one shard with every user)."""
+    """Every client in this process, on shards of users that play the nodes: ``nodes`` and
+    ``users_per_node`` mean what they mean on every engine (:mod:`fedpriv.run.nodes`; default one
+    shard in central mode, 20 users per node in secure mode); ``users_per_shard`` sets the
+    shard size directly."""
 
     users_per_shard: int | None = None
+    nodes: int | None = None
+    users_per_node: int | None = None
     name: ClassVar[str] = "inprocess"
 
     def run_options(self) -> dict[str, Any]:
-        return _set({}, users_per_shard=self.users_per_shard)
+        return _set({}, users_per_shard=self.users_per_shard, nodes=self.nodes, users_per_node=self.users_per_node)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +36,7 @@ import numpy as np
 from ..algorithms import als
 from ..algorithms.config import ALSConfig
 from ..algorithms.shards import UserShard
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, FedprivWarning
 from ..util import atomic
 
 FORMAT = "fedpriv-model/1"
@@ -176,38 +177,70 @@ class Model:
     # ------------------------------------------------------------------ recommendations
     def dense_items(self, raw_items) -> np.ndarray:
         """Dense ids of raw item ids; an id the model does not know is an error naming it."""
-        raw = np.asarray(raw_items)
+        raw = np.asarray(raw_items).reshape(-1)
+        dense, hit = self._lookup(raw)
+        if not hit.all():
+            raise DataError(f"{_unknown_text(raw[~hit])} not in the model's catalogue ({self._catalogue_hint()})")
+        return dense
+
+    def _lookup(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The dense ids of the known raw item ids (in order) and, for every raw id, whether the
+        model knows it. A model whose ids are numbers knows no id that is not one (``"item3"``)."""
         ids = self.item_ids
+        if raw.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, bool)
         if np.issubdtype(ids.dtype, np.number):
-            try:
-                raw = raw.astype(ids.dtype)
-            except ValueError:
-                raise DataError(f"item ids of this model are numbers; got {raw[:3].tolist()}") from None
-            order = np.argsort(ids)
-            pos = np.searchsorted(ids, raw, sorter=order)
-            pos = np.minimum(pos, len(ids) - 1)
+            integer = np.issubdtype(ids.dtype, np.integer)
+            bounds = np.iinfo(ids.dtype) if integer else None
+            values = [v if v is None or bounds is None or bounds.min <= v <= bounds.max else None
+                      for v in (_as_number(x, integer) for x in raw.tolist())]
+            known = np.array([v is not None for v in values], dtype=bool)
+            vals = np.asarray([0 if v is None else v for v in values], dtype=ids.dtype)
+            order = np.argsort(ids, kind="stable")
+            pos = np.minimum(np.searchsorted(ids, vals, sorter=order), len(ids) - 1)
             dense = order[pos]
-            unknown = ids[dense] != raw
+            hit = known & (ids[dense] == vals)
         else:
             index = {str(x): i for i, x in enumerate(ids)}
-            dense = np.array([index.get(str(x), -1) for x in raw], dtype=np.int64)
-            unknown = dense < 0
-        if unknown.any():
-            raise DataError(f"item {_plain(raw[np.flatnonzero(unknown)[0]])!r} is not in the model's catalogue")
-        return dense.astype(np.int64)
+            dense = np.array([index.get(str(x), -1) for x in raw.tolist()], dtype=np.int64)
+            hit = dense >= 0
+        return dense[hit].astype(np.int64), hit
+
+    def _catalogue_hint(self) -> str:
+        """A few of the model's item ids, for error messages."""
+        ids = self.item_ids
+        kind = "numbers" if np.issubdtype(ids.dtype, np.number) else "strings"
+        shown = ", ".join(repr(_plain(x)) for x in ids[:3])
+        return f"{len(ids):,} items whose ids are {kind}: {shown}, ..."
 
     def _user(self, items, ratings) -> tuple[UserShard, np.ndarray]:
-        """One user's shard from their raw item ids and ratings (checked), and the dense ids."""
-        dense = self.dense_items(items)
+        """One user's shard from their raw item ids and ratings (checked), and the dense ids.
+
+        What the model cannot use is never dropped silently: ratings of items the model does
+        not know are an error naming them when none of the items is known, and are left out
+        with a :class:`~fedpriv.errors.FedprivWarning` naming them when some are known; no
+        items at all warns that the ranking is the released popularity alone (a new user)."""
+        raw = np.asarray(items).reshape(-1) if items is not None else np.zeros(0)
         if ratings is None:
-            y = np.ones(len(dense), dtype=np.float32)
+            y = np.ones(raw.size, dtype=np.float32)
         else:
-            y = np.asarray(ratings, dtype=np.float32)
-            if y.shape != dense.shape:
-                raise DataError(f"expected one rating per item ({len(dense)}), got {y.size}")
+            y = np.asarray(ratings, dtype=np.float32).reshape(-1)
+            if y.shape != raw.shape:
+                raise DataError(f"expected one rating per item ({raw.size}), got {y.size}")
             lo, hi = self.state.rating_range
             if not np.isfinite(y).all() or (y < lo).any() or (y > hi).any():
                 raise DataError(f"ratings must be finite and lie in the model's range [{lo:g}, {hi:g}]")
+        dense, hit = self._lookup(raw)
+        if not hit.all():
+            if not hit.any():
+                raise DataError(f"{_unknown_text(raw)} not in the model's catalogue: none of the user's {raw.size:,} "
+                                f"item ids is known ({self._catalogue_hint()})")
+            y = y[hit]
+            warnings.warn(f"{_unknown_text(raw[~hit])} not in the model's catalogue: left out; the user's vector is solved from "
+                          f"the other {len(dense):,} of their {raw.size:,} ratings", FedprivWarning, stacklevel=3)
+        elif raw.size == 0:
+            warnings.warn("no ratings given: the ranking is the released popularity alone (the same for every new user)",
+                          FedprivWarning, stacklevel=3)
         if len(np.unique(dense)) != len(dense):
             raise DataError("an item is rated twice")
         shard = UserShard(user_ids=np.zeros(1, np.int64), indptr=np.array([0, len(dense)], np.int64), items=dense.astype(np.int32), ratings=y)
@@ -221,7 +254,13 @@ class Model:
         both standardized (:func:`fedpriv.algorithms.ranking.ranking_scores`); ``score`` is
         that ranking score and ``rating`` the predicted rating, clipped to the rating range.
         Returns [{item, score, rating, name}] best first, or with ``as_frame`` a pandas
-        DataFrame with the columns rank, item, score, rating, name."""
+        DataFrame with the columns rank, item, score, rating, name.
+
+        Items the model does not know: when none of ``items`` is in the catalogue, a
+        :class:`~fedpriv.errors.DataError` names them (a user or id mix-up, e.g. the ids of
+        another data set); when some are, they are left out with a
+        :class:`~fedpriv.errors.FedprivWarning` naming them. With no items at all the ranking is
+        the released popularity alone (a new user), with a warning that says so."""
         from ..algorithms import ranking
         from ..algorithms.recommend import client_scores
 
@@ -247,7 +286,9 @@ class Model:
 
     def predict(self, items, ratings=None, targets=None) -> np.ndarray:
         """Predicted ratings of one user for the raw item ids ``targets`` (default: every item),
-        from their own ``items`` and ``ratings`` (solved locally), clipped to the rating range."""
+        from their own ``items`` and ``ratings`` (solved locally), clipped to the rating range.
+        A target the model does not know is a :class:`~fedpriv.errors.DataError` naming it;
+        ``items`` are checked as in :meth:`recommend`."""
         from ..algorithms.recommend import client_scores
 
         shard, _ = self._user(items, ratings)
@@ -330,6 +371,39 @@ def read_user_ratings(path: str | os.PathLike, *, implicit: bool = False) -> tup
 def _plain(x):
     """A raw id as a JSON-friendly Python value."""
     return x.item() if isinstance(x, np.generic) else x
+
+
+def _as_number(x, integer: bool):
+    """A raw id as the number a model with numeric ids would hold (``"50"`` -> 50), or None when
+    it is not one (``"item3"``, ``2.5`` for integer ids)."""
+    x = _plain(x)
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, str):
+        try:
+            return int(x.strip())
+        except ValueError:
+            pass
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    if not np.isfinite(v):
+        return None
+    if integer:
+        return int(v) if v.is_integer() else None
+    return v
+
+
+def _unknown_text(raw, shown: int = 5) -> str:
+    """``item 'x' is`` / ``items 'x', 'y' (and 3 more) are``: the ids a model does not know."""
+    ids = [_plain(x) for x in np.asarray(raw).reshape(-1).tolist()]
+    if len(ids) == 1:
+        return f"item {ids[0]!r} is"
+    more = f" (and {len(ids) - shown:,} more)" if len(ids) > shown else ""
+    return f"items {', '.join(repr(x) for x in ids[:shown])}{more} are"
 
 
 PERSONAL_FORMAT = "fedpriv-personal-model/1"

@@ -125,6 +125,9 @@ class RunReport:
     def model_line(self) -> str:
         """What was trained: the resolved rank and steps, and who chose them."""
         cfg = self.config
+        if self.protocol == "personalization":  # its rank 0 means: the data's k
+            k = self.get("k")
+            return f"{self.algorithm}: a shared subspace of rank {k}, a personal vector per user" if k is not None else self.algorithm
         if "rank" not in cfg:
             return self.algorithm
         rank, steps = cfg.get("rank"), cfg.get("steps")
@@ -141,12 +144,17 @@ class RunReport:
         """A short table a person reads: what ran, what it spent, what it scored, where it went."""
         rows: list[tuple[str, str]] = [("run", f"{self.algorithm} on {self.dataset} ({self.engine} engine" + (f", {self.aggregation} aggregation)" if self.aggregation else ")"))]
         rows.append(("model", self.model_line()))
+        choice = self.get("noise_aware")
+        if isinstance(choice, dict) and "snr" in str(choice.get("model", "")):
+            rows.append(("", f"snr: the per-item signal against the noise, released users x sqrt(rho) / sqrt(items), rho the zCDP budget of "
+                             f"(epsilon, delta); factors need snr >= {choice.get('factor_snr', 350):g}"))
         if self.private:
             spent = "?" if self.epsilon_spent is None else f"{self.epsilon_spent:.4f}"
             target = "" if self.epsilon is None else f" of {self.epsilon:g}"
+            rows.append(("privacy", f"epsilon {spent}{target}, delta {self.delta:g}: the guarantee (dp-accounting on the ledger)"))
             pld = self.get("epsilon_spent_pld")
-            second = f"; PLD {pld:.4f}" if isinstance(pld, float) else ""
-            rows.append(("privacy", f"epsilon {spent}{target}, delta {self.delta:g} (dp-accounting from the ledger{second})"))
+            if isinstance(pld, float):
+                rows.append(("", f"PLD accounting of the same ledger: {pld:.4f} (a second opinion, not the guarantee)"))
             if self.get("noise") == "reproducible":
                 rows.append(("noise", "reproducible from a noise seed: privacy holds only against those who do not know the seed"))
         else:
@@ -180,9 +188,14 @@ class RunReport:
         if self.get("delta_warning"):
             rows.append(("warning", self.get("delta_warning")))
         if self.get("rounds") is not None:
-            rows.append(("rounds", f"{self.get('rounds')} protocol rounds on {self.get('nodes')} nodes; {self.get('bytes_up'):,} bytes up, {self.get('bytes_down'):,} down"))
+            rows.append(("rounds", f"{self.get('rounds')} protocol rounds on {self.get('nodes')} nodes; {self.get('bytes_up'):,} bytes up, {self.get('bytes_down'):,} down "
+                                   "(evaluation rounds are measurement, not counted)"))
+        elif self.engine == "inprocess" and self.config.get("users_per_shard"):
+            rows.append(("nodes", f"{self.config.get('nodes')} nodes of up to {self.config['users_per_shard']} users each, run in this process"))
         if self.wall_seconds is not None:
-            rows.append(("time", f"{self.wall_seconds:.1f} s"))
+            launcher = self.get("launcher_wall_seconds")
+            extra = f" ({launcher:.1f} s with Flower's start-up and stop)" if isinstance(launcher, float) else ""
+            rows.append(("time", f"{self.wall_seconds:.1f} s training and evaluation{extra}"))
         if out is not None:
             rows.append(("wrote", out))
         width = max(len(k) for k, _ in rows)

@@ -4,9 +4,12 @@ ClientApp, in this process, as the node of its partition would (each node keeps 
 but stay listed, as on a SuperLink until their heartbeat expires) and can rejoin under a new
 node id. Used to test the ServerApp's loop (resume, rejoin) without Ray or processes, and by the
 red-team check (``observer`` sees every message a node receives, ``reply_observer`` every reply
-the server receives). A handler that raises gives an error reply, as on a SuperNode."""
+the server receives). A handler that raises gives an error reply, as on a SuperNode. Every
+message gets an id on push and its reply answers that id, as on a SuperLink."""
 
 from __future__ import annotations
+
+import uuid
 
 from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
@@ -60,6 +63,8 @@ class LocalGrid:
                 self.on_round(self, messages[0].metadata.message_type)
         replies = []
         for msg in messages:
+            if not msg.metadata.message_id:  # as a SuperLink does on push: replies answer this id
+                msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             nid = msg.metadata.dst_node_id
             if nid not in self.partition or nid in self.dead:
                 continue  # no reply before the timeout

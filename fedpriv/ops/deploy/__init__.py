@@ -1,6 +1,11 @@
-"""Run fedpriv on Flower's deployment runtime: one SuperLink and N SuperNodes talking gRPC over
-loopback (``fedpriv deploy up|run|down``), or the same processes in Docker containers
+"""Run fedpriv on Flower's deployment runtime: one SuperLink and N SuperNodes on loopback
+(``fedpriv deploy up|run|down``), or the same processes in Docker containers
 (``docker/compose.yml``, generated from the same command builders).
+
+* **Flower 1.39 to 1.42**: the SuperNodes reach the SuperLink's Fleet API over gRPC-rere on
+  Flower 1.39 (a port of its own) and over HTTP from 1.40 (the SuperLink's one HTTP port, with
+  the Control and Runtime APIs). :mod:`.flower_version` reads the installed Flower's version
+  and decides, in one place; the command builders follow ``DeployConfig.transport``.
 
 * **Command builders** (:func:`superlink_command`, :func:`supernode_command`,
   :func:`flwr_run_command`, :func:`register_command`) are pure functions of a
@@ -39,6 +44,7 @@ process it started (by PID, with their children).
 
 Modules of this package (each imports only modules listed above it)::
 
+    flower_version.py  the installed Flower's version and its Fleet API transport (gRPC-rere or HTTP)
     config.py      DeployConfig (the run folder's files, deploy.json), constants, docker_config
     commands.py    command builders (superlink, supernode, register, flwr run), connection_toml
     certs.py       keys and certificates: make_certs, make_node_keys, verify_server_cert
@@ -73,6 +79,7 @@ from .config import (
     DeployConfig,
     docker_config,
 )
+from .flower_version import DOCKER_FLWR_VERSION, GRPC_RERE, HTTP, fleet_transport, flwr_version
 from .job import run_deployed_job
 from .nodedata import Partition, n_partitions, split_job, write_node_data, write_partition
 from .pids import running, stop
@@ -82,6 +89,7 @@ from .processes import _env as _env
 from .processes import list_nodes, list_runs, register_supernodes, stop_runs, up, wait_for_supernodes, write_connection
 
 __all__ = [
+    "DOCKER_FLWR_VERSION", "GRPC_RERE", "HTTP", "fleet_transport", "flwr_version",
     "CLI_SECONDS", "CONNECTION", "DEFAULT_RUN_DIR", "DOCKER_PORTS", "DOCKER_RUN_DIR", "FIXED_BY_UP", "LOCAL_HOSTS", "PIDS_FILE", "STATE_FILE",
     "STOP_SECONDS", "DeployConfig", "add_deploy_arguments", "deploy_command", "compose_services", "compose_yaml", "connection_toml", "docker_config",
     "flwr_run_command", "list_nodes", "list_runs", "deploy_main", "make_certs", "make_node_keys", "n_partitions", "node_config", "prepare",

@@ -12,6 +12,7 @@ from ...errors import ConfigError, FedprivError
 from .certs import make_certs, make_node_keys
 from .compose import compose_yaml
 from .config import DEFAULT_RUN_DIR, DOCKER_PORTS, LOCAL_HOSTS, PIDS_FILE, STOP_SECONDS, DeployConfig, _positive_int
+from .flower_version import docker_transport
 from .job import run_deployed_job
 from .nodedata import SPLIT_SEED, n_partitions, split_job, write_partition
 from .pids import running, stop
@@ -35,8 +36,10 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--insecure", action="store_true", help="no TLS (implies --no-auth)")
         p.add_argument("--no-auth", action="store_true", help="no SuperNode authentication")
         default = 0 if local else None
-        p.add_argument("--fleet-port", type=int, default=default, help="SuperLink Fleet API port" + (" (default: a free loopback port)" if local else " (default 9092)"))
-        p.add_argument("--control-port", type=int, default=default, help="SuperLink Control/Runtime HTTP API port" + (" (default: a free port)" if local else " (default 8000)"))
+        p.add_argument("--fleet-port", type=int, default=default, help="SuperLink Fleet API port on Flower 1.39 (gRPC-rere; from Flower 1.40 the Fleet API is served over HTTP on --control-port)"
+                       + (" (default: a free loopback port)" if local else " (default 9092)"))
+        p.add_argument("--control-port", type=int, default=default, help="SuperLink HTTP API port: Control and Runtime, and from Flower 1.40 the Fleet API"
+                       + (" (default: a free port)" if local else " (default 8000)"))
         p.add_argument("--node-port-base", type=int, default=default, help="SuperNode i serves its runtime API on this port + i" + (" (default: free ports)" if local else " (default 9094)"))
         p.add_argument("--san", action="append", default=[], metavar="HOST", help="extra host name or address in the server certificate (repeatable)")
 
@@ -55,7 +58,7 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
 
     pr = sub.add_parser("prepare", help="write certificates, node keys, per-node data and deploy.json without starting anything")
     layout(pr, local=False)
-    pr.add_argument("--docker", action="store_true", help="the layout of docker/compose.yml (host networking: SuperLink on 127.0.0.1, Fleet API 9092, Control API 8000, nodes 9094+i)")
+    pr.add_argument("--docker", action="store_true", help="the layout of docker/compose.yml (host networking: SuperLink on 127.0.0.1, its HTTP API with the Fleet API on 8000, nodes 9094+i)")
     pr.add_argument("--bind-host", default=None, help="address the SuperLink listens on (default 127.0.0.1): its host's own address for nodes on other hosts")
     pr.add_argument("--superlink-host", default=None, help="address the nodes and the CLI dial (default 127.0.0.1; added to the certificate)")
 
@@ -117,6 +120,7 @@ def _layout_config(args, *, docker: bool = False) -> tuple[DeployConfig, object]
     )
     if docker:  # the compose file's containers share the host's network: everything on its loopback
         cfg.bind_host = cfg.superlink_host = "127.0.0.1"
+        cfg.fleet_api = docker_transport()  # the images' Flower, whatever this host has
     return cfg, job
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from .config import CONNECTION, DeployConfig
+from .flower_version import GRPC_RERE
 
 
 def _exe(cfg: DeployConfig, name: str) -> str:
@@ -16,11 +17,15 @@ def _exe(cfg: DeployConfig, name: str) -> str:
 
 
 def superlink_command(cfg: DeployConfig) -> list[str]:
-    """``flower-superlink``: Fleet API (gRPC-rere) on ``bind_host:fleet_port``, Control and
-    Runtime HTTP API on ``bind_host:control_port``; TLS and SuperNode authentication as set."""
-    cmd = [
-        _exe(cfg, "flower-superlink"),
-        "--fleet-api-address", f"{cfg.bind_host}:{cfg.fleet_port}",
+    """``flower-superlink``: the Control and Runtime HTTP API on ``bind_host:control_port``; the
+    Fleet API on the transport of ``cfg.transport`` (:mod:`.flower_version`): gRPC-rere on
+    ``bind_host:fleet_port`` (Flower 1.39), or over HTTP on that same ``bind_host:control_port``
+    (Flower >= 1.40: no ``--fleet-api-address``, which is deprecated there). TLS and SuperNode
+    authentication as set (the same flags on both)."""
+    cmd = [_exe(cfg, "flower-superlink")]
+    if cfg.transport == GRPC_RERE:
+        cmd += ["--fleet-api-address", f"{cfg.bind_host}:{cfg.fleet_port}"]
+    cmd += [
         "--host", cfg.bind_host,
         "--port", str(cfg.control_port),
         "--disable-runtime-dependency-installation",
@@ -43,7 +48,9 @@ def node_config(cfg: DeployConfig, i: int) -> str:
 
 
 def supernode_command(cfg: DeployConfig, i: int) -> list[str]:
-    """``flower-supernode`` number ``i`` (0-based): partition ``i`` of ``nodes``."""
+    """``flower-supernode`` number ``i`` (0-based): partition ``i`` of ``nodes``. ``--superlink``
+    is the Fleet API's address (:attr:`DeployConfig.fleet_address`: the gRPC-rere port on Flower
+    1.39, the SuperLink's HTTP port from 1.40); the flags are the same on both transports."""
     if not 0 <= i < cfg.nodes:
         raise ConfigError(f"node index must be in 0..{cfg.nodes - 1}, got {i}", field="node")
     cmd = [

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import ConfigError
+from .flower_version import GRPC_RERE, TRANSPORTS, docker_transport, fleet_transport
 
 CONNECTION = "deploy"  # name of the SuperLink connection in RUN_DIR/flwr-home/config.toml
 STATE_FILE = "deploy.json"
@@ -34,7 +35,12 @@ class DeployConfig:
     ``bind_host`` is where the SuperLink listens (127.0.0.1 locally and in the compose file's
     host-network containers; a host's own address for nodes on other hosts), ``superlink_host``
     how nodes and the CLI reach it. SuperNode i serves its own
-    runtime API on 127.0.0.1:``node_port_base + i`` (used by its ClientApp processes only)."""
+    runtime API on 127.0.0.1:``node_port_base + i`` (used by its ClientApp processes only).
+
+    ``fleet_api`` is how the SuperNodes reach the SuperLink (:mod:`.flower_version`): None (the
+    default) follows the installed Flower, ``"grpc-rere"`` (Flower 1.39) puts the Fleet API on
+    ``fleet_port``, ``"http"`` (Flower >= 1.40) on the SuperLink's one HTTP port,
+    ``control_port`` (``fleet_port`` is then unused)."""
 
     run_dir: Path
     nodes: int
@@ -49,6 +55,7 @@ class DeployConfig:
     superlink_host: str = "127.0.0.1"
     san: list[str] = field(default_factory=list)  # extra names in the server certificate
     bin_dir: str | None = None  # folder of flower-superlink / flower-supernode / flwr (None: PATH)
+    fleet_api: str | None = None  # "grpc-rere" or "http" (None: the installed Flower's, see .flower_version)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -66,6 +73,8 @@ class DeployConfig:
         node_ports = range(self.node_port_base, self.node_port_base + self.nodes)
         if self.fleet_port == self.control_port or self.fleet_port in node_ports or self.control_port in node_ports:
             raise ConfigError(f"fleet {self.fleet_port}, control {self.control_port} and node ports {node_ports.start}..{node_ports.stop - 1} must not overlap", field="--fleet-port")
+        if self.fleet_api is not None and self.fleet_api not in TRANSPORTS:
+            raise ConfigError(f"must be one of {', '.join(TRANSPORTS)} (or unset: the installed Flower's), got {self.fleet_api!r}", field="fleet_api")
         if self.auth and not self.tls:
             raise ConfigError("SuperNode authentication needs TLS: drop --insecure or add --no-auth", field="--insecure")
         for name, host in (("bind_host", self.bind_host), ("superlink_host", self.superlink_host)):
@@ -140,10 +149,26 @@ class DeployConfig:
     def out_dir(self) -> Path:
         return self.run_dir / "out"
 
-    # -- addresses
+    # -- transport and addresses
+    @property
+    def transport(self) -> str:
+        """The Fleet API transport: ``fleet_api`` if set, else the installed Flower's."""
+        return self.fleet_api or fleet_transport()
+
+    @property
+    def fleet_api_port(self) -> int:
+        """The port the SuperNodes connect to: ``fleet_port`` on gRPC-rere (Flower 1.39), the
+        SuperLink's one HTTP port ``control_port`` on the HTTP Fleet API (Flower >= 1.40)."""
+        return self.fleet_port if self.transport == GRPC_RERE else self.control_port
+
+    @property
+    def superlink_ports(self) -> list[int]:
+        """The ports the SuperLink listens on (what ``up`` waits for)."""
+        return [self.control_port, self.fleet_port] if self.transport == GRPC_RERE else [self.control_port]
+
     @property
     def fleet_address(self) -> str:
-        return f"{self.superlink_host}:{self.fleet_port}"
+        return f"{self.superlink_host}:{self.fleet_api_port}"
 
     @property
     def control_address(self) -> str:
@@ -186,8 +211,10 @@ def docker_config(nodes: int = 3, *, data: bool = True, tls: bool = True, auth: 
     """The configuration the compose file is generated from: the run folder at /fedpriv in
     every container; every container on the host's network (``network_mode: host``), so the
     SuperLink listens on 127.0.0.1 and the SuperNodes and the CLI reach it there, on the fixed
-    ports of :data:`DOCKER_PORTS`; executables from the image's PATH."""
+    ports of :data:`DOCKER_PORTS`; executables from the image's PATH; the Fleet API transport of
+    the Flower the images are built with (:func:`.flower_version.docker_transport`: HTTP, on the
+    SuperLink's one port 8000), whatever Flower the host has."""
     return DeployConfig(
         run_dir=Path(DOCKER_RUN_DIR), nodes=nodes, tls=tls, auth=auth, data="(docker)" if data else None,
-        bind_host="127.0.0.1", superlink_host="127.0.0.1", san=[], bin_dir=None, **DOCKER_PORTS,
+        bind_host="127.0.0.1", superlink_host="127.0.0.1", san=[], bin_dir=None, fleet_api=docker_transport(), **DOCKER_PORTS,
     )

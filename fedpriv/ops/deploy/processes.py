@@ -19,6 +19,7 @@ from ...errors import ConfigError, FedprivError
 from .. import launcher
 from .commands import _exe, connection_toml, register_command, superlink_command, supernode_command
 from .config import CLI_SECONDS, CONNECTION, PIDS_FILE, DeployConfig, _bin_dir
+from .flower_version import fleet_transport, flwr_version
 from .pids import _start_ticks, _write_pids, running, stop
 from .prepare import prepare
 
@@ -241,6 +242,8 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
     cfg.run_dir = Path(cfg.run_dir).expanduser().resolve()
     if cfg.bin_dir is None:
         cfg.bin_dir = _bin_dir()
+    if cfg.fleet_api is not None and cfg.fleet_api != fleet_transport():  # the processes started here are the installed Flower's
+        raise ConfigError(f"the installed Flower {'.'.join(map(str, flwr_version()))} speaks {fleet_transport()} to its SuperNodes, not {cfg.fleet_api}", field="fleet_api")
     live = running(DeployConfig(run_dir=cfg.run_dir, nodes=1))
     if live:
         raise ConfigError(f"a deployment is running in {cfg.run_dir} (PIDs {', '.join(str(e['pid']) for e in live)}): `fedpriv deploy down` first", field="--run-dir")
@@ -263,7 +266,7 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
         entries.append(_spawn(cfg, "superlink", superlink_command(cfg), cfg.flwr_home))
         _write_pids(cfg, entries)
         deadline = time.monotonic() + wait
-        while not (_port_open(cfg.superlink_host, cfg.control_port) and _port_open(cfg.superlink_host, cfg.fleet_port)):
+        while not all(_port_open(cfg.superlink_host, port) for port in cfg.superlink_ports):  # Fleet API on a port of its own only on gRPC-rere
             if not launcher.pid_alive(entries[0]["pid"]):
                 raise FedprivError("the SuperLink exited; its log:\n" + _tail(cfg.logs_dir / "superlink.log"))
             if time.monotonic() > deadline:

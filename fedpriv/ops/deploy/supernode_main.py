@@ -1,6 +1,6 @@
 """``flower-supernode`` for many SuperNodes on one host (``fedpriv deploy up``).
 
-Flower 1.39 starts one ``flwr-clientapp`` process per message and gives it a claim window: a task
+Flower (1.39 to 1.42) starts one ``flwr-clientapp`` process per message and gives it a claim window: a task
 whose process has not pulled it within ``HEARTBEAT_DEFAULT_INTERVAL`` (30 s) goes back to pending
 and another process is started for it. With 50 or 100 SuperNodes on 2 cores, each round starts
 50 or 100 processes at once; queued behind each other (:func:`fedpriv.ops.deploy.processes.clientapp_gate`)

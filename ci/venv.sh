@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Creates (if needed) a virtual environment and installs fedpriv (editable, with its test and docs
+# extras) into it at the versions of a constraints file:
+#
+#   bash ci/venv.sh VENV CONSTRAINTS            e.g. bash ci/venv.sh .venv ci/constraints-oldest.txt
+#   bash ci/venv.sh VENV CONSTRAINTS --relock   install with only the pins above the '# ---' line
+#                                               (newest releases for the rest), then rewrite the
+#                                               frozen part of CONSTRAINTS from that environment
+#
+# torch==2.13.0 is installed first, on its own: pip takes that CPU build from this machine's disk
+# (see /etc/xdg/pip); asked for through fedpriv's range with no torch installed, pip would pull a
+# CUDA build of several GB. Run from the repository root; PYTHON picks the interpreter (python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${1:?usage: ci/venv.sh VENV CONSTRAINTS [--relock]}
+constraints=${2:?usage: ci/venv.sh VENV CONSTRAINTS [--relock]}
+relock=${3:-}
+PY=${PYTHON:-python3}
+pin() { sed -n "s/^$1==//p" "$constraints" | head -n1; }
+torch_version=$(pin torch)
+[ -n "$torch_version" ] || { echo "$constraints pins no torch" >&2; exit 2; }
+[ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+use="$constraints"
+if [ "$relock" = --relock ]; then
+    use=$(mktemp)
+    sed '/^# ---/,$d' "$constraints" >"$use"
+fi
+if [ "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch").split("+")[0])' 2>/dev/null)" != "$torch_version" ]; then
+    "${pip[@]}" install --quiet "torch==$torch_version"
+fi
+"${pip[@]}" install --quiet -c "$use" -e '.[test,docs]'
+if [ "$relock" = --relock ]; then
+    rm -f "$use"
+    top=$(sed '/^# ---/q' "$constraints")
+    pinned=$(sed -n 's/==.*//p' <(sed '/^# ---/,$d' "$constraints") | tr 'A-Z_' 'a-z-' | paste -sd'|')
+    { printf '%s\n' "$top"
+      "${pip[@]}" freeze --exclude-editable | grep -v '^-e ' | grep -viE "^($pinned)==" | sed 's/+cpu$//' | sort -f
+    } >"$constraints.new"
+    mv "$constraints.new" "$constraints"
+    echo "rewrote $constraints from $venv" >&2
+fi
+# what was installed, for the log
+"$venv/bin/python" -c 'import importlib.metadata as m, sys; print(f"{sys.argv[1]}: Python {sys.version.split()[0]}, " + ", ".join(f"{d} {m.version(d)}" for d in ("flwr", "torch", "ray")))' "$venv"

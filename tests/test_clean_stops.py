@@ -1,0 +1,158 @@
+"""Stopping a run leaves nothing behind: SIGINT, SIGTERM and SIGHUP on a long-running command
+stop every process it started and remove its temporary folders, and the command exits 128 + n
+with one line and no traceback (:mod:`fedpriv.util.stopping`).
+
+The Flower run is the hard case: `flwr run` detaches its local SuperLink, which starts
+SuperExec, the simulation and Ray's daemons in sessions of their own. The test gives the
+command a fresh TMPDIR, which every process it starts inherits: after the stop, no process may
+carry that TMPDIR in its environment and the folder must be empty."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fedpriv.util.processes import pids_with_env
+from fedpriv.util.stopping import Stopped, stop_signals
+
+ROOT = Path(__file__).resolve().parents[1]
+SYN = "synthetic-mf:users=80,items=40,ratings=2400,seed=5"
+
+
+def _start(args: list[str], tmp: Path, env_extra: dict | None = None) -> subprocess.Popen:
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    return subprocess.Popen([sys.executable, "-m", "fedpriv", *args], cwd=tmp.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_line(proc: subprocess.Popen, needle: str, seconds: float) -> tuple[list[str], threading.Thread]:
+    """Waits until a line of ``proc``'s stderr contains ``needle``; returns the list the lines go
+    to (all of them once the thread, returned too, has ended)."""
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read():
+        for line in proc.stderr:
+            lines.append(line)
+            if needle in line:
+                seen.set()
+        seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert seen.wait(seconds), f"no {needle!r} within {seconds} s:\n{''.join(lines)[-3000:]}"
+    assert proc.poll() is None, f"the run ended before the signal:\n{''.join(lines)[-3000:]}"
+    return lines, reader
+
+
+def _left_behind(tmp: Path, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (pids := pids_with_env("TMPDIR", str(tmp), prefix=True)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return pids
+
+
+@pytest.mark.flower
+@pytest.mark.parametrize("sig", [signal.SIGTERM])
+def test_a_signal_mid_round_stops_every_process_of_a_flower_run_and_removes_its_folders(tmp_path, sig):
+    tmp = tmp_path / "tmp"
+    out = tmp_path / "out"
+    proc = _start(["run", "adadpals", "--data", SYN, "--epsilon", "2", "--engine", "flower", "--users-per-node", "20",
+                   "--set", "rank=2", "--set", "steps=40", "--out", str(out)], tmp)
+    try:
+        lines, reader = _wait_for_line(proc, "[fedpriv] round step", 240)  # training has started: mid-round
+        assert pids_with_env("TMPDIR", str(tmp), prefix=True), "the run's processes carry its TMPDIR"  # positive control of the oracle
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+        seconds = time.monotonic() - t0
+        left = _left_behind(tmp, max(0.0, 10.0 - seconds))
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in pids_with_env("TMPDIR", str(tmp), prefix=True):
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+    tail = "".join(lines)
+    assert code == 128 + sig, tail[-3000:]
+    assert seconds <= 10.0, f"stopped in {seconds:.1f} s"
+    assert left == [], f"processes left: {left}"
+    assert "Traceback" not in tail
+    assert tail.rstrip().splitlines()[-1].startswith(f"fedpriv: stopped by {signal.Signals(sig).name}"), tail[-500:]
+    assert list(tmp.iterdir()) == [], f"left in TMPDIR: {[p.name for p in tmp.iterdir()]}"
+    assert not out.exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_an_in_process_run_stops_on_each_signal_with_one_line(tmp_path, sig):
+    tmp = tmp_path / "tmp"
+    out = tmp_path / "out"
+    proc = _start(["run", "adadpals", "--data", "synthetic-mf:users=3000,items=400,ratings=150000,seed=1", "--epsilon", "2",
+                   "--set", "rank=8", "--set", "steps=400", "--out", str(out)], tmp)
+    try:
+        lines, reader = _wait_for_line(proc, "adadpals:", 120)  # the step progress bar: training
+        proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(lines)
+    assert code == 128 + sig, text[-2000:]
+    assert "Traceback" not in text
+    assert text.rstrip().splitlines()[-1].startswith(f"fedpriv: stopped by {signal.Signals(sig).name}")
+    assert not out.exists() and list(tmp.iterdir()) == []
+
+
+def test_stop_signals_raise_stopped_and_let_the_cleanup_finish():
+    cleaned = []
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Stopped) as info:
+        with stop_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # interrupted by the handler
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)  # a second signal during the clean-up is ignored
+                cleaned.append(True)
+    assert cleaned == [True] and info.value.exit_code == 143 and info.value.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back
+
+
+@pytest.mark.flower
+def test_ctrl_c_on_the_main_job_script_stops_everything_with_one_line():
+    """`bash scripts/run.sh` interrupted mid-round as a terminal's Ctrl-C does (SIGINT to its
+    whole process group): exit 130, one line, no traceback, and no process left under the
+    project's FLWR_HOME (SuperLink, SuperExec, simulation, Ray)."""
+    home = ROOT / ".flwr"
+    proc = subprocess.Popen(["bash", "scripts/run.sh"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc.stderr = proc.stdout  # one stream: _wait_for_line reads it
+    try:
+        lines, reader = _wait_for_line(proc, "[fedpriv] round", 400)
+        assert pids_with_env("FLWR_HOME", str(home)), "the run's processes carry the project's FLWR_HOME"  # the oracle's positive control
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=30)
+        reader.join(timeout=10)
+        left = []
+        deadline = time.monotonic() + 10
+        while (left := pids_with_env("FLWR_HOME", str(home))) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in pids_with_env("FLWR_HOME", str(home)):
+            os.kill(pid, signal.SIGKILL)
+    text = "".join(lines)
+    assert code == 130, text[-3000:]
+    assert left == []
+    assert "Traceback" not in text, text[-3000:]
+    assert text.rstrip().splitlines()[-1].startswith("run.sh: stopped by SIGINT"), text[-500:]

@@ -106,10 +106,10 @@ def _flower(tmp_path):
 def test_the_test_algorithm_runs_on_both_engines_with_identical_ledgers(tmp_path, aggregation):
     from fedpriv.run import InProcess, Job
 
-    params = {"clip": 1.2, "ridge": 3.0, "steps": 2, "rank": 2, "aggregation": aggregation, "users_per_shard": 15}
+    params = {"clip": 1.2, "ridge": 3.0, "steps": 2, "rank": 2, "aggregation": aggregation}
     plan = Job(NAME, DATA, epsilon=3.0, noise_seed=5, params=params).prepare()
     assert isinstance(plan.config.options, ShrinkOptions) and plan.config.options.clip == 1.2
-    ip = plan.execute(InProcess())
+    ip = plan.execute(InProcess(users_per_shard=15))  # the same 15 users per node as the Flower run
     fl = plan.execute(_flower(tmp_path / aggregation))
     assert ip.report.engine == "inprocess" and fl.report.engine == "flower"
     assert [r["name"] for r in ip.ledger] == ["mean", RELEASE]  # the plan's releases, nothing else

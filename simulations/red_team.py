@@ -693,15 +693,20 @@ def measure_noise(logs: list[list]) -> dict:
     ratio = math.sqrt(s_ledger / dof) if dof else math.nan
     # one-sided: is the pooled variance below NOISE_RATIO_MIN^2 of the ledger's beyond its sampling error?
     p_below = float(chi2.cdf(s_ledger / NOISE_RATIO_MIN**2, dof)) if dof else 0.0
-    return {"noise_ratio": ratio, "dof": dof, "p_below_min": p_below, "below_min": p_below < NOISE_TEST_LEVEL, "by_release": by_release, "short_releases": short}
+    to_honest = math.sqrt(sum(a[1] for a in acc.values()) / dof) if dof else math.nan
+    return {"noise_ratio": ratio, "ratio_to_honest": to_honest, "dof": dof, "p_below_min": p_below, "below_min": p_below < NOISE_TEST_LEVEL,
+            "by_release": by_release, "short_releases": short}
 
 
-def _measured_records(records: list, by_release: dict) -> list:
-    """The ledger's records with each release's noise as measured (its ledger std times the
-    measured std over the std honest nodes add): the epsilon of the noise actually added."""
+def _measured_records(records: list, measured: dict) -> list:
+    """The ledger's records with the noise as measured: each measured release's ledger std
+    times the pooled measured std over the std honest nodes add (pooled over every release: a
+    release measured on one coordinate, such as the user count, has too wide a sampling error
+    on its own; a release short of noise on its own is the per-release test's)."""
     import dataclasses
 
-    return [dataclasses.replace(r, noise_std=r.noise_std * by_release[r.name]["ratio_to_honest"]) if r.name in by_release else r for r in records]
+    rho = measured["ratio_to_honest"]
+    return [dataclasses.replace(r, noise_std=r.noise_std * rho) if r.name in measured["by_release"] else r for r in records]
 
 
 def server_view(data: str, *, aggregation: str = "secure", algorithm: str = "adadpals", epsilon: float = 1.0, nodes: int = 24,
@@ -718,8 +723,7 @@ def server_view(data: str, *, aggregation: str = "secure", algorithm: str = "ada
     None; for tests of the other rules only). Also the epsilon that holds against a node that
     knows its own noise share (:func:`fedpriv.privacy.accounting.epsilon_vs_colluders` of the
     run's ledger), and the same with the noise as measured (``epsilon_vs_one_node_measured``: a
-    point estimate, each release's ledger std times its measured over its planned std; a release
-    measured on few coordinates, such as the user count, moves it by its sampling error).
+    point estimate, every release's ledger std times the pooled measured over planned std).
     Default config: a factor step
     (``rank=2 steps=1``) for the algorithms that read them, unless ``overrides`` set them."""
     from fedpriv.algorithms import registry
@@ -743,7 +747,7 @@ def server_view(data: str, *, aggregation: str = "secure", algorithm: str = "ada
     measured = measure_noise([runs["A1"]["releases"], *(r["releases"] for r in noise)]) if noise else {
         "noise_ratio": None, "dof": 0, "below_min": False, "by_release": {}, "short_releases": []}  # noise_runs=0: not measured (tests of other rules)
     eps = max(epsilon_vs_colluders(r["records"], delta, colluders=1) for r in runs.values())
-    eps_measured = epsilon_vs_colluders(_measured_records(runs["A1"]["records"], measured["by_release"]), delta, colluders=1) if noise else None
+    eps_measured = epsilon_vs_colluders(_measured_records(runs["A1"]["records"], measured), delta, colluders=1) if noise else None
     # the target: the asked epsilon; with a recommendation phase (its own budget on top), the RDP
     # epsilon the run's records claim, by the same accountant as epsilon_vs_colluders
     target = float(epsilon)
@@ -768,7 +772,7 @@ def server_view(data: str, *, aggregation: str = "secure", algorithm: str = "ada
             "config": {k: runs["A1"]["metrics"]["config"].get(k) for k in ("rank", "steps", "bias_stage", "defaults")},
             "replies_per_run": {k: len(r["replies"]) for k, r in runs.items()},
             "rounds_per_run": {k: len(r["rounds"]) for k, r in runs.items()},
-            "noise": {"runs": 1 + len(noise), "dof": measured["dof"], "p_below_min": measured.get("p_below_min"), "by_release": measured["by_release"]},
+            "noise": {k: measured.get(k) for k in ("dof", "ratio_to_honest", "p_below_min", "by_release")} | {"runs": 1 + len(noise)},
             **{k: out[k] for k in ("fields_by_partition", "sizes_by_partition", "decoded_fields", "random_fields", "unaligned_rounds")},
         },
     }

@@ -23,7 +23,12 @@ def test_default_outputs_give_nothing_away(red_team):
     assert regen["applicable"] and not regen["recovered"] and regen["best_residual_over_noise_std"] > 0.5
     ren = rep["renumbering"]
     assert ren["n_items"][0] == ren["n_items"][1] and not ren["recovered"]
-    assert all(ren[a]["holds"] and ren[a]["unmeasured"] == [] for a in ("adadpals", "dpals-uniform", "dpsgd", "bias", "adadpals+bias_stage", "adadpals+defaults=noise-aware"))
+    assert all(ren[a]["holds"] and ren[a]["unmeasured"] == [] and ren[a]["unmoved"] == []
+               for a in ("adadpals", "dpals-uniform", "dpsgd", "bias", "adadpals+bias_stage", "adadpals+defaults=noise-aware"))
+    # DP-SGD: the removed user is one its run on D really sampled, so its gradient moved the release
+    # (a user never sampled moves nothing: the check would hold vacuously)
+    assert ren["dpsgd"]["removed_user_sampled_rounds"] >= 1 and ren["dpsgd"]["users_sampled"] > 0
+    assert 0.01 < ren["dpsgd"]["max_move_over_sensitivity"]["dpsgd_grad"] <= 1 + 1e-5
     # the bias stage's release is measured (and moved by the removed user), with and without the noise-aware rule
     for entry in ("adadpals+bias_stage", "adadpals+defaults=noise-aware"):
         assert 0.01 < ren[entry]["max_move_over_sensitivity"]["bias"] <= 1 + 1e-5

@@ -248,3 +248,23 @@ def test_flower_nodes_sign_and_check_over_messages(tmp_path):
     rounds = Rounds(bad, sorted(bad.partition), RoundCounters(), None)
     assert SecureRounds(rounds, users_per_node=1)._nodes() == []
     assert all("signing_key" in r["reason"] for r in rounds.result.rejected)
+
+
+@pytest.mark.flower  # the launcher's `flwr run` simulation: scripts/test.sh runs it on the newest Flower too
+def test_flwr_run_nodes_are_authenticated(tmp_path, capsys):
+    """`fedpriv run --engine flower --aggregation secure`: the launcher gives every simulated
+    node a signing identity for the run ($FEDPRIV_NODE_IDENTITY, removed with the run), so every
+    release runs the consistency round with every node signing."""
+    import json
+
+    from fedpriv.cli import main
+
+    out = tmp_path / "out"
+    code = main(["run", "adadpals", "--data", "synthetic-mf:users=60,items=40,ratings=1500,seed=2", "--epsilon", "2", "--engine", "flower",
+                 "--nodes", "4", "--users-per-node", "15", "--aggregation", "secure", "--set", "rank=3", "--set", "steps=1", "--out", str(out), "--quiet"])
+    assert code == 0, capsys.readouterr().err[-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["aggregation"] == "secure" and m["epsilon_spent"] == pytest.approx(2.0, rel=1e-3)
+    checks = [r for r in m["round_log"] if str(r["round"]).endswith(":consistency")]
+    assert checks and all(r["replies"] == 4 for r in checks), m["round_log"]
+    assert m["rejected_replies"] == []

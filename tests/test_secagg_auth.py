@@ -250,6 +250,32 @@ def test_flower_nodes_sign_and_check_over_messages(tmp_path):
     assert all("signing_key" in r["reason"] for r in rounds.result.rejected)
 
 
+def test_where_a_node_finds_its_identity(tmp_path, monkeypatch):
+    """Node config `fedpriv-identity`, else `data-dir/identity`, else $FEDPRIV_NODE_IDENTITY/node-<partition>
+    (what the launcher and the Ray simulation set for their nodes, removed after the run)."""
+    from types import SimpleNamespace
+
+    from fedpriv.flower import node_identity as ni
+
+    monkeypatch.delenv(ni.ENV, raising=False)
+    env_dir, data_dir, own = tmp_path / "env", tmp_path / "data", tmp_path / "own"
+    ni.provision(env_dir, 3)
+    ni.provision_into({0: data_dir / ni.DATA_SUBDIR, 1: tmp_path / "d1" / ni.DATA_SUBDIR})
+    write_identities(tmp_path, ["own"])
+    ctx = lambda cfg: SimpleNamespace(node_id=5, node_config=cfg)  # noqa: E731
+    assert ni.node_identity(ctx({"partition-id": 2})) is None  # nothing configured: unauthenticated (logged)
+    monkeypatch.setenv(ni.ENV, str(env_dir))
+    assert ni.node_identity(ctx({"partition-id": 2})).name == "node-2"
+    assert ni.node_identity(ctx({"partition-id": 2, "data-dir": str(data_dir)})).name == "node-0"
+    assert ni.node_identity(ctx({"partition-id": 2, "data-dir": str(data_dir), "fedpriv-identity": str(own)})).name == "own"
+    with pytest.raises(IdentityError, match="signing_key"):  # configured but unreadable: refused, not unauthenticated
+        ni.node_identity(ctx({"fedpriv-identity": str(tmp_path / "missing")}))
+    monkeypatch.delenv(ni.ENV)
+    with ni.simulation_identities(2) as folder:
+        assert os.environ[ni.ENV] == folder and ni.node_identity(ctx({"partition-id": 1})).name == "node-1"
+    assert ni.ENV not in os.environ and not Path(folder).exists()
+
+
 @pytest.mark.flower  # the launcher's `flwr run` simulation: scripts/test.sh runs it on the newest Flower too
 def test_flwr_run_nodes_are_authenticated(tmp_path, capsys):
     """`fedpriv run --engine flower --aggregation secure`: the launcher gives every simulated

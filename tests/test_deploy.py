@@ -461,6 +461,7 @@ def test_secure_aggregation_deployment_completes_with_a_node_killed_after_sharin
         assert {p.name: p.count for p in plan} == counts
         by_round = {r["round"]: r for r in metrics["round_log"]}
         assert by_round["secagg_keys"]["replies"] == 3 and by_round["step2"]["replies"] == 2
+        assert by_round["step2:consistency"]["replies"] == 2  # authenticated nodes (identity in their data folder) sign the view
         assert any(r["node"] for r in metrics["rejected_replies"])  # the killed node's missing replies, logged
         assert np.isfinite(metrics["test_rmse"])
         print(f"\ndeploy secure TLS+auth, 3 nodes, {data.split(':')[0]}: run {time.perf_counter() - t1:.1f} s, rounds "

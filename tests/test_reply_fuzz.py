@@ -175,6 +175,8 @@ def _kind(content: RecordDict) -> str:
         return "unmask"
     if "ciphertexts" in cfgs:
         return "share"
+    if "secagg" in cfgs and "signature" in cfgs["secagg"] and "channel_key" not in cfgs["secagg"]:
+        return "consistency"  # authenticated nodes' view signature
     if "secagg" in cfgs:
         return "keys"
     if "meta" in cfgs:
@@ -208,6 +210,7 @@ class Fuzzer:
                   "stale reply", "another node's reply", "duplicate", "wrong message type"),
         "masked": ("missing record", "missing array", "wrong dtype", "undecodable array", "wrong shape", "out-of-range words",
                    "replayed words", "stale reply", "another node's reply", "duplicate", "wrong message type"),
+        "consistency": ("missing record", "wrong signature bytes", "stale reply", "another node's reply", "duplicate", "wrong message type"),
         "unmask": ("missing record", "malformed share", "share index", "unexpected owner", "another node's content", "replayed shares",
                    "stale reply", "another node's reply", "duplicate", "wrong message type"),
     }
@@ -431,6 +434,14 @@ class Fuzzer:
             c["secagg"] = ConfigRecord({key: bad})
         return self._content(honest, mutate)
 
+    def _wrong_signature_bytes(self, kind, grid, nid, honest, shadow):
+        good = bytes(honest.content.config_records["secagg"]["signature"])
+        bad = self._pick([good[:63], good + b"\0", b"", good.hex(), 7, 1.5, [1, 2]])
+
+        def mutate(c):
+            c["secagg"] = ConfigRecord({"signature": bad})
+        return self._content(honest, mutate)
+
     def _wrong_ciphertexts(self, kind, grid, nid, honest, shadow):
         cts = dict(honest.content.config_records["ciphertexts"])
         how = self._pick(["missing", "extra", "not an id", "not bytes"])
@@ -632,7 +643,7 @@ def honest(tmp_path_factory):
     return get
 
 
-KINDS = {"central": ("contrib", "eval"), "secure": ("keys", "share", "masked", "unmask")}
+KINDS = {"central": ("contrib", "eval"), "secure": ("keys", "share", "masked", "consistency", "unmask")}
 
 
 @pytest.mark.parametrize("agg", ["central", "secure"])
@@ -871,7 +882,7 @@ def _measure_app(msg, ctx):
     from fedpriv.privacy.distributed import plan_from_dict
 
     handler = {"query.secagg_keys": secure_client.keys, "query.secagg_share": secure_client.share,
-               "query.secagg_unmask": secure_client.unmask}.get(msg.metadata.message_type)
+               "query.secagg_consistency": secure_client.consistency, "query.secagg_unmask": secure_client.unmask}.get(msg.metadata.message_type)
     if handler is not None:
         return handler(msg, ctx)
     plan = plan_from_dict(json.loads(str(msg.content.config_records["secagg"]["plan"])))

@@ -91,6 +91,8 @@ def test_a_node_refuses_to_reveal_both_shares_of_a_neighbour(tmp_path, split):
         def ask(alive, gone):
             lists = ArrayRecord({"survivors": Array(np.array(alive, dtype=np.uint64)), "dropped": Array(np.array(gone, dtype=np.uint64))})
             content = RecordDict({"secagg": msg.content.config_records["secagg"], "lists": lists})
+            if "signatures" in msg.content.config_records:  # authenticated nodes: the consistency round's signatures
+                content["signatures"] = msg.content.config_records["signatures"]
             try:
                 app(Message(content=content, dst_node_id=nid, message_type="query.secagg_unmask"), ctx)
                 return False

@@ -9,12 +9,18 @@ runs every message in a fresh ClientApp process, and ``context.state`` never lea
 Messages (all ``query``): ``secagg_keys`` (advertise the channel key, once per run),
 ``secagg_share`` (fresh mask key and self-mask seed, shared with the neighbours),
 ``secagg_mask`` (the node's words: clipped sums, quantized, plus its noise share, masked),
+``secagg_consistency`` (authenticated nodes: a signature over the survivor set shown),
 ``secagg_unmask`` (shares of the survivors' self-mask seeds and the dropped nodes' mask keys).
+
+A node with a signing identity (:mod:`fedpriv.flower.node_identity`, from its own configuration)
+signs its channel key, encrypts shares only to roster-signed neighbour keys and unmasks only a
+view that the threshold of its share holders signed (:mod:`fedpriv.privacy.secagg_auth`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,15 +38,16 @@ if TYPE_CHECKING:
     from ..privacy.secagg import SecAggNode, SecAggParams
 
 STATE_KEY = "fedpriv-secagg"
+log = logging.getLogger("fedpriv.flower")
 
 
-def _node(context: Context, node_id: int) -> SecAggNode:
+def _node(context: Context, node_id: int, identity=None) -> SecAggNode:
     from ..privacy.secagg import SecAggNode  # secure rounds only
 
     rec = context.state.config_records.get(STATE_KEY)
     if rec is None or "blob" not in rec:
-        return SecAggNode(node_id)
-    return SecAggNode.restore(node_id, bytes(rec["blob"]))
+        return SecAggNode(node_id, identity)
+    return SecAggNode.restore(node_id, bytes(rec["blob"]), identity)
 
 
 def _save(context: Context, node: SecAggNode) -> None:
@@ -61,20 +68,63 @@ def _release(cfg) -> tuple[bytes, SecAggParams]:
     return str(cfg["label"]).encode(), SecAggParams(int(cfg["bits"]), int(cfg["degree"]), int(cfg["threshold"]))
 
 
-def keys(msg: Message, context: Context) -> Message:
-    """Advertise this node's channel public key (a fresh node state for the run)."""
-    from ..privacy.secagg import SecAggNode  # secure rounds only
+def _run_context(context: Context, job_label: str) -> bytes:
+    """The run a node's channel key belongs to, as bound into its signatures: the run id from the
+    node's own context (assigned by the SuperLink) and the job label of the keys round."""
+    return f"flower-run={int(context.run_id)};job={job_label}".encode()
 
-    node = SecAggNode(context.node_id)
+
+def _refused(what: str, context: Context, exc: Exception) -> None:
+    log.error("node %s refused %s: %s", context.node_id, what, exc)
+
+
+def keys(msg: Message, context: Context) -> Message:
+    """Advertise this node's channel public key (a fresh node state for the run); a node with a
+    signing identity (:mod:`fedpriv.flower.node_identity`) signs it, bound to its roster name,
+    its node id and the run."""
+    from ..privacy.secagg import SecAggNode  # secure rounds only
+    from .node_identity import node_identity
+
+    identity = node_identity(context)
+    job = str(msg.content.config_records["secagg"]["run"]) if "secagg" in msg.content.config_records else ""
+    node = SecAggNode(context.node_id, identity, _run_context(context, job))
     _save(context, node)
-    return Message(RecordDict({"secagg": ConfigRecord({"channel_key": node.channel_key()})}), reply_to=msg)
+    if identity is None:
+        return Message(RecordDict({"secagg": ConfigRecord({"channel_key": node.channel_key()})}), reply_to=msg)
+    key, name, signature = node.advertisement()
+    return Message(RecordDict({"secagg": ConfigRecord({"channel_key": key, "name": name, "signature": signature})}), reply_to=msg)
+
+
+def _adverts(content) -> dict[int, tuple[str, bytes]] | None:
+    recs = content.config_records
+    if "channel_names" not in recs or "channel_sigs" not in recs:
+        return None
+    sigs = recs["channel_sigs"]
+    return {int(k): (str(v), bytes(sigs[k])) for k, v in recs["channel_names"].items() if k in sigs}
+
+
+def _graph(content, sec):
+    if "graph" not in content.array_records or "graph_seed" not in sec:
+        return None
+    members = np.asarray(content.array_records["graph"]["members"].numpy(), dtype=np.uint64)
+    return [int(v) for v in members], bytes(sec["graph_seed"])
 
 
 def share(msg: Message, context: Context) -> Message:
-    """A fresh mask key and self-mask seed for this release, Shamir-shared with the neighbours."""
-    node = _node(context, context.node_id)
-    label, params = _release(msg.content.config_records["secagg"])
-    mask_key, ciphertexts = node.share(label, params, _ids(msg.content.config_records["channel_keys"]))
+    """A fresh mask key and self-mask seed for this release, Shamir-shared with the neighbours.
+    An authenticated node first checks every neighbour's key against its roster and the
+    neighbours against the public graph, and refuses (an error reply, logged) otherwise."""
+    from .node_identity import node_identity
+
+    node = _node(context, context.node_id, node_identity(context))
+    sec = msg.content.config_records["secagg"]
+    label, params = _release(sec)
+    try:
+        mask_key, ciphertexts = node.share(label, params, _ids(msg.content.config_records["channel_keys"]),
+                                           adverts=_adverts(msg.content), graph=_graph(msg.content, sec))
+    except PrivacyError as exc:
+        _refused(f"share of release {label!r}", context, exc)
+        raise
     _save(context, node)
     return Message(RecordDict({"secagg": ConfigRecord({"mask_key": mask_key}), "ciphertexts": _by_id(ciphertexts)}), reply_to=msg)
 
@@ -149,15 +199,46 @@ def masked_reply(msg: Message, context: Context, words: np.ndarray) -> Message:
     return Message(RecordDict({"masked": ArrayRecord({"y": codec.to_array(y)})}), reply_to=msg)
 
 
+def _lists(content) -> tuple[list[int], list[int]]:
+    lists = content.array_records["lists"]
+    return ([int(v) for v in np.asarray(lists["survivors"].numpy(), dtype=np.uint64)],
+            [int(v) for v in np.asarray(lists["dropped"].numpy(), dtype=np.uint64)])
+
+
+def consistency(msg: Message, context: Context) -> Message:
+    """The consistency round (authenticated nodes): the node's signature over the survivors and
+    dropped nodes it is shown for the release (with the graph of its share round)."""
+    from .node_identity import node_identity
+
+    node = _node(context, context.node_id, node_identity(context))
+    label, _ = _release(msg.content.config_records["secagg"])
+    survivors, dropped = _lists(msg.content)
+    try:
+        signature = node.consistency(label, survivors, dropped)
+    except PrivacyError as exc:
+        _refused(f"the consistency round of release {label!r}", context, exc)
+        raise
+    _save(context, node)
+    return Message(RecordDict({"secagg": ConfigRecord({"signature": signature})}), reply_to=msg)
+
+
 def unmask(msg: Message, context: Context) -> Message:
     """Shares for the server to unmask the sum: refused (an error reply) if it asks for both
-    shares of one node."""
-    node = _node(context, context.node_id)
+    shares of one node, or, on an authenticated node, unless the threshold of its share holders
+    signed the view it signed in the consistency round (the signatures the message carries)."""
+    from .node_identity import node_identity
+
+    node = _node(context, context.node_id, node_identity(context))
     sec = msg.content.config_records["secagg"]
     label, _ = _release(sec)
-    survivors = [int(v) for v in np.asarray(msg.content.array_records["lists"]["survivors"].numpy(), dtype=np.uint64)]
-    dropped = [int(v) for v in np.asarray(msg.content.array_records["lists"]["dropped"].numpy(), dtype=np.uint64)]
-    reply = node.unmask(label, survivors, dropped)
+    survivors, dropped = _lists(msg.content)
+    sigs = msg.content.config_records.get("signatures")
+    signatures = None if sigs is None else {int(k): bytes(v) for k, v in sigs.items()}
+    try:
+        reply = node.unmask(label, survivors, dropped, signatures)
+    except PrivacyError as exc:
+        _refused(f"to unmask release {label!r}", context, exc)
+        raise
     node.forget(label)
     _save(context, node)
     return Message(RecordDict({"self": _by_id(reply["self"]), "pairwise": _by_id(reply["pairwise"])}), reply_to=msg)
@@ -165,5 +246,5 @@ def unmask(msg: Message, context: Context) -> Message:
 
 def register_secure_handlers(app) -> None:
     """The secure-aggregation handlers on ``app``."""
-    for name, handler in (("secagg_keys", keys), ("secagg_share", share), ("secagg_mask", mask), ("secagg_unmask", unmask)):
+    for name, handler in (("secagg_keys", keys), ("secagg_share", share), ("secagg_mask", mask), ("secagg_consistency", consistency), ("secagg_unmask", unmask)):
         app.query(name)(handler)

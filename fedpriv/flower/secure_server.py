@@ -8,6 +8,12 @@ neighbour graph is built over those nodes). Per release, three rounds where cent
 ``secagg_share``, ``secagg_mask`` (the round that carries the public state: the nodes compute
 their contribution here) and ``secagg_unmask``, which is only sent after the budget check.
 
+Authenticated nodes (a signing identity in their own configuration, :mod:`fedpriv.flower.node_identity`)
+sign their channel keys; the server relays each neighbour's signed advertisement and the graph's
+members and seed with ``secagg_share``, and runs a fourth round, ``secagg_consistency``, before
+``secagg_unmask``: each survivor signs the survivor and dropped lists it is shown, and the server
+forwards the signatures. The nodes check all of it; the server only carries it.
+
 The server cannot check a masked reply's norm: it checks its format and size, and the unmasked
 sum against its declared range (:func:`fedpriv.privacy.distributed.decode`). Clipping is
 enforced by the honest node code (docs/explanations/trust-and-threat-models.md). Keys, shares
@@ -73,6 +79,10 @@ def _words(y: np.ndarray) -> list[tuple[str, bytes]]:
     return [("masked words", hashlib.sha256(y.tobytes()).digest())] if y.size else []
 
 
+def _signature(sig: bytes) -> list[tuple[str, bytes]]:
+    return [("view signature", bytes(sig))]
+
+
 def _shares(reply: dict) -> list[tuple[str, bytes]]:
     return [("share", blob) for part in reply.values() for blob in part.values()]
 
@@ -85,6 +95,7 @@ class SecureRounds:
         self.mask_message_type = mask_message_type  # the round whose message makes the node compute its contribution
         self.degree, self.threshold = degree, threshold
         self.channel_keys: dict[int, bytes] = {}
+        self.adverts: dict[int, tuple[str, bytes]] = {}  # authenticated nodes: (roster name, signature) of their channel key
         self.asked: set[int] = set()  # nodes asked for their channel key (once each)
         self.graph_seed = os.urandom(32)  # public: the neighbour graph
         self.run_label = uuid.uuid4().hex  # public: makes every release label of this job new
@@ -117,17 +128,32 @@ class SecureRounds:
         nodes that answer take part)."""
 
         def decode(nid, rep):
-            key = rep.content.config_records["secagg"]["channel_key"]
+            rec = rep.content.config_records["secagg"]
+            key = rec["channel_key"]
             if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
                 raise RejectedReply("malformed: channel key is not 32 bytes")
             self._fresh(_channel(key))
-            return bytes(key)
+            advert = None
+            if "signature" in rec:  # an authenticated node: its peers check the signature, not the server
+                name, sig = rec.get("name"), rec["signature"]
+                if not isinstance(name, str) or not isinstance(sig, (bytes, bytearray)):
+                    raise RejectedReply("malformed: key advertisement without a name or signature bytes")
+                advert = (name, bytes(sig))
+            return bytes(key), advert
 
         missing = [n for n in self.rounds.nodes if n not in self.asked]
         self.asked.update(missing)
         if missing:
-            keys = dict(self.rounds.gather("query.secagg_keys", RecordDict({"secagg": ConfigRecord({"run": self.run_label})}), "secagg_keys", decode, nodes=missing))
-            self.channel_keys.update(self._unique("secagg_keys", keys, _channel))
+            got = dict(self.rounds.gather("query.secagg_keys", RecordDict({"secagg": ConfigRecord({"run": self.run_label})}), "secagg_keys", decode, nodes=missing))
+            keys = self._unique("secagg_keys", {n: k for n, (k, _) in got.items()}, _channel)
+            self.channel_keys.update(keys)
+            self.adverts.update({n: got[n][1] for n in keys if got[n][1] is not None})
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the nodes sign their keys (then the server relays the signatures and runs the
+        consistency round; the nodes, not the server, enforce them)."""
+        return bool(self.adverts)
 
     def population(self) -> tuple[int, int]:
         nodes = self._nodes()
@@ -152,8 +178,20 @@ class SecureRounds:
         sec = {"label": label, "bits": params.bits, "degree": params.degree, "threshold": params.threshold}
         name = f"{kind}{'' if kind != 'step' else step + 1}"
 
-        # round 1: fresh mask keys and self-mask seeds, shared with the neighbours
-        share_content = {n: RecordDict({"secagg": ConfigRecord(sec), "channel_keys": ConfigRecord({str(v): k for v, k in server.channel_keys_for(n, self.channel_keys).items()})}) for n in nodes}
+        # round 1: fresh mask keys and self-mask seeds, shared with the neighbours (with, for
+        # authenticated nodes, each neighbour's signed advertisement and the public graph)
+        def share_record(n: int) -> RecordDict:
+            peers = server.channel_keys_for(n, self.channel_keys)
+            rd = RecordDict({"secagg": ConfigRecord(dict(sec, graph_seed=self.graph_seed) if self.authenticated else sec),
+                             "channel_keys": ConfigRecord({str(v): k for v, k in peers.items()})})
+            if self.authenticated:
+                signed = [v for v in peers if v in self.adverts]
+                rd["channel_names"] = ConfigRecord({str(v): self.adverts[v][0] for v in signed})
+                rd["channel_sigs"] = ConfigRecord({str(v): self.adverts[v][1] for v in signed})
+                rd["graph"] = ArrayRecord({"members": Array(np.asarray(sorted(nodes), dtype=np.uint64))})
+            return rd
+
+        share_content = {n: share_record(n) for n in nodes}
 
         @_rejecting
         def decode_share(nid, rep):
@@ -201,6 +239,19 @@ class SecureRounds:
         def unmask() -> np.ndarray:
             lists = ArrayRecord({"survivors": Array(np.asarray(survivors, dtype=np.uint64)), "dropped": Array(np.asarray(dropped, dtype=np.uint64))})
             content3 = RecordDict({"secagg": ConfigRecord(sec), "lists": lists})
+            asked = survivors
+            if self.authenticated:  # consistency round: every survivor signs the view it is shown
+                def decode_sig(nid, rep):
+                    sig = rep.content.config_records["secagg"]["signature"]
+                    if not isinstance(sig, (bytes, bytearray)) or len(sig) != 64:
+                        raise RejectedReply("malformed: view signature is not 64 bytes")
+                    self._fresh(_signature(sig))
+                    return bytes(sig)
+
+                sigs = dict(self.rounds.gather("query.secagg_consistency", RecordDict({"secagg": ConfigRecord(sec), "lists": lists}), f"{name}:consistency", decode_sig, nodes=survivors))
+                sigs = self._unique(f"{name}:consistency", sigs, _signature)
+                content3 = RecordDict({"secagg": ConfigRecord(sec), "lists": lists, "signatures": ConfigRecord({str(v): s for v, s in sigs.items()})})
+                asked = [n for n in survivors if n in sigs]
 
             @_rejecting
             def decode_unmask(nid, rep):
@@ -209,7 +260,7 @@ class SecureRounds:
                 self._fresh(_shares(reply))
                 return reply
 
-            replies = dict(self.rounds.gather("query.secagg_unmask", content3, f"{name}:unmask", decode_unmask, nodes=survivors))
+            replies = dict(self.rounds.gather("query.secagg_unmask", content3, f"{name}:unmask", decode_unmask, nodes=asked))
             replies = self._unique(f"{name}:unmask", replies, _shares)
             mask_keys = {n: s[0] for n, s in shares.items()}
             try:

@@ -196,7 +196,7 @@ def secure_client_app(train_fn: Callable[[Message, Context], Message], evaluate_
     """A ClientApp for :class:`SecureDPFedAvg`: the secure-summation handlers, ``train_fn``
     under :func:`secure_train`, and ``evaluate_fn`` as is."""
     app = ClientApp()
-    for name, handler in (("secagg_keys", secure_client.keys), ("secagg_share", secure_client.share), ("secagg_unmask", secure_client.unmask)):
+    for name, handler in (("secagg_keys", secure_client.keys), ("secagg_share", secure_client.share), ("secagg_consistency", secure_client.consistency), ("secagg_unmask", secure_client.unmask)):
         app.query(name)(handler)
     app.train()(secure_train(train_fn))
     if evaluate_fn is not None:

@@ -101,7 +101,11 @@ def simulate(
         "client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0},
         "init_args": init_args,
     }
-    with warnings.catch_warnings():
+    from .node_identity import simulation_identities
+
+    # the nodes' signing keys (authenticated secure aggregation), for a local Ray only: its
+    # workers inherit this process's environment
+    with warnings.catch_warnings(), simulation_identities(num_nodes, enabled=ray_address is None):
         warnings.simplefilter("ignore", DeprecationWarning)
         run_simulation(
             server_app=make_server_app(job, sink),

@@ -378,6 +378,7 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
     find the SuperLink from outside; it is not removed. ``engine.timeout`` bounds the call. A
     reproducible run's noise seed goes to the ServerApp in a file readable by this user only
     (run-config key ``noise-seed-file``), never in the run config itself, which every node can read."""
+    from ..flower.node_identity import ENV as NODE_IDENTITY_ENV, provision as provision_identities
     from ..run.model import load_model, public_data_label
 
     t0 = time.perf_counter()
@@ -412,6 +413,9 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
         # nodes' splits) lands in the run's folder: removed with it, even when they are killed
         (work / "tmp").mkdir()
         env["TMPDIR"] = str(work / "tmp")
+        if not env.get(NODE_IDENTITY_ENV):  # the nodes' signing keys and roster, removed with the run
+            provision_identities(work / "identity", n_nodes)
+            env[NODE_IDENTITY_ENV] = str(work / "identity")
         cmd = [
             *_flwr_command(Path(sys.executable).parent),
             "run",

@@ -37,9 +37,18 @@ as little-endian 64-bit words and reduced modulo ``2**bits``; every secret comes
 
 Trust assumptions
 -----------------
-* The server is *semi-honest*: it follows the protocol (in particular it relays the channel
-  public keys faithfully; no PKI is used here, so a server that substituted them could read
-  the shares) but may try to learn individual vectors from what it sees.
+* Unauthenticated nodes (no ``identity``) assume a *semi-honest* server: one that follows the
+  protocol, in particular relays the channel public keys faithfully (a server that substituted
+  them could read the shares: ``simulations/deviant_keys.py``), but may try to learn
+  individual vectors from what it sees.
+* Authenticated nodes (an ``identity``: a signing key and a roster from the node's own
+  configuration, :mod:`fedpriv.privacy.secagg_auth`) also hold against a server that deviates:
+  a node encrypts shares only to channel keys signed by a roster member for that node id and
+  run, checks its neighbours against the public graph, and unmasks only a view (survivors,
+  dropped) that ``threshold`` of its share holders signed in the consistency round. The server
+  cannot forge keys; what a deviating server colluding with ``c`` nodes can still do is bounded
+  below (``c < t`` in total; and ``2t > degree + 1 + c`` so that no two disjoint groups of
+  honest holders can be made to reveal the two secrets of one node).
 * An honest node reveals, within one release, at most one of the two shares (``b`` or
   ``s_sk``) of each neighbour, and refuses inconsistent requests (a node listed both as
   survivor and dropped, itself listed as dropped, a flip between the two kinds, too few
@@ -76,6 +85,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import PrivacyError
+from .secagg_auth import NodeIdentity, advert_message, graph_digest, view_digest, view_message
 
 __all__ = [
     "SecAggError",
@@ -397,6 +407,9 @@ class _Release:
     masked: bool = False
     peer_keys: dict[int, bytes] = field(default_factory=dict)  # channel public keys (to restore channels)
     own: tuple[int, bytes, bytes] | None = None  # the node's own share of its secrets (held until mask)
+    names: dict[int, str] = field(default_factory=dict)  # authenticated: each neighbour's roster name
+    graph: bytes = b""  # authenticated: digest of the graph this node was shown (members, degree, seed)
+    signed: bytes | None = None  # authenticated: the view digest this node signed (consistency round)
 
 
 class SecAggNode:
@@ -404,24 +417,93 @@ class SecAggNode:
 
     Secrets (channel key, per-release mask key and self-mask seed) come from ``os.urandom`` and
     never leave the node except as Shamir shares encrypted for its neighbours.
+
+    ``identity`` (:class:`fedpriv.privacy.secagg_auth.NodeIdentity`, from the node's own
+    configuration) makes the node *authenticated*: it signs its advertised channel key
+    (:meth:`advertisement`), encrypts shares only to neighbour keys signed by a roster member
+    (:meth:`share` with ``adverts`` and ``graph``), signs the view it is shown before unmasking
+    (:meth:`consistency`) and reveals shares only when ``threshold`` share holders signed the same
+    view (:meth:`unmask` with ``signatures``). ``context``: the run the node's keys belong to (its
+    own run id and the job label), bound into every signature. Without ``identity`` the node
+    trusts the server to relay keys faithfully (semi-honest server only).
     """
 
-    def __init__(self, node_id: int):
+    def __init__(self, node_id: int, identity: NodeIdentity | None = None, context: bytes = b""):
         self.node_id = _check_id(node_id)
         self._channel_key = _private_key(os.urandom(_KEY_BYTES))
         self._releases: dict[bytes, _Release] = {}
         self._used: set[bytes] = set()
+        self.identity = identity
+        self.context = bytes(context)
 
     def channel_key(self) -> bytes:
         """This node's 32-byte X25519 channel public key (made once per node object)."""
         return _public_bytes(self._channel_key)
 
+    def advertisement(self) -> tuple[bytes, str, bytes]:
+        """``(channel key, roster name, signature)`` of an authenticated node: the signature
+        binds the key to the node's name, its node id and the run context."""
+        ident = self._require_identity("advertisement")
+        key = self.channel_key()
+        return key, ident.name, ident.sign(advert_message(self.context, self.node_id, ident.name, key))
+
+    def _require_identity(self, what: str) -> NodeIdentity:
+        if self.identity is None:
+            raise SecAggError(f"{what} needs the node's signing identity", field="identity")
+        return self.identity
+
+    def _verify_adverts(self, peers: list[int], neighbours: dict[int, bytes],
+                        adverts: dict[int, tuple[str, bytes]] | None) -> dict[int, str]:
+        """``{neighbour: roster name}``; SecAggError naming the first neighbour whose channel
+        key is not signed by a roster member under that neighbour's node id and this run."""
+        ident = self._require_identity("share")
+        adverts = adverts or {}
+        names: dict[int, str] = {}
+        for v in peers:
+            entry = adverts.get(v)
+            if not isinstance(entry, tuple) or len(entry) != 2:
+                raise SecAggError(f"neighbour {v} came with no signed key advertisement; refused (authenticated node)",
+                                  field="adverts", node=v)
+            name, sig = entry
+            if not ident.verify(name, advert_message(self.context, v, str(name), bytes(neighbours[v])), sig):
+                raise SecAggError(f"the channel key of neighbour {v} is not signed by roster member {name!r} for this "
+                                  "node id and run: refusing to encrypt shares to it (key substitution?)",
+                                  field="adverts", node=v)
+            if name == ident.name:
+                raise SecAggError(f"neighbour {v} claims this node's own roster name {name!r}", field="adverts", node=v)
+            names[v] = str(name)
+        if len(set(names.values())) != len(names):
+            raise SecAggError("two neighbours carry the same roster name", field="adverts")
+        return names
+
+    def _check_graph(self, peers: list[int], params: SecAggParams,
+                     graph: tuple[Collection[int], bytes] | None) -> bytes:
+        """The graph digest, after checking that ``peers`` are this node's neighbours in the
+        public graph of ``graph = (members, seed)``."""
+        if graph is None:
+            raise SecAggError("an authenticated node needs the graph's members and seed", field="graph")
+        members, seed = graph
+        members = [_check_id(v, "members") for v in members]
+        if self.node_id not in members:
+            raise SecAggError(f"node {self.node_id} is not a member of the graph it was shown", field="graph")
+        expected = neighbour_graph(members, params.degree, seed)[self.node_id]
+        if list(expected) != peers:
+            raise SecAggError(f"the neighbours sent ({peers}) are not this node's neighbours in the graph "
+                              f"({list(expected)})", field="graph")
+        return graph_digest(members, params.degree, seed)
+
     # -- round 1 ---------------------------------------------------------------------------
 
     def share(self, release: bytes, params: SecAggParams,
-              neighbours: dict[int, bytes]) -> tuple[bytes, dict[int, bytes]]:
+              neighbours: dict[int, bytes], *, adverts: dict[int, tuple[str, bytes]] | None = None,
+              graph: tuple[Collection[int], bytes] | None = None) -> tuple[bytes, dict[int, bytes]]:
         """Start ``release``: make a fresh mask key pair and self-mask seed, and Shamir-share
         both among ``neighbours`` (``{id: channel public key}``).
+
+        An authenticated node also needs ``adverts`` (``{id: (roster name, signature)}`` from
+        each neighbour's :meth:`advertisement`) and ``graph`` (``(members, seed)`` of the public
+        neighbour graph) and refuses a key that a roster member did not sign, or neighbours that
+        are not its own in that graph.
 
         Returns ``(mask public key, {neighbour id: ciphertext})``. A release label can be used
         only once per node.
@@ -444,13 +526,18 @@ class SecAggNode:
             # node: the self-mask seed from one group of holders, the mask key from another
             raise SecAggError(f"threshold {params.threshold} is not a strict majority of the {len(peers) + 1} share holders "
                               f"(this node and its {len(peers)} neighbours); refused", field="threshold")
+        names, digest = {}, b""
+        if self.identity is not None:
+            names = self._verify_adverts(peers, neighbours, adverts)
+            digest = self._check_graph(peers, params, graph)
         channels = {v: _channel(self._channel_key, neighbours[v], v) for v in peers}
         mask_raw, self_seed = os.urandom(_KEY_BYTES), os.urandom(_KEY_BYTES)
         mask_key = _private_key(mask_raw)
         ciphertexts, own = self._encrypt_shares(release, params.threshold, peers, channels,
                                                 self_seed, mask_raw)
         self._used.add(release)
-        self._releases[release] = _Release(params, channels, mask_key, self_seed, peer_keys={v: bytes(neighbours[v]) for v in peers}, own=own)
+        self._releases[release] = _Release(params, channels, mask_key, self_seed, peer_keys={v: bytes(neighbours[v]) for v in peers}, own=own,
+                                          names=names, graph=digest)
         return _public_bytes(mask_key), ciphertexts
 
     def _encrypt_shares(self, release: bytes, t: int, peers: list[int],
@@ -559,23 +646,78 @@ class SecAggNode:
 
     # -- round 3 ---------------------------------------------------------------------------
 
+    def _view(self, release: bytes, state: _Release, alive: set[int], gone: set[int]) -> bytes:
+        return view_digest(self.context, release, state.graph, alive, gone)
+
+    def consistency(self, release: bytes, survivors: Collection[int],
+                    dropped: Collection[int]) -> bytes:
+        """The consistency round of an authenticated node: its signature over the view it is
+        shown for ``release`` (the graph of its share round, ``survivors``, ``dropped``), after
+        the same checks as :meth:`unmask`. Signed once per release: a second, different view
+        is refused (the server showed this node two views)."""
+        release = _check_release(release)
+        ident = self._require_identity("consistency")
+        state = self._masked_state(release)
+        alive, gone = _id_set(survivors, "survivors"), _id_set(dropped, "dropped")
+        self._check_request(state, alive, gone)
+        digest = self._view(release, state, alive, gone)
+        if state.signed is not None and state.signed != digest:
+            raise SecAggError(f"node {self.node_id} already signed another view of release {release!r}; refused",
+                              field="survivors")
+        state.signed = digest
+        return ident.sign(view_message(digest, self.node_id))
+
+    def _check_signatures(self, release: bytes, state: _Release, alive: set[int], gone: set[int],
+                          signatures: dict[int, bytes] | None) -> None:
+        """SecAggError unless this node signed this very view and ``threshold`` share holders
+        (itself and its neighbours, by the roster names they proved in the share round) signed
+        it too."""
+        ident = self._require_identity("unmask")
+        digest = self._view(release, state, alive, gone)
+        if state.signed is None:
+            raise SecAggError(f"node {self.node_id} was asked to unmask release {release!r} before signing its view "
+                              "(no consistency round); refused", field="signatures")
+        if state.signed != digest:
+            raise SecAggError(f"the survivors and dropped nodes of the unmask request differ from the view node "
+                              f"{self.node_id} signed; refused", field="survivors")
+        signatures = signatures or {}
+        valid = [self.node_id]
+        for v, name in sorted(state.names.items()):
+            if v in signatures and ident.verify(name, view_message(digest, v), signatures[v]):
+                valid.append(v)
+        t = state.params.threshold
+        if len(valid) < t:
+            raise SecAggError(f"consistency check failed: {len(valid)} of this node's share holders (itself included: "
+                              f"{valid}) signed the view it was shown, fewer than the threshold {t}; the server may "
+                              "have shown different survivor sets to different nodes; refusing to reveal shares",
+                              field="signatures")
+
+    def _masked_state(self, release: bytes) -> _Release:
+        state = self._releases.get(release)
+        if state is None or not state.masked:
+            raise SecAggError(f"node {self.node_id} holds no shares for release {release!r}",
+                              field="release")
+        return state
+
     def unmask(self, release: bytes, survivors: Collection[int],
-               dropped: Collection[int]) -> dict[str, dict[int, bytes]]:
+               dropped: Collection[int], signatures: dict[int, bytes] | None = None) -> dict[str, dict[int, bytes]]:
         """Reveal, for each neighbour whose shares this node holds, its self-mask seed share if
         it is a survivor and its mask-key share if it dropped.
 
         Returns ``{"self": {v: share}, "pairwise": {v: share}}``. Refuses (SecAggError, nothing
         revealed) a node listed as both, this node listed as dropped, fewer survivors than the
         threshold, an unknown release, or a request that would reveal, in one release, both
-        kinds of share of the same node.
+        kinds of share of the same node. An authenticated node also refuses unless it signed
+        this view in :meth:`consistency` and ``signatures`` (``{node: signature}``, forwarded by
+        the server) hold valid signatures of the same view from enough of its neighbours that,
+        with its own, ``threshold`` share holders signed it.
         """
         release = _check_release(release)
-        state = self._releases.get(release)
-        if state is None or not state.masked:
-            raise SecAggError(f"node {self.node_id} holds no shares for release {release!r}",
-                              field="release")
+        state = self._masked_state(release)
         alive, gone = _id_set(survivors, "survivors"), _id_set(dropped, "dropped")
         self._check_request(state, alive, gone)
+        if self.identity is not None:
+            self._check_signatures(release, state, alive, gone, signatures)
         reply: dict[str, dict[int, bytes]] = {_SELF: {}, _PAIRWISE: {}}
         for v, (index, seed_share, key_share) in state.held.items():
             if v in alive:
@@ -633,13 +775,18 @@ class SecAggNode:
                 "masked": st.masked,
                 "own": None if st.own is None else [st.own[0], st.own[1].hex(), st.own[2].hex()],
                 "peer_keys": {str(v): k.hex() for v, k in st.peer_keys.items()} if not st.masked else {},
+                "names": {str(v): n for v, n in st.names.items()},
+                "graph": st.graph.hex(),
+                "signed": None if st.signed is None else st.signed.hex(),
             }
-        blob = {"node_id": self.node_id, "channel_key": raw(self._channel_key), "used": sorted(u.hex() for u in self._used), "releases": releases}
+        blob = {"node_id": self.node_id, "channel_key": raw(self._channel_key), "used": sorted(u.hex() for u in self._used), "releases": releases,
+                "context": self.context.hex()}
         return json.dumps(blob).encode()
 
     @classmethod
-    def restore(cls, node_id: int, blob: bytes) -> "SecAggNode":
-        """A node from :meth:`export_state`; SecAggError if the blob is not this node's."""
+    def restore(cls, node_id: int, blob: bytes, identity: NodeIdentity | None = None) -> "SecAggNode":
+        """A node from :meth:`export_state`; SecAggError if the blob is not this node's.
+        ``identity`` is not part of the state: the node reads it from its own configuration."""
         try:
             d = json.loads(bytes(blob).decode())
             if int(d["node_id"]) != int(node_id):
@@ -648,6 +795,8 @@ class SecAggNode:
             node.node_id = _check_id(node_id)
             node._channel_key = _private_key(bytes.fromhex(d["channel_key"]))
             node._used = {bytes.fromhex(u) for u in d["used"]}
+            node.identity = identity
+            node.context = bytes.fromhex(d.get("context", ""))
             node._releases = {}
             for label, st in d["releases"].items():
                 peer_keys = {int(v): bytes.fromhex(k) for v, k in st["peer_keys"].items()}
@@ -661,6 +810,9 @@ class SecAggNode:
                     masked=bool(st["masked"]),
                     peer_keys=peer_keys,
                     own=None if st.get("own") is None else (int(st["own"][0]), bytes.fromhex(st["own"][1]), bytes.fromhex(st["own"][2])),
+                    names={int(v): str(n) for v, n in st.get("names", {}).items()},
+                    graph=bytes.fromhex(st.get("graph", "")),
+                    signed=None if st.get("signed") is None else bytes.fromhex(st["signed"]),
                 )
         except SecAggError:
             raise

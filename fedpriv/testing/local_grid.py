@@ -5,11 +5,18 @@ but stay listed, as on a SuperLink until their heartbeat expires) and can rejoin
 node id. Used to test the ServerApp's loop (resume, rejoin) without Ray or processes, and by the
 red-team check (``observer`` sees every message a node receives, ``reply_observer`` every reply
 the server receives). A handler that raises gives an error reply, as on a SuperNode. Every
-message gets an id on push and its reply answers that id, as on a SuperLink."""
+message gets an id on push and its reply answers that id, as on a SuperLink.
+
+Each node gets a signing identity for authenticated secure aggregation, made for this grid (a
+temporary folder of keys, mode 0600, and the roster; node-config ``fedpriv-identity``, removed
+with the grid): ``identity=False`` runs the nodes unauthenticated."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
+import weakref
 
 from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
@@ -19,7 +26,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 class LocalGrid:
     def __init__(self, n_nodes: int, client_app=None, on_round=None, observer=None, run_config: dict | None = None, node_config=None,
-                 reply_observer=None):
+                 reply_observer=None, identity: bool = True):
         if client_app is None:
             from fedpriv.flower.client_app import app as client_app
         for key in ("run_id", "node_id", "task_id"):  # Message() needs a task identity
@@ -38,6 +45,14 @@ class LocalGrid:
         self.run_config = dict(run_config or {})  # the run config every node's context carries
         self.states: dict[int, RecordDict] = {}  # each node's own context.state, kept across messages (as a SuperNode does)
         self.node_config = node_config  # partition id -> extra node config (e.g. a deployment node's own data-dir)
+        self.identities: dict[int, str] = {}  # partition id -> its identity folder (node-config fedpriv-identity)
+        if identity:
+            from fedpriv.flower.node_identity import CONFIG_KEY, provision
+
+            folder = tempfile.mkdtemp(prefix="fedpriv-identity-")
+            self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
+            self.identities = {p: str(d) for p, d in provision(folder, n_nodes).items()}
+            self._identity_key = CONFIG_KEY
 
     def get_node_ids(self) -> list[int]:
         if self.on_round is not None:
@@ -72,6 +87,8 @@ class LocalGrid:
                 self.observer(nid, msg)
             state = self.states.setdefault(nid, RecordDict())
             node_config = {"partition-id": self.partition[nid], "num-partitions": self.n_partitions}
+            if self.partition[nid] in self.identities:
+                node_config[self._identity_key] = self.identities[self.partition[nid]]
             if self.node_config is not None:
                 node_config.update(self.node_config(self.partition[nid]))
             ctx = Context(run_id=1, node_id=nid, node_config=node_config, state=state, run_config=self.run_config)

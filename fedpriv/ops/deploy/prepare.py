@@ -60,6 +60,11 @@ def prepare(cfg: DeployConfig, *, job=None) -> DeployConfig:
             os.chmod(stage / "keys", 0o700)
         if job is not None:
             write_node_data(cfg, job, root=stage)
+            # each node's signing key and the roster, in its own data folder (the nodes read it
+            # there, node-config data-dir; the server never sees node-data)
+            from ...flower.node_identity import DATA_SUBDIR, provision_into
+
+            provision_into({i: stage / cfg.node_data_dir(i).relative_to(cfg.run_dir) / DATA_SUBDIR for i in range(cfg.nodes)})
         (stage / "flwr-home").mkdir()
         (stage / "flwr-home" / "config.toml").write_text(connection_toml(cfg))
         state = cfg.to_dict()

@@ -5,7 +5,13 @@ but stay listed, as on a SuperLink until their heartbeat expires) and can rejoin
 node id. Used to test the ServerApp's loop (resume, rejoin) without Ray or processes, and by the
 red-team check (``observer`` sees every message a node receives, ``reply_observer`` every reply
 the server receives). A handler that raises gives an error reply, as on a SuperNode. Every
-message gets an id on push and its reply answers that id, as on a SuperLink."""
+message gets an id on push and its reply answers that id, as on a SuperLink.
+
+Node policy (:mod:`fedpriv.flower.node_policy`): the caller operates every node of this grid.
+``node_policy`` (a NodePolicy) is put in every node's config as a SuperNode's ``--node-config``
+would carry it; without it, the nodes read the file named by ``FEDPRIV_NODE_POLICY`` when that is
+set, else they run the permissive policy (everything in one process: no trust boundary for a
+node policy to defend; the tests and the red team pass a policy where they test one)."""
 
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 class LocalGrid:
     def __init__(self, n_nodes: int, client_app=None, on_round=None, observer=None, run_config: dict | None = None, node_config=None,
-                 reply_observer=None):
+                 reply_observer=None, node_policy=None):
         if client_app is None:
             from fedpriv.flower.client_app import app as client_app
         for key in ("run_id", "node_id", "task_id"):  # Message() needs a task identity
@@ -38,6 +44,16 @@ class LocalGrid:
         self.run_config = dict(run_config or {})  # the run config every node's context carries
         self.states: dict[int, RecordDict] = {}  # each node's own context.state, kept across messages (as a SuperNode does)
         self.node_config = node_config  # partition id -> extra node config (e.g. a deployment node's own data-dir)
+        self.node_policy = node_policy  # every node's own policy (fedpriv.flower.node_policy.NodePolicy), or None
+
+    def _policy_items(self) -> dict:
+        import os
+
+        from fedpriv.flower.node_policy import POLICY_ENV, NodePolicy
+
+        if self.node_policy is not None:
+            return self.node_policy.node_config_items()
+        return {} if os.environ.get(POLICY_ENV) else NodePolicy.permissive().node_config_items()
 
     def get_node_ids(self) -> list[int]:
         if self.on_round is not None:
@@ -72,6 +88,7 @@ class LocalGrid:
                 self.observer(nid, msg)
             state = self.states.setdefault(nid, RecordDict())
             node_config = {"partition-id": self.partition[nid], "num-partitions": self.n_partitions}
+            node_config.update(self._policy_items())
             if self.node_config is not None:
                 node_config.update(self.node_config(self.partition[nid]))
             ctx = Context(run_id=1, node_id=nid, node_config=node_config, state=state, run_config=self.run_config)

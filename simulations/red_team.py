@@ -822,7 +822,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=24, help="attack 4: users (= nodes, one user per node)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="attack 4: a config override of its runs")
     p.add_argument("--out", default=None)
+    p.add_argument("--server", choices=("honest", "deviant"), default="honest",
+                   help="deviant: a server that deviates from the protocol against the real node code (simulations/deviant_server.py); "
+                        "one JSON line per deviation with the nodes' defence on, then the positive controls (defence off)")
     a = p.parse_args(argv)
+    if a.server == "deviant":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from deviant_server import deviations
+
+        lines = deviations(a.data, epsilon=a.epsilon, nodes=a.nodes, algorithm=a.algorithm)
+        for line in lines:
+            print(json.dumps(line, default=float), flush=True)
+        return 0 if all(line["recovered"] != line["defence"] for line in lines) else 1
     if a.aggregation is not None:
         from fedpriv.run import parse_overrides
 

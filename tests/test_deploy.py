@@ -55,7 +55,10 @@ def test_builders_bind_loopback_with_tls_and_auth(tmp_path, fleet_api):
     from flwr.common.config import parse_config_args
 
     nc = parse_config_args([sn[sn.index("--node-config") + 1]])
-    assert nc == {"partition-id": 2, "num-partitions": 3, "data-dir": str(cfg.node_data_dir(2))}
+    assert {k: v for k, v in nc.items() if not k.startswith("policy-")} == {"partition-id": 2, "num-partitions": 3, "data-dir": str(cfg.node_data_dir(2))}
+    from fedpriv.flower.node_policy import DEFAULT, NodePolicy  # and the node's own privacy policy (the defaults here)
+
+    assert NodePolicy.from_mapping({k: v for k, v in nc.items() if k.startswith("policy-")}) == DEFAULT
     assert deploy.flwr_run_command(cfg) == ["/venv/bin/flwr", "run", str(cfg.app_dir), "deploy", "--stream", "--run-config", str(cfg.run_config_file)]
 
     plain = _cfg(tmp_path, tls=False, auth=False, fleet_api=fleet_api)

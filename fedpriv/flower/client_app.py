@@ -15,6 +15,7 @@ from .pam_client import register_pam_handlers
 from .recommend_handlers import register_recommend_handlers
 from .secure_client import register_secure_handlers
 from .node_eval import node_eval
+from .node_policy import node_policy, plaintext, refuse
 from .node_secrets import with_keys
 from .partition import data_dir_of, load_shard, node_feature_table
 
@@ -66,9 +67,12 @@ def node_evaluate(msg: Message, context: Context) -> Message:
 
 def tune_score(msg: Message, context: Context) -> Message:
     """Private tuning (central mode): the sum over the node's users of min(own validation MSE,
-    clip), users solved locally from their training ratings; the server adds the noise."""
+    clip), users solved locally from their training ratings; the server adds the noise. The
+    mode is the node's own (its policy), not the message's."""
+    if node_policy(context).aggregation == "secure":  # secure mode: nothing of one node in plaintext
+        raise refuse("plaintext handler 'tune_score'", "this node is configured for secure aggregation (policy-aggregation=secure)")
     state, data_dir, upn = codec.decode_state(msg.content)
-    if state.config.aggregation.mode != "central":  # secure mode: nothing of one node in plaintext
+    if state.config.aggregation.mode != "central":
         raise PermissionError("a node in secure mode sends no plaintext tuning score")
     folder = data_dir_of(context.node_config, data_dir)
     history, valid = (load_shard(folder, part, _partition_id(context), upn) for part in ("train", "valid"))
@@ -82,9 +86,9 @@ def register_handlers(app) -> None:
     app.query("info")(info)
     app.query("tune_score")(tune_score)
     for kind in als.PRE_RELEASES:
-        app.query(kind)(_pre_release(kind))
-    app.train()(node_train)
-    app.evaluate()(node_evaluate)
+        app.query(kind)(plaintext(_pre_release(kind)))  # plaintext handlers: refused by a node whose policy is secure
+    app.train()(plaintext(node_train, "train"))
+    app.evaluate()(plaintext(node_evaluate, "evaluate"))
     register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_client)
     register_recommend_handlers(app)  # private recommendation (fedpriv.flower.recommend_handlers)
     register_secure_handlers(app)  # secure aggregation rounds (fedpriv.flower.secure_client)

@@ -7,7 +7,9 @@ never travels). Its users' keys are PRFs of their raw ids under that key.
 Reproducible-noise runs (an explicit noise seed) instead broadcast the *path* of a key file the
 server wrote (mode 0600) with the clients' key derived from the seed, so that the nodes make the
 same choices as the in-process engine. The key itself never travels in a message; whoever can
-read that file can reproduce the users' choices, which is what a reproducible run gives up.
+read that file can reproduce the users' choices, which is what a reproducible run gives up. A
+node reads such a file only where its own policy enables it (``policy-reproducible``): a server
+must not make a node's noise reproducible by naming a file whose bytes it knows.
 """
 
 from __future__ import annotations
@@ -33,9 +35,14 @@ def write_key_file(folder: str | Path, key: bytes) -> str:
 
 
 def node_key(cfg_record, context: Context) -> tuple[bytes, bool]:
-    """(the node's client key, reproducible?)."""
+    """(the node's client key, reproducible?). A key file named in the message is read only where
+    the node's own policy enables reproducible noise (:mod:`fedpriv.flower.node_policy`);
+    otherwise the message is refused (logged): the server may know the file's bytes."""
+    from .node_policy import check_key_file
+
     path = cfg_record.get(KEY_FILE_FIELD) if cfg_record is not None else None
     if path:
+        check_key_file(context, str(path))
         return Path(str(path)).read_bytes(), True
     rec = context.state.config_records.get(STATE_KEY)
     if rec is None or "client_key" not in rec:

@@ -84,6 +84,10 @@ def register_pam_handlers(app) -> None:
         return int(context.node_config.get("partition-id", 0))
 
     def block(msg: Message, context: Context):
+        from .node_policy import node_policy, refuse
+
+        if node_policy(context).aggregation == "secure":  # every caller of block() is a plaintext handler
+            raise refuse(f"plaintext handler {msg.metadata.message_type!r}", "this node is configured for secure aggregation (policy-aggregation=secure)")
         return node_block(msg, context)[:7]
 
     @app.query("pam_info")

@@ -33,6 +33,7 @@ def _cfg_of(content: RecordDict) -> tuple[recommend.RecommendConfig, bool]:
 
 def register_recommend_handlers(app) -> None:
     """Add the recommendation handlers to fedpriv's ClientApp."""
+    from .node_policy import node_policy, refuse
     from .node_secrets import with_keys
     from .partition import data_dir_of, load_shard
 
@@ -46,6 +47,8 @@ def register_recommend_handlers(app) -> None:
 
     @app.query("rec_hist")
     def rec_hist(msg: Message, context: Context) -> Message:
+        if node_policy(context).aggregation == "secure":  # plaintext histogram (secure mode: secagg_mask, kind rec_hist)
+            raise refuse("plaintext handler 'rec_hist'", "this node is configured for secure aggregation (policy-aggregation=secure)")
         state, data_dir, upn, pid, cfg, _, cand = setup(msg, context)
         shard = load_shard(data_dir, "train", pid, upn)
         hist = recommend.client_histogram(shard, state, cand, cfg)
@@ -59,7 +62,7 @@ def register_recommend_handlers(app) -> None:
         held = load_shard(data_dir, "test", pid, upn) if has_test else None
         rep = recommend.client_recommend(shard, state, cand, rec["lo"].numpy(), rec["hi"].numpy(), cfg, held, reproducible=reproducible)
         sums = {k: to_array(np.asarray(v, np.float64)) for k, v in rep.sums.items()}
-        if state.config.aggregation.secure:  # kept on the node for the secure measurement (rec_eval)
+        if state.config.aggregation.secure or node_policy(context).aggregation == "secure":  # kept on the node for the secure measurement (rec_eval)
             context.state[EVAL_KEY] = ArrayRecord(sums)
             sums = {}
         arrays = {"picks": to_array(rep.picks.astype(np.int64)), **sums}

@@ -15,6 +15,11 @@ Messages (all ``query``): ``secagg_keys`` (advertise the channel key, once per r
 A node with a signing identity (:mod:`fedpriv.flower.node_identity`, from its own configuration)
 signs its channel key, encrypts shares only to roster-signed neighbour keys and unmasks only a
 view that the threshold of its share holders signed (:mod:`fedpriv.privacy.secagg_auth`).
+
+Before it draws its noise share, a node checks the round's plan against its own policy
+(:func:`fedpriv.flower.node_policy.check_plan`): the sensitivity its own clipping gives, its noise
+floor under its own contributor and colluder assumptions, its per-run budget (node ledger in
+``context.state``) and its number of noised sums. A refused plan gets an error reply.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from ..algorithms import secure
+from ..algorithms import als, secure
 from ..errors import PrivacyError
 from ..privacy.randomness import node_noise_rng
 from . import codec
 from .node_eval import node_eval
+from .node_policy import check_plan
 from .node_secrets import with_keys
 from .partition import data_dir_of, load_shard, node_feature_table
 
@@ -165,12 +171,17 @@ def mask(msg: Message, context: Context) -> Message:
     shard, reproducible = with_keys(shard, folder, content.config_records["cfg"], context)
     if kind == "rec_hist":  # the recommendation's score histogram
         from .recommend_handlers import _cfg_of
+        from ..algorithms import recommend
 
         rec_cfg, _ = _cfg_of(content)
-        values = secure.node_histogram(shard, state, content.array_records["rec"]["candidates"].numpy().astype("int64"), rec_cfg)
+        candidates = content.array_records["rec"]["candidates"].numpy().astype("int64")
+        values = secure.node_histogram(shard, state, candidates, rec_cfg)
+        own = [(recommend.HIST_RELEASE, len(candidates) * rec_cfg.bins, float(np.sqrt(len(candidates))))]  # one count per candidate and user
     else:
         table = node_feature_table(context.node_config, data_dir, state.config) if kind == "step" and state.spec.clients_need_encoder else None
         values = secure.node_values(kind, shard, state, step, table)
+        own = [(p.name, p.length, als.sensitivity(p.name, state.config, state.rating_range)) for p in secure.declared(kind, state)]  # this node's own clipping bound
+    check_plan(context, kind, plan, own)  # the node's own floor and budget, before its noise share is drawn
     words = secure.node_words(plan, values, secure.node_rng(shard, secure.label(kind, step), reproducible))
     return masked_reply(msg, context, words)
 
@@ -178,12 +189,16 @@ def mask(msg: Message, context: Context) -> Message:
 def _mask_pam(msg: Message, context: Context, kind: str, step: int, plan) -> Message:
     from ..algorithms import pam
     from ..privacy.distributed import encode
-    from .pam_client import node_block
+    from .pam_client import decode_pam_state, node_block
 
     state, users, X, y, V, U, meta, keys, reproducible = node_block(msg, context, with_keys=True)
     if kind == "pam_eval":
         return masked_reply(msg, context, plan.encode({"values": pam.client_eval_sums(X, y, V, U, state, meta["noise"])}))
-    words = encode(plan, pam.pam_node_values(kind, X, y, state), node_noise_rng(keys, f"{kind}-{step}", reproducible))
+    values = pam.pam_node_values(kind, X, y, state)
+    group = decode_pam_state(msg.content)[3]  # disjoint schedule: only this group's users contribute (parallel composition)
+    own = [(n, k, pam.pam_sensitivity(n, state)) for n, k in pam.summed_parts(kind, state)]  # this node's own clipping bound
+    check_plan(context, kind, plan, own, None if group is None else (state.config.epochs, group))
+    words = encode(plan, values, node_noise_rng(keys, f"{kind}-{step}", reproducible))
     return masked_reply(msg, context, words)
 
 

@@ -15,6 +15,7 @@ starts a new private instance."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import socket
 import warnings
 
@@ -95,6 +96,30 @@ def simulate(
 
     if client_app is None:
         from .client_app import app as client_app
+
+    # the nodes' own policy (fedpriv.flower.node_policy) from the user's options (the user
+    # operates every simulated node): a file the Ray workers read through FEDPRIV_NODE_POLICY,
+    # which they inherit from this process (a local Ray; on an existing cluster, set it on the
+    # worker hosts: Flower gives Ray its own runtime_env)
+    from .node_policy import POLICY_ENV, NodePolicy
+
+    n_users, upn = getattr(job, "n_users", None), getattr(job, "users_per_node", None)
+    serving = min(num_nodes, -(-n_users // upn)) if n_users and upn else num_nodes  # the nodes that hold a partition
+    policy = NodePolicy.for_config(job.cfg, epsilon=job.epsilon, delta=job.delta, nodes=serving, reproducible=job.secrets.reproducible)
+    policy_file = policy.write(Path(job.work_dir) / "node-policy.json")
+    previous = os.environ.get(POLICY_ENV)
+    os.environ[POLICY_ENV] = policy_file
+    try:
+        return _simulate(job, num_nodes, client_app, init_args, cpus_per_node, verbose)
+    finally:
+        if previous is None:
+            os.environ.pop(POLICY_ENV, None)
+        else:
+            os.environ[POLICY_ENV] = previous
+
+
+def _simulate(job, num_nodes: int, client_app, init_args: dict, cpus_per_node: float, verbose: bool) -> FlowerResult:
+    from flwr.simulation import run_simulation
 
     sink: dict = {}
     backend_config = {

@@ -409,6 +409,12 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
         write_run_config(work / "run-config.toml", run_config)
         ray_tmp = ray_temp_dir(work)  # removed with the run (its own folder when work's path is long)
         env = flwr_env(home, ray_tmp)
+        # the nodes' own policy (fedpriv.flower.node_policy), from the user's options: the user
+        # operates every simulated node; never from the run config, which the server reads
+        from ..flower.node_policy import POLICY_ENV, NodePolicy
+
+        env[POLICY_ENV] = NodePolicy.for_config(plan.config, epsilon=job.epsilon, delta=job.delta, nodes=n_nodes,
+                                                reproducible=job.noise_seed is not None).write(work / "node-policy.json")
         # every temporary file of the run's processes (the ServerApp's copy of the node data, the
         # nodes' splits) lands in the run's folder: removed with it, even when they are killed
         (work / "tmp").mkdir()

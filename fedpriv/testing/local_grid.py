@@ -9,7 +9,13 @@ message gets an id on push and its reply answers that id, as on a SuperLink.
 
 Each node gets a signing identity for authenticated secure aggregation, made for this grid (a
 temporary folder of keys, mode 0600, and the roster; node-config ``fedpriv-identity``, removed
-with the grid): ``identity=False`` runs the nodes unauthenticated."""
+with the grid): ``identity=False`` runs the nodes unauthenticated.
+
+Node policy (:mod:`fedpriv.flower.node_policy`): the caller operates every node of this grid.
+``node_policy`` (a NodePolicy) is put in every node's config as a SuperNode's ``--node-config``
+would carry it; without it, the nodes read the file named by ``FEDPRIV_NODE_POLICY`` when that is
+set, else they run the permissive policy (everything in one process: no trust boundary for a
+node policy to defend; the tests and the red team pass a policy where they test one)."""
 
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 class LocalGrid:
     def __init__(self, n_nodes: int, client_app=None, on_round=None, observer=None, run_config: dict | None = None, node_config=None,
-                 reply_observer=None, identity: bool = True):
+                 reply_observer=None, identity: bool = True, node_policy=None):
         if client_app is None:
             from fedpriv.flower.client_app import app as client_app
         for key in ("run_id", "node_id", "task_id"):  # Message() needs a task identity
@@ -53,6 +59,16 @@ class LocalGrid:
             self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
             self.identities = {p: str(d) for p, d in provision(folder, n_nodes).items()}
             self._identity_key = CONFIG_KEY
+        self.node_policy = node_policy  # every node's own policy (fedpriv.flower.node_policy.NodePolicy), or None
+
+    def _policy_items(self) -> dict:
+        import os
+
+        from fedpriv.flower.node_policy import POLICY_ENV, NodePolicy
+
+        if self.node_policy is not None:
+            return self.node_policy.node_config_items()
+        return {} if os.environ.get(POLICY_ENV) else NodePolicy.permissive().node_config_items()
 
     def get_node_ids(self) -> list[int]:
         if self.on_round is not None:
@@ -89,6 +105,7 @@ class LocalGrid:
             node_config = {"partition-id": self.partition[nid], "num-partitions": self.n_partitions}
             if self.partition[nid] in self.identities:
                 node_config[self._identity_key] = self.identities[self.partition[nid]]
+            node_config.update(self._policy_items())
             if self.node_config is not None:
                 node_config.update(self.node_config(self.partition[nid]))
             ctx = Context(run_id=1, node_id=nid, node_config=node_config, state=state, run_config=self.run_config)

@@ -42,6 +42,9 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
                        + (" (default: a free port)" if local else " (default 8000)"))
         p.add_argument("--node-port-base", type=int, default=default, help="SuperNode i serves its runtime API on this port + i" + (" (default: free ports)" if local else " (default 9094)"))
         p.add_argument("--san", action="append", default=[], metavar="HOST", help="extra host name or address in the server certificate (repeatable)")
+        p.add_argument("--node-policy", action="append", default=[], metavar="KEY=VALUE",
+                       help="each node's own privacy policy, e.g. aggregation=secure, max-epsilon=2, min-contributors=3, colluders=1 (repeatable; "
+                            "docs/how-to/secure-aggregation.md)")
 
     pa = sub.add_parser("partition", help="the data owner's step: one folder per node with only its users' ratings (+ public metadata), and the server's public folder")
     pa.add_argument("--data", required=True, help="data spec of the ratings to distribute")
@@ -97,6 +100,16 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     ce.add_argument("--san", action="append", default=[], metavar="HOST", help="extra host name or address in the server certificate (repeatable)")
 
 
+def _node_policy(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}", field="--node-policy")
+        out["policy-" + key.strip().removeprefix("policy-")] = value.strip()
+    return out
+
+
 def _layout_config(args, *, docker: bool = False) -> tuple[DeployConfig, object]:
     job = None
     upn = args.users_per_node
@@ -116,7 +129,7 @@ def _layout_config(args, *, docker: bool = False) -> tuple[DeployConfig, object]
     insecure = bool(args.insecure)
     cfg = DeployConfig(
         run_dir=Path(args.run_dir), nodes=nodes, tls=not insecure, auth=not (insecure or args.no_auth), data=args.data, users_per_node=upn,
-        san=list(args.san), **ports,
+        san=list(args.san), node_policy=_node_policy(getattr(args, "node_policy", [])), **ports,
     )
     if docker:  # the compose file's containers share the host's network: everything on its loopback
         cfg.bind_host = cfg.superlink_host = "127.0.0.1"

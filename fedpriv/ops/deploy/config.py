@@ -56,6 +56,7 @@ class DeployConfig:
     san: list[str] = field(default_factory=list)  # extra names in the server certificate
     bin_dir: str | None = None  # folder of flower-superlink / flower-supernode / flwr (None: PATH)
     fleet_api: str | None = None  # "grpc-rere" or "http" (None: the installed Flower's, see .flower_version)
+    node_policy: dict = field(default_factory=dict)  # each node's own privacy policy: policy-* overrides of fedpriv.flower.node_policy.DEFAULT
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -83,6 +84,7 @@ class DeployConfig:
         for name in self.san:
             if not name or any(c.isspace() for c in name):
                 raise ConfigError(f"not a host name or address: {name!r}", field="--san")
+        self.policy()  # a bad node policy value: an error naming its key
         if self.data is not None:
             from ...data.spec import parse_data_spec
 
@@ -176,6 +178,12 @@ class DeployConfig:
 
     def server_names(self) -> list[str]:
         return list(dict.fromkeys([*LOCAL_HOSTS, self.superlink_host, *self.san]))
+
+    def policy(self):
+        """Every node's own privacy policy (its ``--node-config`` ``policy-*`` keys)."""
+        from ...flower.node_policy import DEFAULT, NodePolicy
+
+        return NodePolicy.from_mapping({**DEFAULT.to_dict(), **self.node_policy})
 
     # -- the state file (run_dir left out: the folder may be mounted elsewhere)
     def to_dict(self) -> dict:

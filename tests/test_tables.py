@@ -95,3 +95,18 @@ def test_a_quoted_field_spanning_lines_keeps_the_user_tables_line_numbers(tmp_pa
     with pytest.raises(DataError) as err:
         load_tabular("csv", path, rating_range=(1.0, 5.0))
     assert err.value.line == 5, str(err.value)
+
+
+def test_a_folder_holding_only_the_official_zip_reads_as_the_zip(tmp_path):
+    """``ml-100k:FOLDER`` where FOLDER holds just ``ml-100k.zip`` (as downloaded) reads the zip;
+    a folder with other files beside a zip is read as a folder."""
+    folder = _ml_latest(tmp_path / "ml", _ratings())
+    download = tmp_path / "download"
+    download.mkdir()
+    with zipfile.ZipFile(download / "ml-latest-small.zip", "w") as z:
+        for name in ("ratings.csv", "movies.csv"):
+            z.write(folder / name, f"ml-latest-small/{name}")
+    assert len(load_dataset("ml-latest", download).interactions.ratings) == len(load_dataset("ml-latest", folder).interactions.ratings) == 4
+    (download / "notes.txt").write_text("x")
+    with pytest.raises(DataError):
+        load_dataset("ml-latest", download)

@@ -88,8 +88,12 @@ class Source:
         self._zip: zipfile.ZipFile | None = None
         self._file: tuple[str, Path] | None = None  # (how it is named, the file) for a one-file source
         self.parsed: dict[Layout, Table] = {}  # tables already read (metadata is read twice)
+        if path.is_dir():  # a folder holding just the official zip, as downloaded, reads as that zip
+            files = [p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")]
+            if len(files) == 1 and files[0].suffix.lower() == ".zip":
+                path = self.path = files[0]
         if path.is_dir():
-            self._members = {p.name: [p.name] for p in path.iterdir() if p.is_file()}
+            self._members = {p.name: [p.name] for p in files}
         elif path.is_file():
             self._zip = _open_zip(path)
             self._members = _index_zip(self._zip)

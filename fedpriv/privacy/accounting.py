@@ -578,10 +578,11 @@ def _epsilon_of_delta(delta_at, delta: float, hi: float, rtol: float = 1e-7) -> 
     return hi
 
 
-def epsilon_all_runs(releases, delta: float, *, integer_orders: bool = False) -> float:
+def epsilon_all_runs(releases, delta: float, *, integer_orders: bool = False, exact: bool = True) -> float:
     """Epsilon at ``delta`` of a ledger with one repeat_and_compose record: what holds against
     whoever sees every run and K (a node, on the Flower engines). The smallest epsilon with
-    :func:`delta_all_runs` <= delta, every delta_k from dp-accounting's ``compute_delta``."""
+    :func:`delta_all_runs` <= delta, every delta_k from dp-accounting's ``compute_delta``.
+    (``exact=False``: without the final check by dp-accounting's own function, for searches.)"""
     orders, run, rest, (shape, mean) = all_runs_rdp(releases, integer_orders=integer_orders)
     ks, pk, tail = runs_law(shape, mean, RUNS_TAIL_FRACTION * delta)
     if tail >= delta:
@@ -590,13 +591,13 @@ def epsilon_all_runs(releases, delta: float, *, integer_orders: bool = False) ->
     def fast(eps: float) -> float:
         return tail + float(pk @ _fast_deltas(orders, rest[None, :] + ks[:, None] * run[None, :], eps))
 
-    def exact(eps: float) -> float:
+    def exact_delta(eps: float) -> float:
         return tail + sum(p * rdp_privacy_accountant.compute_delta(orders, rest + k * run, float(eps))[0] for k, p in zip(ks, pk))
 
     # the search on the vectorized copy of the formula, then dp-accounting's own compute_delta
     # decides: the returned epsilon is one where dp-accounting's delta is at most ``delta``
     eps = _epsilon_of_delta(fast, delta, hi=1.0)
-    while math.isfinite(eps) and exact(eps) > delta:
+    while exact and math.isfinite(eps) and exact_delta(eps) > delta:
         eps *= 1 + 1e-6
     return eps
 
@@ -631,9 +632,9 @@ def calibrate_all_runs(plan: Sequence[PlannedRelease], epsilon: float, delta: fl
 
     from .records import RepeatAndCompose
 
-    def eps(scale: float) -> float:
+    def eps(scale: float, exact: bool = False) -> float:
         return epsilon_all_runs([RepeatAndCompose("tuning", float(mean), float(shape), 0, tuple(_plan_releases(plan, scale)))], delta,
-                                integer_orders=integer_orders)
+                                integer_orders=integer_orders, exact=exact)
 
     lo, hi = 0.5, 1.0
     while eps(hi) > epsilon:
@@ -652,5 +653,9 @@ def calibrate_all_runs(plan: Sequence[PlannedRelease], epsilon: float, delta: fl
             lo = mid
         else:
             hi, e_hi = mid, e
+    e_hi = eps(hi, exact=True)  # dp-accounting's own conversion decides
+    while e_hi > epsilon:
+        hi *= 1 + 1e-5
+        e_hi = eps(hi, exact=True)
     return Calibration(multipliers={r.name: r.noise_std for r in _plan_releases(plan, hi)}, epsilon=e_hi, delta=delta, scale=hi,
                        integer_orders=integer_orders)

@@ -239,3 +239,21 @@ def all_runs_plan(plan: BudgetPlan) -> AllRunsBudgetPlan:
         "its delta averaged over the public law of K (dp-accounting's RDP per k; the tail past a public cut added to delta)."
     ]
     return AllRunsBudgetPlan(plan.algorithm, plan.epsilon, plan.delta, list(plan.planned), dict(plan.sensitivities), cal, plan.tuning, notes, plan.one_shot)
+
+
+def all_runs_plan_of(plan: BudgetPlan, tuning: TuningPlan, rating_range: tuple[float, float]) -> AllRunsBudgetPlan:
+    """The all-runs plan (:func:`all_runs_plan`) built from an untuned plan of the same
+    algorithm and config: the score release added as :func:`calibrated_plan` adds it, without
+    calibrating the repeat-and-select plan first (its RDP is slow to compute)."""
+    from .accounting import calibrate_all_runs
+
+    tuning.validate()
+    planned = [PlannedRelease(p.name, p.count, p.share * (1 - tuning.share), p.sampling_rate) for p in plan.planned]
+    planned.append(PlannedRelease(SCORE_RELEASE, 1, tuning.share * sum(p.share * p.count for p in planned) / (1 - tuning.share)))
+    sens = {**plan.sensitivities, SCORE_RELEASE: score_sensitivity(tuning.clip(rating_range))}
+    cal = calibrate_all_runs(planned, plan.epsilon, plan.delta, tuning.mean, tuning.shape, integer_orders=plan.integer_orders)
+    notes = [
+        "Tuning seen by the nodes: every run and K are seen, so epsilon is that of the k-fold composition of one run, "
+        "its delta averaged over the public law of K (dp-accounting's RDP per k; the tail past a public cut added to delta)."
+    ]
+    return AllRunsBudgetPlan(plan.algorithm, plan.epsilon, plan.delta, planned, sens, cal, tuning, notes, plan.one_shot)

@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..algorithms.evaluation import clipped_score_sum
 from ..privacy.accounting import AllRunsAccountant, BestOfAccountant
 from ..privacy.ledger import PrivacyLedger, public_draws
-from ..privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, all_runs_plan, score_sensitivity
+from ..privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, all_runs_plan_of, score_sensitivity
 from ..privacy.randomness import RunSecrets
 
 #: what a tuning's accounting covers (``tune`` ``view``), as ``metrics.json`` states it
@@ -130,9 +130,10 @@ def tune(
         raise ConfigError(f"private tuning scores validation MSE; {algorithm} (logistic) is not supported yet", field="tune")
     configs = candidate_configs(base_overrides, grid, algorithm)
     check_same_plan(algorithm, configs, False, grid)
-    plan = budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)
     if view == "all":  # every run is seen: calibrated so that their composition over the law of K spends epsilon
-        plan = all_runs_plan(plan)
+        plan = all_runs_plan_of(budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range), tuning, rating_range)
+    else:
+        plan = budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)
     clip = tuning.clip(rating_range)
     secrets = secrets if secrets is not None else RunSecrets()
     accountant = AllRunsAccountant() if view == "all" else BestOfAccountant()

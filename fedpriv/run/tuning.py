@@ -150,7 +150,8 @@ def tune(
         if train_candidate is None:
             res = train_inprocess(
                 algorithm, split.train, cfg, rating_range=rating_range, epsilon=epsilon, delta=delta,
-                item_features=item_features, progress=progress, multipliers=plan.multipliers, secrets=secrets.child(f"run{r}"),
+                # no progress bar per run: a log holding K bars would tell K
+                item_features=item_features, progress=False, multipliers=plan.multipliers, secrets=secrets.child(f"run{r}"),
             )
             # every user's min(validation MSE, clip), summed over all users at once (a Flower node
             # sums its own users': fedpriv.algorithms.evaluation.shard_clipped_score_sum)

@@ -277,7 +277,8 @@ def test_private_tuning_runs_on_the_flower_engine_with_the_same_selection(tmp_pa
     from fedpriv.run import FlowerCallback, InProcess, Job
 
     data = "synthetic-mf:users=80,items=30,ratings=2400,seed=8"
-    params = {"tune": "reg_item_private=0.5/5/50", "tune_mean": 3, "rank": 2, "steps": 1}
+    # the in-process engine accounts for the view a Flower node has (every run, K seen): same plan, same selection
+    params = {"tune": "reg_item_private=0.5/5/50", "tune_mean": 3, "rank": 2, "steps": 1, "tune_view": "all"}
     plan = Job("adadpals", data, epsilon=4.0, noise_seed=9, params=params).prepare()
     ip = plan.execute(InProcess())
     fl = plan.execute(FlowerCallback(runner=lambda job, n: run_job(LocalGrid(n), job), users_per_node=10, work_dir=tmp_path / "w"))
@@ -325,7 +326,7 @@ def test_a_two_key_tuning_grid_goes_through_flwr_run():
     """`--engine flower` tunes with any grid (the run config's `tune` key carries its ';'):
     the same selection and ledger as in process under a noise seed."""
     data = "synthetic-mf:users=60,items=25,ratings=1500,seed=8"
-    common = dict(epsilon=4.0, noise_seed=9, tune="reg_item_private=0.5/50;rating_clip=0.5/1", tune_mean=2, rank=2, steps=1)
+    common = dict(epsilon=4.0, noise_seed=9, tune="reg_item_private=0.5/50;rating_clip=0.5/1", tune_mean=2, rank=2, steps=1, tune_view="all")
     ip = fedpriv.train("adadpals", data, users_per_shard=10, **common)
     fl = fedpriv.train("adadpals", data, engine="flower", engine_options={"users_per_node": 10}, **common)
     assert fl.metrics["engine"] == "flower" and fl.ledger == ip.ledger

@@ -460,5 +460,6 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
             metrics["config"]["data"] = str(plan.spec)
         if model is not None:
             model.info["dataset"] = public_data_label(str(plan.spec))
-    metrics["launcher_wall_seconds"] = time.perf_counter() - t0  # with Flower start-up and stop
+    # with Flower start-up and stop; none for a tuned run: its time would tell the number of runs K
+    metrics["launcher_wall_seconds"] = None if metrics.get("tuning") else time.perf_counter() - t0
     return metrics, ledger, model

@@ -475,3 +475,187 @@ def epsilon_vs_colluders(records, delta: float, colluders: int = 1) -> float:
             r = dataclasses.replace(r, noise_std=r.noise_std * math.sqrt((shares - colluders) / (shares - known)), colluders=int(colluders))
         out.append(r)
     return epsilon_rdp(out, delta)
+
+
+# ---------------------------------------------------------------------- tuning whose runs are all seen
+# On the Flower engines every node receives each run's broadcasts and noised releases, and can
+# count the runs: its view is (K, run 1, ..., run K) with K ~ D_{shape, gamma(mean)} drawn
+# independently of the data. Conditioning on the seen K, for every event S and neighbours D, D':
+#     P_D[S] = sum_k P[K=k] P_D[S | k] <= e^eps P_D'[S] + sum_k P[K=k] delta_k(eps),
+# delta_k(eps) the delta of the k-fold composition of one run (dp-accounting's RDP of one run,
+# times k, converted by dp-accounting's compute_delta). The sum is cut at N, the smallest k with
+# P[K > N] <= RUNS_TAIL_FRACTION * delta, and P[K > N] is added whole (delta_k <= 1).
+
+#: the law of K is cut where the mass left is at most this fraction of delta (added to delta whole)
+RUNS_TAIL_FRACTION = 1e-3
+
+
+def runs_law(shape: float, mean: float, tail: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(k = 1..N, P[K = k], P[K > N]) of K ~ D_{shape, gamma(mean)} (:mod:`fedpriv.privacy.tnb`,
+    the law dp-accounting's ``RepeatAndSelectDpEvent`` uses), N the smallest k with
+    P[K > k] <= ``tail``. The mass past the computed block is bounded by a geometric series
+    (the ratio P[k+1]/P[k] = (1-gamma)(k+shape)/(k+1) is bounded past it)."""
+    from . import tnb
+
+    gamma = tnb.gamma_for_mean(float(shape), float(mean))
+    if gamma >= 1.0:
+        return np.array([1]), np.array([1.0]), 0.0
+    m = 64
+    while True:
+        ks = np.arange(1, m + 1)
+        p = tnb.pmf(ks, float(shape), gamma)
+        ratio = max((1.0 - gamma) * (m + shape) / (m + 1.0), 1.0 - gamma)  # bounds every later ratio
+        beyond = p[-1] * ratio / (1.0 - ratio) if ratio < 1 else math.inf
+        after = np.append(np.cumsum(p[::-1])[::-1][1:], 0.0) + beyond  # P[K > k], k = ks
+        if after[-1] <= tail:
+            n = int(np.argmax(after <= tail))
+            return ks[: n + 1], p[: n + 1], float(after[n])
+        m *= 2
+        if m > 1 << 24:
+            raise PrivacyError(f"the law of K (shape {shape}, mean {mean}) has too heavy a tail to account")
+
+
+def _split_all_runs(releases):
+    """(the repeat_and_compose record, the other records) of a ledger."""
+    rels = _as_releases(releases)
+    tuned = [r for r in rels if getattr(r, "mechanism", None) == "repeat_and_compose"]
+    if len(tuned) != 1 or any(isinstance(r, RepeatAndSelect) for r in rels):
+        raise PrivacyError("epsilon_all_runs accounts a ledger with exactly one repeat_and_compose record and no repeat_and_select")
+    return tuned[0], [r for r in rels if r is not tuned[0]]
+
+
+def all_runs_rdp(releases, *, integer_orders: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple]:
+    """(orders, RDP of one run, RDP of the other records, (k, P[K=k]) ) of a ledger holding one
+    repeat_and_compose record: dp-accounting's RDP accountant on one run's events and on the rest."""
+    rec, others = _split_all_runs(releases)
+    orders = _orders([*rec.releases, *others], integer_orders)
+    run = rdp_privacy_accountant.RdpAccountant(orders=orders)
+    run.compose(ledger_event(rec.releases))
+    rest = rdp_privacy_accountant.RdpAccountant(orders=orders)
+    if others:
+        rest.compose(ledger_event(others))
+    return np.asarray(run.orders), np.asarray(run.rdp), np.asarray(rest.rdp), (rec.shape, rec.mean)
+
+
+def delta_all_runs(releases, epsilon: float, delta_target: float, *, integer_orders: bool = False) -> float:
+    """The delta, at ``epsilon``, of the view of every run of a repeat_and_compose record (K seen)
+    composed with the ledger's other records; the law of K is cut at ``RUNS_TAIL_FRACTION *
+    delta_target``. Every delta_k comes from dp-accounting's ``compute_delta``."""
+    orders, run, rest, (shape, mean) = all_runs_rdp(releases, integer_orders=integer_orders)
+    ks, pk, tail = runs_law(shape, mean, RUNS_TAIL_FRACTION * delta_target)
+    total = tail
+    for k, p in zip(ks, pk):
+        total += p * rdp_privacy_accountant.compute_delta(orders, rest + k * run, float(epsilon))[0]
+    return float(min(total, 1.0))
+
+
+def _fast_deltas(orders: np.ndarray, curves: np.ndarray, eps: float) -> np.ndarray:
+    """dp-accounting's ``compute_delta`` (its bounds, same formula) for many RDP curves at once
+    (rows of ``curves``): used inside searches only; reported values call dp-accounting itself."""
+    a = orders[None, :]
+    r = np.maximum(curves, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        kl = np.where(r > 0, 0.5 * np.log1p(-np.exp(-r)), -np.inf)
+        bound = np.where(a > 1.01, (a - 1) * (r - eps + np.log1p(-1 / a)) - np.log(a), np.inf)
+    return np.minimum(np.exp(np.min(np.minimum(kl, bound), axis=1)), 1.0)
+
+
+def _epsilon_of_delta(delta_at, delta: float, hi: float, rtol: float = 1e-7) -> float:
+    """The smallest epsilon (to ``rtol``) with ``delta_at(epsilon) <= delta``; ``delta_at`` decreasing."""
+    lo = 0.0
+    while delta_at(hi) > delta:
+        lo, hi = hi, hi * 2
+        if hi > 1e7:
+            return math.inf
+    if delta_at(0.0) <= delta:
+        return 0.0
+    while hi - lo > rtol * hi:
+        mid = 0.5 * (lo + hi)
+        if delta_at(mid) > delta:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def epsilon_all_runs(releases, delta: float, *, integer_orders: bool = False, exact: bool = True) -> float:
+    """Epsilon at ``delta`` of a ledger with one repeat_and_compose record: what holds against
+    whoever sees every run and K (a node, on the Flower engines). The smallest epsilon with
+    :func:`delta_all_runs` <= delta, every delta_k from dp-accounting's ``compute_delta``.
+    (``exact=False``: without the final check by dp-accounting's own function, for searches.)"""
+    orders, run, rest, (shape, mean) = all_runs_rdp(releases, integer_orders=integer_orders)
+    ks, pk, tail = runs_law(shape, mean, RUNS_TAIL_FRACTION * delta)
+    if tail >= delta:
+        return math.inf
+
+    def fast(eps: float) -> float:
+        return tail + float(pk @ _fast_deltas(orders, rest[None, :] + ks[:, None] * run[None, :], eps))
+
+    def exact_delta(eps: float) -> float:
+        return tail + sum(p * rdp_privacy_accountant.compute_delta(orders, rest + k * run, float(eps))[0] for k, p in zip(ks, pk))
+
+    # the search on the vectorized copy of the formula, then dp-accounting's own compute_delta
+    # decides: the returned epsilon is one where dp-accounting's delta is at most ``delta``
+    eps = _epsilon_of_delta(fast, delta, hi=1.0)
+    while exact and math.isfinite(eps) and exact_delta(eps) > delta:
+        eps *= 1 + 1e-6
+    return eps
+
+
+def epsilon_spent(releases, delta: float) -> float:
+    """The one epsilon a run reports: :func:`epsilon_all_runs` for a ledger whose tuning runs were
+    all seen (repeat_and_compose), else :func:`epsilon_bounds`."""
+    if any(getattr(r, "mechanism", None) == "repeat_and_compose" for r in _as_releases(releases)):
+        return epsilon_all_runs(releases, delta)
+    return epsilon_bounds(releases, delta)[0]
+
+
+class AllRunsAccountant:
+    """The accountant of a tuning ledger whose runs are all seen (:func:`epsilon_spent`)."""
+
+    def epsilon(self, records, delta: float) -> float:
+        return epsilon_spent(records, delta)
+
+
+def calibrate_all_runs(plan: Sequence[PlannedRelease], epsilon: float, delta: float, mean: float, shape: float, rtol: float = 1e-4,
+                       *, integer_orders: bool = False) -> Calibration:
+    """Noise multipliers (the share rule z_k = s / sqrt(share_k)) such that every run of the plan,
+    K ~ D_{shape, gamma(mean)} runs all seen, spends ``epsilon`` at ``delta``
+    (:func:`epsilon_all_runs`); within ``rtol`` below it. Bisection on the scale s."""
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ConfigError(f"must be a finite positive number, got {epsilon}", field="epsilon")
+    if not (0 < delta < 1):
+        raise ConfigError(f"must be in (0, 1), got {delta}", field="delta")
+    plan = [p for p in plan if p.count > 0]
+    if not plan:
+        raise ConfigError("the plan has no release to calibrate", field="plan")
+
+    from .records import RepeatAndCompose
+
+    def eps(scale: float, exact: bool = False) -> float:
+        return epsilon_all_runs([RepeatAndCompose("tuning", float(mean), float(shape), 0, tuple(_plan_releases(plan, scale)))], delta,
+                                integer_orders=integer_orders, exact=exact)
+
+    lo, hi = 0.5, 1.0
+    while eps(hi) > epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 1e9:
+            raise PrivacyError("calibration failed: epsilon target unreachable")
+    while eps(lo) < epsilon:
+        lo /= 2
+        if lo < 1e-12:
+            raise PrivacyError("calibration failed: epsilon target too large for this plan")
+    e_hi = eps(hi)
+    while (epsilon - e_hi) / epsilon > rtol and hi / lo > 1 + 1e-12:
+        mid = math.sqrt(lo * hi)
+        e = eps(mid)
+        if e > epsilon:
+            lo = mid
+        else:
+            hi, e_hi = mid, e
+    e_hi = eps(hi, exact=True)  # dp-accounting's own conversion decides
+    while e_hi > epsilon:
+        hi *= 1 + 1e-5
+        e_hi = eps(hi, exact=True)
+    return Calibration(multipliers={r.name: r.noise_std for r in _plan_releases(plan, hi)}, epsilon=e_hi, delta=delta, scale=hi,
+                       integer_orders=integer_orders)

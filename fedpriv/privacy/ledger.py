@@ -337,6 +337,29 @@ class PrivacyLedger:
         self.releases.append(rec)
         return rec
 
+    def repeat_and_compose(self, name: str, runs: list["PrivacyLedger"], *, shape: float, mean: float):
+        """Record tuning whose K runs (the ledgers ``runs``, one plan for every candidate) are all
+        seen, K included (the Flower engines: every node receives each run's releases):
+        a ``repeat_and_compose`` record, accounted by
+        :func:`fedpriv.privacy.accounting.epsilon_all_runs` (this ledger's accountant must be
+        :class:`~fedpriv.privacy.accounting.AllRunsAccountant`). Refused, before anything is
+        recorded, if the runs differ or if the budget would be exceeded."""
+        from .records import RepeatAndCompose
+
+        if not runs:
+            raise PrivacyError(f"release {name!r}: tuning needs at least one run")
+        accounted = lambda led: sorted((r.name, r.mechanism, round(r.noise_multiplier, 12), r.sampling_rate, r.accounted_count) for r in led.releases)  # noqa: E731
+        first = accounted(runs[0])
+        for i, led in enumerate(runs[1:], start=1):
+            if accounted(led) != first:
+                raise PrivacyError(f"release {name!r}: run {i} made other releases than run 0; tuning needs one plan for every candidate")
+        if any(not isinstance(r, Release) for r in runs[0].releases):
+            raise PrivacyError(f"release {name!r}: nested tuning is not supported")
+        rec = RepeatAndCompose(name, float(mean), float(shape), len(runs), tuple(runs[0].releases))
+        self._check_budget(rec)
+        self.releases.append(rec)
+        return rec
+
     def _normal(self, std: float, shape) -> np.ndarray:
         if self._rng is not None:
             return self._rng.normal(0.0, std, size=shape)

@@ -196,3 +196,64 @@ def _no_pld(records, epsilon_rdp: float) -> str:
     if not pld_supported(records):
         return "not supported for this plan"
     return f"not computed above epsilon {PLD_MAX_EPSILON:g} (bounded time and memory)"
+
+
+class AllRunsBudgetPlan(BudgetPlan):
+    """A tuned plan whose K runs are all seen (the Flower engines): its record is one
+    ``repeat_and_compose`` (:func:`fedpriv.privacy.accounting.epsilon_all_runs`)."""
+
+    def records(self) -> list:
+        from .records import RepeatAndCompose
+
+        return [RepeatAndCompose("tuning", self.tuning.mean, self.tuning.shape, 0, tuple(self.run_records()))]
+
+    def summary(self) -> dict:
+        from .accounting import epsilon_all_runs
+
+        recs = self.records()
+        return {
+            "algorithm": self.algorithm,
+            "epsilon_target": self.epsilon,
+            "delta": self.delta,
+            "epsilon_rdp": epsilon_all_runs(recs, self.delta, integer_orders=self.integer_orders),
+            "epsilon_pld": None,
+            "rho_zcdp": None,
+            "rho_zcdp_one_run": None if any(p.sampling_rate not in (None, 1.0) for p in self.planned) else zcdp_rho(self.run_records()),
+            "epsilon_one_shot": self.epsilon_one_shot(),
+            "tuning": {"mean_runs": self.tuning.mean, "shape": self.tuning.shape, "score_share": self.tuning.share, "view": "all runs"},
+            "notes": list(self.notes),
+        }
+
+
+def all_runs_plan(plan: BudgetPlan) -> AllRunsBudgetPlan:
+    """``plan`` (a tuned plan, :func:`calibrated_plan` with ``tuning``) recalibrated for a tuning
+    whose K runs are all seen, K included: the composition of every run, over the public law of
+    K, spends the target (:func:`fedpriv.privacy.accounting.calibrate_all_runs`)."""
+    from .accounting import calibrate_all_runs
+
+    if plan.tuning is None:
+        raise ConfigError("an all-runs plan is a tuned plan: give tuning", field="tune")
+    cal = calibrate_all_runs(plan.planned, plan.epsilon, plan.delta, plan.tuning.mean, plan.tuning.shape, integer_orders=plan.integer_orders)
+    notes = [
+        "Tuning seen by the nodes: every run and K are seen, so epsilon is that of the k-fold composition of one run, "
+        "its delta averaged over the public law of K (dp-accounting's RDP per k; the tail past a public cut added to delta)."
+    ]
+    return AllRunsBudgetPlan(plan.algorithm, plan.epsilon, plan.delta, list(plan.planned), dict(plan.sensitivities), cal, plan.tuning, notes, plan.one_shot)
+
+
+def all_runs_plan_of(plan: BudgetPlan, tuning: TuningPlan, rating_range: tuple[float, float]) -> AllRunsBudgetPlan:
+    """The all-runs plan (:func:`all_runs_plan`) built from an untuned plan of the same
+    algorithm and config: the score release added as :func:`calibrated_plan` adds it, without
+    calibrating the repeat-and-select plan first (its RDP is slow to compute)."""
+    from .accounting import calibrate_all_runs
+
+    tuning.validate()
+    planned = [PlannedRelease(p.name, p.count, p.share * (1 - tuning.share), p.sampling_rate) for p in plan.planned]
+    planned.append(PlannedRelease(SCORE_RELEASE, 1, tuning.share * sum(p.share * p.count for p in planned) / (1 - tuning.share)))
+    sens = {**plan.sensitivities, SCORE_RELEASE: score_sensitivity(tuning.clip(rating_range))}
+    cal = calibrate_all_runs(planned, plan.epsilon, plan.delta, tuning.mean, tuning.shape, integer_orders=plan.integer_orders)
+    notes = [
+        "Tuning seen by the nodes: every run and K are seen, so epsilon is that of the k-fold composition of one run, "
+        "its delta averaged over the public law of K (dp-accounting's RDP per k; the tail past a public cut added to delta)."
+    ]
+    return AllRunsBudgetPlan(plan.algorithm, plan.epsilon, plan.delta, planned, sens, cal, tuning, notes, plan.one_shot)

@@ -139,11 +139,53 @@ class RepeatAndSelect:
         }
 
 
+@dataclass(frozen=True)
+class RepeatAndCompose:
+    """Private tuning by random stopping whose K runs are all seen (the Flower engines: every node
+    receives each run's broadcasts and noised releases). K ~ D_{shape, gamma(mean)} is drawn
+    independently of the data and is seen too; every run makes ``releases`` (one calibrated plan).
+    Accounted by :func:`fedpriv.privacy.accounting.epsilon_all_runs`: for each k, dp-accounting's
+    RDP of the k-fold composition gives delta_k(epsilon); the view's delta is the law of K's
+    average of them (conditioning on the seen K), its tail past a public cut added whole. It is
+    no single dp-accounting event, so :meth:`to_event` refuses. ``runs`` (K) is never written."""
+
+    name: str
+    mean: float
+    shape: float
+    runs: int
+    releases: tuple[Release, ...]
+    mechanism: str = "repeat_and_compose"
+    count: int = 1
+
+    @property
+    def sampling_rate(self) -> float | None:
+        rates = [r.sampling_rate for r in self.releases if r.sampling_rate not in (None, 1.0)]
+        return rates[0] if rates else None
+
+    def key(self) -> tuple:
+        return (self.name, self.mechanism, self.mean, self.shape, tuple(r.key() + (r.count,) for r in self.releases))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "releases", tuple(self.releases))
+
+    def to_event(self):
+        raise PrivacyError(f"record {self.name!r} (repeat_and_compose) is a mixture over the law of K, not one dp-accounting event: "
+                           "account it with fedpriv.privacy.accounting.epsilon_all_runs")
+
+    def to_dict(self) -> dict:
+        """The record as written to ``ledger.json``: without ``runs`` (no output tells K)."""
+        return {"name": self.name, "mechanism": self.mechanism, "mean": self.mean, "shape": self.shape, "count": self.count,
+                "releases": [r.to_dict() for r in self.releases]}
+
+
 def records_from_list(items: list[dict]) -> list[Release | RepeatAndSelect]:
     """Records from their ``to_dict`` form (``ledger.json``)."""
     keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim", "groups", "pure_epsilon", "disjoint", "l1_sensitivity", "shares", "colluders")
     out: list[Release | RepeatAndSelect] = []
     for it in items:
+        if it.get("mechanism") == "repeat_and_compose":
+            out.append(RepeatAndCompose(it["name"], it["mean"], it["shape"], 0, tuple(records_from_list(it["releases"]))))  # type: ignore[arg-type]
+            continue
         if it.get("mechanism") == "repeat_and_select":
             inner = records_from_list(it["releases"])
             out.append(RepeatAndSelect(it["name"], it["mean"], it["shape"], int(it.get("runs", 0)), tuple(inner)))  # type: ignore[arg-type]

@@ -33,7 +33,7 @@ from ..data.splits import HeldoutSplit, heldout_users_split, random_split
 from ..engine.inprocess import train_inprocess
 from ..errors import ConfigError, did_you_mean
 from ..algorithms.metrics import run_header
-from ..privacy.accounting import epsilon_bounds, epsilon_pld_second_opinion
+from ..privacy.accounting import epsilon_bounds, epsilon_pld_second_opinion, epsilon_spent
 from ..privacy.randomness import RunSecrets
 from .nodes import SECURE_USERS_PER_NODE, node_layout
 
@@ -57,6 +57,7 @@ class RunOptions:
     tune_shape: float = 1.0  # truncated negative binomial shape (1 geometric, 0 logarithmic)
     tune_share: float = 0.05  # share of one run's budget for its private validation score
     tune_score_clip: float = 0.0  # per-user validation MSE clip (0: (half the rating range)^2)
+    tune_view: str = "auto"  # what the tuning's epsilon covers: selected (K hidden; in process only), all (every run, K seen), auto (flower: all)
     recommend: str = ""  # private recommendation after training: a selection mechanism ("" = none)
     rec_epsilon: float = 1.0  # per-user pure epsilon of the reported item
     rec_candidates: int = 100
@@ -365,12 +366,13 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
         for key in RunOptions.__dataclass_fields__:
             base.pop(key, None)
         candidate, cleanup = (None, None) if engine_name != "flower" else _flower_candidate(plan, engine, opts)
+        view = tuning_mod.view_of(opts.tune_view, engine_name)
         try:
             result, ledger, tuning_report, _ = tuning_mod.tune(
                 algorithm, split, base, tuning_mod.parse_grid(opts.tune),
                 TuningPlan(opts.tune_mean, opts.tune_shape, opts.tune_share, opts.tune_score_clip),
                 rating_range=rating_range, epsilon=epsilon, delta=delta, item_features=ds.item_features, progress=progress and candidate is None,
-                secrets=secrets, train_candidate=candidate,
+                secrets=secrets, train_candidate=candidate, view=view,
             )
         finally:
             if cleanup is not None:
@@ -385,7 +387,7 @@ def train_and_evaluate(plan, engine, *, progress: bool = False, second_opinion: 
             metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, train, split.valid, item_counts)
             metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, train, split.test, item_counts)
         _ranking_metrics(metrics, state, train, split)
-        metrics["tuning"] = tuning_report
+        metrics["tuning"] = {**tuning_report, "accounting": tuning_mod.VIEWS[view]}
     elif engine_name == "flower":
         state, ledger, timings, rec_ledger = _train_flower(algorithm, split, cfg, opts, rating_range, implicit, epsilon, delta, engine.work_dir, metrics,
                                                            engine.flower_runner(), ds.item_features, rec_cfg, secrets, progress=progress)
@@ -479,7 +481,7 @@ def _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, *, algorithm, 
         ledger = [*ledger.releases, *rec_ledger.releases] if private else rec_ledger
         private = True
     if private:
-        metrics["epsilon_spent"] = epsilon_bounds(ledger, delta)[0]
+        metrics["epsilon_spent"] = epsilon_spent(ledger, delta)  # a tuning seen by the nodes: every run, over the law of K
         metrics["epsilon_spent_pld"] = epsilon_pld_second_opinion(ledger, delta, metrics["epsilon_spent"]) if second_opinion else None
     else:
         metrics["epsilon_spent"] = None
@@ -655,9 +657,15 @@ def _flower_candidate(plan, engine, opts):
     root = Path(engine.work_dir) if engine.work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-tune-"))
 
     def run_candidate(cfg, multipliers, run_secrets, clip, index):
-        job = _flower_job(plan.algorithm, plan.job.epsilon, plan.job.delta, cfg, split, opts, plan.rating_range, plan.implicit, root / f"candidate-{index}",
-                          plan.dataset.item_features, run_secrets, multipliers=multipliers, tune_score_clip=clip, checkpoint=False)
-        res = runner(job, n_nodes)
+        # a folder of its own, named by no index and removed after the run: none is left to count K
+        root.mkdir(parents=True, exist_ok=True)
+        run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=root))
+        try:
+            job = _flower_job(plan.algorithm, plan.job.epsilon, plan.job.delta, cfg, split, opts, plan.rating_range, plan.implicit, run_dir,
+                              plan.dataset.item_features, run_secrets, multipliers=multipliers, tune_score_clip=clip, checkpoint=False)
+            res = runner(job, n_nodes)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
         return res, res.ledger, res.score_total
 
     return run_candidate, ((lambda: shutil.rmtree(root, ignore_errors=True)) if own else None)

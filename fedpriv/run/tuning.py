@@ -30,10 +30,28 @@ from ..algorithms.plans import budget_plan
 from ..engine.inprocess import train_inprocess
 from ..errors import ConfigError
 from ..algorithms.evaluation import clipped_score_sum
-from ..privacy.accounting import BestOfAccountant
+from ..privacy.accounting import AllRunsAccountant, BestOfAccountant
 from ..privacy.ledger import PrivacyLedger, public_draws
-from ..privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, score_sensitivity
+from ..privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, all_runs_plan_of, score_sensitivity
 from ..privacy.randomness import RunSecrets
+
+#: what a tuning's accounting covers (``tune`` ``view``), as ``metrics.json`` states it
+VIEWS = {
+    "selected": "the selected run only, K hidden (repeat_and_select): every run stays inside the one process that selects",
+    "all": "every run and K, as a Flower node sees them (repeat_and_compose: each k-fold composition, averaged over the public law of K)",
+}
+
+def view_of(option: str, engine: str) -> str:
+    """The view a tuning is accounted for (``tune_view``): ``auto`` is ``selected`` in process and
+    ``all`` on the Flower engines, where every node sees every run; ``selected`` is refused there."""
+    if option not in ("auto", *VIEWS):
+        raise ConfigError(f"must be auto, {' or '.join(VIEWS)}, got {option!r}", field="tune_view")
+    if engine == "flower":
+        if option == "selected":
+            raise ConfigError("on the Flower engines every node sees every run of the tuning: its epsilon must cover them all (tune_view=all)", field="tune_view")
+        return "all"
+    return "selected" if option == "auto" else option
+
 
 PLAN_KEYS = ("steps", "share_users", "share_mean", "share_counts", "share_b", "share_gravity", "gravity", "ssp_resamples", "ssp_steps", "sgd_sampling_rate")
 
@@ -93,10 +111,18 @@ def tune(
     progress: bool = False,
     secrets: RunSecrets | None = None,
     train_candidate: CandidateRunner | None = None,
+    view: str = "selected",
 ) -> tuple[object, PrivacyLedger, dict, BudgetPlan]:
     """Run private tuning; returns (train result of the selected run, the tuning ledger, a
     report of the selected run only, the budget plan). ``train_candidate``: one run on another
-    engine (default: in process, the score computed over every user at once)."""
+    engine (default: in process, the score computed over every user at once). ``view``: what the
+    accounting covers (:data:`VIEWS`): ``"selected"``, the selected run with K hidden (one
+    ``repeat_and_select`` record; only where nobody but this process sees the other runs, i.e.
+    in process), or ``"all"``, every run and K seen (one ``repeat_and_compose`` record, the view
+    of a Flower node; calibrated by :func:`fedpriv.privacy.plan.all_runs_plan`). A
+    ``train_candidate`` whose runs other parties see needs ``"all"``."""
+    if view not in VIEWS:
+        raise ConfigError(f"must be one of {', '.join(VIEWS)}, got {view!r}", field="tune_view")
     spec = registry.get(algorithm)
     if not spec.private:
         raise ConfigError(f"tuning is for private algorithms ({algorithm} is not private)", field="tune")
@@ -104,10 +130,14 @@ def tune(
         raise ConfigError(f"private tuning scores validation MSE; {algorithm} (logistic) is not supported yet", field="tune")
     configs = candidate_configs(base_overrides, grid, algorithm)
     check_same_plan(algorithm, configs, False, grid)
-    plan = budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)
+    if view == "all":  # every run is seen: calibrated so that their composition over the law of K spends epsilon
+        plan = all_runs_plan_of(budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range), tuning, rating_range)
+    else:
+        plan = budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)
     clip = tuning.clip(rating_range)
     secrets = secrets if secrets is not None else RunSecrets()
-    parent = PrivacyLedger(seed=secrets.ledger_seed("tuning"), budget=(epsilon, delta), accountant=BestOfAccountant())
+    accountant = AllRunsAccountant() if view == "all" else BestOfAccountant()
+    parent = PrivacyLedger(seed=secrets.ledger_seed("tuning"), budget=(epsilon, delta), accountant=accountant)
     k_runs = parent.repetitions("tuning_runs", shape=tuning.shape, mean=tuning.mean)
     # the candidate of each run is drawn from secret randomness: a public sequence of candidates
     # would tell how many runs it took to reach the selected one (a bound on K)
@@ -120,7 +150,8 @@ def tune(
         if train_candidate is None:
             res = train_inprocess(
                 algorithm, split.train, cfg, rating_range=rating_range, epsilon=epsilon, delta=delta,
-                item_features=item_features, progress=progress, multipliers=plan.multipliers, secrets=secrets.child(f"run{r}"),
+                # no progress bar per run: a log holding K bars would tell K
+                item_features=item_features, progress=False, multipliers=plan.multipliers, secrets=secrets.child(f"run{r}"),
             )
             # every user's min(validation MSE, clip), summed over all users at once (a Flower node
             # sums its own users': fedpriv.algorithms.evaluation.shard_clipped_score_sum)
@@ -132,9 +163,12 @@ def tune(
         ledgers.append(run_ledger)
         if best is None or score < best[0]:
             best = (score, {k: getattr(cfg, k) for k in grid}, res)
-    parent.repeat_and_select("tuning", ledgers, shape=tuning.shape, mean=tuning.mean)
-    # only what the accounted event releases: the selected run (its candidate and noised score);
-    # neither K, nor the other runs, nor the time they took
+    if view == "all":
+        parent.repeat_and_compose("tuning", ledgers, shape=tuning.shape, mean=tuning.mean)
+    else:
+        parent.repeat_and_select("tuning", ledgers, shape=tuning.shape, mean=tuning.mean)
+    # only the selected run (its candidate and noised score); neither K, nor the other runs, nor
+    # the time they took (the "selected" view needs it; with "all" nothing need tell K either)
     report = {
         "grid": grid,
         "candidates": len(configs),

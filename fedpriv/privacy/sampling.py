@@ -77,18 +77,28 @@ class BitSource:
 
 
 def _uniform_below(src: BitSource, t: int, n: int) -> np.ndarray:
-    """n integers uniform in {0, ..., t - 1} (rejection of the top of the 64-bit range: exact)."""
-    out = np.empty(n, dtype=np.uint64)
-    if n == 0:
-        return out.astype(np.int64)
+    """n integers uniform in {0, ..., t - 1}, exactly: below 2**32 by Lemire's multiply-shift
+    with rejection (each 64-bit word gives two 32-bit tries), above by rejecting the top of the
+    64-bit range and reducing modulo t."""
+    if t < 2**32:
+        floor = np.uint64((2**32 - t) % t)  # a low part below this would bias the result: retry
+        tt = np.uint64(t)
+        w = src.words((n + 1) // 2)
+        h = np.concatenate([w >> np.uint64(32), w & np.uint64(0xFFFFFFFF)])[:n]
+        h *= tt
+        out = (h >> np.uint64(32)).astype(np.int64)
+        redo = np.flatnonzero((h & np.uint64(0xFFFFFFFF)) < floor)
+        if len(redo):
+            out[redo] = _uniform_below(src, t, len(redo))
+        return out
     limit = (2**64 // t) * t
-    todo = np.arange(n)
-    while len(todo):
-        w = src.words(len(todo))
-        ok = np.ones(len(todo), dtype=bool) if limit == 2**64 else w < np.uint64(limit)
-        out[todo[ok]] = w[ok] % np.uint64(t)
-        todo = todo[~ok]
-    return out.astype(np.int64)
+    w = src.words(n)
+    out = (w % np.uint64(t)).astype(np.int64)
+    if limit < 2**64:
+        redo = np.flatnonzero(w >= np.uint64(limit))
+        if len(redo):
+            out[redo] = _uniform_below(src, t, len(redo))
+    return out
 
 
 # ---------------------------------------------------------------------- Bernoulli(exp(-x))
@@ -128,13 +138,16 @@ def _bernoulli_exp(src: BitSource, x_hat: np.ndarray, x_exact, words: np.ndarray
     if n == 0:
         return np.zeros(0, dtype=bool)
     r = (src.words(n) if words is None else words) >> np.uint64(11)
-    lo = r.astype(np.float64) * _TWO53
-    hi = lo + _TWO53
+    u = r.astype(np.float64)
+    u *= _TWO53
+    u += 2.0**-54  # the middle of U's interval: exact
     p = np.exp(-np.asarray(x_hat, dtype=np.float64))
-    margin = p * _REL_MARGIN + _ABS_MARGIN
-    out = hi <= p - margin
-    unsure = ~out & (lo < p + margin)
-    for i in np.flatnonzero(unsure):
+    out = u < p
+    u -= p
+    np.abs(u, out=u)
+    p *= _REL_MARGIN
+    p += _ABS_MARGIN + 2.0**-54
+    for i in np.flatnonzero(u < p):  # U's interval reaches within the margin of exp(-x)
         out[i] = _exact_bernoulli_exp(x_exact(int(i)), int(r[i]), 53, src)
     return out
 
@@ -162,16 +175,15 @@ def _exact_floor_neglog(prefix: int, bits: int, src: BitSource) -> int:
 def _geometric_e1(src: BitSource, n: int) -> np.ndarray:
     """n draws of V with P(V >= v) = exp(-v) (the successes of Bernoulli(exp(-1)) before the
     first failure): V = floor(-ln U), U uniform with 53 bits, computed in floating point where
-    U's whole interval [U, U + 2**-53) maps to one integer with room to spare, exactly
-    (:func:`_exact_floor_neglog`) elsewhere."""
+    U's whole interval [U, U + 2**-53) maps to one integer with room to spare (-ln moves by at
+    most 2**-53 / U over it), exactly (:func:`_exact_floor_neglog`) elsewhere."""
     r = src.words(n) >> np.uint64(11)
     lo = r.astype(np.float64) * _TWO53
     with np.errstate(divide="ignore"):
-        e_hi = -np.log(lo)  # inf where U's interval starts at 0
-    e_lo = -np.log(lo + _TWO53)
-    slack = (np.abs(e_lo) + 1.0) * _REL_MARGIN
-    a, b = np.floor(e_lo - slack), np.floor(e_hi + slack)
-    out = a.astype(np.int64, copy=False) if n else np.zeros(0, dtype=np.int64)
+        e = -np.log(lo + 2.0**-54)
+        reach = 2.0**-53 / lo + (e + 1.0) * _REL_MARGIN  # inf where U's interval starts at 0
+    a, b = np.floor(e - reach), np.floor(e + reach)
+    out = a.astype(np.int64) if n else np.zeros(0, dtype=np.int64)
     for i in np.flatnonzero(a != b):
         out[i] = _exact_floor_neglog(int(r[i]), 53, src)
     return out

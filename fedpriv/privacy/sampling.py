@@ -59,6 +59,8 @@ _MAX_INT = 2**62
 _REL_MARGIN = 2.0**-30
 _ABS_MARGIN = 2.0**-1000
 _TWO53 = 2.0**-53
+#: coordinates drawn at once (temporaries of a few arrays of this size)
+_BLOCK = 1 << 20
 
 
 # ---------------------------------------------------------------------- random bits
@@ -183,7 +185,8 @@ def _geometric_e1(src: BitSource, n: int) -> np.ndarray:
         e = -np.log(lo + 2.0**-54)
         reach = 2.0**-53 / lo + (e + 1.0) * _REL_MARGIN  # inf where U's interval starts at 0
     a, b = np.floor(e - reach), np.floor(e + reach)
-    out = a.astype(np.int64) if n else np.zeros(0, dtype=np.int64)
+    with np.errstate(invalid="ignore"):  # -inf where U's interval starts at 0: settled below
+        out = a.astype(np.int64)
     for i in np.flatnonzero(a != b):
         out[i] = _exact_floor_neglog(int(r[i]), 53, src)
     return out
@@ -274,17 +277,21 @@ def lattice_gaussian(value: np.ndarray, sensitivity: float, noise_multiplier: fl
     value = np.asarray(value, dtype=np.float64)
     lat = lattice_for(sensitivity, noise_multiplier, value.size)
     flat = value.ravel()
-    r = np.clip(np.rint(flat / lat.grid), -_MAX_INT, _MAX_INT).astype(np.int64)
+    with np.errstate(over="ignore"):  # a value beyond 2**62 grid steps saturates (clip: 1-Lipschitz)
+        r = np.clip(np.rint(flat / lat.grid), -_MAX_INT, _MAX_INT).astype(np.int64)
     n = flat.size
-    if rng is not None or not threads:
-        k = discrete_gaussian(BitSource(rng), lat.sigma2, n)
+    if rng is not None or not threads:  # blocks in turn (bounded memory; reproducible)
+        src = BitSource(rng)
+        k = np.concatenate([discrete_gaussian(src, lat.sigma2, min(_BLOCK, n - i)) for i in range(0, n, _BLOCK)]) if n else np.zeros(0, dtype=np.int64)
     else:
         from ..util.threads import map_chunks
 
         k = np.empty(n, dtype=np.int64)
 
         def part(sl: slice) -> None:
-            k[sl] = discrete_gaussian(BitSource(None), lat.sigma2, sl.stop - sl.start)
+            src = BitSource(None)
+            for i in range(sl.start, sl.stop, _BLOCK):
+                k[i : min(i + _BLOCK, sl.stop)] = discrete_gaussian(src, lat.sigma2, min(_BLOCK, sl.stop - i))
 
         map_chunks(part, n, min_chunk=1 << 16)
     return ((r + k).astype(np.float64) * lat.grid).reshape(value.shape)

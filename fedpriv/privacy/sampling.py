@@ -22,8 +22,9 @@ from the low bits of the output. :func:`lattice_gaussian` closes them:
 
 Privacy: on the lattice the mechanism is the multivariate discrete Gaussian with an integer
 shift of L2 norm at most ``Delta' / gamma``, whose Renyi divergence of every order alpha is at
-most ``alpha * (Delta' / gamma)**2 / (2 s)`` (CKS 2020, Proposition 5 and Section 4.1: the
-continuous Gaussian's bound, and the divergences of independent coordinates add), i.e. that of
+most ``alpha * (Delta' / gamma)**2 / (2 s)`` (Canonne, Kamath and Steinke 2020: between
+discrete Gaussians with integer means, the continuous Gaussian's bound; the divergences of
+independent coordinates add), i.e. that of
 the continuous Gaussian mechanism with noise multiplier ``z``. The ledger therefore records the
 release exactly as before (sensitivity ``Delta``, std ``z * Delta``: the accountant reads only the
 ratio ``z``), while the noise actually drawn is ``Delta' / Delta <= 1 + 2**-SLACK_BITS`` times

@@ -29,7 +29,8 @@ from ..errors import PrivacyError
 from ..util.threads import map_chunks
 from . import selection as mech
 from .records import Release, RepeatAndSelect, records_from_list
-from .symmetric import from_upper
+from .sampling import lattice_gaussian
+from .symmetric import from_upper, upper
 
 def _secure_uniform(n: int) -> np.ndarray:
     """n uniforms in (0, 1] with 53 random bits each, from the operating system's CSPRNG."""
@@ -39,7 +40,10 @@ def _secure_uniform(n: int) -> np.ndarray:
 
 def secure_standard_normal(shape) -> np.ndarray:
     """Standard Gaussians from ``os.urandom`` by the Box-Muller transform (large draws are split
-    over the kernels' threads: ``os.urandom`` and numpy's ufuncs release the GIL)."""
+    over the kernels' threads: ``os.urandom`` and numpy's ufuncs release the GIL). No longer
+    the ledger's release noise (floating point: open to the low-bit attacks that
+    :mod:`fedpriv.privacy.sampling` closes); kept as the floating-point baseline of
+    ``tests/test_float_noise.py`` and ``benchmarks/noise_cost.py``."""
     n = int(np.prod(shape, dtype=np.int64))
     m = (n + 1) // 2
     out = np.empty(2 * m, dtype=np.float64)
@@ -65,13 +69,16 @@ class PrivacyLedger:
     """Draws the noise of every release and records it.
 
     By default (``seed=None``) every noise value comes from the operating system's
-    cryptographically secure generator (``os.urandom``, turned into Gaussians by the Box-Muller
-    transform): nobody can regenerate it, from a seed or from earlier draws. ``seed=N`` asks for
-    reproducible noise from ``PCG64(N)``: its privacy holds only against those who do not know
-    N (engine-agreement tests, :class:`fedpriv.privacy.randomness.RunSecrets` with a noise
-    seed); the seed is never written out (``repr`` hides it, records do not hold it).
-    ``secure=True`` forces the OS generator even when a seed is given. (Like every
-    floating-point sampler, neither addresses the floating-point attacks of Mironov 2012.)
+    cryptographically secure generator (``os.urandom``): nobody can regenerate it, from a seed
+    or from earlier draws. ``seed=N`` asks for reproducible noise from ``PCG64(N)``: its privacy
+    holds only against those who do not know N (engine-agreement tests,
+    :class:`fedpriv.privacy.randomness.RunSecrets` with a noise seed); the seed is never written
+    out (``repr`` hides it, records do not hold it). ``secure=True`` forces the OS generator even
+    when a seed is given. Gaussian releases are floating-point safe in both modes: the value is
+    rounded to a power-of-two lattice and exact discrete Gaussian noise is added in integers
+    (:mod:`fedpriv.privacy.sampling`; the floating-point attacks of Mironov 2012 and Jin et al.
+    2022 find nothing in the low bits). Laplace, exponential and selection noise are still
+    sampled in floating point.
     ``budget``: optional (epsilon, delta); a release that would take ``accountant``'s epsilon
     of the records past it is refused before anything is drawn. The accountant is an object
     with ``epsilon(records, delta)`` (:mod:`fedpriv.privacy.accounting`: RDP, PLD, pure,
@@ -197,12 +204,9 @@ class PrivacyLedger:
         rel = Release(name, "gaussian", float(sensitivity), std, 1, sampling_rate, dim, int(groups))
         self._check_budget(rel)
         with _sanctioned(f"ledger:{name}"):
-            if symmetric:
-                noise = self._symmetric_noise(value.shape, std)
-            else:
-                noise = self._normal(std, value.shape)
+            noised = self._noised(value, float(sensitivity), float(noise_multiplier), symmetric)
         self._record(rel)
-        return (value + noise).astype(value.dtype if value.dtype.kind == "f" else np.float64, copy=False)
+        return noised.astype(value.dtype if value.dtype.kind == "f" else np.float64, copy=False)
 
     def skellam_round(self, plan, unmask, contributors: int, groups: int = 1) -> dict[str, np.ndarray]:
         """Record the releases of a secure round whose noise the nodes added (distributed
@@ -360,15 +364,16 @@ class PrivacyLedger:
         self.releases.append(rec)
         return rec
 
-    def _normal(self, std: float, shape) -> np.ndarray:
-        if self._rng is not None:
-            return self._rng.normal(0.0, std, size=shape)
-        return std * secure_standard_normal(shape)
-
-    def _symmetric_noise(self, shape: tuple, std: float) -> np.ndarray:
-        """Noise for the upper triangles, mirrored."""
-        d = shape[-1]
-        return from_upper(np.asarray(self._normal(std, (*shape[:-2], d * (d + 1) // 2)), dtype=np.float64), d)
+    def _noised(self, value: np.ndarray, sensitivity: float, noise_multiplier: float, symmetric: bool) -> np.ndarray:
+        """``value`` plus Gaussian noise of std ``noise_multiplier * sensitivity`` (at least),
+        floating-point safe: the lattice discrete Gaussian of :func:`fedpriv.privacy.sampling.lattice_gaussian`
+        from this ledger's generator (reproducible) or the OS's. Symmetric releases noise the
+        upper triangles and mirror the released triangles (post-processing)."""
+        if symmetric:
+            d = value.shape[-1]
+            tri = lattice_gaussian(upper(np.asarray(value, dtype=np.float64)), sensitivity, noise_multiplier, self._rng)
+            return from_upper(tri, d)
+        return lattice_gaussian(np.asarray(value, dtype=np.float64), sensitivity, noise_multiplier, self._rng)
 
     # ------------------------------------------------------------------ output
     def to_list(self) -> list[dict]:

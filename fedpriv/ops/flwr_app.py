@@ -72,13 +72,18 @@ def job_of_run_config(rc) -> tuple[Job, dict]:
     return job, engine
 
 
+def relation_of_run_config(rc) -> str:
+    """The neighbouring relation of every epsilon of the run (run-config key ``neighbouring``):
+    ``replace_one`` for ``fedpriv deploy run`` (its enrolled count is public), else ``add_remove``."""
+    return check_relation(str(rc.get("neighbouring", ADD_REMOVE) or ADD_REMOVE), field="neighbouring")
+
+
 @app.main()
 def server_main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     job, engine = job_of_run_config(rc)
     out = Path(str(rc.get("out", "runs/flwr"))).expanduser()
-    # the neighbouring relation of every epsilon of the run (`fedpriv deploy run`: replace-one, its enrolled count is public)
-    relation = check_relation(str(rc.get("neighbouring", ADD_REMOVE) or ADD_REMOVE), field="neighbouring")
+    relation = relation_of_run_config(rc)
     # one line per round, then a summary table (mirrored to `flwr run --stream`)
     with neighbouring(relation):
         outcome = job.prepare().execute(FlowerGrid(grid=grid, **engine), progress=True)

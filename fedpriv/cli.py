@@ -80,6 +80,8 @@ def _add_privacy(pv: argparse.ArgumentParser) -> None:
     pl.add_argument("--tune-shape", type=float, default=1.0)
     pl.add_argument("--tune-share", type=float, default=0.05)
     pl.add_argument("--aggregation", choices=("central", "secure"), default=None, help="plan for secure aggregation (distributed Skellam noise: subsampled releases get no amplification)")
+    pl.add_argument("--deployment", action="store_true",
+                    help="plan for `fedpriv deploy run`: its enrolled count is public, so the target holds under replace-one (calibrated there, as the deployment does)")
     pl.add_argument("--json", action="store_true", help="print JSON instead of markdown tables")
 
 
@@ -261,7 +263,10 @@ def _privacy_plan(args) -> int:
     if args.aggregation is not None:
         overrides["aggregation"] = args.aggregation
     tuning = None if args.tune_mean is None else TuningPlan(args.tune_mean, args.tune_shape, args.tune_share)
-    plan = api.plan(args.algorithm, epsilon=args.epsilon, delta=args.delta, rating_range=(lo, hi), implicit=args.implicit, tuning=tuning, **overrides)
+    from .privacy.accounting import ADD_REMOVE, REPLACE_ONE, neighbouring
+
+    with neighbouring(REPLACE_ONE if args.deployment else ADD_REMOVE):
+        plan = api.plan(args.algorithm, epsilon=args.epsilon, delta=args.delta, rating_range=(lo, hi), implicit=args.implicit, tuning=tuning, **overrides)
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.to_markdown(), end="" if not args.json else "\n")
     return 0
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..privacy.accounting import calibrate
+from ..privacy.accounting import REPLACE_ONE, calibrate, current_relation
 from . import als, registry
 
 FACTOR_SNR = 350.0  # below: the bias model alone (see the module docstring)
@@ -63,7 +63,10 @@ def rho_of_epsilon(epsilon: float, delta: float) -> float:
 
 
 def snr(epsilon: float, delta: float, n_items: int, n_users: int) -> float:
-    return max(n_users, 1) * math.sqrt(rho_of_epsilon(epsilon, delta)) / math.sqrt(max(n_items, 1))
+    # under replace-one (a deployment: accounting.neighbouring) every release moves by twice its
+    # add/remove sensitivity, so the same (epsilon, delta) buys half the signal per noise std
+    half = 0.5 if current_relation() == REPLACE_ONE else 1.0
+    return half * max(n_users, 1) * math.sqrt(rho_of_epsilon(epsilon, delta)) / math.sqrt(max(n_items, 1))
 
 
 def bias_settings(s: float) -> tuple[float, float]:

@@ -136,7 +136,7 @@ def run_personal(algorithm: str, spec, data: PersonalData, *, epsilon: float | N
 def _spent(ledger, delta, private) -> dict:
     """epsilon_spent by the rule of :func:`~fedpriv.privacy.accounting.epsilon_bounds` (the pure
     epsilon counts when every release is pure DP, as for pam-exp), with the RDP and PLD values."""
-    from ..privacy.accounting import epsilon_bounds, epsilon_pld_second_opinion
+    from ..privacy.accounting import ADD_REMOVE, current_relation, epsilon_bounds, epsilon_pld_second_opinion
 
     if not private:
         return {"epsilon_spent": None, "epsilon_spent_pld": None}
@@ -145,6 +145,8 @@ def _spent(ledger, delta, private) -> dict:
     out["epsilon_spent_pld"] = epsilon_pld_second_opinion(ledger, delta, spent)
     if pure is not None:
         out["epsilon_pure"] = pure
+    if current_relation() != ADD_REMOVE:  # a deployment (its enrolled count is public): every epsilon here holds under it
+        out["neighbouring_relation"] = current_relation()
     return out
 
 

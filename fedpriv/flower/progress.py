@@ -99,6 +99,9 @@ class Progress:
                             f"{_size(tot['down'] - proto['down']):>10} {'':>9}  (evaluation: not part of the protocol's rounds and bytes)")
         self._print(f"  {'all rounds':<12} {tot['rounds']:>5} {tot['replies']:>8} {len(rejected):>8} {_size(tot['up']):>10} {_size(tot['down']):>10} {tot['seconds']:>9.2f}")
         eps = self.epsilon()
-        tail = [f"epsilon spent {eps:.4f} (delta {self.delta:g}; the guarantee, dp-accounting on the ledger)" if eps is not None else "no private release"]
+        from ..privacy.accounting import REPLACE_ONE, current_relation  # server side only
+
+        neighbours = ", replace-one neighbours" if current_relation() == REPLACE_ONE else ""  # a deployment: its enrolled count is public
+        tail = [f"epsilon spent {eps:.4f} (delta {self.delta:g}{neighbours}; the guarantee, dp-accounting on the ledger)" if eps is not None else "no private release"]
         tail += [f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in (extra or {}).items() if v is not None]
         self._print("  " + "; ".join(tail))

@@ -14,6 +14,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..errors import ConfigError
+from ..privacy.accounting import ADD_REMOVE, check_relation, neighbouring
 from ..run import FlowerGrid, Job, parse_overrides, write_outputs
 from .launcher import epsilon_of_run_config, read_noise_seed_file
 
@@ -71,13 +72,21 @@ def job_of_run_config(rc) -> tuple[Job, dict]:
     return job, engine
 
 
+def relation_of_run_config(rc) -> str:
+    """The neighbouring relation of every epsilon of the run (run-config key ``neighbouring``):
+    ``replace_one`` for ``fedpriv deploy run`` (its enrolled count is public), else ``add_remove``."""
+    return check_relation(str(rc.get("neighbouring", ADD_REMOVE) or ADD_REMOVE), field="neighbouring")
+
+
 @app.main()
 def server_main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     job, engine = job_of_run_config(rc)
     out = Path(str(rc.get("out", "runs/flwr"))).expanduser()
+    relation = relation_of_run_config(rc)
     # one line per round, then a summary table (mirrored to `flwr run --stream`)
-    outcome = job.prepare().execute(FlowerGrid(grid=grid, **engine), progress=True)
+    with neighbouring(relation):
+        outcome = job.prepare().execute(FlowerGrid(grid=grid, **engine), progress=True)
     write_outputs(out, outcome.report.to_json(), outcome.ledger)
     log.info("fedpriv: wrote %s and %s", out / "metrics.json", out / "ledger.json")
     save_model = str(rc.get("save-model", "") or "")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -52,6 +54,90 @@ INTEGER_RDP_ORDERS = np.unique(np.concatenate([np.arange(2, 257), np.round(np.ge
 INTEGER_SAMPLED_RDP_ORDERS = SAMPLED_RDP_ORDERS[SAMPLED_RDP_ORDERS == np.floor(SAMPLED_RDP_ORDERS)]
 # mechanisms whose RDP bound holds at integer orders only
 INTEGER_ORDER_MECHANISMS = ("skellam",)
+
+
+# ---------------------------------------------------------------------- neighbouring relation
+#: one user added or removed (the default: runs that publish no exact user count)
+ADD_REMOVE = "add_remove"
+#: one user's data replaced by anybody's, the number of users unchanged: what holds where the
+#: enrolled count is public (a deployment's ``public/meta.json``, its one node per user)
+REPLACE_ONE = "replace_one"
+RELATIONS = (ADD_REMOVE, REPLACE_ONE)
+#: releases that do not move when one user's data is replaced by another's: the released user
+#: count (its replace-one sensitivity is 0, so it costs nothing under that relation)
+REPLACE_INVARIANT = ("users",)
+
+_RELATION: ContextVar[str] = ContextVar("fedpriv_neighbouring_relation", default=ADD_REMOVE)
+
+
+def check_relation(relation: str, field: str = "neighbouring") -> str:
+    if relation not in RELATIONS:
+        raise ConfigError(f"must be one of {', '.join(RELATIONS)}, got {relation!r}", field=field)
+    return relation
+
+
+def current_relation() -> str:
+    """The neighbouring relation that accounting and calibration use when given none:
+    :data:`ADD_REMOVE` unless a caller set another with :func:`neighbouring`."""
+    return _RELATION.get()
+
+
+@contextmanager
+def neighbouring(relation: str):
+    """Account and calibrate under ``relation`` (:data:`ADD_REMOVE` or :data:`REPLACE_ONE`)
+    inside the block: every function of this module given no ``relation`` uses it, and so do the
+    accountants built inside it (a deployment's ServerApp runs its whole job in
+    ``neighbouring(REPLACE_ONE)``)."""
+    token = _RELATION.set(check_relation(relation))
+    try:
+        yield relation
+    finally:
+        _RELATION.reset(token)
+
+
+def _relation(relation: str | None) -> str:
+    return current_relation() if relation is None else check_relation(relation)
+
+
+def replace_one_record(r):
+    """The ledger record ``r`` (add/remove sensitivities, as the ledger records them) restated
+    for the replace-one relation, or None when the release cannot move (:data:`REPLACE_INVARIANT`).
+
+    Replacing user u by v is removing u then adding v, so every release moves by at most twice
+    its add/remove sensitivity (the triangle inequality): L2 and L1 sensitivities double, and a
+    pure epsilon doubles (group privacy of two). The noise is unchanged, so the noise multiplier
+    halves. A Poisson-sampled release loses its sampling rate: dp-accounting's RDP accountant has
+    no Poisson-sampled event under REPLACE_ONE, and the unsampled Gaussian of the doubled
+    sensitivity bounds it (for each coupled sample the two sums differ by at most 2 x the
+    sensitivity, and the Renyi divergence is jointly convex over the mixture). Disjoint groups
+    stay disjoint: the replaced user keeps their slot (node), so one group's release moves."""
+    if isinstance(r, RepeatAndSelect):
+        inner = tuple(x for x in (replace_one_record(x) for x in r.releases) if x is not None)
+        return dataclasses.replace(r, releases=inner) if inner else None
+    if r.name in REPLACE_INVARIANT and r.mechanism in ("gaussian", "skellam"):
+        return None
+    changes: dict = {"sensitivity": 2.0 * r.sensitivity}
+    if r.mechanism == "gaussian":
+        changes["sampling_rate"] = None
+    if r.l1_sensitivity is not None:
+        changes["l1_sensitivity"] = 2.0 * r.l1_sensitivity
+    if r.pure_epsilon is not None:
+        changes["pure_epsilon"] = 2.0 * r.pure_epsilon
+    return dataclasses.replace(r, **changes)
+
+
+def records_under(releases, relation: str | None = None) -> list:
+    """The records of ``releases`` (a ledger or records) with the sensitivities of ``relation``
+    (the ledger records add/remove ones; :func:`replace_one_record` for replace-one)."""
+    rels = _as_releases(releases)
+    if _relation(relation) == ADD_REMOVE:
+        return rels
+    return [x for x in (replace_one_record(r) for r in rels) if x is not None]
+
+
+def dp_relation(relation: str | None = None) -> dp_accounting.NeighboringRelation:
+    """dp-accounting's NeighboringRelation of ``relation``."""
+    return dp_accounting.NeighboringRelation.REPLACE_ONE if _relation(relation) == REPLACE_ONE else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
 def _flat(rels) -> list[Release]:
@@ -99,25 +185,42 @@ def _epsilon(accountant, releases, delta: float) -> float:
     return float(accountant.get_epsilon(delta))
 
 
-def epsilon_rdp(releases, delta: float, *, integer_orders: bool = False) -> float:
+def epsilon_rdp(releases, delta: float, *, integer_orders: bool = False, relation: str | None = None) -> float:
     """Epsilon of the composed releases (a ledger or a list of Release) at ``delta``, via RDP.
-    ``integer_orders``: at integer orders only (as for a ledger with a skellam record, always)."""
-    rels = _as_releases(releases)
-    return _epsilon(rdp_privacy_accountant.RdpAccountant(orders=_orders(rels, integer_orders)), rels, delta)
+    ``integer_orders``: at integer orders only (as for a ledger with a skellam record, always).
+    ``relation``: the neighbouring relation (default :func:`current_relation`; the records'
+    sensitivities are restated for it by :func:`records_under`)."""
+    integer_orders = integer_orders or needs_integer_orders(releases)
+    rels = records_under(releases, relation)
+    acc = rdp_privacy_accountant.RdpAccountant(orders=_orders(rels, integer_orders), neighboring_relation=dp_relation(relation))
+    return _epsilon(acc, rels, delta)
 
 
-def pld_supported(releases) -> bool:
+def pld_supported(releases, relation: str | None = None) -> bool:
     """PLD accounting covers Gaussian (and Poisson-sampled) and Laplace releases, not private
     tuning, the exponential mechanism, private selection nor distributed Skellam noise (whose
-    bound is an RDP one, at integer orders)."""
-    return not any(isinstance(r, RepeatAndSelect) or r.mechanism not in ("gaussian", "laplace") for r in _as_releases(releases))
+    bound is an RDP one, at integer orders); under replace-one, not Laplace either (dp-accounting's
+    PLD accountant has no Laplace event for that relation)."""
+    allowed = ("gaussian", "laplace") if _relation(relation) == ADD_REMOVE else ("gaussian",)
+    return not any(isinstance(r, RepeatAndSelect) or r.mechanism not in allowed for r in _as_releases(releases))
 
 
-def epsilon_pld(releases, delta: float, discretization: float = 1e-4) -> float:
+def epsilon_pld(releases, delta: float, discretization: float = 1e-4, *, relation: str | None = None) -> float:
     """Epsilon via privacy loss distributions (tighter; a second opinion)."""
-    if not pld_supported(releases):
-        raise PrivacyError("PLD accounting does not support private tuning (repeat_and_select), the exponential mechanism, private selection or Skellam noise; use RDP")
-    return _epsilon(pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization), releases, delta)
+    if not pld_supported(releases, relation):
+        raise PrivacyError("PLD accounting does not support private tuning (repeat_and_select), the exponential mechanism, private selection or Skellam noise "
+                           "(nor Laplace under replace-one); use RDP")
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization, neighboring_relation=dp_relation(relation))
+    rels = _as_releases(releases)
+    if _relation(relation) == REPLACE_ONE:
+        # dp-accounting's two accountants read a Gaussian event differently under REPLACE_ONE:
+        # the RDP accountant composes the plain Gaussian's RDP (its multiplier must be relative to
+        # the replace-one sensitivity, hence records_under's doubling), while the PLD one
+        # models the replacement itself (mu(x + s) against mu(x - s): twice the sensitivity, with
+        # Poisson sampling too), so its multiplier stays relative to the add/remove sensitivity.
+        # Only the releases that cannot move are dropped.
+        rels = [r for r in rels if r.name not in REPLACE_INVARIANT]
+    return _epsilon(acc, rels, delta)
 
 
 #: Above this epsilon the PLD second opinion is not computed. Its grid spans the privacy loss at
@@ -127,28 +230,31 @@ def epsilon_pld(releases, delta: float, discretization: float = 1e-4) -> float:
 PLD_MAX_EPSILON = 100.0
 
 
-def epsilon_pld_second_opinion(releases, delta: float, primary: float | None) -> float | None:
+def epsilon_pld_second_opinion(releases, delta: float, primary: float | None, *, relation: str | None = None) -> float | None:
     """The PLD second opinion on a ledger whose reported epsilon is ``primary``: None when PLD
     does not cover the ledger (:func:`pld_supported`) or when ``primary`` exceeds
     :data:`PLD_MAX_EPSILON` (bounded time and memory at any epsilon)."""
-    if primary is None or not math.isfinite(primary) or primary > PLD_MAX_EPSILON or not pld_supported(releases):
+    if primary is None or not math.isfinite(primary) or primary > PLD_MAX_EPSILON or not pld_supported(releases, relation):
         return None
-    return epsilon_pld(releases, delta)
+    return epsilon_pld(releases, delta, relation=relation)
 
 
-def rdp_curve(releases, *, integer_orders: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(orders, RDP epsilons) of the composed releases (integer orders: see :func:`epsilon_rdp`)."""
-    rels = _as_releases(releases)
-    acc = rdp_privacy_accountant.RdpAccountant(orders=_orders(rels, integer_orders))
+def rdp_curve(releases, *, integer_orders: bool = False, relation: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(orders, RDP epsilons) of the composed releases (integer orders and ``relation``: see :func:`epsilon_rdp`)."""
+    integer_orders = integer_orders or needs_integer_orders(releases)
+    rels = records_under(releases, relation)
+    acc = rdp_privacy_accountant.RdpAccountant(orders=_orders(rels, integer_orders), neighboring_relation=dp_relation(relation))
     acc.compose(ledger_event(rels))
     return acc.orders, acc.rdp
 
 
-def zcdp_rho(releases) -> float:
+def zcdp_rho(releases, *, relation: str | None = None) -> float:
     """Zero-concentrated DP rho of composed *unsampled* Gaussian releases (count / (2 z^2) each),
     exponential mechanisms (epsilon^2 / 8 each, bounded range) and other pure epsilon-DP
-    releases (Laplace, private selection: epsilon^2 / 2 each)."""
-    rels = _as_releases(releases)
+    releases (Laplace, private selection: epsilon^2 / 2 each), under ``relation``."""
+    if any(isinstance(r, Release) and r.sampling_rate not in (None, 1.0) for r in _as_releases(releases)):
+        raise PrivacyError("zCDP rho is only reported for unsampled Gaussian releases and pure mechanisms")
+    rels = records_under(releases, relation)
     if any(isinstance(r, RepeatAndSelect) or r.sampling_rate not in (None, 1.0) for r in rels):
         raise PrivacyError("zCDP rho is only reported for unsampled Gaussian releases and pure mechanisms")
 
@@ -185,23 +291,25 @@ def _composed_pld(rels, discretization: float = 1e-4):
     return total
 
 
-def epsilon_pure(releases) -> float | None:
+def epsilon_pure(releases, *, relation: str | None = None) -> float | None:
     """Pure-DP epsilon (delta = 0) of the composed releases when every release is pure
     (exponential mechanism, Laplace, private selection), None otherwise: dp-accounting's privacy
     loss distribution of a generic (epsilon, 0)-DP mechanism per record, self-composed and
     composed. Pure epsilon-DP implies (epsilon, delta)-DP for every delta."""
-    rels = _as_releases(releases)
+    rels = records_under(releases, relation)
     if not rels or any(isinstance(r, RepeatAndSelect) or r.mechanism not in PURE_MECHANISMS for r in rels):
         return None
     return float(_composed_pld(rels).get_epsilon_for_delta(0.0))
 
 
-def epsilon_mixed_pld(releases, delta: float) -> float | None:
+def epsilon_mixed_pld(releases, delta: float, *, relation: str | None = None) -> float | None:
     """Epsilon at ``delta`` of a ledger that mixes pure releases with Gaussian ones, by
     composing dp-accounting's privacy loss distributions of every record (generic (epsilon,
     0)-DP for the pure ones); None when the ledger has no pure release or holds private tuning.
-    (RDP turns a pure epsilon into epsilon^2/2-zCDP, which is loose at small delta.)"""
-    rels = _as_releases(releases)
+    (RDP turns a pure epsilon into epsilon^2/2-zCDP, which is loose at small delta.) Under
+    replace-one the records are restated (:func:`records_under`: unsampled, doubled sensitivities),
+    and an unsampled Gaussian's PLD is the same for both relations at its multiplier."""
+    rels = records_under(releases, relation)
     if not rels or not any(isinstance(r, Release) and r.mechanism in PURE_MECHANISMS for r in rels):
         return None
     if any(isinstance(r, RepeatAndSelect) or r.mechanism not in (*PURE_MECHANISMS, "gaussian") for r in rels):
@@ -209,54 +317,65 @@ def epsilon_mixed_pld(releases, delta: float) -> float | None:
     return float(_composed_pld(rels).get_epsilon_for_delta(delta))
 
 
-def epsilon_bounds(releases, delta: float) -> tuple[float, float, float | None]:
+def epsilon_bounds(releases, delta: float, *, relation: str | None = None) -> tuple[float, float, float | None]:
     """(epsilon spent, RDP epsilon, pure epsilon or None) at ``delta``: the spent epsilon is the
     smaller of the RDP bound and, when the ledger holds pure releases, the composition of
     dp-accounting's privacy loss distributions of its records (when every release is pure,
     this is the pure bound: pure epsilon-DP implies (epsilon, delta)-DP). The one rule for every
-    reported or budgeted epsilon."""
-    rdp = epsilon_rdp(releases, delta)
-    pure = epsilon_pure(releases)
+    reported or budgeted epsilon. ``relation``: the neighbouring relation (default
+    :func:`current_relation`)."""
+    relation = _relation(relation)
+    rdp = epsilon_rdp(releases, delta, relation=relation)
+    pure = epsilon_pure(releases, relation=relation)
     if pure is not None:
         return min(rdp, pure), rdp, pure
-    mixed = epsilon_mixed_pld(releases, delta)
+    mixed = epsilon_mixed_pld(releases, delta, relation=relation)
     return (rdp if mixed is None else min(rdp, mixed)), rdp, None
 
 
 # ---------------------------------------------------------------------- accountants
-class RdpAccountant:
+class _Accountant:
+    """An accountant keeps the neighbouring relation current when it was made (a ledger's budget
+    check then uses it in whatever thread or context it runs)."""
+
+    def __init__(self, relation: str | None = None):
+        self.relation = _relation(relation)
+
+
+class RdpAccountant(_Accountant):
     """Epsilon by dp-accounting's RDP accountant."""
 
     def epsilon(self, records, delta: float) -> float:
-        return epsilon_rdp(records, delta)
+        return epsilon_rdp(records, delta, relation=self.relation)
 
 
-class PldAccountant:
+class PldAccountant(_Accountant):
     """Epsilon by privacy loss distributions (Gaussian, sampled Gaussian and Laplace records)."""
 
-    def __init__(self, discretization: float = 1e-4):
+    def __init__(self, discretization: float = 1e-4, relation: str | None = None):
+        super().__init__(relation)
         self.discretization = discretization
 
     def epsilon(self, records, delta: float) -> float:
-        return epsilon_pld(records, delta, self.discretization)
+        return epsilon_pld(records, delta, self.discretization, relation=self.relation)
 
 
-class PureAccountant:
+class PureAccountant(_Accountant):
     """Pure epsilon of records that are all pure (exponential, Laplace, selection)."""
 
     def epsilon(self, records, delta: float) -> float:
-        eps = epsilon_pure(records)
+        eps = epsilon_pure(records, relation=self.relation)
         if eps is None and _as_releases(records):
             raise PrivacyError("the pure accountant takes pure releases only (exponential, laplace, selection)")
         return 0.0 if eps is None else eps
 
 
-class BestOfAccountant:
+class BestOfAccountant(_Accountant):
     """The smallest of the applicable bounds (:func:`epsilon_bounds`): the one rule of every
     reported or budgeted epsilon."""
 
     def epsilon(self, records, delta: float) -> float:
-        return epsilon_bounds(records, delta)[0]
+        return epsilon_bounds(records, delta, relation=self.relation)[0]
 
 
 # ---------------------------------------------------------------------- calibration
@@ -268,6 +387,7 @@ class Calibration:
     scale: float
     share_rule: dict[str, float] | None = None  # fair allocation only: what z = s / sqrt(share) gave
     integer_orders: bool = False  # calibrated at integer RDP orders (secure mode: Skellam noise)
+    relation: str = ADD_REMOVE  # the neighbouring relation the target holds under
 
     def multiplier(self, name: str) -> float:
         return self.multipliers[name]
@@ -320,7 +440,7 @@ def fair_multiplier(q: float, z_share: float, order: float) -> float:
 
 
 def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-4, repeat: tuple[float, float] | None = None, fair: bool = True,
-              pinned: dict[str, float] | None = None, *, integer_orders: bool = False) -> Calibration:
+              pinned: dict[str, float] | None = None, *, integer_orders: bool = False, relation: str | None = None) -> Calibration:
     """Find the noise multipliers so that the composed plan spends ``epsilon`` at ``delta``.
 
     Bisection (in log scale) on one common scale s with z_k = s / sqrt(share_k) (the share
@@ -335,7 +455,13 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
     the target is met at integer RDP orders only (:data:`INTEGER_RDP_ORDERS`), as secure mode
     needs: its releases carry Skellam noise, accounted at integer orders, whose RDP is at most
     the Gaussian's of the same multiplier at every order (:mod:`fedpriv.privacy.distributed`).
+    ``relation``: the neighbouring relation the target holds under (default
+    :func:`current_relation`); the multipliers stay relative to the add/remove sensitivities the
+    ledger records. Under replace-one every release costs what :func:`replace_one_record` says
+    (twice the sensitivity, no amplification by sampling, the user count free), so sampled
+    releases are planned unsampled (no fair rule).
     """
+    relation = _relation(relation)
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ConfigError(f"must be a finite positive number, got {epsilon}", field="epsilon")
     if not (0 < delta < 1):
@@ -354,6 +480,11 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
         if any(p.sampling_rate is not None and p.sampling_rate < 1 for p in plan) or repeat is not None:
             raise ConfigError("pinned releases are supported for plans of unsampled releases only", field="plan")
     integer = bool(integer_orders)
+    if relation == REPLACE_ONE:
+        if not any(p.name not in REPLACE_INVARIANT for p in plan):
+            raise ConfigError("under replace-one the plan's only release (the user count) costs nothing: nothing to calibrate", field="plan")
+        cal = _calibrate_scale(plan, epsilon, delta, rtol, repeat, None, pinned=pinned, integer_orders=integer, relation=relation)
+        return dataclasses.replace(cal, relation=relation)
     share_rule = _calibrate_scale(plan, epsilon, delta, rtol, repeat, None, pinned=pinned, integer_orders=integer)
     if fair and any(p.sampling_rate is not None and p.sampling_rate < 1 for p in plan):
         # fair rule: at the optimal order of the composition, every release spends its share of
@@ -408,7 +539,7 @@ def _optimal_order(rels: list[Release], delta: float, integer_orders: bool = Fal
 
 
 def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, order: float | None, start: float = 1.0, pinned=None,
-                     integer_orders: bool = False) -> Calibration:
+                     integer_orders: bool = False, relation: str = ADD_REMOVE) -> Calibration:
     """Bisection on the common scale (see :func:`calibrate`); ``order``: the fair rule's order;
     ``start``: a guess of the scale (the bracket grows from it)."""
 
@@ -416,7 +547,7 @@ def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, or
         rels = _plan_releases(plan, scale, order, pinned)
         if repeat is not None:
             rels = [RepeatAndSelect("tuning", float(repeat[0]), float(repeat[1]), 0, rels)]
-        return epsilon_rdp(rels, delta, integer_orders=integer_orders)
+        return epsilon_rdp(rels, delta, integer_orders=integer_orders, relation=relation)
 
     lo, hi = start / 2.0, start
     while eps(hi) > epsilon:
@@ -442,6 +573,7 @@ def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, or
         delta=delta,
         scale=hi,
         integer_orders=integer_orders,
+        relation=relation,
     )
 
 
@@ -459,7 +591,7 @@ def gaussian_epsilon_closed_form(rho: float, delta: float) -> float:
     return max(0.0, float(res.fun))
 
 
-def epsilon_vs_colluders(records, delta: float, colluders: int = 1) -> float:
+def epsilon_vs_colluders(records, delta: float, colluders: int = 1, *, relation: str | None = None) -> float:
     """The epsilon (RDP, from the ledger's ``records``) that holds against the server together
     with ``colluders`` nodes that know their own noise shares: every skellam record whose
     guarantee counted fewer colluders is recomputed with only ``shares - colluders`` shares of
@@ -474,7 +606,7 @@ def epsilon_vs_colluders(records, delta: float, colluders: int = 1) -> float:
             # std^2 = (shares - known) v  =>  (shares - colluders) v of noise left
             r = dataclasses.replace(r, noise_std=r.noise_std * math.sqrt((shares - colluders) / (shares - known)), colluders=int(colluders))
         out.append(r)
-    return epsilon_rdp(out, delta)
+    return epsilon_rdp(out, delta, relation=relation)
 
 
 # ---------------------------------------------------------------------- tuning whose runs are all seen
@@ -582,7 +714,10 @@ def epsilon_all_runs(releases, delta: float, *, integer_orders: bool = False, ex
     """Epsilon at ``delta`` of a ledger with one repeat_and_compose record: what holds against
     whoever sees every run and K (a node, on the Flower engines). The smallest epsilon with
     :func:`delta_all_runs` <= delta, every delta_k from dp-accounting's ``compute_delta``.
-    (``exact=False``: without the final check by dp-accounting's own function, for searches.)"""
+    (``exact=False``: without the final check by dp-accounting's own function, for searches.)
+    Add/remove only: a tuning seen by the nodes is not accounted under replace-one."""
+    if current_relation() != ADD_REMOVE:
+        raise PrivacyError(f"tuning whose runs the nodes see is accounted under {ADD_REMOVE!r} only, not {current_relation()!r}")
     orders, run, rest, (shape, mean) = all_runs_rdp(releases, integer_orders=integer_orders)
     ks, pk, tail = runs_law(shape, mean, RUNS_TAIL_FRACTION * delta)
     if tail >= delta:

@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from .accounting import Calibration, PlannedRelease, calibrate, PLD_MAX_EPSILON, epsilon_pld_second_opinion, epsilon_rdp, pld_supported, zcdp_rho
+from .accounting import (ADD_REMOVE, REPLACE_INVARIANT, REPLACE_ONE, Calibration, PlannedRelease, calibrate, PLD_MAX_EPSILON, epsilon_pld_second_opinion, epsilon_rdp,
+                         pld_supported, zcdp_rho)
 from .ledger import Release, RepeatAndSelect
 
 SCORE_RELEASE = "valid_score"
@@ -67,6 +68,12 @@ class BudgetPlan:
         return self.calibration.integer_orders
 
     @property
+    def relation(self) -> str:
+        """The neighbouring relation the target holds under (``replace_one`` for a deployment,
+        whose enrolled count is public; ``add_remove`` otherwise)."""
+        return self.calibration.relation
+
+    @property
     def multipliers(self) -> dict[str, float]:
         return dict(self.calibration.multipliers)
 
@@ -98,7 +105,7 @@ class BudgetPlan:
                     "sensitivity": rel.sensitivity,
                     "noise_multiplier": rel.noise_multiplier,
                     "noise_std": rel.noise_std,
-                    "epsilon_alone": epsilon_rdp([rel], self.delta, integer_orders=self.integer_orders),
+                    "epsilon_alone": epsilon_rdp([rel], self.delta, integer_orders=self.integer_orders, relation=self.relation),
                 }
             )
         return rows
@@ -106,15 +113,17 @@ class BudgetPlan:
     def summary(self) -> dict:
         recs = self.records()
         sampled = any(p.sampling_rate not in (None, 1.0) for p in self.planned)
-        rdp = epsilon_rdp(recs, self.delta, integer_orders=self.integer_orders)
+        rel = self.relation
+        rdp = epsilon_rdp(recs, self.delta, integer_orders=self.integer_orders, relation=rel)
         out = {
             "algorithm": self.algorithm,
             "epsilon_target": self.epsilon,
             "delta": self.delta,
+            "neighbouring_relation": rel,
             "epsilon_rdp": rdp,
-            "epsilon_pld": epsilon_pld_second_opinion(recs, self.delta, rdp),
-            "rho_zcdp": None if (sampled or self.tuning is not None) else zcdp_rho(recs),
-            "rho_zcdp_one_run": None if sampled else zcdp_rho(self.run_records()),
+            "epsilon_pld": epsilon_pld_second_opinion(recs, self.delta, rdp, relation=rel),
+            "rho_zcdp": None if (sampled or self.tuning is not None) else zcdp_rho(recs, relation=rel),
+            "rho_zcdp_one_run": None if sampled else zcdp_rho(self.run_records(), relation=rel),
             "epsilon_one_shot": self.epsilon_one_shot(),
             "tuning": None if self.tuning is None else {"mean_runs": self.tuning.mean, "shape": self.tuning.shape, "score_share": self.tuning.share},
             "notes": list(self.notes),
@@ -124,7 +133,7 @@ class BudgetPlan:
     def epsilon_one_shot(self) -> float | None:
         """RDP epsilon of the pre-processing releases alone (one run), or None without any."""
         rels = [r for r in self.run_records() if r.name in self.one_shot]
-        return epsilon_rdp(rels, self.delta, integer_orders=self.integer_orders) if rels else None
+        return epsilon_rdp(rels, self.delta, integer_orders=self.integer_orders, relation=self.relation) if rels else None
 
     def to_dict(self) -> dict:
         return {**self.summary(), "releases": self.rows()}
@@ -134,6 +143,8 @@ class BudgetPlan:
         fmt = lambda x: "-" if x is None else (f"{x:.6g}" if isinstance(x, float) else str(x))  # noqa: E731
         lines = [
             f"# privacy plan: {self.algorithm}, target epsilon {fmt(self.epsilon)}, delta {self.delta:g}",
+            "",
+            f"Neighbouring relation: {RELATION_TEXT[self.relation]}.",
             "",
             "| release | count | budget fraction | sampling rate | L2 sensitivity | noise multiplier | noise std | epsilon alone (RDP) |",
             "|---|---|---|---|---|---|---|---|",
@@ -148,7 +159,7 @@ class BudgetPlan:
             "| accountant | value |",
             "|---|---|",
             f"| epsilon (RDP, dp-accounting{', integer orders' if self.integer_orders else ''}) | {fmt(s['epsilon_rdp'])} |",
-            f"| epsilon (PLD, dp-accounting) | {fmt(s['epsilon_pld']) if s['epsilon_pld'] is not None else _no_pld(self.records(), s['epsilon_rdp'])} |",
+            f"| epsilon (PLD, dp-accounting) | {fmt(s['epsilon_pld']) if s['epsilon_pld'] is not None else _no_pld(self.records(), s['epsilon_rdp'], self.relation)} |",
             f"| zCDP rho | {fmt(s['rho_zcdp']) if s['rho_zcdp'] is not None else 'not defined (sampled releases or tuning)'} |",
         ]
         if s["epsilon_one_shot"] is not None:
@@ -170,10 +181,14 @@ def calibrated_plan(
     rating_range: tuple[float, float] = (1.0, 5.0),
     tuning: TuningPlan | None = None,
     integer_orders: bool = False,
+    relation: str | None = None,
 ) -> BudgetPlan:
     """Calibrate a release plan (the algorithm's releases and their L2 sensitivities, from the
     algorithm layer: :func:`fedpriv.algorithms.plans.budget_plan`) to (epsilon, delta);
-    ``integer_orders``: at integer RDP orders only (secure mode, see :func:`calibrate`)."""
+    ``integer_orders``: at integer RDP orders only (secure mode, see :func:`calibrate`);
+    ``relation``: the neighbouring relation of the target (default: the current one,
+    :func:`fedpriv.privacy.accounting.current_relation`; ``fedpriv privacy plan --deployment``
+    plans under replace-one, as ``fedpriv deploy run`` calibrates)."""
     if not planned:
         raise ConfigError(f"algorithm {algorithm!r} is not private: it has no releases to plan", field="algorithm")
     sens = dict(sensitivities)
@@ -184,16 +199,32 @@ def calibrated_plan(
         planned.append(PlannedRelease(SCORE_RELEASE, 1, tuning.share * sum(p.share * p.count for p in planned) / (1 - tuning.share)))
         sens[SCORE_RELEASE] = score_sensitivity(tuning.clip(rating_range))
         repeat = (tuning.mean, tuning.shape)
-    cal = calibrate(planned, epsilon, delta, repeat=repeat, integer_orders=integer_orders)
+    cal = calibrate(planned, epsilon, delta, repeat=repeat, integer_orders=integer_orders, relation=relation)
     notes = []
+    if cal.relation == REPLACE_ONE:
+        free = [p.name for p in planned if p.name in REPLACE_INVARIANT]
+        notes.append(
+            "Replace-one (a deployment: public/meta.json publishes the exact number of enrolled users, so adding or removing a user is "
+            "not hidden; one user's data replaced by anybody's is): every release moves by at most twice its add/remove "
+            "sensitivity (the sensitivities above are the add/remove ones the ledger records), Poisson-sampled releases are "
+            "accounted unsampled (dp-accounting's RDP accountant has no sampled event under replace-one)"
+            + (f", and the released user count ({', '.join(free)}) costs nothing (it cannot move)" if free else "")
+            + ". The epsilon above holds under replace-one, as `fedpriv deploy run` reports it."
+        )
     if tuning is not None:
         notes.append("PLD accounting does not cover repeat-and-select: epsilon is from RDP (Papernot and Steinke 2022, Theorem 2, in dp-accounting).")
     return BudgetPlan(algorithm, epsilon, delta, planned, sens, cal, tuning, notes)
 
 
-def _no_pld(records, epsilon_rdp: float) -> str:
+RELATION_TEXT = {
+    ADD_REMOVE: "add/remove one user (the user count is not published exactly)",
+    REPLACE_ONE: "replace one user's data (the enrolled count is public, as in a deployment)",
+}
+
+
+def _no_pld(records, epsilon_rdp: float, relation: str | None = None) -> str:
     """Why a plan's table shows no PLD epsilon."""
-    if not pld_supported(records):
+    if not pld_supported(records, relation):
         return "not supported for this plan"
     return f"not computed above epsilon {PLD_MAX_EPSILON:g} (bounded time and memory)"
 

@@ -33,7 +33,7 @@ from ..data.splits import HeldoutSplit, heldout_users_split, random_split
 from ..engine.inprocess import train_inprocess
 from ..errors import ConfigError, did_you_mean
 from ..algorithms.metrics import run_header
-from ..privacy.accounting import epsilon_bounds, epsilon_pld_second_opinion, epsilon_spent
+from ..privacy.accounting import ADD_REMOVE, current_relation, epsilon_bounds, epsilon_pld_second_opinion, epsilon_spent
 from ..privacy.randomness import RunSecrets
 from .nodes import SECURE_USERS_PER_NODE, node_layout
 
@@ -483,6 +483,8 @@ def _finish(metrics, state, ledger, rec_ledger, rec_cfg, timings, *, algorithm, 
     if private:
         metrics["epsilon_spent"] = epsilon_spent(ledger, delta)  # a tuning seen by the nodes: every run, over the law of K
         metrics["epsilon_spent_pld"] = epsilon_pld_second_opinion(ledger, delta, metrics["epsilon_spent"]) if second_opinion else None
+        if current_relation() != ADD_REMOVE:  # a deployment (its enrolled count is public): the relation every epsilon here holds under
+            metrics["neighbouring_relation"] = current_relation()
     else:
         metrics["epsilon_spent"] = None
         metrics["epsilon_spent_pld"] = None

@@ -116,6 +116,16 @@ class RunReport:
     def __contains__(self, key: str) -> bool:
         return key in self._document
 
+    @property
+    def neighbouring_relation(self) -> str | None:
+        """The neighbouring relation every epsilon of the run holds under: ``replace_one`` (one
+        user's data replaced by anybody's; a deployment, whose enrolled count is public) or
+        ``add_remove`` (one user added or removed; every other run, where ``metrics.json`` has no
+        ``neighbouring_relation`` key). None for a non-private run."""
+        if not self.private:
+            return None
+        return str(self._document.get("neighbouring_relation", "add_remove"))
+
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items() if isinstance(v, float) and k.startswith("test_"))
         eps = "non-private" if not self.private else (f"epsilon_spent={self.epsilon_spent:.4g}" if self.epsilon_spent is not None else "epsilon_spent=None")
@@ -152,6 +162,9 @@ class RunReport:
             spent = "?" if self.epsilon_spent is None else f"{self.epsilon_spent:.4f}"
             target = "" if self.epsilon is None else f" of {self.epsilon:g}"
             rows.append(("privacy", f"epsilon {spent}{target}, delta {self.delta:g}: the guarantee (dp-accounting on the ledger)"))
+            if self.neighbouring_relation == "replace_one":
+                rows.append(("", "neighbours: one user's data replaced by anybody's (replace-one: the enrolled count is public); "
+                                 "adding or removing a user is not hidden"))
             pld = self.get("epsilon_spent_pld")
             if isinstance(pld, float):
                 rows.append(("", f"PLD accounting of the same ledger: {pld:.4f} (a second opinion, not the guarantee)"))

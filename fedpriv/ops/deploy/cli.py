@@ -169,7 +169,7 @@ def deploy_command(args) -> int:
             round_timeout=args.round_timeout, node_wait=args.node_wait, work_dir=args.work_dir, out=args.out, quiet=args.quiet, timeout=args.timeout,
         )
         keys = [k for k in metrics if k.startswith(("test_", "valid_")) and not k.endswith("sliced")]
-        summary = {k: metrics.get(k) for k in ("algorithm", "dataset", "epsilon", "epsilon_spent", *keys, "rounds", "wall_seconds", "deploy_wall_seconds")}
+        summary = {k: metrics.get(k) for k in ("algorithm", "dataset", "epsilon", "epsilon_spent", "neighbouring_relation", *keys, "rounds", "wall_seconds", "deploy_wall_seconds")}
         summary["rejected_replies"] = len(metrics.get("rejected_replies") or [])
         print(json.dumps(summary))
         return 0

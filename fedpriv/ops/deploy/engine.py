@@ -9,7 +9,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import ConfigError
+from ...errors import ConfigError, PrivacyError
+from ...privacy.accounting import REPLACE_ONE
 from ...run import FlowerOptions, Outcome, RunReport
 from .. import launcher
 from .commands import flwr_run_command
@@ -23,7 +24,12 @@ class Deployment(FlowerOptions):
     """A running gRPC deployment (``fedpriv deploy up``) as an engine: ``plan.execute(Deployment(cfg))``
     runs the plan with ``flwr run APP deploy --stream``; its ServerApp (a
     :class:`~fedpriv.run.FlowerGrid` over the SuperNodes) writes ``out/metrics.json`` and
-    ``out/ledger.json`` (default ``RUN_DIR/out``)."""
+    ``out/ledger.json`` (default ``RUN_DIR/out``).
+
+    A deployment publishes its exact number of enrolled users (``public/meta.json``, and one
+    node per user by default), so adding or removing a user is not hidden: the ServerApp
+    calibrates and accounts every epsilon under the replace-one relation (run-config key
+    ``neighbouring``), and ``metrics.json`` says so (``neighbouring_relation``)."""
 
     cfg: DeployConfig | None = None
     out: str | os.PathLike | None = None
@@ -44,6 +50,7 @@ class Deployment(FlowerOptions):
         )
         run_config["out"] = str(out_dir)
         run_config["work-dir"] = str(Path(self.work_dir).expanduser().resolve()) if self.work_dir else ""
+        run_config["neighbouring"] = REPLACE_ONE  # the enrolled count is public: the target holds for replace-one
         _app(cfg)
         write_connection(cfg)
         launcher.write_run_config(cfg.run_config_file, run_config)
@@ -60,6 +67,9 @@ class Deployment(FlowerOptions):
         if code != 0 or _stamp(out_dir) == before or not ledger_path.is_file():
             launcher.raise_run_failure(code, tail, "the run wrote no new metrics.json")
         metrics = json.loads(metrics_path.read_text())
+        if metrics.get("private") and metrics.get("neighbouring_relation") != REPLACE_ONE:
+            raise PrivacyError(f"the ServerApp accounted this deployment's epsilon under {metrics.get('neighbouring_relation', 'add_remove')!r}, not replace-one "
+                               f"(its enrolled count is public): {metrics_path} does not hold")
         return Outcome(RunReport.from_metrics(metrics), json.loads(ledger_path.read_text()), None, None, None, plan.dataset)
 
 
@@ -71,7 +81,7 @@ def _app(cfg: DeployConfig) -> None:
     launcher.write_app_folder(cfg.app_dir)
     pyproject = cfg.app_dir / "pyproject.toml"
     declared = tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]
-    extra = {"round-timeout": 0.0, "node-wait": 120.0, "work-dir": ""}
+    extra = {"round-timeout": 0.0, "node-wait": 120.0, "work-dir": "", "neighbouring": "add_remove"}
     missing = {k: v for k, v in extra.items() if k not in declared}
     if missing:  # [tool.flwr.app.config] is the file's last table
         with open(pyproject, "a") as f:

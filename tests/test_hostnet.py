@@ -102,7 +102,7 @@ def test_up_refuses_when_nodes_cannot_have_their_own_network(tmp_path, monkeypat
         deploy.processes.node_netns_prefix(deploy.DeployConfig(run_dir=tmp_path / "r", nodes=2, superlink_host="10.0.0.1"))
 
 
-def _attack(cfg, out: Path, seconds: float) -> tuple[dict, dict]:
+def _attack(cfg, out: Path, seconds: float, aggregation: str = "central") -> tuple[dict, dict]:
     """Run a job while the thief polls every node's Runtime API port; (thief report, metrics)."""
     ports = [cfg.node_port_base + i for i in range(cfg.nodes)]
     stop_file = out / "stop"
@@ -113,7 +113,7 @@ def _attack(cfg, out: Path, seconds: float) -> tuple[dict, dict]:
     try:
         time.sleep(2.0)  # polling before the first message
         metrics = deploy.run_deployed_job(cfg, "adadpals", epsilon=1.0, overrides={"steps": "1", "rank": "2"}, node_wait=60.0, quiet=True,
-                                          timeout=600, aggregation="central")
+                                          timeout=900, aggregation=aggregation)
     finally:
         out.mkdir(parents=True, exist_ok=True)
         stop_file.touch()

@@ -137,7 +137,7 @@ def _serve(listener: socket.socket, port: int) -> None:
             threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
 
 
-def run(ports: list[int], command: list[str]) -> int:
+def run_in_own_network(ports: list[int], command: list[str]) -> int:
     """Start ``command`` in a network namespace of its own where ``127.0.0.1:port`` (each of
     ``ports``) leads to the same address in this one; returns its exit status."""
     parent_sock, child_sock = socket.socketpair()
@@ -190,7 +190,7 @@ def run(ports: list[int], command: list[str]) -> int:
     return os.waitstatus_to_exitcode(status) if status else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="netns.py", description="run COMMAND in a network namespace of its own; --forward PORT: 127.0.0.1:PORT there leads to 127.0.0.1:PORT here")
     parser.add_argument("--forward", type=int, action="append", default=[], metavar="PORT")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -198,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command")
-    code = run(args.forward, command)
+    code = run_in_own_network(args.forward, command)
     return code if code >= 0 else 128 - code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main())

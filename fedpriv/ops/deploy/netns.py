@@ -81,27 +81,27 @@ def network_namespace(pid: int | str = "self") -> int:
 
 def unavailable() -> str | None:
     """None if this process can start a command in a network namespace of its own; else why not
-    (a child process tries, and exits)."""
+    (a fresh interpreter tries it and exits: no fork of a threaded caller)."""
     if not sys.platform.startswith("linux"):
         return f"network namespaces are Linux only (this is {sys.platform})"
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (child)
-        os.close(r)
-        try:
-            enter_own_network()
-            with socket.socket() as s:
-                s.bind((LOOPBACK, 0))
-            msg = b""
-        except BaseException as exc:  # noqa: BLE001: reported to the parent
-            msg = f"{type(exc).__name__}: {exc}".encode() or b"failed"
-        os.write(w, msg)
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        out = f.read().decode(errors="replace")
-    os.waitpid(pid, 0)
-    return out or None
+    import subprocess
+
+    try:
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--check"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if r.returncode == 0 else ((r.stdout + r.stderr).strip().splitlines() or [f"exit {r.returncode}"])[-1]
+
+
+def _check() -> int:
+    try:
+        enter_own_network()
+        with socket.socket() as s:
+            s.bind((LOOPBACK, 0))
+    except BaseException as exc:  # noqa: BLE001: reported to the caller
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # ------------------------------------------------------------------------------ the relay
@@ -193,8 +193,11 @@ def run_in_own_network(ports: list[int], command: list[str]) -> int:
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="netns.py", description="run COMMAND in a network namespace of its own; --forward PORT: 127.0.0.1:PORT there leads to 127.0.0.1:PORT here")
     parser.add_argument("--forward", type=int, action="append", default=[], metavar="PORT")
+    parser.add_argument("--check", action="store_true", help="only check that a network namespace can be made here")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    if args.check:
+        return _check()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command")

@@ -73,12 +73,68 @@ def test_the_example_app_trains_a_torch_model_under_secure_aggregation(monkeypat
     from secure_fedavg.task import model
 
     cfg = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    strategy = SecureDPFedAvg(clipping_norm=cfg["clipping-norm"], epsilon=cfg["epsilon"], delta=cfg["delta"], num_rounds=cfg["num-server-rounds"], min_train_nodes=20, min_available_nodes=20, min_evaluate_nodes=20)
+    strategy = SecureDPFedAvg(clipping_norm=cfg["clipping-norm"], epsilon=cfg["epsilon"], delta=cfg["delta"], num_rounds=cfg["num-server-rounds"], min_train_nodes=20, min_available_nodes=20, min_evaluate_nodes=20,
+                              evaluate_metrics=("eval-loss", "eval-acc"))
     grid = LocalGrid(20, client_app=client_app, run_config=cfg)
     res = strategy.start(grid=grid, initial_arrays=ArrayRecord(model().state_dict()), num_rounds=cfg["num-server-rounds"])
     acc = res.evaluate_metrics_clientapp[cfg["num-server-rounds"]]["eval-acc"]
     assert acc > 0.85  # the classes' Bayes accuracy is about 0.9; chance is 0.5
     assert strategy.epsilon() == pytest.approx(cfg["epsilon"], rel=1e-3)
+
+
+def _eval_app():
+    """Each node reports its own loss (10 + partition id) over 5 + partition id examples."""
+
+    def train(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)
+
+    def evaluate(msg: Message, context: Context) -> Message:
+        p = int(context.node_config["partition-id"])
+        return Message(RecordDict({"metrics": MetricRecord({"loss": 10.0 + p, "num-examples": 5 + p})}), reply_to=msg)
+
+    return train, evaluate
+
+
+def test_evaluation_is_a_secure_sum_and_a_node_refuses_plaintext_evaluation():
+    """Issue 41: the evaluation replies reached the server in plaintext. Now each evaluate reply
+    holds masked words only and the server gets the exact weighted average; a plain FedAvg
+    evaluate request (positive control: the bare evaluate function answers it with the node's
+    own loss) is refused by a node of secure_client_app."""
+    from flwr.app import ConfigRecord
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp.strategy import FedAvg
+
+    n = 6
+    replies: list = []
+    train, evaluate = _eval_app()
+    observe = lambda nid, rep: replies.append((rep.metadata.message_type, rep))  # noqa: E731
+    strategy = SecureDPFedAvg(clipping_norm=1.0, noise_multiplier=1.0, min_train_nodes=n, min_available_nodes=n, min_evaluate_nodes=n, evaluate_metrics=("loss",))
+    res = strategy.start(grid=LocalGrid(n, client_app=secure_client_app(train, evaluate), reply_observer=observe), initial_arrays=ArrayRecord({"w": Array(np.zeros(3))}), num_rounds=1)
+    want = sum((10.0 + p) * (5 + p) for p in range(n)) / sum(5 + p for p in range(n))
+    assert res.evaluate_metrics_clientapp[1]["loss"] == pytest.approx(want, abs=1e-6)
+    evals = [rep for kind, rep in replies if kind == "evaluate"]
+    assert len(evals) == n and strategy.counters.rejected == []
+    for rep in evals:  # masked words only: no metric record, no plaintext number of the node's
+        assert not rep.has_error() and list(rep.content.metric_records) == [] and list(rep.content.array_records) == ["masked"]
+    # a plaintext evaluation request: FedAvg's own evaluate round
+    def plain_round(client_app):
+        got = []
+        grid = LocalGrid(n, client_app=client_app, reply_observer=lambda nid, rep: got.append(rep))
+        msgs = FedAvg(min_evaluate_nodes=n, min_available_nodes=n).configure_evaluate(1, ArrayRecord({"w": Array(np.zeros(3))}), ConfigRecord(), grid)
+        grid.send_and_receive(list(msgs))
+        return got
+
+    bare = ClientApp()
+    bare.evaluate()(evaluate)
+    leaked = plain_round(bare)  # positive control: the node's own loss reaches the server
+    assert sorted(float(r.content["metrics"]["loss"]) for r in leaked) == [10.0 + p for p in range(n)]
+    refused = plain_round(secure_client_app(train, evaluate))
+    assert len(refused) == n and all(r.has_error() and "plaintext" in r.error.reason for r in refused)
+    # evaluation asked for without naming the metrics: refused before any round
+    with pytest.raises(ConfigError, match="evaluate_metrics"):
+        SecureDPFedAvg(clipping_norm=1.0, noise_multiplier=1.0).start(grid=LocalGrid(2, client_app=secure_client_app(train, evaluate)), initial_arrays=ArrayRecord({"w": Array(np.zeros(3))}), num_rounds=1)
+    with pytest.raises(ConfigError, match="evaluate_metrics"):
+        SecureDPFedAvg(clipping_norm=1.0, noise_multiplier=1.0, evaluate_metrics="loss")
 
 
 @pytest.mark.deployment

@@ -11,8 +11,12 @@ usual and returns its ``arrays``; the wrapper turns the update into masked words
 
 The privacy unit is one node (cross-device: one user per node). Nodes are sampled by FedAvg's
 rule, but the accounting gives no credit for sampling (distributed Skellam noise has no
-subsampled accountant event). Evaluation rounds are FedAvg's, unchanged: their metrics are not
-private.
+subsampled accountant event). Evaluation rounds are secure measurement sums too: each sampled node
+runs its evaluate function and sends only masked words of its ``num-examples`` and its
+``num-examples``-weighted metrics (``evaluate_metrics``), so the server learns the weighted
+averages over the nodes, exactly, and no node's own metrics. A node of
+:func:`secure_client_app` refuses a plaintext evaluation request. The averages are a measurement
+outside the ledger: exact, not noised.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 from ..errors import ConfigError
 from ..privacy import distributed
 from ..privacy.accounting import RdpAccountant, calibrate
+from ..privacy.distributed import ExactPlan, plan_from_dict
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import node_noise_rng
 from ..privacy.records import PlannedRelease
@@ -41,6 +46,7 @@ from .secure_server import SecureRounds
 
 log = logging.getLogger("fedpriv.flower")
 RELEASE = "update"
+EVAL_KIND = "fedavg_eval"  # the evaluation's secure measurement sum
 
 
 def flatten(arrays: ArrayRecord) -> np.ndarray:
@@ -67,13 +73,19 @@ class SecureDPFedAvg(FedAvg):
     rest; a round with fewer contributors releases nothing). ``collusion``: how many nodes may
     pool their own noise shares; the noise without them still meets z (default 1: the guarantee
     holds against every node, which knows its own share). ``ledger``: where the rounds are
-    recorded (default: a new ledger with the epsilon budget).
+    recorded (default: a new ledger with the epsilon budget). ``evaluate_metrics``: the names of
+    the metrics the nodes' evaluate function reports (with ``num-examples``, FedAvg's
+    ``weighted_by_key``); each evaluation round is a secure sum of them, and evaluation
+    (``fraction_evaluate`` > 0) needs them: a plaintext evaluation round is never sent.
     """
 
     def __init__(self, *, clipping_norm: float, noise_multiplier: float | None = None, epsilon: float | None = None,
                  delta: float = 1e-5, num_rounds: int | None = None, dropout: float = 0.0, collusion: int = 1, ledger: PrivacyLedger | None = None,
-                 round_timeout: float | None = None, **fedavg_kwargs):
+                 round_timeout: float | None = None, evaluate_metrics: tuple[str, ...] | list[str] = (), **fedavg_kwargs):
         super().__init__(**fedavg_kwargs)
+        if isinstance(evaluate_metrics, str) or not all(isinstance(k, str) and k for k in evaluate_metrics):
+            raise ConfigError(f"must be a list of metric names, got {evaluate_metrics!r}", field="evaluate_metrics")
+        self.evaluate_metrics = tuple(k for k in evaluate_metrics if k != self.weighted_by_key)
         if not (clipping_norm > 0 and np.isfinite(clipping_norm)):
             raise ConfigError(f"must be a finite number > 0, got {clipping_norm}", field="clipping_norm")
         if (noise_multiplier is None) == (epsilon is None):
@@ -124,6 +136,31 @@ class SecureDPFedAvg(FedAvg):
         mean_update = values[RELEASE] / counted[0]  # post-processing: the count of contributors is public
         return unflatten(flatten(arrays) + mean_update, arrays)
 
+    def _secure_evaluate(self, grid: Grid, server_round: int, arrays: ArrayRecord, config: ConfigRecord, secure: SecureRounds) -> MetricRecord | None:
+        """One evaluation round as a secure measurement sum over the sampled nodes: the totals of
+        ``weighted_by_key`` and of each metric times it, hence the weighted averages; no node's
+        own metrics reach the server. None with fewer than 2 sampled nodes (nothing is sent)."""
+        messages = list(self.configure_evaluate(server_round, arrays, config, grid))
+        nodes = [m.metadata.dst_node_id for m in messages]
+        if not nodes:
+            return None
+        if len(nodes) < 2:
+            log.warning("round %d: %d node(s) sampled for evaluation; a secure sum needs 2", server_round, len(nodes))
+            return None
+        secure.rounds.nodes = nodes
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: messages[0].content.config_records[self.configrecord_key]})
+        plan = ExactPlan(tuple((k, 1) for k in (self.weighted_by_key, *self.evaluate_metrics)), n_nodes=len(nodes), min_contributors=2)
+        before, secure.mask_message_type = secure.mask_message_type, "evaluate"  # the round whose handler evaluates
+        try:
+            unmask, _ = secure.secure_sum(EVAL_KIND, plan, content, server_round)
+            totals = plan.decode(unmask())
+        finally:
+            secure.mask_message_type = before
+        weight = float(totals[self.weighted_by_key][0])
+        if not weight > 0:
+            return None
+        return MetricRecord({k: float(totals[k][0]) / weight for k in self.evaluate_metrics})
+
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
@@ -133,6 +170,9 @@ class SecureDPFedAvg(FedAvg):
         epsilon spent so far, the nodes' aggregated evaluation metrics)`` after every round
         (progress lines)."""
         self.summary()
+        if self.fraction_evaluate > 0 and not self.evaluate_metrics:
+            raise ConfigError("evaluation on the nodes is a secure sum of named metrics: give evaluate_metrics (what the nodes' evaluate function reports), "
+                              "or fraction_evaluate=0", field="evaluate_metrics")
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         rounds = Rounds(grid, sorted(grid.get_node_ids()), self.counters, self.round_timeout or timeout)
@@ -148,8 +188,7 @@ class SecureDPFedAvg(FedAvg):
             if updated is not None:
                 arrays = result.arrays = updated
             log.info("round %d: epsilon %.4f (delta %g) spent so far", server_round, self.epsilon(), self.delta)
-            replies = grid.send_and_receive(self.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout=timeout)
-            metrics = self.aggregate_evaluate(server_round, replies)
+            metrics = self._secure_evaluate(grid, server_round, arrays, ConfigRecord(dict(evaluate_config)), secure)
             if metrics is not None:
                 result.evaluate_metrics_clientapp[server_round] = metrics
             if evaluate_fn is not None:
@@ -192,16 +231,45 @@ def secure_train(train_fn: Callable[[Message, Context], Message]) -> Callable[[M
     return train
 
 
+def secure_evaluate(evaluate_fn: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
+    """Wrap a ClientApp evaluate function for :class:`SecureDPFedAvg`: ``evaluate_fn`` returns
+    its metrics as usual (a MetricRecord with ``num-examples``); the wrapper sends only masked
+    words of the metrics the server's exact measurement plan names (``num-examples``, and each
+    metric times it). A plaintext evaluation request (no secure round) is refused, as is a plan
+    that is not an exact measurement of this kind."""
+
+    def evaluate(msg: Message, context: Context) -> Message:
+        sec = msg.content.config_records.get("secagg")
+        if sec is None:
+            raise ConfigError("this node evaluates only under secure aggregation (SecureDPFedAvg): it sends no plaintext metrics", field="secagg")
+        plan = plan_from_dict(json.loads(str(sec["plan"])))
+        if str(sec.get("kind")) != EVAL_KIND or not isinstance(plan, ExactPlan) or not plan.parts:
+            raise ConfigError(f"refused an evaluation round of kind {sec.get('kind')!r} with a {type(plan).__name__}", field="secagg")
+        reply = evaluate_fn(msg, context)
+        records = list(reply.content.metric_records.values())
+        if len(records) != 1:
+            raise ConfigError(f"the evaluate function must reply with one MetricRecord, got {len(records)}", field="evaluate_fn")
+        metrics, (weight_key, _) = records[0], plan.parts[0]
+        missing = [k for k, _ in plan.parts if k not in metrics]
+        if missing:
+            raise ConfigError(f"the evaluate function reported no {', '.join(missing)}", field="evaluate_metrics")
+        weight = float(metrics[weight_key])
+        values = {k: np.array([weight if k == weight_key else weight * float(metrics[k])]) for k, _ in plan.parts}
+        return secure_client.masked_reply(msg, context, plan.encode(values))
+
+    return evaluate
+
+
 def secure_client_app(train_fn: Callable[[Message, Context], Message], evaluate_fn: Callable[[Message, Context], Message] | None = None) -> ClientApp:
     """A ClientApp for :class:`SecureDPFedAvg`: the secure-summation handlers, ``train_fn``
-    under :func:`secure_train`, and ``evaluate_fn`` as is."""
+    under :func:`secure_train`, and ``evaluate_fn`` under :func:`secure_evaluate`."""
     app = ClientApp()
     for name, handler in (("secagg_keys", secure_client.keys), ("secagg_share", secure_client.share), ("secagg_consistency", secure_client.consistency), ("secagg_unmask", secure_client.unmask)):
         app.query(name)(handler)
     app.train()(secure_train(train_fn))
     if evaluate_fn is not None:
-        app.evaluate()(evaluate_fn)
+        app.evaluate()(secure_evaluate(evaluate_fn))
     return app
 
 
-__all__ = ["SecureDPFedAvg", "flatten", "secure_client_app", "secure_train", "unflatten"]
+__all__ = ["SecureDPFedAvg", "flatten", "secure_client_app", "secure_evaluate", "secure_train", "unflatten"]

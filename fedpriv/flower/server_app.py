@@ -256,17 +256,32 @@ class _GridTransport(RatingTransport):
         return [part for _, part in self.rounds.gather("train", self.down(step), f"step{step + 1}", decode)]
 
 
+def bucket_counts(state: als.PublicState, n_items: int) -> np.ndarray:
+    """The item counts the evaluation's frequency buckets come from: the run's released (noised)
+    counts, or, when it released none, zeros (the buckets are then one fixed order of the item
+    ids: public). Never the training counts, even where the server holds them (simulation): the
+    buckets travel to every node, and exact counts there were a statistic outside the ledger
+    (removing one user changed them for about half the users tried, issue 41)."""
+    counts = state.counts_hat
+    return np.asarray(counts, dtype=np.float64) if counts is not None else np.zeros(n_items)
+
+
 def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content, secure: SecureRounds | None = None) -> tuple:
     """Evaluation on the nodes: per-bucket sums only, summed over the nodes in plaintext
     (central mode) or by a secure measurement sum (``secure``: the server learns the totals,
-    never one node's sums). Its rounds and bytes are measurement, kept out of the protocol's
-    counters. Returns (valid, valid sliced, test, test sliced)."""
+    never one node's sums), with buckets from :func:`bucket_counts`. Its rounds and bytes are
+    measurement, kept out of the protocol's counters. Returns (valid, valid sliced, test, test
+    sliced).
+
+    What one measurement reveals: the exact totals, per bucket, of the answering nodes'
+    squared errors (or log-loss and correct predictions) and of their numbers of validation and
+    test ratings, for the model of ``content``; in central mode, each node's own sums. It is not
+    a DP release (no noise, no ledger record). The rating numbers do not depend on the model: two
+    measurements over different sets of answering nodes differ by the exact totals of the nodes
+    in one set only. A job measures each model once (:func:`run_job` reuses the last curve point
+    for the final evaluation instead of measuring the same model again)."""
     before = (result.rounds, result.bytes_up, result.bytes_down)
-    if job.train is not None:
-        item_counts = job.train.item_counts()
-    else:  # no ratings on the server: slice by the released counts (if any), else one order of ids
-        counts = result.state.counts_hat
-        item_counts = np.asarray(counts, dtype=np.float64) if counts is not None else np.zeros(job.shape.n_items)
+    item_counts = bucket_counts(result.state, job.shape.n_items)
     content["eval"] = ArrayRecord({"item_bucket": codec.to_array(metrics.frequency_buckets(item_counts))})
     convex = protocol.is_logistic(job.algorithm)
     keys = evaluation.eval_keys(convex)
@@ -358,10 +373,14 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
     t_start = [time.perf_counter()]  # protocol time (evaluation rounds are subtracted)
 
+    measured: dict = {}  # the last measurement: {"step": steps done, "values": _evaluate's tuple}
+
     def after_step(step, state, server, seconds):
         if job.evaluates_on_nodes and job.eval_every and ((step + 1) % job.eval_every == 0 or step + 1 == cfg.steps):
             spent = time.perf_counter() - t_start[0]  # protocol time, before the measurement
-            valid = _evaluate(job, rounds, result, down(), transport.secure)[0]
+            values = _evaluate(job, rounds, result, down(), transport.secure)
+            measured.update(step=step + 1, values=values)
+            valid = values[0]
             result.curve.append({"step": step + 1, "rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down, "seconds": spent, "valid_rmse": valid})
             t_start[0] += time.perf_counter() - t_start[0] - spent  # exclude evaluation time
         if ckpt is not None:
@@ -382,7 +401,11 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     if job.tune_score_clip is not None:
         result.score_total = _tune_score(job, rounds, down())
     if job.evaluates_on_nodes:
-        result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = _evaluate(job, rounds, result, down(), transport.secure)
+        if measured.get("step") == cfg.steps:  # the final model was just measured (eval_every): not twice
+            values = measured["values"]
+        else:
+            values = _evaluate(job, rounds, result, down(), transport.secure)
+        result.valid_rmse, result.valid_sliced, result.test_rmse, result.test_sliced = values
     if job.recommend is not None:
         from .partition import node_users
         from .recommend_handlers import run_recommend_rounds

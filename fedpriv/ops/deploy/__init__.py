@@ -51,6 +51,7 @@ Modules of this package (each imports only modules listed above it)::
     nodedata.py    per-node data (the data owner's step): split_job, write_partition, write_node_data
     pids.py        pids.json: running, stop (SIGTERM, then SIGKILL, with children)
     prepare.py     preparing a run folder: prepare
+    netns.py       a SuperNode in a network namespace of its own, relayed to the SuperLink (standard library only)
     processes.py   spawning, ports, flwr CLI helpers, register, up, wait_for_nodes
     job.py         running a job: run_deployed_job
     compose.py     docker/compose.yml: compose_yaml, compose_services

@@ -17,8 +17,9 @@ from pathlib import Path
 from ...util import atomic
 from ...errors import ConfigError, FedprivError
 from .. import launcher
+from . import netns
 from .commands import _exe, connection_toml, register_command, superlink_command, supernode_command
-from .config import CLI_SECONDS, CONNECTION, PIDS_FILE, DeployConfig, _bin_dir
+from .config import CLI_SECONDS, CONNECTION, LOCAL_HOSTS, PIDS_FILE, DeployConfig, _bin_dir
 from .flower_version import fleet_transport, flwr_version
 from .pids import _start_ticks, _write_pids, running, stop
 from .prepare import prepare
@@ -73,6 +74,26 @@ def clientapp_gate(cfg: DeployConfig) -> Path | None:
     )
     script.chmod(0o755)
     return gate
+
+
+NODE_NETNS_ENV = "FEDPRIV_NODE_NETNS"  # "0": the SuperNodes share the host's network namespace (unprotected)
+
+
+def node_netns_prefix(cfg: DeployConfig) -> list[str]:
+    """The argv prefix that starts a SuperNode in a network namespace of its own
+    (:mod:`.netns`), its Fleet API port relayed to the SuperLink on the host's loopback; empty
+    with ``FEDPRIV_NODE_NETNS=0``. Its Runtime API, which hands the node's tasks and
+    ``context.state`` to any caller, is then reachable by its own processes only; in the host's
+    namespace it is reachable by every process on the host (tests/test_hostnet.py)."""
+    if os.environ.get(NODE_NETNS_ENV, "1").strip() == "0":
+        return []
+    unprotected = f"set {NODE_NETNS_ENV}=0 to start the SuperNodes in the host's network anyway, where every process on this host can claim their tasks and read their state"
+    if cfg.superlink_host not in LOCAL_HOSTS:
+        raise ConfigError(f"a SuperNode in a network namespace of its own reaches the SuperLink on the host's loopback only, not {cfg.superlink_host}: {unprotected}", field=NODE_NETNS_ENV)
+    why = netns.unavailable()
+    if why:
+        raise ConfigError(f"cannot give each SuperNode a network namespace of its own ({why}): {unprotected}", field=NODE_NETNS_ENV)
+    return [sys.executable, str(Path(netns.__file__).resolve()), "--forward", str(cfg.fleet_api_port), "--"]
 
 
 def _spawn(cfg: DeployConfig, name: str, cmd: list[str], home: Path, gate: Path | None = None) -> dict:
@@ -258,6 +279,7 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
                 if not {cfg.fleet_port, cfg.control_port} & set(range(base, base + cfg.nodes)):
                     break
             cfg.node_port_base = base
+    isolate = node_netns_prefix(cfg)  # checked before anything is written or started
     prepare(cfg, job=job)
     (cfg.run_dir / PIDS_FILE).unlink(missing_ok=True)
     shutil.rmtree(cfg.logs_dir, ignore_errors=True)
@@ -281,7 +303,7 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
                 cmd = supernode_command(cfg, i)
                 if gate is not None:  # Flower's SuperNode with a claim window the gate's queue fits in
                     cmd = [sys.executable, "-m", "fedpriv.ops.deploy.supernode_main", *cmd[1:]]
-                started.append(_spawn(cfg, f"supernode-{i}", cmd, cfg.node_home(i), gate))
+                started.append(_spawn(cfg, f"supernode-{i}", isolate + cmd, cfg.node_home(i), gate))
                 entries.append(started[-1])
                 _write_pids(cfg, entries)
             if start + wave < cfg.nodes:

@@ -102,6 +102,7 @@ from fedpriv.flower import codec  # noqa: E402
 from fedpriv.testing.local_grid import LocalGrid  # noqa: E402
 from fedpriv.flower.server_app import run_job  # noqa: E402
 from fedpriv.privacy.neighbours import ReplayLedger, influence  # noqa: E402
+from fedpriv.privacy.sampling import lattice_gaussian  # noqa: E402
 from fedpriv.privacy.randomness import RunSecrets, user_keys  # noqa: E402
 from fedpriv.run import run  # noqa: E402
 
@@ -158,8 +159,9 @@ def noise_regeneration(pub: dict, train, cfg: als.ALSConfig, candidates: list[in
     for seed in candidates:
         for how, make in (("PCG64(seed)", lambda s: np.random.Generator(np.random.PCG64(abs(s)))),
                           ("RunSecrets(seed)", lambda s: np.random.Generator(np.random.PCG64(RunSecrets(s).ledger_seed())))):
-            rng = make(seed)
-            noise = {name: rng.normal(0.0, records[name]["noise_std"], size=size) for name, size in order}
+            rng = make(seed)  # the ledger's own sampler, in the ledger's order: a lattice release of zeros is its noise
+            noise = {name: lattice_gaussian(np.zeros(size), records[name]["sensitivity"], records[name]["noise_std"] / records[name]["sensitivity"], rng)
+                     for name, size in order}
             residual = float(np.max(np.abs(released - noise["counts"] - exact)))
             if residual < best[0]:
                 best = (residual, seed, how)

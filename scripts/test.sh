@@ -3,7 +3,7 @@
 # on the oldest and the newest supported Flower (pyproject.toml: flwr>=1.39,<1.43):
 #
 #   .venv         the OLDEST stack, ci/constraints-oldest.txt (Flower 1.39.0, torch 2.13.0):
-#                 the default suite; the experiments suite (every config in simulations/experiments/
+#                 the default suite (under 10 minutes); the slow suite (its slowest tests); the experiments suite (every config in simulations/experiments/
 #                 in --quick mode, its HTML report checked in headless Chromium); the deployment
 #                 suite without the Docker test (SuperNodes on Flower 1.39's gRPC-rere Fleet API)
 #   .venv-newest  the NEWEST stack, ci/constraints-newest.txt (Flower 1.42.0, torch 2.13.0):
@@ -58,7 +58,9 @@ if [ "$#" -gt 0 ]; then
 fi
 suite() { echo "== $1 (${2}: $("$2/bin/python" -c 'import importlib.metadata as m; print("flwr", m.version("flwr"))'))" >&2; }
 suite "default suite" .venv
-.venv/bin/python -m pytest -q -m "not deployment and not experiments and not flower"
+.venv/bin/python -m pytest -q -m "not deployment and not experiments and not flower and not slow" --durations=15
+suite "slow suite (the default suite's slowest tests: tests/conftest.py SLOW_TESTS)" .venv
+.venv/bin/python -m pytest -q -m "slow and not deployment and not experiments and not flower"
 suite "experiments suite" .venv
 .venv/bin/python -m pytest -q -m experiments
 suite "deployment suite on gRPC-rere, without Docker" .venv

@@ -99,7 +99,7 @@ SKIPPED: dict[str, Skip] = {
     "docs/results/defaults-grid.md#1": Skip("73b1edded1", "the defaults benchmark: 12 minutes of training on the four data sets"),
     "docs/results/index.md#1": Skip("7173028b12", "every shipped experiment config in full (hours); tests/test_experiments.py (experiments suite) runs every config with --quick and renders the report"),
     "docs/results/index.md#2": Skip("75e9226dcf", "the ML-100K hyperparameter search: 40 trials x 3 seeds of training (tens of minutes)"),
-    "docs/tutorials/flwr-run.md#1": Skip("332c0d7684", "scripts/test.sh runs every test suite (this file included; > 10 min) and both scripts pip-install into .venv; run.sh's job (`flwr run .`) is tests/test_flwr_run.py"),
+    "docs/tutorials/flwr-run.md#1": Skip("7aa7ed1db5", "scripts/test.sh runs every test suite (this file included; > 10 min) and both scripts pip-install into .venv; run.sh's job (`flwr run .`) is tests/test_flwr_run.py"),
     "docker/README.md#1": Skip("6fc14cbd69", "installs Debian packages (root, network)"),
     "docker/README.md#2": Skip("55a3e46f09", "root and Docker (debootstrap, docker build); tests/test_docker.py (deployment suite)"),
     "docker/README.md#4": Skip("6737c32292", "Docker (docker-compose up, logs, exec); tests/test_docker.py (deployment suite)"),

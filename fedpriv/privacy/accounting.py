@@ -439,6 +439,28 @@ def fair_multiplier(q: float, z_share: float, order: float) -> float:
     return hi  # spends at most its share at ``order``
 
 
+def _bisect_scale(eps, epsilon: float, lo: float, hi: float, step: float, rtol: float) -> tuple[float, float, float]:
+    """(lo, hi, eps(hi)) for a noise scale with eps(lo) > epsilon >= eps(hi), eps(hi) within
+    ``rtol`` of the target: bracket by factors of ``step``, then bisect geometrically."""
+    while eps(hi) > epsilon:
+        lo, hi = hi, hi * step
+        if hi > 1e9:
+            raise PrivacyError("calibration failed: epsilon target unreachable")
+    while eps(lo) < epsilon:
+        lo /= step
+        if lo < 1e-12:
+            raise PrivacyError("calibration failed: epsilon target too large for this plan")
+    e_hi = eps(hi)
+    while (epsilon - e_hi) / epsilon > rtol and hi / lo > 1 + 1e-12:
+        mid = math.sqrt(lo * hi)
+        e = eps(mid)
+        if e > epsilon:
+            lo = mid
+        else:
+            hi, e_hi = mid, e
+    return lo, hi, e_hi
+
+
 def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-4, repeat: tuple[float, float] | None = None, fair: bool = True,
               pinned: dict[str, float] | None = None, *, integer_orders: bool = False, relation: str | None = None) -> Calibration:
     """Find the noise multipliers so that the composed plan spends ``epsilon`` at ``delta``.
@@ -549,24 +571,7 @@ def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, or
             rels = [RepeatAndSelect("tuning", float(repeat[0]), float(repeat[1]), 0, rels)]
         return epsilon_rdp(rels, delta, integer_orders=integer_orders, relation=relation)
 
-    lo, hi = start / 2.0, start
-    while eps(hi) > epsilon:
-        lo, hi = hi, hi * 4
-        if hi > 1e9:
-            raise PrivacyError("calibration failed: epsilon target unreachable")
-    while eps(lo) < epsilon:
-        lo /= 4
-        if lo < 1e-12:
-            raise PrivacyError("calibration failed: epsilon target too large for this plan")
-    # invariant: eps(lo) > epsilon >= eps(hi); stop when eps(hi) is within rtol of the target
-    e_hi = eps(hi)
-    while (epsilon - e_hi) / epsilon > rtol and hi / lo > 1 + 1e-12:
-        mid = math.sqrt(lo * hi)
-        e = eps(mid)
-        if e > epsilon:
-            lo = mid
-        else:
-            hi, e_hi = mid, e
+    lo, hi, e_hi = _bisect_scale(eps, epsilon, start / 2.0, start, 4.0, rtol)
     return Calibration(
         multipliers={r.name: r.noise_std for r in _plan_releases(plan, hi, order, pinned)},
         epsilon=e_hi,
@@ -771,23 +776,7 @@ def calibrate_all_runs(plan: Sequence[PlannedRelease], epsilon: float, delta: fl
         return epsilon_all_runs([RepeatAndCompose("tuning", float(mean), float(shape), 0, tuple(_plan_releases(plan, scale)))], delta,
                                 integer_orders=integer_orders, exact=exact)
 
-    lo, hi = 0.5, 1.0
-    while eps(hi) > epsilon:
-        lo, hi = hi, hi * 2
-        if hi > 1e9:
-            raise PrivacyError("calibration failed: epsilon target unreachable")
-    while eps(lo) < epsilon:
-        lo /= 2
-        if lo < 1e-12:
-            raise PrivacyError("calibration failed: epsilon target too large for this plan")
-    e_hi = eps(hi)
-    while (epsilon - e_hi) / epsilon > rtol and hi / lo > 1 + 1e-12:
-        mid = math.sqrt(lo * hi)
-        e = eps(mid)
-        if e > epsilon:
-            lo = mid
-        else:
-            hi, e_hi = mid, e
+    lo, hi, e_hi = _bisect_scale(eps, epsilon, 0.5, 1.0, 2.0, rtol)
     e_hi = eps(hi, exact=True)  # dp-accounting's own conversion decides
     while e_hi > epsilon:
         hi *= 1 + 1e-5

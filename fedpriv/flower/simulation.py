@@ -128,9 +128,9 @@ def _simulate(job, num_nodes: int, client_app, init_args: dict, cpus_per_node: f
     }
     from .node_identity import simulation_identities
 
-    # the nodes' signing keys (authenticated secure aggregation), for a local Ray only: its
-    # workers inherit this process's environment
-    with warnings.catch_warnings(), simulation_identities(num_nodes, enabled=ray_address is None):
+    # the nodes' signing keys (authenticated secure aggregation), for a local Ray only (no
+    # address in init_args): its workers inherit this process's environment
+    with warnings.catch_warnings(), simulation_identities(num_nodes, enabled="address" not in init_args):
         warnings.simplefilter("ignore", DeprecationWarning)
         run_simulation(
             server_app=make_server_app(job, sink),

@@ -508,11 +508,14 @@ def test_unregistered_node_is_refused(tmp_path):
 
 
 @pytest.mark.deployment
-def test_failed_up_stops_everything(tmp_path):
+def test_failed_up_stops_everything(tmp_path, monkeypatch):
     """SuperNode 0 cannot bind its runtime port (taken): `up` fails with that node's log and
-    leaves no process (SuperLink, other nodes, their children) and no pids.json behind."""
+    leaves no process (SuperLink, other nodes, their children) and no pids.json behind. The
+    nodes share the host's network here (FEDPRIV_NODE_NETNS=0): in a namespace of its own, a
+    node's port cannot be taken from the host."""
     import socket
 
+    monkeypatch.setenv(deploy.processes.NODE_NETNS_ENV, "0")
     run_dir = tmp_path / "run"
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -99,8 +99,8 @@ def simulate(
 
     # the nodes' own policy (fedpriv.flower.node_policy) from the user's options (the user
     # operates every simulated node): a file the Ray workers read through FEDPRIV_NODE_POLICY,
-    # which they inherit from this process (a local Ray; on an existing cluster, set it on the
-    # worker hosts: Flower gives Ray its own runtime_env)
+    # which they get from the job's Ray runtime environment (_init_ray: on an existing cluster
+    # the workers inherit `ray start`'s environment, not this process's)
     from .node_policy import POLICY_ENV, NodePolicy
 
     n_users, upn = getattr(job, "n_users", None), getattr(job, "users_per_node", None)
@@ -110,7 +110,7 @@ def simulate(
     previous = os.environ.get(POLICY_ENV)
     os.environ[POLICY_ENV] = policy_file
     try:
-        return _simulate(job, num_nodes, client_app, init_args, cpus_per_node, verbose)
+        return _simulate(job, num_nodes, client_app, init_args, cpus_per_node, verbose, {POLICY_ENV: policy_file})
     finally:
         if previous is None:
             os.environ.pop(POLICY_ENV, None)
@@ -118,7 +118,23 @@ def simulate(
             os.environ[POLICY_ENV] = previous
 
 
-def _simulate(job, num_nodes: int, client_app, init_args: dict, cpus_per_node: float, verbose: bool) -> FlowerResult:
+def _init_ray(init_args: dict, env_vars: dict) -> None:
+    """``ray.init`` as Flower would call it (``init_args``, the ``PYTHONPATH`` of this process),
+    with ``env_vars`` added to the job's runtime environment: the workers that run the nodes read
+    them there, on a local Ray and on an existing cluster alike. Flower then finds Ray
+    initialized and uses this connection, and disconnects at the end (a cluster keeps running)."""
+    import sys
+
+    import ray
+
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **env_vars}}, **init_args)
+
+
+def _simulate(job, num_nodes: int, client_app, init_args: dict, cpus_per_node: float, verbose: bool, env_vars: dict) -> FlowerResult:
+    import ray
     from flwr.simulation import run_simulation
 
     sink: dict = {}
@@ -126,19 +142,30 @@ def _simulate(job, num_nodes: int, client_app, init_args: dict, cpus_per_node: f
         "client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0},
         "init_args": init_args,
     }
+    from .node_identity import ENV as IDENTITY_ENV
     from .node_identity import simulation_identities
 
-    # the nodes' signing keys (authenticated secure aggregation), for a local Ray only (no
-    # address in init_args): its workers inherit this process's environment
-    with warnings.catch_warnings(), simulation_identities(num_nodes, enabled="address" not in init_args):
+    # the nodes' signing keys (authenticated secure aggregation), for a local Ray only: a
+    # temporary folder on this host
+    local = "address" not in init_args and not os.environ.get("RAY_ADDRESS")
+    started = False
+    with warnings.catch_warnings(), simulation_identities(num_nodes, enabled=local):
         warnings.simplefilter("ignore", DeprecationWarning)
-        run_simulation(
-            server_app=make_server_app(job, sink),
-            client_app=client_app,
-            num_supernodes=num_nodes,
-            backend_config=backend_config,
-            verbose_logging=verbose,
-        )
+        identity = os.environ.get(IDENTITY_ENV)
+        try:
+            if not ray.is_initialized():
+                _init_ray(init_args, {**env_vars, **({IDENTITY_ENV: identity} if identity else {})})
+                started = True
+            run_simulation(
+                server_app=make_server_app(job, sink),
+                client_app=client_app,
+                num_supernodes=num_nodes,
+                backend_config=backend_config,
+                verbose_logging=verbose,
+            )
+        finally:
+            if started and ray.is_initialized():  # Flower disconnects at its end; not when it failed first
+                ray.shutdown()
     if "error" in sink:
         raise sink["error"]
     if "result" not in sink:

@@ -141,17 +141,27 @@ def test_compose_file_runs_the_builders_commands():
     assert text == deploy.compose_yaml(3), "docker/compose.yml is stale: python -m fedpriv.ops.deploy compose --nodes 3 > docker/compose.yml"
     services = yaml.safe_load(text)["services"]
     want = deploy.compose_services(3)
-    assert sorted(services) == sorted(want) == ["register", "superlink", "supernode-0", "supernode-1", "supernode-2"]
+    assert sorted(services) == sorted(want) == ["register", "relay", "superlink", "supernode-0", "supernode-1", "supernode-2"]
     for name, svc in services.items():
         assert svc["entrypoint"] + svc["command"] == want[name], name
     cfg = deploy.docker_config(3)
-    assert want["superlink"] == deploy.superlink_command(cfg) and want["supernode-1"] == deploy.supernode_command(cfg, 1)
-    # each SuperNode mounts only the CA, its own key and its own data; every service on the host's
-    # network with the SuperLink on loopback only (nothing published)
+    assert want["superlink"] == deploy.superlink_command(cfg)
+    # each SuperNode runs the builder's argv behind the relay (its own network, no route out:
+    # the SuperLink's port 8000 on its loopback leads to the relay's Unix socket)
+    sock = "/fedpriv/relay/superlink.sock"
+    relay_prefix = ["python", "/opt/fedpriv/netns.py", "--via-unix", f"8000={sock}", "--"]
+    assert want["relay"] == ["python", "/opt/fedpriv/netns.py", "--unix-gateway", sock, "--to", "8000"]
     for i in range(3):
-        mounts = [v.rsplit(":", 2)[1] for v in services[f"supernode-{i}"]["volumes"]]
-        assert mounts == [str(cfg.ca_cert), str(cfg.node_private_key(i)), str(cfg.node_data_dir(i))]
-    assert all(svc["network_mode"] == "host" and "ports" not in svc for svc in services.values())
+        assert want[f"supernode-{i}"] == relay_prefix + deploy.supernode_command(cfg, i)
+        assert services[f"supernode-{i}"]["network_mode"] == "none"
+        # only the CA, its own key, its own data and the relay's socket folder, all read-only
+        vols = services[f"supernode-{i}"]["volumes"]
+        assert [v.rsplit(":", 2)[1] for v in vols] == [str(cfg.ca_cert), str(cfg.node_private_key(i)), str(cfg.node_data_dir(i)), "/fedpriv/relay"]
+        assert all(v.endswith(":ro") for v in vols)
+    # the SuperLink (with register and relay) on the host's network, on loopback only; nothing published
+    assert all(services[n]["network_mode"] == "host" for n in ("superlink", "register", "relay"))
+    assert all("ports" not in svc for svc in services.values())
+    assert services["relay"]["volumes"] == ["${FEDPRIV_RUN_DIR:-./run}/relay:/fedpriv/relay"]
     assert cfg.bind_host == cfg.superlink_host == "127.0.0.1"
     for dockerfile in ("Dockerfile.superlink", "Dockerfile.supernode"):
         assert (ROOT / "docker" / dockerfile).is_file()
@@ -172,8 +182,9 @@ def test_docker_prepare_matches_the_compose_file(tmp_path, capsys):
     assert services["superlink"]["entrypoint"] + services["superlink"]["command"] == deploy.superlink_command(inside)
     for i in range(3):
         svc = services[f"supernode-{i}"]
-        assert svc["entrypoint"] + svc["command"] == deploy.supernode_command(inside, i)
+        assert svc["command"][svc["command"].index("--") + 1 :] == deploy.supernode_command(inside, i)
         assert (run_dir / "keys" / f"node-{i}").is_file() and (run_dir / "node-data" / f"node-{i}" / "ratings.npz").is_file()
+    assert (run_dir / "relay").is_dir()  # the relay's socket folder, made by this user (not by dockerd as root)
     deploy.verify_server_cert(run_dir / "certs" / "ca.crt", run_dir / "certs" / "server.pem", "127.0.0.1")
     # a data file inside the run folder is stored relative to it (the folder is mounted elsewhere)
     assert deploy._portable_data(f"ml-100k:{run_dir}/dataset/u.zip", run_dir) == "ml-100k:{run_dir}/dataset/u.zip"

@@ -1,8 +1,11 @@
 """The Docker deployment (``docker/``) on a real Docker engine: the images are built on a base
 made here (``debootstrap`` of Debian bookworm, ``docker import``: no registry image) from a
 wheelhouse built on the host (``docker/build-images.sh``), and ``docker/compose.yml`` runs as
-shipped: every container on the host's network, the SuperLink on 127.0.0.1 with TLS and
-SuperNode authentication, 3 SuperNodes each mounting only its CA certificate, key and data.
+shipped: the SuperLink on the host's 127.0.0.1 with TLS and SuperNode authentication, 3
+SuperNodes each in a network of its own (``network_mode: none``, relayed to the SuperLink through
+a Unix socket) mounting only its CA certificate, key, data and the relay's socket folder. A
+process on the host cannot reach a SuperNode's Runtime API (tests/runtime_api_thief.py; the same
+thief inside a node's container, the positive control, reads the node's state).
 A secure-aggregation AdaDPALS job runs to the end while one SuperNode container is killed
 (``docker kill``) after it shared its keys.
 
@@ -22,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -32,6 +36,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
 SCRIPT = DOCKER / "build-images.sh"
+THIEF = Path(__file__).with_name("runtime_api_thief.py")
 BASE = os.environ.get("FEDPRIV_BASE", "fedpriv-base:bookworm")
 SYN = "synthetic-mf:users=300,items=100,ratings=9000,seed=1"  # 300 users: 3 nodes of 100
 NODES = 3
@@ -90,13 +95,14 @@ def _listeners() -> dict[int, set]:
     return out
 
 
-def _ports() -> list[int]:
-    """The compose file's host ports: the SuperLink's (its one HTTP port with the Fleet API on the
-    images' Flower >= 1.40; a gRPC Fleet port besides on 1.39), one runtime port per SuperNode."""
+def _ports() -> tuple[list[int], list[int]]:
+    """The compose file's ports: the SuperLink's on the host (its one HTTP port with the Fleet API
+    on the images' Flower >= 1.40; a gRPC Fleet port besides on 1.39), and each SuperNode's
+    Runtime API port (inside its own container's network)."""
     from fedpriv.ops.deploy import docker_config
 
     cfg = docker_config(NODES)
-    return [*cfg.superlink_ports, *range(cfg.node_port_base, cfg.node_port_base + NODES)]
+    return list(cfg.superlink_ports), list(range(cfg.node_port_base, cfg.node_port_base + NODES))
 
 
 def _image_size(ref: str) -> int:
@@ -287,9 +293,11 @@ def _kill_when(container: str, marker: str):
     return kill_when(seen, lambda: subprocess.run(["docker", "kill", container], capture_output=True, timeout=60), interval=0.3)
 
 
-def test_compose_secure_run_completes_with_a_supernode_container_killed(stack, images):
-    """The shipped compose file: TLS, node authentication, host networking on loopback only, each
-    SuperNode with only its own files. A 2-step AdaDPALS job in secure mode (`fedpriv deploy run`
+def test_compose_secure_run_completes_with_a_supernode_container_killed(stack, images, request):
+    """The shipped compose file: TLS, node authentication, the SuperLink on the host's loopback
+    only, each SuperNode in a network of its own with only its own files; a process on the host
+    cannot reach a node's Runtime API, while the same thief inside node 0's container (positive
+    control) takes its tasks and reads its client key (and relays them: the run goes on). A 2-step AdaDPALS job in secure mode (`fedpriv deploy run`
     in the SuperLink container, as docker/README.md says) completes although SuperNode 2's
     container is killed after it shared its keys; metrics.json and ledger.json reach the host's
     run folder, and the ledger gives the run's epsilon."""
@@ -308,19 +316,35 @@ def test_compose_secure_run_completes_with_a_supernode_container_killed(stack, i
     registered = json.loads(_run(["docker", "logs", register]).stdout.strip().splitlines()[-1])["registered"]
     assert reg == "0" and sorted(registered) == sorted(n["node-id"] for n in online) and len(registered) == NODES
 
-    # the layout: host networking everywhere, listeners on loopback only; each node's own files, read-only
+    # the layout: the SuperLink on the host's network, on loopback only; each node in a network of
+    # its own (no route out) with only its own files and the relay's socket folder, read-only
     cfg = deploy.docker_config(NODES)
     listening = _listeners()
-    for port in _ports():
+    host_ports, node_ports = _ports()
+    for port in host_ports:
         assert listening.get(port) and all(ip.is_loopback for ip in listening[port]), (port, listening.get(port))
-    for cid in (superlink, *nodes):
-        assert _run(["docker", "inspect", "-f", "{{.HostConfig.NetworkMode}}", cid]).stdout.strip() == "host"
+    assert not any(listening.get(port) for port in node_ports), {p: listening.get(p) for p in node_ports}  # no node's Runtime API on the host
+    (relay,) = ids("relay")
+    for cid, mode in ((superlink, "host"), (relay, "host"), *((n, "none") for n in nodes)):
+        assert _run(["docker", "inspect", "-f", "{{.HostConfig.NetworkMode}}", cid]).stdout.strip() == mode
     for i, cid in enumerate(nodes):
         mounts = json.loads(_run(["docker", "inspect", "-f", "{{json .Mounts}}", cid]).stdout)
-        assert {m["Destination"]: m["RW"] for m in mounts} == {str(cfg.ca_cert): False, str(cfg.node_private_key(i)): False, str(cfg.node_data_dir(i)): False}
+        assert {m["Destination"]: m["RW"] for m in mounts} == {str(cfg.ca_cert): False, str(cfg.node_private_key(i)): False, str(cfg.node_data_dir(i)): False,
+                                                              "/fedpriv/relay": False}
     tmpfs = json.loads(_run(["docker", "inspect", "-f", "{{json .HostConfig.Tmpfs}}", superlink]).stdout)
     assert set(tmpfs) == {"/fedpriv/keys", "/fedpriv/node-data"}  # the server sees no node key and no rating
     assert _run(["docker", "exec", superlink, "ls", "-A", "/fedpriv/keys", "/fedpriv/node-data"]).stdout.split() == ["/fedpriv/keys:", "/fedpriv/node-data:"]
+
+    # the Runtime API thief (issue 41, item 5) on the host, and, as its positive control, inside
+    # SuperNode 0's container (its own network, where that API lives)
+    stop_file = run_dir.parent / "thief-stop"
+    host_thief = subprocess.Popen([sys.executable, str(THIEF), "--ports", *map(str, node_ports), "--out", str(run_dir.parent / "thief-host"),
+                                   "--seconds", "1200", "--stop-file", str(stop_file)], stdout=subprocess.DEVNULL,
+                                  stderr=open(run_dir.parent / "thief-host.log", "wb"))
+    request.addfinalizer(lambda: host_thief.poll() is None and host_thief.kill())
+    _run(["docker", "cp", str(THIEF), f"{nodes[0]}:/tmp/thief.py"])
+    _run(["docker", "exec", "-d", "-e", "FLWR_HOME=/tmp/thief-home", nodes[0], "python", "/tmp/thief.py", "--ports", str(node_ports[0]), "--out", "/tmp/thief",
+          "--seconds", "1200", "--stop-file", "/tmp/thief-stop"])
 
     killed, done, watcher = _kill_when(nodes[2], KILL_MARKER)
     cmd = ["docker", "exec", superlink, "fedpriv", "deploy", "run", "--run-dir", "/fedpriv", "adadpals", "--epsilon", "1", "--aggregation", "secure",
@@ -331,7 +355,27 @@ def test_compose_secure_run_completes_with_a_supernode_container_killed(stack, i
     finally:
         done.set()
         watcher.join(timeout=10)
+        stop_file.touch()
+        _run(["docker", "exec", nodes[0], "touch", "/tmp/thief-stop"], check=False)
     t_run = time.perf_counter() - t1
+    assert host_thief.wait(timeout=120) == 0, (run_dir.parent / "thief-host.log").read_text()[-3000:]
+    inside = None
+    for _ in range(120):  # the thief in the container writes its summary once its relayed tasks ended
+        got = _run(["docker", "exec", nodes[0], "cat", "/tmp/thief/summary.json"], check=False)
+        if got.returncode == 0:
+            inside = json.loads(got.stdout)
+            break
+        time.sleep(1)
+    assert inside is not None, "the thief in SuperNode 0's container wrote no summary"
+    stolen = [json.loads(_run(["docker", "exec", nodes[0], "cat", f]).stdout) for f in inside["contexts"]]
+    outside = json.loads((run_dir.parent / "thief-host" / "summary.json").read_text())
+    # from the host: every connection to the nodes' Runtime API ports refused, nothing taken
+    assert not any(r["answered"] or r["tasks"] for r in outside["ports"].values()) and outside["contexts"] == [], outside
+    assert all(any("ConnectError" in e or "refused" in e.lower() for e in r["errors"]) for r in outside["ports"].values()), outside
+    # inside the node's own network (positive control): tasks taken, the node's client key read
+    assert inside["ports"][str(node_ports[0])]["answered"] and inside["ports"][str(node_ports[0])]["tasks"] > 0, inside
+    keys = [c["state"]["fedpriv-secrets"]["client_key"] for c in stolen if "fedpriv-secrets" in c["state"]]
+    assert keys and all(k["bytes"] == 32 for k in keys), stolen
     assert out.returncode == 0, f"deploy run exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
     assert killed.is_set(), "SuperNode 2 never received a masked-input request"
     state = _run(["docker", "inspect", "-f", "{{.State.Running}} {{.RestartCount}}", nodes[2]]).stdout.split()
@@ -357,6 +401,7 @@ def test_compose_secure_run_completes_with_a_supernode_container_killed(stack, i
     assert np.isfinite(metrics["test_rmse"])
     SUMMARY.append(
         f"docker: compose up and {NODES} nodes online {t_online:.0f} s; secure AdaDPALS (steps 2) with supernode-2 killed: run {t_run:.0f} s, "
+        f"runtime-API thief: {len(stolen)} tasks of node 0 taken inside its container, 0 from the host; "
         f"{len(metrics['round_log'])} rounds, epsilon {eps:.4f} from the ledger, test RMSE {metrics['test_rmse']:.4f}"
     )
     print("\n" + SUMMARY[-1])

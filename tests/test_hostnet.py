@@ -81,6 +81,59 @@ def test_wrapper_runs_the_command_in_its_own_network_with_one_port_relayed():
     assert r.returncode == 7
 
 
+@needs_netns
+def test_container_layout_relays_the_superlink_port_through_a_unix_socket(tmp_path):
+    """The compose file's layout: a node in a network of its own with no route out (Docker's
+    ``network_mode: none``; here a namespace from the wrapper with no port forwarded) reaches the
+    SuperLink's port only through the Unix socket of the ``relay`` service (``--unix-gateway``),
+    via its own loopback listener (``--via-unix``); another port of the host stays unreachable.
+    The gateway removes its socket when stopped."""
+    relayed = socket.socket()
+    relayed.bind(("127.0.0.1", 0))
+    relayed.listen()
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    port, other_port = relayed.getsockname()[1], other.getsockname()[1]
+
+    def answer():
+        conn, _ = relayed.accept()
+        conn.sendall(b"host:" + conn.recv(16))
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    sock = tmp_path / "relay" / "superlink.sock"
+    sock.parent.mkdir()
+    script = str(Path(netns.__file__))
+    gateway = subprocess.Popen([sys.executable, script, "--unix-gateway", str(sock), "--to", str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "fedpriv relay:" in gateway.stdout.readline() and sock.exists()
+        code = (
+            "import socket, os, json\n"
+            f"s = socket.create_connection(('127.0.0.1', {port}), timeout=10); s.sendall(b'node'); got = s.recv(64).decode()\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {other_port}), timeout=5); other = 'open'\n"
+            "except OSError as e:\n"
+            "    other = type(e).__name__\n"
+            "print(json.dumps({'got': got, 'other': other, 'ns': os.stat('/proc/self/ns/net').st_ino}))\n"
+        )
+        r = subprocess.run([sys.executable, script, "--", sys.executable, script, "--via-unix", f"{port}={sock}", "--", sys.executable, "-c", code],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        seen = json.loads(r.stdout.strip().splitlines()[-1])
+        assert seen == {"got": "host:node", "other": "ConnectionRefusedError", "ns": seen["ns"]} and seen["ns"] != netns.network_namespace()
+        # positive control: without the relay the node's network has no route to the SuperLink's port
+        r = subprocess.run([sys.executable, script, "--", sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "ConnectionRefusedError" in r.stderr
+    finally:
+        gateway.terminate()
+        assert gateway.wait(timeout=30) == 0
+        relayed.close(), other.close()
+    assert not sock.exists()
+    r = subprocess.run([sys.executable, script, "--via-unix", "8000", "--", "true"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "PORT=SOCKET_PATH" in r.stderr
+
+
 def test_up_refuses_when_nodes_cannot_have_their_own_network(tmp_path, monkeypatch):
     """No network namespace possible: `deploy up` refuses before writing or starting anything,
     naming the switch that runs the nodes unprotected; with the switch no wrapper is used."""

@@ -61,7 +61,7 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
 
     pr = sub.add_parser("prepare", help="write certificates, node keys, per-node data and deploy.json without starting anything")
     layout(pr, local=False)
-    pr.add_argument("--docker", action="store_true", help="the layout of docker/compose.yml (host networking: SuperLink on 127.0.0.1, its HTTP API with the Fleet API on 8000, nodes 9094+i)")
+    pr.add_argument("--docker", action="store_true", help="the layout of docker/compose.yml (the SuperLink on the host's 127.0.0.1, its HTTP API with the Fleet API on 8000; each SuperNode in a network of its own, relayed through RUN_DIR/relay)")
     pr.add_argument("--bind-host", default=None, help="address the SuperLink listens on (default 127.0.0.1): its host's own address for nodes on other hosts")
     pr.add_argument("--superlink-host", default=None, help="address the nodes and the CLI dial (default 127.0.0.1; added to the certificate)")
 
@@ -131,7 +131,7 @@ def _layout_config(args, *, docker: bool = False) -> tuple[DeployConfig, object]
         run_dir=Path(args.run_dir), nodes=nodes, tls=not insecure, auth=not (insecure or args.no_auth), data=args.data, users_per_node=upn,
         san=list(args.san), node_policy=_node_policy(getattr(args, "node_policy", [])), **ports,
     )
-    if docker:  # the compose file's containers share the host's network: everything on its loopback
+    if docker:  # the compose file's SuperLink on the host's loopback; each node reaches it there through the relay
         cfg.bind_host = cfg.superlink_host = "127.0.0.1"
         cfg.fleet_api = docker_transport()  # the images' Flower, whatever this host has
     return cfg, job
@@ -158,6 +158,8 @@ def deploy_command(args) -> int:
         if not args.docker and 0 in (cfg.fleet_port, cfg.control_port, cfg.node_port_base):
             cfg.fleet_port, cfg.control_port, cfg.node_port_base = (cfg.fleet_port or 9092, cfg.control_port or 8000, cfg.node_port_base or 9094)
         cfg = prepare(cfg, job=job)
+        if args.docker:  # the relay's socket folder (docker/compose.yml), owned by this user, not made by dockerd as root
+            (cfg.run_dir / "relay").mkdir(exist_ok=True)
         print(json.dumps({"run_dir": str(cfg.run_dir), "nodes": cfg.nodes, "tls": cfg.tls, "auth": cfg.auth, "data": cfg.data}))
         return 0
     if what == "run":

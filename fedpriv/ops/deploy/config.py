@@ -217,9 +217,10 @@ def _bin_dir() -> str:
 
 def docker_config(nodes: int = 3, *, data: bool = True, tls: bool = True, auth: bool = True) -> DeployConfig:
     """The configuration the compose file is generated from: the run folder at /fedpriv in
-    every container; every container on the host's network (``network_mode: host``), so the
-    SuperLink listens on 127.0.0.1 and the SuperNodes and the CLI reach it there, on the fixed
-    ports of :data:`DOCKER_PORTS`; executables from the image's PATH; the Fleet API transport of
+    every container; the SuperLink on the host's network (``network_mode: host``), listening on
+    127.0.0.1, where the CLI reaches it and each SuperNode (in a network of its own, no route
+    out) reaches it through the relay (:mod:`.compose`), on the fixed ports of
+    :data:`DOCKER_PORTS`; executables from the image's PATH; the Fleet API transport of
     the Flower the images are built with (:func:`.flower_version.docker_transport`: HTTP, on the
     SuperLink's one port 8000), whatever Flower the host has."""
     return DeployConfig(

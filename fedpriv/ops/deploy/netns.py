@@ -119,22 +119,79 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
                 pass
 
 
-def _serve(listener: socket.socket, port: int) -> None:
-    """Accept on ``listener`` (a socket of the node's namespace) and connect each connection to
-    ``127.0.0.1:port`` in this process's namespace."""
+def _serve(listener: socket.socket, connect) -> None:
+    """Accept on ``listener`` and join each connection to a new one from ``connect()``."""
     while True:
         try:
             inner, _ = listener.accept()
         except OSError:
             return
         try:
-            outer = socket.create_connection((LOOPBACK, port), timeout=10)
+            outer = connect()
             outer.settimeout(None)
         except OSError:
             inner.close()
             continue
         for a, b in ((inner, outer), (outer, inner)):
             threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+
+def _to_port(port: int):
+    """A connector to ``127.0.0.1:port`` in this process's namespace."""
+    return lambda: socket.create_connection((LOOPBACK, port), timeout=10)
+
+
+def _to_unix(path: str):
+    """A connector to the Unix socket ``path``."""
+
+    def connect() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        try:
+            s.connect(path)
+        except OSError:
+            s.close()
+            raise
+        return s
+
+    return connect
+
+
+def _loopback_listener(port: int) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((LOOPBACK, port))
+    s.listen(64)
+    return s
+
+
+def _run_child(command: list[str], pid: int | None = None) -> int:
+    """Wait for the child ``pid`` (forked by the caller) or start ``command``; signals to this
+    process go to the child. Returns the child's exit status."""
+    if pid is None:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (child)
+            try:
+                os.execvp(command[0], command)
+            except OSError as exc:
+                print(f"fedpriv netns: cannot run {command[0]}: {exc}", file=sys.stderr, flush=True)
+                os._exit(127)
+
+    def forward(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    return os.waitstatus_to_exitcode(status) if status else 0
 
 
 def run_in_own_network(ports: list[int], command: list[str]) -> int:
@@ -146,13 +203,7 @@ def run_in_own_network(ports: list[int], command: list[str]) -> int:
         parent_sock.close()
         try:
             enter_own_network()
-            listeners = []
-            for port in ports:
-                s = socket.socket()
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind((LOOPBACK, port))
-                s.listen(64)
-                listeners.append(s)
+            listeners = [_loopback_listener(port) for port in ports]
             socket.send_fds(child_sock, [b"ok"], [s.fileno() for s in listeners])
         except BaseException as exc:  # noqa: BLE001
             print(f"fedpriv netns: could not give the SuperNode a network namespace of its own: {exc}", file=sys.stderr, flush=True)
@@ -167,41 +218,86 @@ def run_in_own_network(ports: list[int], command: list[str]) -> int:
             print(f"fedpriv netns: cannot run {command[0]}: {exc}", file=sys.stderr, flush=True)
             os._exit(127)
     child_sock.close()
-
-    def forward(signum, _frame):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
     msg, fds, _, _ = socket.recv_fds(parent_sock, 16, len(ports))
     parent_sock.close()
     if msg == b"ok" and len(fds) == len(ports):
         for fd, port in zip(fds, ports):
-            threading.Thread(target=_serve, args=(socket.socket(fileno=fd), port), daemon=True).start()
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-    return os.waitstatus_to_exitcode(status) if status else 0
+            threading.Thread(target=_serve, args=(socket.socket(fileno=fd), _to_port(port)), daemon=True).start()
+    return _run_child(command, pid)
+
+
+# ------------------------------------------- containers: the same relay over a Unix socket
+# A SuperNode container runs with ``network_mode: none`` (Docker gives it a network namespace
+# with only a loopback interface, so its Runtime API port exists in that container only). The
+# SuperLink's port reaches it through a Unix socket in a folder both sides mount: the
+# ``relay`` service (the host's network) listens on ``DIR/superlink.sock`` and connects to
+# ``127.0.0.1:PORT`` (:func:`unix_gateway`); in the node's container, ``127.0.0.1:PORT`` is a
+# listener that connects to that socket (:func:`run_via_unix`). No capability, no bridge and no
+# iptables rule is needed; TLS still runs end to end.
+def unix_gateway(path: str, port: int) -> int:
+    """Listen on the Unix socket ``path`` and join each connection to ``127.0.0.1:port``; runs
+    until SIGTERM/SIGINT (the socket file is removed then)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        os.unlink(path)  # a stale socket of an earlier run
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o666)  # the nodes' containers may run under another uid
+    listener.listen(64)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    threading.Thread(target=_serve, args=(listener, _to_port(port)), daemon=True).start()
+    print(f"fedpriv relay: {path} -> {LOOPBACK}:{port}", flush=True)
+    stop.wait()
+    listener.close()
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return 0
+
+
+def run_via_unix(forwards: list[tuple[int, str]], command: list[str]) -> int:
+    """Start ``command`` where ``127.0.0.1:port`` (this process's own network, e.g. a container's)
+    leads to the Unix socket ``path``, for each ``(port, path)``; returns its exit status."""
+    for port, path in forwards:
+        threading.Thread(target=_serve, args=(_loopback_listener(port), _to_unix(path)), daemon=True).start()
+    return _run_child(command)
+
+
+def _forward_spec(text: str) -> tuple[int, str]:
+    port, sep, path = text.partition("=")
+    if not sep or not port.isdigit() or not path:
+        raise argparse.ArgumentTypeError(f"expected PORT=SOCKET_PATH, got {text!r}")
+    return int(port), path
 
 
 def _main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="netns.py", description="run COMMAND in a network namespace of its own; --forward PORT: 127.0.0.1:PORT there leads to 127.0.0.1:PORT here")
+    parser = argparse.ArgumentParser(
+        prog="netns.py",
+        description="run COMMAND in a network namespace of its own (--forward PORT: 127.0.0.1:PORT there leads to 127.0.0.1:PORT here); "
+        "or, in a container of its own network, with --via-unix PORT=SOCKET (127.0.0.1:PORT leads to the Unix socket SOCKET); "
+        "or serve --unix-gateway SOCKET --to PORT (the Unix socket SOCKET leads to 127.0.0.1:PORT)",
+    )
     parser.add_argument("--forward", type=int, action="append", default=[], metavar="PORT")
+    parser.add_argument("--via-unix", type=_forward_spec, action="append", default=[], metavar="PORT=SOCKET")
+    parser.add_argument("--unix-gateway", metavar="SOCKET")
+    parser.add_argument("--to", type=int, metavar="PORT")
     parser.add_argument("--check", action="store_true", help="only check that a network namespace can be made here")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.check:
         return _check()
+    if args.unix_gateway:
+        if args.to is None:
+            parser.error("--unix-gateway needs --to PORT")
+        return unix_gateway(args.unix_gateway, args.to)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command")
-    code = run_in_own_network(args.forward, command)
+    if args.via_unix and args.forward:
+        parser.error("--via-unix and --forward exclude each other")
+    code = run_via_unix(args.via_unix, command) if args.via_unix else run_in_own_network(args.forward, command)
     return code if code >= 0 else 128 - code
 
 

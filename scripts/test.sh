@@ -2,17 +2,25 @@
 # Creates the virtual environments (if needed), installs fedpriv with its test extras, runs the tests
 # on the oldest and the newest supported Flower (pyproject.toml: flwr>=1.39,<1.43):
 #
-#   .venv         the OLDEST stack, ci/constraints-oldest.txt (Flower 1.39.0, torch 2.13.0):
-#                 the default suite (under 10 minutes); the slow suite (its slowest tests); the experiments suite (every config in simulations/experiments/
-#                 in --quick mode, its HTML report checked in headless Chromium); the deployment
-#                 suite without the Docker test (SuperNodes on Flower 1.39's gRPC-rere Fleet API)
-#   .venv-newest  the NEWEST stack, ci/constraints-newest.txt (Flower 1.42.0, torch 2.13.0):
-#                 the Flower-engine tests (marker `flower`: `flwr run`, the Flower simulation, a
-#                 Flower grid) and the deployment suite with the Docker test (SuperNodes on the
-#                 HTTP Fleet API); and `pip install .` resolving beside the installed Flower 1.42.0
+#   .venv         the OLDEST stack, ci/constraints-oldest.txt (Flower 1.39.0, torch 2.13.0)
+#   .venv-newest  the NEWEST stack, ci/constraints-newest.txt (Flower 1.42.0, torch 2.13.0)
+#
+# `bash scripts/test.sh` (what CI runs through .ci/run; about 80 minutes on a 2-core machine):
+#   1. the default suite on 1.39 (under 10 minutes);
+#   2. the deployment suite, each test once, split over the two Fleet API transports: on 1.39
+#      (gRPC-rere) the loopback deployments of tests/test_deploy.py, the Runtime API attack
+#      (tests/test_hostnet.py), the Ray-cluster tests and docs/how-to/deployment.md's block; on
+#      1.42 (HTTP) the rest: the Docker test, the two-host namespaces, replace-one accounting,
+#      the Flower example and docker/README.md's block;
+#   3. `pip install .` resolving beside the installed Flower 1.42.0;
+#   4. the Flower-engine tests (marker `flower`: `flwr run`, the Flower simulation, a Flower grid) on 1.42.
+# `bash scripts/test.sh --all` (about 3 hours) adds the slow suite (the default suite's slowest
+# tests, tests/conftest.py SLOW_TESTS), the experiments suite (every config in
+# simulations/experiments/ in --quick mode, its HTML report checked in headless Chromium) and
+# the whole deployment suite on BOTH Flower versions.
 #
 # Both environments get torch 2.13.0 from this machine's disk first (ci/venv.sh), so no CUDA build
-# is downloaded. With arguments, runs pytest once with them in .venv (e.g.
+# is downloaded. With other arguments, runs pytest once with them in .venv (e.g.
 # `bash scripts/test.sh tests/test_ledger.py`); run one in the newest stack with
 # `bash ci/venv.sh .venv-newest ci/constraints-newest.txt && .venv-newest/bin/python -m pytest ...`.
 set -euo pipefail
@@ -53,20 +61,38 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "no Docker daemon (see build/dockerd.log): the Docker test will skip" >&2
     fi
 fi
+ALL=0
+if [ "${1:-}" = "--all" ]; then
+    ALL=1
+    shift
+fi
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi
 suite() { echo "== $1 (${2}: $("$2/bin/python" -c 'import importlib.metadata as m; print("flwr", m.version("flwr"))'))" >&2; }
 suite "default suite" .venv
 .venv/bin/python -m pytest -q -m "not deployment and not experiments and not flower and not slow" --durations=15
-suite "slow suite (the default suite's slowest tests: tests/conftest.py SLOW_TESTS)" .venv
-.venv/bin/python -m pytest -q -m "slow and not deployment and not experiments and not flower"
-suite "experiments suite" .venv
-.venv/bin/python -m pytest -q -m experiments
-suite "deployment suite on gRPC-rere, without Docker" .venv
-.venv/bin/python -m pytest -q -m "deployment and not experiments" --ignore=tests/test_docker.py
+# the deployment tests that run on Flower 1.39's gRPC-rere Fleet API (the others on 1.42's HTTP);
+# --all runs every one on both
+ON_OLDEST=(tests/test_deploy.py tests/test_hostnet.py tests/test_ray_cluster.py tests/test_ray_two_hosts.py
+           "tests/test_doc_snippets.py::test_shell_block[docs/how-to/deployment.md#1]")
+if [ "$ALL" = 1 ]; then
+    suite "slow suite (the default suite's slowest tests: tests/conftest.py SLOW_TESTS)" .venv
+    .venv/bin/python -m pytest -q -m "slow and not deployment and not experiments and not flower"
+    suite "experiments suite" .venv
+    .venv/bin/python -m pytest -q -m experiments
+    suite "deployment suite on gRPC-rere, without Docker" .venv
+    .venv/bin/python -m pytest -q -m "deployment and not experiments" --ignore=tests/test_docker.py --durations=10
+else
+    suite "deployment suite on gRPC-rere: loopback deployments, Runtime API attack, Ray clusters" .venv
+    .venv/bin/python -m pytest -q -m "deployment and not experiments" "${ON_OLDEST[@]}" --durations=10
+fi
 bash ci/venv.sh .venv-newest ci/constraints-newest.txt
 suite "pip install . beside the newest Flower" .venv-newest
 .venv-newest/bin/python -m pytest -q tests/test_packaging.py -k "pip_install_keeps_the_installed_flower or dependencies_are_ranges"
-suite "Flower-engine tests and deployment suite (with Docker) on the HTTP Fleet API" .venv-newest
-exec .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments"
+if [ "$ALL" = 1 ]; then
+    suite "Flower-engine tests and deployment suite (with Docker) on the HTTP Fleet API" .venv-newest
+    exec .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments" --durations=10
+fi
+suite "Flower-engine tests and the rest of the deployment suite (with Docker) on the HTTP Fleet API" .venv-newest
+exec .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments" "${ON_OLDEST[@]/#/--deselect=}" --durations=10

@@ -181,7 +181,7 @@ def engine():
     has_base = subprocess.run(["docker", "image", "inspect", BASE], capture_output=True, timeout=60).returncode == 0
     if not has_base and (os.getuid() != 0 or shutil.which("debootstrap") is None):
         _unavailable(f"no image {BASE} and building it needs root and debootstrap (apt-get install debootstrap)")
-    ports = _ports()
+    ports = _ports()[0]  # the SuperLink's, on the host (the nodes' are inside their containers)
     busy = sorted(set(ports) & set(_listeners()))
     if busy:
         _unavailable(f"the compose file's host ports are in use: {busy}")
@@ -297,7 +297,7 @@ def test_compose_secure_run_completes_with_a_supernode_container_killed(stack, i
     """The shipped compose file: TLS, node authentication, the SuperLink on the host's loopback
     only, each SuperNode in a network of its own with only its own files; a process on the host
     cannot reach a node's Runtime API, while the same thief inside node 0's container (positive
-    control) takes its tasks and reads its client key (and relays them: the run goes on). A 2-step AdaDPALS job in secure mode (`fedpriv deploy run`
+    control) takes its tasks and reads its secure-summation state (and relays them: the run goes on). A 2-step AdaDPALS job in secure mode (`fedpriv deploy run`
     in the SuperLink container, as docker/README.md says) completes although SuperNode 2's
     container is killed after it shared its keys; metrics.json and ledger.json reach the host's
     run folder, and the ledger gives the run's epsilon."""
@@ -372,10 +372,11 @@ def test_compose_secure_run_completes_with_a_supernode_container_killed(stack, i
     # from the host: every connection to the nodes' Runtime API ports refused, nothing taken
     assert not any(r["answered"] or r["tasks"] for r in outside["ports"].values()) and outside["contexts"] == [], outside
     assert all(any("ConnectError" in e or "refused" in e.lower() for e in r["errors"]) for r in outside["ports"].values()), outside
-    # inside the node's own network (positive control): tasks taken, the node's client key read
+    # inside the node's own network (positive control): tasks taken, the node's secure-summation state read
     assert inside["ports"][str(node_ports[0])]["answered"] and inside["ports"][str(node_ports[0])]["tasks"] > 0, inside
-    keys = [c["state"]["fedpriv-secrets"]["client_key"] for c in stolen if "fedpriv-secrets" in c["state"]]
-    assert keys and all(k["bytes"] == 32 for k in keys), stolen
+    # a secure run: the node's secure-summation state (its channel key, mask keys and shares)
+    blobs = [c["state"]["fedpriv-secagg"]["blob"] for c in stolen if "fedpriv-secagg" in c["state"]]
+    assert blobs and all(b["bytes"] > 0 for b in blobs), stolen
     assert out.returncode == 0, f"deploy run exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
     assert killed.is_set(), "SuperNode 2 never received a masked-input request"
     state = _run(["docker", "inspect", "-f", "{{.State.Running}} {{.RestartCount}}", nodes[2]]).stdout.split()

@@ -41,10 +41,10 @@ SMALL = "synthetic-mf:users=40,items=30,ratings=800,seed=3"
 needs_netns = pytest.mark.skipif(bool(netns.unavailable()), reason=f"no network namespace: {netns.unavailable()}")
 
 
-@needs_netns
-def test_wrapper_runs_the_command_in_its_own_network_with_one_port_relayed():
-    """The wrapped command reaches the relayed port (a listener in the host's namespace) but no
-    other port of the host's loopback, and runs in another network namespace."""
+def _host_ports():
+    """Two listeners on the host's loopback: ``relayed`` answers one connection with
+    ``host:<what it got>``, ``other`` never answers. Returns (relayed, other, probe code): the code
+    connects to the relayed port, tries the other one and prints what it saw as JSON."""
     relayed = socket.socket()
     relayed.bind(("127.0.0.1", 0))
     relayed.listen()
@@ -68,6 +68,15 @@ def test_wrapper_runs_the_command_in_its_own_network_with_one_port_relayed():
         "    other = type(e).__name__\n"
         "print(json.dumps({'got': got, 'other': other, 'ns': os.stat('/proc/self/ns/net').st_ino}))\n"
     )
+    return relayed, other, code
+
+
+@needs_netns
+def test_wrapper_runs_the_command_in_its_own_network_with_one_port_relayed():
+    """The wrapped command reaches the relayed port (a listener in the host's namespace) but no
+    other port of the host's loopback, and runs in another network namespace."""
+    relayed, other, code = _host_ports()
+    port = relayed.getsockname()[1]
     r = subprocess.run([sys.executable, str(Path(netns.__file__)), "--forward", str(port), "--", sys.executable, "-c", code],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -88,35 +97,14 @@ def test_container_layout_relays_the_superlink_port_through_a_unix_socket(tmp_pa
     SuperLink's port only through the Unix socket of the ``relay`` service (``--unix-gateway``),
     via its own loopback listener (``--via-unix``); another port of the host stays unreachable.
     The gateway removes its socket when stopped."""
-    relayed = socket.socket()
-    relayed.bind(("127.0.0.1", 0))
-    relayed.listen()
-    other = socket.socket()
-    other.bind(("127.0.0.1", 0))
-    other.listen()
-    port, other_port = relayed.getsockname()[1], other.getsockname()[1]
-
-    def answer():
-        conn, _ = relayed.accept()
-        conn.sendall(b"host:" + conn.recv(16))
-        conn.close()
-
-    threading.Thread(target=answer, daemon=True).start()
+    relayed, other, code = _host_ports()
+    port = relayed.getsockname()[1]
     sock = tmp_path / "relay" / "superlink.sock"
     sock.parent.mkdir()
     script = str(Path(netns.__file__))
     gateway = subprocess.Popen([sys.executable, script, "--unix-gateway", str(sock), "--to", str(port)], stdout=subprocess.PIPE, text=True)
     try:
         assert "fedpriv relay:" in gateway.stdout.readline() and sock.exists()
-        code = (
-            "import socket, os, json\n"
-            f"s = socket.create_connection(('127.0.0.1', {port}), timeout=10); s.sendall(b'node'); got = s.recv(64).decode()\n"
-            "try:\n"
-            f"    socket.create_connection(('127.0.0.1', {other_port}), timeout=5); other = 'open'\n"
-            "except OSError as e:\n"
-            "    other = type(e).__name__\n"
-            "print(json.dumps({'got': got, 'other': other, 'ns': os.stat('/proc/self/ns/net').st_ino}))\n"
-        )
         r = subprocess.run([sys.executable, script, "--", sys.executable, script, "--via-unix", f"{port}={sock}", "--", sys.executable, "-c", code],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr

@@ -1,4 +1,5 @@
-"""Red team, deviation (d) of issue 41: *key substitution* by a server that deviates.
+"""Red team, deviations (d) *key substitution* and (f) *a threshold too low for a colluding
+node* by a server that deviates (:func:`colluding_threshold`; below, (d)).
 
 The server sits between one victim node and its neighbours. In the keys/share relay it hands the
 victim channel keys of its own in place of the victim's neighbours', and hands each neighbour a
@@ -156,15 +157,63 @@ def key_substitution(defence: bool, nodes: int = 8, threshold: int = 4, seed: in
         return out
 
 
+def colluding_threshold(defence: bool, nodes: int = 7, seed: int = 0) -> dict:
+    """Deviation (f): a server colluding with one node w asks for a Shamir threshold that holds
+    only without colluders (t = 4 of a node's 7 share holders: 2t <= k + 1 + 1), then tells the
+    victim u and two honest holders that u survived (self-mask seed shares) and the other three
+    that u dropped (mask-key shares); w reveals both of its shares of u. With ``defence`` every
+    node assumes one colluder (its policy's ``colluders``) and refuses that threshold before it
+    shares; without, the server unmasks u's input from u's masked vector alone."""
+    rng = np.random.default_rng(seed)
+    ids = [101 + 7 * k for k in range(nodes)]
+    params = plan_params(nodes, BITS, degree=nodes - 1)  # the default against no colluder
+    u, w, honest = ids[0], ids[1], ids[2:]
+    out = {"deviation": "f", "name": "threshold too low for a colluding node", "defence": defence, "nodes": nodes,
+           "degree": params.degree, "threshold": params.threshold, "colluders": 1, "refused": [], "recovered": False}
+    node = {i: SecAggNode(i) for i in ids}
+    server = SecAggServer(ids, params, seed=os.urandom(32))
+    keys = {i: n.channel_key() for i, n in node.items()}
+    release = b"deviant-threshold"
+    shares = {}
+    for i in ids:
+        try:
+            shares[i] = node[i].share(release, params, server.channel_keys_for(i, keys), colluders=1 if defence else 0)
+        except SecAggError as exc:
+            out["refused"].append({"node": i, "round": "share", "reason": str(exc)})
+    if len(shares) < len(ids):
+        return out  # nothing was shared: nothing to unmask
+    inputs = {i: rng.integers(0, 1 << 20, size=16, dtype=np.uint64) for i in ids}
+    routed = server.route(shares)
+    masked = {i: node[i].mask(release, inputs[i], *routed[i]) for i in ids}
+    alive_view, dropped_view = (ids, []), ([i for i in ids if i != u], [u])
+    seed_shares = [node[h].unmask(release, *alive_view)["self"][u] for h in [u, *honest[:2]]]
+    key_shares = [node[h].unmask(release, *dropped_view)["pairwise"][u] for h in honest[2:]]
+    blob = node[w].export_state()  # the colluder answers both views (two copies of its state)
+    seed_shares.append(SecAggNode.restore(w, blob).unmask(release, *alive_view)["self"][u])
+    key_shares.append(SecAggNode.restore(w, blob).unmask(release, *dropped_view)["pairwise"][u])
+
+    def secret(blobs):
+        return _combine([(_INDEX.unpack_from(b)[0], bytes(b[_INDEX.size:])) for b in blobs])
+
+    y = masked[u] - expand_mask(secret(seed_shares), release, 16, BITS)
+    sk = _private_key(secret(key_shares))
+    for v in ids[1:]:  # u < v: u added each pairwise mask
+        y -= expand_mask(_pairwise_secret(sk, shares[v][0], v), release, 16, BITS)
+    y &= np.uint64((1 << BITS) - 1)
+    out["recovered"] = bool(np.array_equal(y, inputs[u]))
+    out["max_abs_error"] = int(np.max(np.abs(y.astype(np.int64) - inputs[u].astype(np.int64))))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=8)
     p.add_argument("--threshold", type=int, default=4)
     args = p.parse_args(argv)
     for defence in (False, True):
-        r = key_substitution(defence, args.nodes, args.threshold)
-        r["refused"] = [f"node {x['node']} ({x['round']}): {x['reason']}" for x in r["refused"]][:3]
-        print(json.dumps(r))
+        for r in (key_substitution(defence, args.nodes, args.threshold), colluding_threshold(defence)):
+            r["refused"] = [f"node {x['node']} ({x['round']}): {x['reason']}" for x in r["refused"]][:3]
+            print(json.dumps(r))
     return 0
 
 

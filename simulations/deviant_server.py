@@ -17,8 +17,10 @@ permissive policy (no defence: the positive control, which must recover).
   noise share from it and subtracts them; recovered when the result is the exact count.
 - (e) repeated sums: the same honest user-count sum asked ``repeats`` times; recovered when the
   releases the server obtained compose (dp-accounting) to more than the run's epsilon.
-- (d) key substitution is another module's (``deviant_keys.key_substitution``); its lines join
-  these when it is there.
+- (d) key substitution and (f) a Shamir threshold too low for a colluding node are another
+  module's (``deviant_keys.key_substitution``, ``deviant_keys.colluding_threshold``, on the
+  node class the secure handlers run, which get the colluders from the node's policy); their
+  lines join these when it is there.
 
 Each deviation returns one dict: {"deviation", "name", "defence", "recovered", ...what the
 server obtained}.
@@ -234,7 +236,7 @@ def repeated_sums(setup: Setup, defence: bool, repeats: int = 10) -> dict:
 DEVIATIONS = {"a": plaintext_handler, "b": low_noise_plan, "c": key_file, "e": repeated_sums}
 
 
-def deviations(data: str, *, epsilon: float = 1.0, nodes: int = 24, algorithm: str = "adadpals", which: str = "abcde") -> list[dict]:
+def deviations(data: str, *, epsilon: float = 1.0, nodes: int = 24, algorithm: str = "adadpals", which: str = "abcdef") -> list[dict]:
     """Every deviation with the defence on, then every positive control (defence off): one dict each."""
     import logging
 
@@ -251,15 +253,15 @@ def _deviations(data: str, *, epsilon: float, nodes: int, algorithm: str, which:
     setup = Setup(data, nodes=nodes, epsilon=epsilon, algorithm=algorithm)
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # deviant_keys sits beside this file
     try:
-        from deviant_keys import key_substitution  # (d): another module's, when it is there
+        from deviant_keys import colluding_threshold, key_substitution  # (d), (f): another module's, when it is there
     except ImportError:
-        key_substitution = None
+        key_substitution = colluding_threshold = None
     out = []
     for defence in (True, False):
         for d in sorted(which):
-            if d == "d":
+            if d in "df":
                 if key_substitution is not None:
-                    out.append(key_substitution(defence))
+                    out.append((key_substitution if d == "d" else colluding_threshold)(defence))
             elif d in DEVIATIONS:
                 out.append(DEVIATIONS[d](setup, defence))
     return out

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from fedpriv.errors import ConfigError
+from fedpriv.errors import ConfigError, PrivacyError
 from fedpriv.testing.local_grid import LocalGrid
 from fedpriv.flower.secure_strategy import SecureDPFedAvg, flatten, secure_client_app
 from fedpriv.privacy.accounting import RdpAccountant
@@ -135,6 +135,35 @@ def test_evaluation_is_a_secure_sum_and_a_node_refuses_plaintext_evaluation():
         SecureDPFedAvg(clipping_norm=1.0, noise_multiplier=1.0).start(grid=LocalGrid(2, client_app=secure_client_app(train, evaluate)), initial_arrays=ArrayRecord({"w": Array(np.zeros(3))}), num_rounds=1)
     with pytest.raises(ConfigError, match="evaluate_metrics"):
         SecureDPFedAvg(clipping_norm=1.0, noise_multiplier=1.0, evaluate_metrics="loss")
+
+
+@pytest.mark.parametrize("defence", [True, False])
+def test_a_node_refuses_a_round_with_too_little_noise_for_its_own_policy(defence):
+    """A server that plans its rounds with 1e-6 of the noise (here: a strategy configured so, what
+    a deviating server would send) gets nothing from nodes whose own policy says epsilon 2 over
+    the run, 12 contributors, 1 colluder: each node checks the plan before it draws its share and
+    replies with an error (logged), so the round releases nothing and the run stops. Positive control: with the
+    permissive policy (no defence) the same rounds are summed, and the server reads the mean of
+    the clipped updates to within 1e-3."""
+    from fedpriv.flower.node_policy import NodePolicy
+
+    rng = np.random.default_rng(1)
+    n, dim = 12, 20
+    updates = {p: rng.normal(size=dim) * 0.1 for p in range(n)}
+    policy = NodePolicy(aggregation="secure", max_epsilon=2.0, min_contributors=n, colluders=1) if defence else NodePolicy.permissive()
+    strategy = SecureDPFedAvg(clipping_norm=1.0, noise_multiplier=1e-6, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n)
+    grid = LocalGrid(n, client_app=_toy_app(updates, []), node_policy=policy)
+    init = ArrayRecord({"w": Array(np.zeros(dim))})
+    if defence:
+        with pytest.raises(PrivacyError, match="0 masked replies.*nothing is released"):
+            strategy.start(grid=grid, initial_arrays=init, num_rounds=1)
+        assert strategy.ledger.releases == []
+        refusals = [r for r in strategy.counters.rejected if "node policy: refused" in str(r)]
+        assert len(refusals) == n and all("budget 2" in str(r) for r in refusals)
+        return
+    res = strategy.start(grid=grid, initial_arrays=init, num_rounds=1)
+    expected = np.mean([u * min(1.0, 1.0 / np.linalg.norm(u)) for u in updates.values()], axis=0)
+    assert np.max(np.abs(flatten(res.arrays) - expected)) < 1e-3
 
 
 @pytest.mark.deployment

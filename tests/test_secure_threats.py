@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import load_script
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fedpriv.algorithms.config import ALSConfig
@@ -185,6 +186,61 @@ def test_with_a_majority_threshold_a_split_unmask_request_never_yields_both_secr
             pass
     assert got_self + got_key <= len(ids)
     assert not (got_self >= params.threshold and got_key >= params.threshold)
+
+
+@pytest.mark.parametrize("defence", [True, False])
+def test_a_node_refuses_a_threshold_too_low_for_the_colluders_of_its_own_policy(defence):
+    """Deviation (f) (simulations/deviant_keys.py): a server colluding with one node asks for t = 4
+    of 7 holders and splits the victim's holders between "survived" and "dropped". Defence: a
+    node that assumes one colluder refuses that t (2t <= k + 1 + c) before it shares anything.
+    Positive control: nodes that assume none share, and the server unmasks the victim's input
+    exactly from its masked vector alone."""
+    r = load_script("deviant_keys").colluding_threshold(defence)
+    assert r["deviation"] == "f" and r["threshold"] == 4 and r["degree"] == 6 and 2 * r["threshold"] <= r["degree"] + 1 + 1
+    if defence:
+        assert r["recovered"] is False and len(r["refused"]) == r["nodes"]
+        assert all("1 colluding" in x["reason"] and "needs 2t > 8" in x["reason"] for x in r["refused"])
+    else:
+        assert r["recovered"] is True and r["max_abs_error"] == 0 and r["refused"] == []
+
+
+def test_the_flower_share_handler_takes_the_colluders_from_the_node_policy_not_the_message(monkeypatch):
+    """The secure handler passes the colluders of the node's own policy to the node class; the
+    message has no say."""
+    from fedpriv.flower import secure_client
+    from fedpriv.flower.node_policy import NodePolicy
+
+    seen = {}
+
+    class Node:
+        def share(self, *args, colluders=0, **kw):
+            seen["colluders"] = colluders
+            raise SecAggError("stop here", field="threshold")
+
+    monkeypatch.setattr(secure_client, "_node", lambda *a, **k: Node())
+    for policy, want in ((NodePolicy(colluders=3, min_contributors=5), 3), (NodePolicy(colluders=None, min_contributors=None), 0)):
+        monkeypatch.setattr(secure_client, "node_policy", lambda ctx, p=policy: p)
+        sec = ConfigRecord({"label": "r", "bits": 32, "degree": 6, "threshold": 4, "colluders": 0})
+        msg = Message(RecordDict({"secagg": sec, "channel_keys": ConfigRecord({})}), dst_node_id=1, message_type="query.secagg_share")
+        ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+        with pytest.raises(SecAggError):
+            secure_client.share(msg, ctx)
+        assert seen["colluders"] == want
+
+
+def test_the_default_threshold_holds_against_the_runs_colluders():
+    from fedpriv.privacy.secagg import default_threshold
+
+    for k in range(1, 40):
+        for c in range(0, 4):
+            try:
+                t = default_threshold(k, c)
+            except SecAggError as err:
+                assert err.field == "colluders" and (k + 1 + c) // 2 + 1 > k + 1
+                continue
+            assert 2 * t > k + 1 + c and t > c and t <= k + 1
+            assert 2 * (t - 1) <= k + 1 + c  # the least such t: no more dropouts lost than needed
+    assert plan_params(3, 32, colluders=1).threshold == 3 and plan_params(4, 32, colluders=1).threshold == 3
 
 
 # ---------------------------------------------------------------------------- plaintext replies

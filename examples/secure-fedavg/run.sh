@@ -15,4 +15,11 @@ stop_superlink() {
     for _ in $(seq 30); do kill -0 $pids 2>/dev/null || return 0; sleep 0.5; done
 }
 trap stop_superlink EXIT
+# Each node's own privacy policy (fedpriv.flower.node_policy), which no message can change: the
+# nodes of this simulation are yours, so you write it. Secure rounds only; a budget of
+# NODE_EPSILON (default 10) at delta 1e-5 over the run, with the noise counted as the shares of
+# all NODES nodes, 1 of them colluding with the server. A server that asks for more is refused.
+export FEDPRIV_NODE_POLICY="$FLWR_HOME/node-policy.json"
+printf '{"aggregation": "secure", "max_epsilon": %s, "delta": 1e-05, "min_contributors": %s, "colluders": 1}\n' \
+    "${NODE_EPSILON:-10}" "${NODES:-10}" >"$FEDPRIV_NODE_POLICY"
 flwr run . --stream --federation-config "num-supernodes=${NODES:-10}" ${1:+--run-config "$1"}

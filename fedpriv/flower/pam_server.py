@@ -127,7 +127,7 @@ class _GridPamTransport:
         if state.config.aggregation.secure:
             from .secure_server import SecureRounds
 
-            self.secure = SecureRounds(rounds, users_per_node)
+            self.secure = SecureRounds(rounds, users_per_node, colluders=state.config.aggregation.collusion)
 
     def start(self, state, server) -> None:
         pass

@@ -36,7 +36,7 @@ from ..errors import PrivacyError
 from ..privacy.randomness import node_noise_rng
 from . import codec
 from .node_eval import node_eval
-from .node_policy import check_plan
+from .node_policy import check_plan, node_policy
 from .node_secrets import with_keys
 from .partition import data_dir_of, load_shard, node_feature_table
 
@@ -119,15 +119,18 @@ def _graph(content, sec):
 def share(msg: Message, context: Context) -> Message:
     """A fresh mask key and self-mask seed for this release, Shamir-shared with the neighbours.
     An authenticated node first checks every neighbour's key against its roster and the
-    neighbours against the public graph, and refuses (an error reply, logged) otherwise."""
+    neighbours against the public graph; every node checks the Shamir threshold against the
+    colluders of its own policy (``2t > degree + 1 + colluders``); it refuses (an error reply,
+    logged) otherwise."""
     from .node_identity import node_identity
 
     node = _node(context, context.node_id, node_identity(context))
     sec = msg.content.config_records["secagg"]
     label, params = _release(sec)
+    colluders = node_policy(context).colluders or 0  # the node's own assumption, never the message's
     try:
         mask_key, ciphertexts = node.share(label, params, _ids(msg.content.config_records["channel_keys"]),
-                                           adverts=_adverts(msg.content), graph=_graph(msg.content, sec))
+                                           adverts=_adverts(msg.content), graph=_graph(msg.content, sec), colluders=colluders)
     except PrivacyError as exc:
         _refused(f"share of release {label!r}", context, exc)
         raise

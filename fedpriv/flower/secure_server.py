@@ -90,8 +90,10 @@ def _shares(reply: dict) -> list[tuple[str, bytes]]:
 class SecureRounds:
     """The secure-summation rounds of one job over ``rounds`` (its serving nodes)."""
 
-    def __init__(self, rounds: Rounds, users_per_node: int, degree: int | None = None, threshold: int | None = None, mask_message_type: str = "query.secagg_mask"):
+    def __init__(self, rounds: Rounds, users_per_node: int, degree: int | None = None, threshold: int | None = None, mask_message_type: str = "query.secagg_mask",
+                 colluders: int = 0):
         self.rounds, self.users_per_node = rounds, int(users_per_node)
+        self.colluders = int(colluders)  # the run's colluding nodes: the Shamir threshold holds against them (nodes refuse a lower one)
         self.mask_message_type = mask_message_type  # the round whose message makes the node compute its contribution
         self.degree, self.threshold = degree, threshold
         self.channel_keys: dict[int, bytes] = {}
@@ -173,7 +175,7 @@ class SecureRounds:
             raise PrivacyError(f"secure round {kind!r}: {len(nodes)} node(s) with channel keys; secure summation needs at least 2")
         self.count += 1
         label = f"{self.run_label}/{kind}/{step}/{self.count}"
-        params = plan_params(len(nodes), plan.bits, self.degree, self.threshold)
+        params = plan_params(len(nodes), plan.bits, self.degree, self.threshold, self.colluders)
         server = SecAggServer(nodes, params, seed=self.graph_seed)
         sec = {"label": label, "bits": params.bits, "degree": params.degree, "threshold": params.threshold}
         name = f"{kind}{'' if kind != 'step' else step + 1}"

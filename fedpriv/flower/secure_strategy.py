@@ -7,7 +7,9 @@ learns only the noised sum of the clipped updates, adds its mean to the model, a
 round in a :class:`fedpriv.privacy.ledger.PrivacyLedger` (epsilon from dp-accounting).
 
 Client side: :func:`secure_client_app` wraps an ordinary train function: the function trains as
-usual and returns its ``arrays``; the wrapper turns the update into masked words.
+usual and returns its ``arrays``; the wrapper checks the round's plan against the node's own
+policy (:mod:`fedpriv.flower.node_policy`, from the node's configuration) and turns the update
+into masked words.
 
 The privacy unit is one node (cross-device: one user per node). Nodes are sampled by FedAvg's
 rule, but the accounting gives no credit for sampling (distributed Skellam noise has no
@@ -176,7 +178,7 @@ class SecureDPFedAvg(FedAvg):
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         rounds = Rounds(grid, sorted(grid.get_node_ids()), self.counters, self.round_timeout or timeout)
-        secure = SecureRounds(rounds, users_per_node=1, mask_message_type="train")
+        secure = SecureRounds(rounds, users_per_node=1, mask_message_type="train", colluders=self.collusion)
         result, arrays = Result(), initial_arrays
         if evaluate_fn is not None:
             res = evaluate_fn(0, arrays)
@@ -211,9 +213,11 @@ def _clip(update: np.ndarray, norm: float) -> np.ndarray:
 def secure_train(train_fn: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
     """Wrap a ClientApp train function for :class:`SecureDPFedAvg`: ``train_fn`` trains and
     returns a reply with ``arrays`` as usual; the wrapper clips the update (reply arrays minus the
-    received ones) to the round's clipping norm, quantizes it, adds this node's Skellam noise
-    share (OS randomness) and masks it. Only the masked words leave the node: the reply's
-    metrics are dropped."""
+    received ones) to the round's clipping norm, checks the round's plan against the node's own
+    policy (:func:`fedpriv.flower.node_policy.check_plan`: the plan's sensitivity covers that norm,
+    its noise as the node counts contributors and colluders, the node's budget over the rounds),
+    quantizes the update, adds this node's Skellam noise share (OS randomness) and masks it. Only
+    the masked words leave the node: the reply's metrics are dropped."""
 
     def train(msg: Message, context: Context) -> Message:
         sec = msg.content.config_records.get("secagg")
@@ -225,6 +229,10 @@ def secure_train(train_fn: Callable[[Message, Context], Message]) -> Callable[[M
         clip = float(msg.content.config_records["config"]["clipping_norm"])
         update = _clip(flatten(after) - flatten(before), clip)
         plan = distributed.DistributedPlan.from_dict(json.loads(str(sec["plan"])))
+        # the node's own policy, before its noise share is drawn: the plan's sensitivity covers the
+        # norm this node clipped to, its noise (as this node counts contributors and colluders) is
+        # above the node's floor, and the release fits the node's budget
+        secure_client.check_plan(context, RELEASE, plan, [(RELEASE, update.size, clip)])
         words = distributed.encode(plan, {RELEASE: update}, node_noise_rng(None, str(sec["label"]), reproducible=False))
         return secure_client.masked_reply(msg, context, words)
 

@@ -227,7 +227,7 @@ class _GridTransport(RatingTransport):
     def __init__(self, job: FlowerJob, rounds: Rounds, nodes: _Nodes, down, data_dir: str):
         self.job, self.rounds, self.nodes, self.down, self.data_dir = job, rounds, nodes, down, data_dir
         self.n_params = 0
-        self.secure = SecureRounds(rounds, job.users_per_node) if job.cfg.aggregation.secure else None
+        self.secure = SecureRounds(rounds, job.users_per_node, colluders=job.cfg.aggregation.collusion) if job.cfg.aggregation.secure else None
 
     def population(self) -> tuple[int, int]:
         return self.secure.population()

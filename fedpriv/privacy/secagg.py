@@ -52,9 +52,10 @@ Trust assumptions
 * An honest node reveals, within one release, at most one of the two shares (``b`` or
   ``s_sk``) of each neighbour, and refuses inconsistent requests (a node listed both as
   survivor and dropped, itself listed as dropped, a flip between the two kinds, too few
-  survivors). Together with the default threshold ``t = floor(k/2) + 1`` (a strict majority
-  of each neighbourhood of size ``k``) no one can collect ``t`` shares of both secrets of the
-  same node from honest neighbours, because two sets of ``t`` neighbours must overlap.
+  survivors). Together with the default threshold ``t = floor((k + 1 + c)/2) + 1`` against
+  ``c`` colluding nodes (each node refuses a lower one for the ``c`` of its own configuration)
+  no one can collect ``t`` shares of both secrets of the same node, because two groups of ``t``
+  holders, each topped up by the ``c`` colluders, must overlap in an honest holder.
 * Privacy of ``x_u`` fails if ``t`` or more of ``u``'s neighbours collude with the server.
   Larger degrees make a colluding majority of a neighbourhood less likely for a random graph;
   the default degree ``~2*log2(n)`` trades that against cost.
@@ -176,14 +177,21 @@ def default_degree(n: int) -> int:
     return k
 
 
-def default_threshold(degree: int) -> int:
-    """The default Shamir threshold ``floor((degree + 1) / 2) + 1``: a strict majority of a
-    node's ``degree + 1`` share holders (its neighbours and itself). The node itself reveals
-    only its own self-mask seed share (never its mask-key share), so no two disjoint groups of
-    honest holders can each hand over ``t`` shares (one group the self-mask seed, the other the
-    mask key) of the same node."""
+def default_threshold(degree: int, colluders: int = 0) -> int:
+    """The default Shamir threshold ``floor((degree + 1 + colluders) / 2) + 1``: the least ``t``
+    with ``2t > degree + 1 + colluders``. The node itself reveals only its own self-mask seed
+    share (never its mask-key share) and each of ``colluders`` neighbours may reveal both, so no
+    two disjoint groups of honest holders, each topped up by the colluders, can hand over ``t``
+    shares (one group the self-mask seed, the other the mask key) of the same node. With
+    ``colluders = 0``: a strict majority of the ``degree + 1`` share holders."""
     degree = _check_int(degree, "degree", 1)
-    return (degree + 1) // 2 + 1
+    colluders = _check_int(colluders, "colluders", 0)
+    t = (degree + 1 + colluders) // 2 + 1
+    if t > degree + 1:
+        raise SecAggError(f"no threshold of a node's {degree + 1} share holders holds against {colluders} colluding node(s) "
+                          f"(2t > {degree + 1 + colluders} needs t > {degree + 1}): use more nodes (a larger degree) or assume fewer colluders",
+                          field="colluders")
+    return t
 
 
 def _check_degree(n: int, degree: int) -> int:
@@ -197,13 +205,14 @@ def _check_degree(n: int, degree: int) -> int:
 
 
 def plan_params(n_nodes: int, bits: int, degree: int | None = None,
-                threshold: int | None = None) -> SecAggParams:
+                threshold: int | None = None, colluders: int = 0) -> SecAggParams:
     """Validated :class:`SecAggParams` for ``n_nodes`` nodes; ``degree`` and ``threshold``
-    default to :func:`default_degree` and :func:`default_threshold`."""
+    default to :func:`default_degree` and :func:`default_threshold` (against ``colluders``
+    colluding nodes)."""
     n = _check_int(n_nodes, "n_nodes", 2)
     bits = _check_int(bits, "bits", 1, 64)
     k = default_degree(n) if degree is None else _check_degree(n, degree)
-    t = default_threshold(k) if threshold is None else _check_int(threshold, "threshold", 2, k + 1)
+    t = default_threshold(k, colluders) if threshold is None else _check_int(threshold, "threshold", 2, k + 1)
     return SecAggParams(bits=bits, degree=k, threshold=t)
 
 
@@ -496,9 +505,15 @@ class SecAggNode:
 
     def share(self, release: bytes, params: SecAggParams,
               neighbours: dict[int, bytes], *, adverts: dict[int, tuple[str, bytes]] | None = None,
-              graph: tuple[Collection[int], bytes] | None = None) -> tuple[bytes, dict[int, bytes]]:
+              graph: tuple[Collection[int], bytes] | None = None, colluders: int = 0) -> tuple[bytes, dict[int, bytes]]:
         """Start ``release``: make a fresh mask key pair and self-mask seed, and Shamir-share
         both among ``neighbours`` (``{id: channel public key}``).
+
+        ``colluders``: how many of its share holders this node assumes may collude with the
+        server (the node's own configuration, never the server's message). It refuses a
+        threshold ``t`` with ``2t <= degree + 1 + colluders`` (the server and the colluders could
+        collect ``t`` shares of both its secrets from two groups of honest holders) or
+        ``t <= colluders``.
 
         An authenticated node also needs ``adverts`` (``{id: (roster name, signature)}`` from
         each neighbour's :meth:`advertisement`) and ``graph`` (``(members, seed)`` of the public
@@ -521,11 +536,13 @@ class SecAggNode:
         if len(peers) + 1 < params.threshold:
             raise SecAggError(f"{len(peers)} neighbours and this node hold fewer shares than the threshold "
                               f"{params.threshold}", field="neighbours")
-        if 2 * params.threshold <= len(peers) + 1:
-            # a smaller threshold would let a deviating server collect both kinds of share of one
-            # node: the self-mask seed from one group of holders, the mask key from another
-            raise SecAggError(f"threshold {params.threshold} is not a strict majority of the {len(peers) + 1} share holders "
-                              f"(this node and its {len(peers)} neighbours); refused", field="threshold")
+        colluders = _check_int(colluders, "colluders", 0)
+        if 2 * params.threshold <= len(peers) + 1 + colluders or params.threshold <= colluders:
+            # a smaller threshold would let a deviating server (with the colluders' shares of both
+            # kinds) collect both kinds of share of one node: the self-mask seed from one group of
+            # honest holders, the mask key from another
+            raise SecAggError(f"threshold {params.threshold} is too low for the {len(peers) + 1} share holders (this node and its "
+                              f"{len(peers)} neighbours) with {colluders} colluding: needs 2t > {len(peers) + 1 + colluders}; refused", field="threshold")
         names, digest = {}, b""
         if self.identity is not None:
             names = self._verify_adverts(peers, neighbours, adverts)

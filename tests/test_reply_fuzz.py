@@ -781,8 +781,9 @@ def test_more_bad_nodes_than_the_plan_tolerates_stop_the_secure_run_with_nothing
 def test_a_copy_of_another_nodes_masked_words_or_mask_key_rejects_both(tmp_path):
     """Within one round, node 1001 sends node 1002's masked words (the mean's sum), then node
     1002's mask key (the counts' sum). Which one is the copy is not known: both replies are
-    rejected, and the run equals the one where both nodes stay silent there (5 nodes, noise
-    shares sized for 3)."""
+    rejected, and the run equals the one where both nodes stay silent there (6 nodes, noise
+    shares sized for 4; with one colluder assumed, the Shamir threshold 4 of a node's 6 share
+    holders survives two lost nodes, where 5 nodes, t = 4 of 5, would survive one)."""
     ov = {"secure_dropout": "0.4"}
 
     def where(msg, kind, message_type):
@@ -802,8 +803,8 @@ def test_a_copy_of_another_nodes_masked_words_or_mask_key_rejects_both(tmp_path)
         pair = nid in (1001, 1002)
         return [] if pair and (where(msg, "mean", "query.secagg_mask") or where(msg, "counts", "query.secagg_share")) else None
 
-    m, led, res = _run("secure", FuzzGrid(5, copier), tmp_path / "copy", users_per_node=16, **ov)
-    m_ref, led_ref, ref = _run("secure", FuzzGrid(5, silent), tmp_path / "silent", users_per_node=16, **ov)
+    m, led, res = _run("secure", FuzzGrid(6, copier), tmp_path / "copy", users_per_node=14, **ov)
+    m_ref, led_ref, ref = _run("secure", FuzzGrid(6, silent), tmp_path / "silent", users_per_node=14, **ov)
     copies = [(r["round"], r["node"]) for r in res.rejected]
     assert sorted(copies) == [("counts:share", 1001), ("counts:share", 1002), ("mean", 1001), ("mean", 1002)]
     assert all("another reply of this round" in r["reason"] for r in res.rejected)

@@ -6,3 +6,4 @@ from . import family  # noqa: F401 - registers the built-in members
 from . import dpals_uniform  # noqa: F401 - registers itself
 from . import bias  # noqa: F401 - registers itself
 from . import popular  # noqa: F401 - registers itself
+from . import topk  # noqa: F401 - registers topk and ease

@@ -61,6 +61,8 @@ class PublicState:
     item_bias: np.ndarray | None = None
     item_support: np.ndarray | None = None  # bias stage: the released per-item weight sums W
     encoder_params: np.ndarray | None = None  # am-dpsgd: the public encoder, broadcast to clients
+    # topk / ease: the item-item model over the head items (post-processing of the released statistic)
+    item_item: np.ndarray | None = field(default=None, repr=False)
     # the AM-SSP family's released encoder, flattened (kept for saved models; never broadcast)
     encoder_release: np.ndarray | None = field(default=None, repr=False)
     multipliers: dict[str, float] = field(default_factory=dict)

@@ -93,9 +93,11 @@ def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: 
     step); factors are fitted only when the snr of one noising reaches ``FACTOR_SNR`` (on the
     300k-rating synthetic set at epsilon 20, AM-SSP1's 200 noisings at snr 421 lost 0.057 to
     the bias model)."""
+    spec = registry.get(algorithm)
+    if spec.rule is not None:  # an algorithm with a rule of its own (topk)
+        return spec.rule.choose(epsilon, delta, n_items, n_users)
     s = snr(epsilon, delta, n_items, n_users)
     ridge, clip = bias_settings(s)
-    spec = registry.get(algorithm)
     if spec.bias_model:  # bias_prior: +0.001 to +0.0033 test RMSE gained on ML-100K and ml-latest-small at epsilon 0.5-20 (3 seeds)
         return {"reg_noise_units": ridge, "rating_clip": clip, "bias_prior": True}
     stage_first = spec.contribution == "stats"  # its clients send per-item statistics: the stage can precede its steps
@@ -118,7 +120,10 @@ def noise_aware_config(cfg, algorithm: str, epsilon: float, delta: float, n_item
     (``cfg.given``), validated. ``cfg`` itself is left as it is."""
     noisings = registry.get(algorithm).noisings(cfg)
     chosen = {k: v for k, v in choose(algorithm, epsilon, delta, n_items, n_users, cfg.given, noisings).items() if k not in cfg.given}
-    new = dataclasses.replace(cfg, **chosen)
+    own = registry.get(algorithm).option_keys  # the algorithm's own options (cfg.options)
+    new = dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if k not in own})
+    if own & set(chosen):
+        new.options = dataclasses.replace(cfg.options, **{k: v for k, v in chosen.items() if k in own})
     new.validate()
     return new
 
@@ -127,7 +132,9 @@ def explain(algorithm: str, cfg, epsilon: float, delta: float, n_items: int, n_u
     """Why the rule chose what it chose, in public numbers: the snr statistic, the thresholds,
     the model it picked and the keys the user had set (which it left alone)."""
     s = snr(epsilon, delta, n_items, n_users)
-    if registry.get(algorithm).bias_model:
+    if registry.get(algorithm).rule is not None:
+        model = registry.get(algorithm).rule.explain(cfg, epsilon, delta, n_items, n_users)
+    elif registry.get(algorithm).bias_model:
         model = "the bias model (its own algorithm): the rule sets its ridge, its clip and the public-feature prior only"
     elif (cfg.rank == 0 or (cfg.steps == 0 and cfg.bias_stage)) and registry.get(algorithm).noisings(cfg) > 1:
         n = registry.get(algorithm).noisings(cfg)

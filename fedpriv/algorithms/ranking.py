@@ -78,6 +78,8 @@ def ranking_scores(shard: UserShard, state: als.PublicState, candidates: np.ndar
     predicted rating alone when the run released no popularity)."""
     from .recommend import client_scores
 
+    if state.spec.ranker is not None:  # an algorithm with a ranking of its own (topk, ease)
+        return state.spec.ranker(shard, state, candidates)
     pred = client_scores(shard, state, candidates, clip=True)
     pop = popularity(state)
     if pop is None:

@@ -67,6 +67,21 @@ class AlgorithmSpec:
     options: type | None = None
     # its typed configuration class (fedpriv.algorithms.typed): registering names the class
     typed: type | None = None
+    # an algorithm with a noise-aware rule of its own (``choose(epsilon, delta, n_items, n_users)``
+    # -> values, ``explain(cfg, epsilon, delta, n_items, n_users)`` -> text): the rule of
+    # fedpriv.algorithms.defaults defers to it (topk)
+    rule: object | None = None
+    # its own ranking score ``(shard, state, candidates) -> (users, candidates)`` for top-k lists
+    # (fedpriv.algorithms.ranking.ranking_scores defers to it), else the family's blend
+    ranker: Callable | None = None
+    # its number of alternating steps for a config (default: ``steps``, none when ``setup_only``)
+    n_steps: Callable | None = None
+
+    def steps_of(self, cfg) -> int:
+        """The alternating steps a run of this config makes."""
+        if self.n_steps is not None:
+            return int(self.n_steps(cfg))
+        return 0 if self.setup_only else int(cfg.steps)
 
     def noisings(self, cfg) -> int:
         """Independent noise draws of the item statistics per alternating step (1 unless SSP1)."""

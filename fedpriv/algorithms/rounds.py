@@ -68,7 +68,7 @@ class RatingRounds:
         return protocol.server_setup(state, features)
 
     def n_steps(self, state: als.PublicState) -> int:
-        return 0 if state.spec.setup_only else state.config.steps
+        return state.spec.steps_of(state.config)
 
     def step_kind(self, state: als.PublicState) -> str:
         return "step"

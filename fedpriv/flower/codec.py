@@ -32,7 +32,7 @@ def to_array(x) -> Array:
 
 # ------------------------------------------------------------------ server -> clients
 # what the clients read (the bias stage's item_support stays on the server: only its item solve reads it)
-STATE_ARRAYS = ("item_factors", "item_bias", "counts_hat", "omega", "encoder_params")
+STATE_ARRAYS = ("item_factors", "item_bias", "counts_hat", "omega", "encoder_params", "item_item")
 
 
 def encode_state(state: als.PublicState, data_dir: str, users_per_node: int, round_index: int = 0, key_file: str | None = None) -> RecordDict:

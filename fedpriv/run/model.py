@@ -104,6 +104,8 @@ class Model:
                 value = getattr(self.state, name)
                 if value is not None:
                     arrays[name] = np.asarray(value, dtype=np.float64)
+            if self.state.item_item is not None:  # topk / ease: the item-item model of the head items
+                arrays["item_item"] = np.asarray(self.state.item_item, dtype=np.float32)
             numeric_ids = np.issubdtype(self.item_ids.dtype, np.number)
             if numeric_ids:
                 arrays["item_ids"] = self.item_ids
@@ -167,6 +169,11 @@ class Model:
             if value is not None and (value.shape != (n_items,) or not np.isfinite(value).all()):
                 raise DataError(f"{name} must be a finite ({n_items},) array", path=str(path / "model.npz"))
             setattr(state, name, value)
+        B = arrays.get("item_item")
+        if B is not None:
+            if B.ndim != 2 or B.shape[0] != B.shape[1] or B.shape[0] > n_items or not np.isfinite(B).all():
+                raise DataError(f"item_item must be a finite square (M, M) array with M <= {n_items}", path=str(path / "model.npz"))
+            state.item_item = B.astype(np.float32)
         ids = arrays["item_ids"] if "item_ids" in arrays else np.asarray(meta.get("item_ids") or [], dtype=object)
         if len(ids) != n_items:
             raise DataError(f"expected {n_items} item ids, got {len(ids)}", path=str(path / "model.json"))

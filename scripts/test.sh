@@ -9,9 +9,10 @@
 #   1. the default suite on 1.39 (under 10 minutes);
 #   2. the deployment suite, each test once, split over the two Fleet API transports: on 1.39
 #      (gRPC-rere) the loopback deployments of tests/test_deploy.py, the Runtime API attack
-#      (tests/test_hostnet.py), the Ray-cluster tests and docs/how-to/deployment.md's block; on
-#      1.42 (HTTP) the rest: the Docker test, the two-host namespaces, replace-one accounting,
-#      the Flower example and docker/README.md's block;
+#      (tests/test_hostnet.py) and the Ray-cluster tests; on 1.42 (HTTP) the rest: the Docker
+#      test, the two-host namespaces, replace-one accounting and the Flower example (the
+#      documented walk-throughs of docs/how-to/deployment.md and docker/README.md, which repeat
+#      tests/test_deploy.py and tests/test_docker.py, under --all);
 #   3. `pip install .` resolving beside the installed Flower 1.42.0;
 #   4. the Flower-engine tests (marker `flower`: `flwr run`, the Flower simulation, a Flower grid) on 1.42.
 # `bash scripts/test.sh --all` (about 3 hours) adds the slow suite (the default suite's slowest
@@ -74,8 +75,11 @@ suite "default suite" .venv
 .venv/bin/python -m pytest -q -m "not deployment and not experiments and not flower and not slow" --durations=15
 # the deployment tests that run on Flower 1.39's gRPC-rere Fleet API (the others on 1.42's HTTP);
 # --all runs every one on both
-ON_OLDEST=(tests/test_deploy.py tests/test_hostnet.py tests/test_ray_cluster.py tests/test_ray_two_hosts.py
-           "tests/test_doc_snippets.py::test_shell_block[docs/how-to/deployment.md#1]")
+ON_OLDEST=(tests/test_deploy.py tests/test_hostnet.py tests/test_ray_cluster.py tests/test_ray_two_hosts.py)
+# the two documented deployment walk-throughs (about 7 minutes each) repeat what tests/test_deploy.py
+# and tests/test_docker.py run step by step: --all runs them (on both versions), to keep CI in 90 minutes
+WALKTHROUGHS=("tests/test_doc_snippets.py::test_shell_block[docs/how-to/deployment.md#1]"
+              "tests/test_doc_snippets.py::test_shell_block[docker/README.md#7]")
 if [ "$ALL" = 1 ]; then
     suite "slow suite (the default suite's slowest tests: tests/conftest.py SLOW_TESTS)" .venv
     .venv/bin/python -m pytest -q -m "slow and not deployment and not experiments and not flower"
@@ -95,4 +99,4 @@ if [ "$ALL" = 1 ]; then
     exec .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments" --durations=10
 fi
 suite "Flower-engine tests and the rest of the deployment suite (with Docker) on the HTTP Fleet API" .venv-newest
-exec .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments" "${ON_OLDEST[@]/#/--deselect=}" --durations=10
+exec .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments" "${ON_OLDEST[@]/#/--deselect=}" "${WALKTHROUGHS[@]/#/--deselect=}" --durations=10

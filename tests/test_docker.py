@@ -395,7 +395,10 @@ def test_compose_secure_run_completes_with_a_supernode_container_killed(stack, i
         counts[rec["name"]] = counts.get(rec["name"], 0) + int(rec["count"])
     plan = als.plan_releases("adadpals", als.ALSConfig.from_overrides({**OVERRIDES, "aggregation": "secure"}, "adadpals"), False)
     assert {p.name: p.count for p in plan} == counts
-    eps = epsilon_bounds(PrivacyLedger.releases_from_list(records), metrics["delta"])[0]  # epsilon from the ledger itself
+    # epsilon from the ledger itself, under the relation the deployment states (replace-one: the
+    # enrolled count is public), which every figure of the run reports
+    assert metrics["neighbouring_relation"] == "replace_one"
+    eps = epsilon_bounds(PrivacyLedger.releases_from_list(records), metrics["delta"], relation="replace_one")[0]
     assert eps == pytest.approx(metrics["epsilon_spent"], rel=1e-9) == pytest.approx(summary["epsilon_spent"], rel=1e-9)
     assert eps == pytest.approx(1.0, rel=1e-3) and eps <= 1.0 * (1 + 1e-3)
     by_round = {r["round"]: r for r in metrics["round_log"]}

@@ -101,7 +101,9 @@ def test_every_algorithm_draws_noise_only_through_the_ledger(small_mf, guarded_r
     from fedpriv.engine.inprocess import train_inprocess
 
     cfg = ALSConfig(rank=3, steps=2, ssp_steps=5, ssp_resamples=3 if algorithm == "am-ssp1" else 0)
-    eps = None if algorithm == "als" else 2.0
+    from fedpriv.algorithms import registry
+
+    eps = 2.0 if registry.get(algorithm).private else None  # als and ease: non-private references
     res = train_inprocess(algorithm, small_mf.interactions, cfg, rating_range=(1, 5), epsilon=eps, item_features=small_mf.item_features, progress=False)
     assert guarded_rng == []
     # the ledger holds exactly the planned releases, each with its planned count

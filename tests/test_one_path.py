@@ -69,10 +69,15 @@ def _superlink_pids(flwr_home: Path) -> list[int]:
 
 def _flwr_run_dot(tmp: Path, root: Path, options: dict) -> dict:
     """``flwr run .`` with the csv and its options in the run config (a project-local FLWR_HOME)."""
+    from fedpriv.flower.node_policy import POLICY_ENV, NodePolicy
+
     home, out, seed_file = tmp / "flwr-home", tmp / "flwr-out", tmp / "seed"
     home.mkdir()
     seed_file.write_text(f"{NOISE_SEED}\n")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "FLWR_HOME": str(home),
+    # the nodes are the user's: their own policy enables the reproducible noise the run asks for
+    # (without it each node refuses the key file the server names: see test_node_policy)
+    policy = NodePolicy.for_run(aggregation="central", epsilon=EPSILON, delta=1e-5, nodes=6, reproducible=True).write(tmp / "node-policy.json")
+    env = {**os.environ, POLICY_ENV: policy, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "FLWR_HOME": str(home),
            "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
     run_config = (f"out='{out}' data='csv:{root / 'ratings.csv'}' data-options='{json.dumps(options)}' epsilon={EPSILON} "
@@ -112,6 +117,7 @@ def test_same_csv_through_every_entry_point(table, tmp_path):
     ref = runs["cli inprocess"]
     assert ref["n_items"] == 32 and ref["engine"] == "inprocess"  # the declared catalogue: 30 rated items and 2 unrated
     for name, m in runs.items():
+        assert not m.get("rejected_replies"), (name, m.get("rejected_replies"))
         assert m["n_items"] == ref["n_items"] and m["n_users"] == ref["n_users"], name
         assert m["epsilon_spent"] == pytest.approx(ref["epsilon_spent"], rel=1e-9), name
         assert m["test_rmse"] == pytest.approx(ref["test_rmse"], rel=1e-5), name

@@ -223,9 +223,8 @@ class TopKRule:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TopK(AlgorithmConfig):
-    """Private top-k (``topk``): the head size, the ridge (in noise std x sqrt(M)) and the
-    popularity blend; None lets the noise-aware rule choose."""
+class _TopKConfig(AlgorithmConfig):
+    """The family's own keys (:class:`TopKOptions`), typed; None: the rule's or the default."""
 
     topk_items: int | None = None
     topk_reg: float | None = None
@@ -233,12 +232,14 @@ class TopK(AlgorithmConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EASE(AlgorithmConfig):
-    """Non-private EASE (``ease``): the head size (default every item), the ridge and the blend."""
+class TopK(_TopKConfig):
+    """Private top-k (``topk``): the head size, the ridge (in noise std x sqrt(M)) and the
+    popularity blend; None lets the noise-aware rule choose."""
 
-    topk_items: int | None = None
-    topk_reg: float | None = None
-    topk_blend: float | None = None
+
+@dataclass(frozen=True, kw_only=True)
+class EASE(_TopKConfig):
+    """Non-private EASE (``ease``): the head size (default every item), the ridge and the blend."""
 
 
 _COMMON = dict(

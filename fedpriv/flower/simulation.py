@@ -92,8 +92,6 @@ def simulate(
         if ray.is_initialized():  # Flower would reuse that connection and ignore the address
             raise FedprivError("Ray is already initialized in this process, so ray_address would be ignored; call ray.shutdown() first")
 
-    from flwr.simulation import run_simulation
-
     if client_app is None:
         from .client_app import app as client_app
 

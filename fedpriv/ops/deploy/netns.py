@@ -165,17 +165,22 @@ def _loopback_listener(port: int) -> socket.socket:
     return s
 
 
+def _exec(command: list[str]) -> None:  # pragma: no cover (a forked child)
+    """Replace this (forked) process by ``command``; exit 127, naming it, if it cannot run."""
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        print(f"fedpriv netns: cannot run {command[0]}: {exc}", file=sys.stderr, flush=True)
+        os._exit(127)
+
+
 def _run_child(command: list[str], pid: int | None = None) -> int:
     """Wait for the child ``pid`` (forked by the caller) or start ``command``; signals to this
     process go to the child. Returns the child's exit status."""
     if pid is None:
         pid = os.fork()
         if pid == 0:  # pragma: no cover (child)
-            try:
-                os.execvp(command[0], command)
-            except OSError as exc:
-                print(f"fedpriv netns: cannot run {command[0]}: {exc}", file=sys.stderr, flush=True)
-                os._exit(127)
+            _exec(command)
 
     def forward(signum, _frame):
         try:
@@ -212,11 +217,7 @@ def run_in_own_network(ports: list[int], command: list[str]) -> int:
         for s in listeners:
             s.close()
         child_sock.close()
-        try:
-            os.execvp(command[0], command)
-        except OSError as exc:
-            print(f"fedpriv netns: cannot run {command[0]}: {exc}", file=sys.stderr, flush=True)
-            os._exit(127)
+        _exec(command)
     child_sock.close()
     msg, fds, _, _ = socket.recv_fds(parent_sock, 16, len(ports))
     parent_sock.close()

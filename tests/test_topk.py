@@ -161,3 +161,15 @@ def test_the_flower_grid_gives_the_in_process_lists_under_a_noise_seed(tmp_path,
         assert np.mean(top(fl.state) == top(ip.state)) > 0.9
     recall = [ranking.evaluate_ranking(st, split.train, split.test, threshold=4.0)["recall"] for st in (fl.state, ip.state)]
     assert recall[0] == pytest.approx(recall[1], abs=1e-12 if aggregation == "central" else 0.02)
+
+
+def test_held_out_users_are_ranked_by_the_family_and_by_popular(data):
+    """The held-out-users protocol (split="heldout"): the held-out users' histories are scored
+    by the released model's own ranking; popular's lists are its released counts there too (they
+    scored 0 before, through a factor model it does not have)."""
+    pop = fedpriv.train("popular", data, epsilon=20.0, noise_seed=1, split="heldout")
+    top = fedpriv.train("topk", data, epsilon=20.0, noise_seed=1, split="heldout")
+    ref = fedpriv.train("ease", data, split="heldout")
+    key = next(k for k in pop.metrics if k.startswith("test_recall_at_"))
+    assert pop.metrics[key] > 0
+    assert ref.metrics[key] > pop.metrics[key] and top.metrics[key] > pop.metrics[key], (pop.metrics[key], top.metrics[key], ref.metrics[key])

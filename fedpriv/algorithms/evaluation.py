@@ -8,7 +8,7 @@ import numpy as np
 
 from . import metrics
 from . import als
-from .shards import shard_users
+from .shards import shard_users, sub_shard
 from ..data.interactions import Interactions
 
 
@@ -67,11 +67,22 @@ def evaluate_recall(
     users = np.asarray(users, dtype=np.int64)
     h = shard_users(history, users)
     t = shard_users(targets, users)
-    U = als.client_user_vectors(h, state)
-    V = als.user_design(state).astype(np.float64)
-    bias = state.item_bias if state.item_bias is not None else 0.0
+    if state.spec.ranker is not None:  # an algorithm with a ranking of its own (topk, ease): its scores of the user's history
+        everything = np.arange(state.n_items)
+
+        def scores(rows):
+            keep = np.zeros(h.n_users, dtype=bool)
+            keep[rows] = True  # contiguous, increasing rows: sub_shard keeps their order
+            return state.spec.ranker(sub_shard(h, keep), state, everything)
+    else:
+        U = als.client_user_vectors(h, state)
+        V = als.user_design(state).astype(np.float64)
+        bias = state.item_bias if state.item_bias is not None else 0.0
+
+        def scores(rows):
+            return U[rows] @ V.T + bias
     return metrics.recall_at_k(
-        lambda rows: U[rows] @ V.T + bias,
+        scores,
         users,
         (h.indptr, h.items),
         (t.indptr, t.items),

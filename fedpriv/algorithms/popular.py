@@ -23,6 +23,16 @@ def no_step_releases(cfg, share: float) -> list:
     return []
 
 
+def popularity_scores(shard, state, candidates) -> np.ndarray:
+    """Every user's list: the released log-popularity of the candidates (the same for all), in
+    every evaluation protocol (random split and held-out users) and in ``recommend``."""
+    from .ranking import popularity
+
+    pop = popularity(state)
+    prior = np.log1p(np.maximum(pop, 0.0)) if pop is not None else np.zeros(state.n_items)
+    return np.broadcast_to(prior[np.asarray(candidates, dtype=np.int64)], (shard.n_users, len(candidates))).copy()
+
+
 SPEC = register(
     AlgorithmSpec(
         "popular",
@@ -34,5 +44,6 @@ SPEC = register(
         defaults=(("rank", "0"), ("steps", "1"), ("share_counts", "0.9"), ("share_mean", "0.08"), ("item_bias", "true"), ("user_bias", "false")),
         fixed=("rank", "steps"),
         typed=Popular,
+        ranker=popularity_scores,
     )
 )

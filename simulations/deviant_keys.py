@@ -142,19 +142,26 @@ def key_substitution(defence: bool, nodes: int = 8, threshold: int = 4, seed: in
         picked = sorted((_INDEX.unpack_from(p)[0], p) for p in stolen)[:t]
         seed_b = _combine([(i, p[_INDEX.size:_SHARE_BYTES]) for i, p in picked])
         mask_sk = _combine([(i, p[_SHARE_BYTES:]) for i, p in picked])
-        y = masked[victim].copy()
-        y -= expand_mask(seed_b, release, y.size, BITS)
-        sk = _private_key(mask_sk)
-        for w in hood:
-            m = expand_mask(_pairwise_secret(sk, shares[w][0], w), release, y.size, BITS)
-            if victim < w:
-                y -= m
-            else:
-                y += m
-        y &= np.uint64((1 << BITS) - 1)
-        out["recovered"] = bool(np.array_equal(y, inputs[victim]))
-        out["max_abs_error"] = int(np.max(np.abs(y.astype(np.int64) - inputs[victim].astype(np.int64))))
+        out.update(_unmask_alone(masked[victim], victim, seed_b, mask_sk, {w: shares[w][0] for w in hood}, release, inputs[victim]))
         return out
+
+
+def _unmask_alone(y: np.ndarray, victim: int, self_seed: bytes, mask_key: bytes, neighbour_keys: dict[int, bytes], release: bytes,
+                  truth: np.ndarray) -> dict:
+    """Remove every mask from one node's masked words with its recovered self-mask seed and mask
+    key (``neighbour_keys``: its neighbours' mask public keys), as the server would; whether that
+    gives the node's input exactly."""
+    y = y.copy()
+    y -= expand_mask(self_seed, release, y.size, BITS)
+    sk = _private_key(mask_key)
+    for w, pk in neighbour_keys.items():
+        m = expand_mask(_pairwise_secret(sk, pk, w), release, y.size, BITS)
+        if victim < w:
+            y -= m
+        else:
+            y += m
+    y &= np.uint64((1 << BITS) - 1)
+    return {"recovered": bool(np.array_equal(y, truth)), "max_abs_error": int(np.max(np.abs(y.astype(np.int64) - truth.astype(np.int64))))}
 
 
 def colluding_threshold(defence: bool, nodes: int = 7, seed: int = 0) -> dict:
@@ -195,13 +202,7 @@ def colluding_threshold(defence: bool, nodes: int = 7, seed: int = 0) -> dict:
     def secret(blobs):
         return _combine([(_INDEX.unpack_from(b)[0], bytes(b[_INDEX.size:])) for b in blobs])
 
-    y = masked[u] - expand_mask(secret(seed_shares), release, 16, BITS)
-    sk = _private_key(secret(key_shares))
-    for v in ids[1:]:  # u < v: u added each pairwise mask
-        y -= expand_mask(_pairwise_secret(sk, shares[v][0], v), release, 16, BITS)
-    y &= np.uint64((1 << BITS) - 1)
-    out["recovered"] = bool(np.array_equal(y, inputs[u]))
-    out["max_abs_error"] = int(np.max(np.abs(y.astype(np.int64) - inputs[u].astype(np.int64))))
+    out.update(_unmask_alone(masked[u], u, secret(seed_shares), secret(key_shares), {v: shares[v][0] for v in ids[1:]}, release, inputs[u]))
     return out
 
 

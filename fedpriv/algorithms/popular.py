@@ -24,12 +24,12 @@ def no_step_releases(cfg, share: float) -> list:
 
 
 def popularity_scores(shard, state, candidates) -> np.ndarray:
-    """Every user's list: the released log-popularity of the candidates (the same for all), in
-    every evaluation protocol (random split and held-out users) and in ``recommend``."""
-    from .ranking import popularity
+    """Every user's list: the standardized released log-popularity of the candidates (the same
+    for all), in every evaluation protocol (random split and held-out users) and in ``recommend``."""
+    from .ranking import popularity_prior
 
-    pop = popularity(state)
-    prior = np.log1p(np.maximum(pop, 0.0)) if pop is not None else np.zeros(state.n_items)
+    prior = popularity_prior(state)
+    prior = prior if prior is not None else np.zeros(state.n_items)
     return np.broadcast_to(prior[np.asarray(candidates, dtype=np.int64)], (shard.n_users, len(candidates))).copy()
 
 

@@ -66,10 +66,18 @@ def popularity(state: als.PublicState) -> np.ndarray | None:
     return None
 
 
-def _standard(x: np.ndarray, axis: int | None = None) -> np.ndarray:
+def standardized(x: np.ndarray, axis: int | None = None) -> np.ndarray:
+    """``x`` minus its mean over ``axis``, over its standard deviation (floored at 1e-12)."""
     mean = x.mean(axis=axis, keepdims=axis is not None)
     std = x.std(axis=axis, keepdims=axis is not None)
     return (x - mean) / np.maximum(std, 1e-12)
+
+
+def popularity_prior(state: als.PublicState) -> np.ndarray | None:
+    """The standardized released log-popularity of every item (None without a released
+    popularity): the part of every ranking score that is the same for all users."""
+    pop = popularity(state)
+    return None if pop is None else standardized(np.log1p(np.maximum(pop, 0.0)))
 
 
 def ranking_scores(shard: UserShard, state: als.PublicState, candidates: np.ndarray, blend: float = RANK_BLEND) -> np.ndarray:
@@ -81,13 +89,13 @@ def ranking_scores(shard: UserShard, state: als.PublicState, candidates: np.ndar
     if state.spec.ranker is not None:  # an algorithm with a ranking of its own (topk, ease)
         return state.spec.ranker(shard, state, candidates)
     pred = client_scores(shard, state, candidates, clip=True)
-    pop = popularity(state)
-    if pop is None:
+    prior = popularity_prior(state)
+    if prior is None:
         return pred
-    prior = _standard(np.log1p(np.maximum(pop, 0.0)))[candidates]
+    prior = prior[candidates]
     if len(candidates) < 2 or blend == 0:
         return np.broadcast_to(prior, pred.shape).copy()
-    return prior[None, :] + blend * _standard(pred, axis=1)
+    return prior[None, :] + blend * standardized(pred, axis=1)
 
 
 def _empty(n_items: int) -> dict:

@@ -158,28 +158,21 @@ def ease(G: np.ndarray, lam: float) -> np.ndarray:
     return B
 
 
-def _standard(x: np.ndarray, axis: int | None = None) -> np.ndarray:
-    mean = x.mean(axis=axis, keepdims=axis is not None)
-    std = x.std(axis=axis, keepdims=axis is not None)
-    return (x - mean) / np.maximum(std, 1e-12)
-
-
 def scores(shard: UserShard, state: als.PublicState, candidates: np.ndarray) -> np.ndarray:
     """(users, candidates) ranking scores: the standardized item-item score of the user's own
     history on the head items plus ``topk_blend`` times the standardized released log-popularity;
     items outside the head (or every item, without the statistic) by popularity alone, below
     the head."""
-    from .ranking import popularity
+    from .ranking import popularity_prior, standardized
 
-    pop = popularity(state)
-    prior = _standard(np.log1p(np.maximum(pop, 0.0))) if pop is not None else np.zeros(state.n_items)
-    out = np.broadcast_to(prior, (shard.n_users, state.n_items)).copy()
-    B = getattr(state, "item_item", None)
+    prior = popularity_prior(state)
+    out = np.broadcast_to(prior if prior is not None else np.zeros(state.n_items), (shard.n_users, state.n_items)).copy()
+    B = state.item_item
     items = head(state)
     if B is not None and len(items) > 1 and B.shape == (len(items), len(items)):
         raw = np.asarray(_rows(shard, state, items) @ B.astype(np.float64))
         out *= _options(state.config).topk_blend
-        out[:, items] += _standard(raw, axis=1)
+        out[:, items] += standardized(raw, axis=1)
         outside = np.ones(state.n_items, dtype=bool)
         outside[items] = False
         out[:, outside] -= 1e6  # below every head item, in popularity order

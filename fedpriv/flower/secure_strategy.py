@@ -43,6 +43,7 @@ from ..privacy.randomness import node_noise_rng
 from ..privacy.records import PlannedRelease
 from . import secure_client
 from .counters import RoundCounters
+from .node_policy import check_plan
 from .rounds import Rounds
 from .secure_server import SecureRounds
 
@@ -232,7 +233,7 @@ def secure_train(train_fn: Callable[[Message, Context], Message]) -> Callable[[M
         # the node's own policy, before its noise share is drawn: the plan's sensitivity covers the
         # norm this node clipped to, its noise (as this node counts contributors and colluders) is
         # above the node's floor, and the release fits the node's budget
-        secure_client.check_plan(context, RELEASE, plan, [(RELEASE, update.size, clip)])
+        check_plan(context, RELEASE, plan, [(RELEASE, update.size, clip)])
         words = distributed.encode(plan, {RELEASE: update}, node_noise_rng(None, str(sec["label"]), reproducible=False))
         return secure_client.masked_reply(msg, context, words)
 

@@ -177,6 +177,12 @@ def default_degree(n: int) -> int:
     return k
 
 
+def _least_threshold(holders: int, colluders: int) -> int:
+    """The least Shamir threshold ``t`` with ``2t > holders + colluders`` (the rule of
+    :func:`default_threshold`, and the one every node checks in :meth:`SecAggNode.share`)."""
+    return (holders + colluders) // 2 + 1
+
+
 def default_threshold(degree: int, colluders: int = 0) -> int:
     """The default Shamir threshold ``floor((degree + 1 + colluders) / 2) + 1``: the least ``t``
     with ``2t > degree + 1 + colluders``. The node itself reveals only its own self-mask seed
@@ -186,7 +192,7 @@ def default_threshold(degree: int, colluders: int = 0) -> int:
     ``colluders = 0``: a strict majority of the ``degree + 1`` share holders."""
     degree = _check_int(degree, "degree", 1)
     colluders = _check_int(colluders, "colluders", 0)
-    t = (degree + 1 + colluders) // 2 + 1
+    t = _least_threshold(degree + 1, colluders)
     if t > degree + 1:
         raise SecAggError(f"no threshold of a node's {degree + 1} share holders holds against {colluders} colluding node(s) "
                           f"(2t > {degree + 1 + colluders} needs t > {degree + 1}): use more nodes (a larger degree) or assume fewer colluders",
@@ -512,8 +518,7 @@ class SecAggNode:
         ``colluders``: how many of its share holders this node assumes may collude with the
         server (the node's own configuration, never the server's message). It refuses a
         threshold ``t`` with ``2t <= degree + 1 + colluders`` (the server and the colluders could
-        collect ``t`` shares of both its secrets from two groups of honest holders) or
-        ``t <= colluders``.
+        collect ``t`` shares of both its secrets from two groups of honest holders).
 
         An authenticated node also needs ``adverts`` (``{id: (roster name, signature)}`` from
         each neighbour's :meth:`advertisement`) and ``graph`` (``(members, seed)`` of the public
@@ -537,7 +542,8 @@ class SecAggNode:
             raise SecAggError(f"{len(peers)} neighbours and this node hold fewer shares than the threshold "
                               f"{params.threshold}", field="neighbours")
         colluders = _check_int(colluders, "colluders", 0)
-        if 2 * params.threshold <= len(peers) + 1 + colluders or params.threshold <= colluders:
+        # (t <= holders, checked above, and 2t > holders + colluders give t > colluders too)
+        if params.threshold < _least_threshold(len(peers) + 1, colluders):
             # a smaller threshold would let a deviating server (with the colluders' shares of both
             # kinds) collect both kinds of share of one node: the self-mask seed from one group of
             # honest holders, the mask key from another

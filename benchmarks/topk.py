@@ -1,5 +1,6 @@
 """Top-k figures of the ``topk`` family: Recall@10 and NDCG@10 of private ``topk`` beside private
-``popular`` at the same epsilon, the non-private ``ease`` and the non-private most-popular list,
+``popular`` and the private bias model ``bias`` at the same epsilon, the non-private ``ease``,
+``als`` and most-popular list,
 on the project's default split (random 80/10/10, public seed 1234). A user's relevant items are
 their held-out ratings >= 4 on a 1-5 scale (the top 20% of the scale otherwise); every item the
 user did not rate in training is a candidate; the lists come from the released model's own
@@ -55,8 +56,10 @@ def figures(data_spec: str, epsilons: list[float], seeds: int, part: str, overri
     popular = ranking.popular_reference(split.train, held, threshold=thr)
     rows.append({"data": data_spec.split(":")[0], "model": "most popular (non-private)", "epsilon": None, "recall": popular["recall"], "ndcg": popular["ndcg"]})
     rows.append({"data": data_spec.split(":")[0], "model": "ease (non-private)", "epsilon": None, "recall": r["recall"], "ndcg": r["ndcg"], "seconds": round(secs, 1)})
+    r_als, secs, _ = score("als", None, 0)
+    rows.append({"data": data_spec.split(":")[0], "model": "als (non-private)", "epsilon": None, "recall": r_als["recall"], "ndcg": r_als["ndcg"], "seconds": round(secs, 1)})
     for eps in epsilons:
-        for name in ("popular", "topk"):
+        for name in ("popular", "bias", "topk"):
             got = [score(name, eps, seed, overrides if name == "topk" else None) for seed in range(1, seeds + 1)]
             rows.append({"data": data_spec.split(":")[0], "model": name, "epsilon": eps, "recall": float(np.mean([g[0]["recall"] for g in got])),
                          "ndcg": float(np.mean([g[0]["ndcg"] for g in got])), "recall_per_seed": [round(g[0]["recall"], 4) for g in got],

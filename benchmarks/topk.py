@@ -1,6 +1,6 @@
-"""Top-k figures of the ``topk`` family: Recall@10 and NDCG@10 of private ``topk`` beside private
+"""Top-k figures of the ``topk`` family: Recall@10 and NDCG@10 of private ``topk`` (EASE) and ``topk-lowrank`` beside private
 ``popular`` and the private bias model ``bias`` at the same epsilon, the non-private ``ease``,
-``als`` and most-popular list,
+``ials``, ``als`` and most-popular list,
 on the project's default split (random 80/10/10, public seed 1234). A user's relevant items are
 their held-out ratings >= 4 on a 1-5 scale (the top 20% of the scale otherwise); every item the
 user did not rate in training is a candidate; the lists come from the released model's own
@@ -36,7 +36,7 @@ def threshold_of(rating_range) -> float:
     return 4.0 if (lo, hi) == (1.0, 5.0) else ranking.relevance_threshold((lo, hi))
 
 
-def figures(data_spec: str, epsilons: list[float], seeds: int, part: str, overrides: dict) -> list[dict]:
+def figures(data_spec: str, epsilons: list[float], seeds: int, part: str, overrides: dict, models=("popular", "bias", "topk", "topk-lowrank")) -> list[dict]:
     data = fedpriv.load_data(data_spec)
     inter = data.interactions if hasattr(data, "interactions") else data.ratings
     split = random_split(inter, seed=1234)
@@ -56,11 +56,12 @@ def figures(data_spec: str, epsilons: list[float], seeds: int, part: str, overri
     popular = ranking.popular_reference(split.train, held, threshold=thr)
     rows.append({"data": data_spec.split(":")[0], "model": "most popular (non-private)", "epsilon": None, "recall": popular["recall"], "ndcg": popular["ndcg"]})
     rows.append({"data": data_spec.split(":")[0], "model": "ease (non-private)", "epsilon": None, "recall": r["recall"], "ndcg": r["ndcg"], "seconds": round(secs, 1)})
-    r_als, secs, _ = score("als", None, 0)
-    rows.append({"data": data_spec.split(":")[0], "model": "als (non-private)", "epsilon": None, "recall": r_als["recall"], "ndcg": r_als["ndcg"], "seconds": round(secs, 1)})
+    for name in ("als", "ials"):
+        r_ref, secs, _ = score(name, None, 0)
+        rows.append({"data": data_spec.split(":")[0], "model": f"{name} (non-private)", "epsilon": None, "recall": r_ref["recall"], "ndcg": r_ref["ndcg"], "seconds": round(secs, 1)})
     for eps in epsilons:
-        for name in ("popular", "bias", "topk"):
-            got = [score(name, eps, seed, overrides if name == "topk" else None) for seed in range(1, seeds + 1)]
+        for name in models:
+            got = [score(name, eps, seed, overrides if name.startswith("topk") else None) for seed in range(1, seeds + 1)]
             rows.append({"data": data_spec.split(":")[0], "model": name, "epsilon": eps, "recall": float(np.mean([g[0]["recall"] for g in got])),
                          "ndcg": float(np.mean([g[0]["ndcg"] for g in got])), "recall_per_seed": [round(g[0]["recall"], 4) for g in got],
                          "seconds": round(float(np.mean([g[1] for g in got])), 1), "rule": got[0][2]})
@@ -83,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             print(json.dumps(row), flush=True)
         pop = {row["epsilon"]: row["recall"] for row in rows if row["model"] == "popular"}
-        ratios = {str(row["epsilon"]): round(row["recall"] / pop[row["epsilon"]], 3) for row in rows if row["model"] == "topk" and pop.get(row["epsilon"])}
-        print(json.dumps({"data": rows[0]["data"], "part": a.part, "topk_over_popular": ratios}), flush=True)
+        for name in ("topk", "topk-lowrank"):
+            ratios = {str(row["epsilon"]): round(row["recall"] / pop[row["epsilon"]], 3) for row in rows if row["model"] == name and pop.get(row["epsilon"])}
+            print(json.dumps({"data": rows[0]["data"], "part": a.part, f"{name}_over_popular": ratios}), flush=True)
     return 0
 
 

@@ -88,6 +88,7 @@ SKIPPED: dict[str, Skip] = {
     "docs/how-to/deployment.md#2": Skip("12ed55c46b", "several hosts (10.0.0.1 and the nodes' hosts) and placeholders for a real deployment (SPEC, U, i); the deployment suite runs the same processes on loopback (tests/test_deploy.py)"),
     "docs/how-to/deployment.md#3": Skip("728b62204b", "root and Docker (sudo docker/build-images.sh, docker-compose); tests/test_docker.py (deployment suite) runs these steps"),
     "docs/how-to/experiments.md#1": Skip("3268072ac7", "every shipped experiment config in full (hours on this machine); tests/test_experiments.py (experiments suite) runs every config with --quick and renders the report"),
+    "docs/how-to/gpu.md#1": Skip("06e9819a6a", "needs a CUDA GPU (exits 2 naming --device without one); tests/test_device.py runs the same path on torch's CPU device everywhere and on CUDA where present"),
     "docs/how-to/ray-cluster.md#2": Skip("1d448f596f", "a Ray head on another host (10.0.0.5; network); tests/test_ray_cluster.py starts a head on loopback"),
     "docs/how-to/ray-cluster.md#3": Skip("18b77c0a95", "a Ray worker joining a head at 10.0.0.5 (network, a second host); tests/test_ray_two_hosts.py"),
     "docs/how-to/ray-cluster.md#4": Skip("87aa689d28", "a Ray cluster at 10.0.0.5 and a `job` from the page's text (network)"),

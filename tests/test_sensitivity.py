@@ -99,6 +99,7 @@ PRE_NOISE = {
     "dpsgd_grad": _step_sums,
     "encoder_grad": _step_sums,
     "cooc": _step_sums,  # topk: tests/test_topk.py runs its head items through moves()
+    "sketch": _step_sums,  # topk-lowrank: likewise, with honest and deviant broadcasts
 }
 #: Releases whose bound one user can attain (used to show that the adversaries are strong).
 ATTAINABLE = ("users", "mean", "counts", "item_stats_b", "dpsgd_grad", "encoder_grad")

@@ -226,7 +226,7 @@ def client_bias_stats(shard: UserShard, state: PublicState) -> np.ndarray:
     the weight w_ij = min(1, sqrt(beta / n_j)) and w_ij clip(r_ij - mean - c_j) / rating_clip
     (private runs clip; the vector is (2, n_items) flattened, sum_i w_ij^2 <= beta per user)."""
     cfg = state.config
-    y = shard.ratings.astype(np.float64) - state.mean
+    y = np.ones(shard.n_ratings) if state.spec.implicit_targets else shard.ratings.astype(np.float64) - state.mean
     n = np.diff(shard.indptr).astype(np.float64)
     per_user = np.bincount(shard.local_user_of_rating, weights=y, minlength=shard.n_users)
     reg = cfg.reg_user * (np.maximum(n, 1.0) if cfg.weighted_reg else 1.0)
@@ -266,7 +266,7 @@ def client_vector(kind: str, shard: UserShard, state: PublicState) -> np.ndarray
 def client_targets(shard: UserShard, state: PublicState, *, minus_item_bias: bool = True) -> np.ndarray:
     """Ratings minus the released mean (implicit data: mean 0) and, for the user solve, minus
     the item biases (the item solve re-estimates them, unless the bias stage fixed them)."""
-    y = shard.ratings.astype(np.float64) - state.mean
+    y = np.ones(shard.n_ratings) if state.spec.implicit_targets else shard.ratings.astype(np.float64) - state.mean
     if (minus_item_bias or state.config.bias_stage) and state.item_bias is not None:
         y = y - state.item_bias[shard.items]
     return y

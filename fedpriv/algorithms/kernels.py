@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..privacy.symmetric import from_upper, upper  # noqa: F401 - the wire format of d x d blocks
+from ..util import device
 from ..util.threads import map_chunks, thread_count
 from . import native
 
@@ -49,6 +50,7 @@ _BLOCK_FLOATS = 1 << 20
 _PIECE = 512
 _SMALL_ENTRIES = 2048  # below this many entries, segment_stats runs in numpy
 _SMALL_SYSTEMS = 16  # solve_spd of at most this many systems runs in numpy
+_DEVICE_BLOCK_FLOATS = 1 << 25  # on a GPU: blocks of up to 128 MB (fewer, larger batched GEMMs)
 _PLAN_CACHE_SIZE = 8
 _NATIVE_THREADED_FLOATS = 1 << 18  # the native kernel splits inputs of at least this many gathered floats over the threads
 
@@ -89,9 +91,10 @@ class _Plan:
 _plans: OrderedDict = OrderedDict()
 
 
-def _plan(indptr: np.ndarray, width: int) -> _Plan:
-    """The cached packing of ``indptr`` for rows of ``width`` floats."""
-    key = (width, _PIECE, _BLOCK_FLOATS, len(indptr), hashlib.blake2b(indptr.tobytes(), digest_size=16).digest())
+def _plan(indptr: np.ndarray, width: int, block_floats: int = _BLOCK_FLOATS) -> _Plan:
+    """The cached packing of ``indptr`` for rows of ``width`` floats, blocks of at most
+    ``block_floats`` gathered floats."""
+    key = (width, _PIECE, block_floats, len(indptr), hashlib.blake2b(indptr.tobytes(), digest_size=16).digest())
     plan = _plans.get(key)
     if plan is not None:
         _plans.move_to_end(key)
@@ -99,7 +102,7 @@ def _plan(indptr: np.ndarray, width: int) -> _Plan:
     n = int(indptr[-1])
     piece_seg, piece_start, piece_len = _pieces(indptr)
     slots, blocks, offset = [], [], 0
-    for block, L in _blocks(piece_len, width):
+    for block, L in _blocks(piece_len, width, block_floats):
         ent = _entries(block, L, piece_start, piece_len, n)
         slots.append(ent)
         blocks.append((offset, len(block), L, piece_seg[block]))
@@ -130,6 +133,9 @@ def segment_stats(
     n = len(index)
     indptr = np.ascontiguousarray(indptr, dtype=np.int64)
     _check_entries(n, indptr, weights, targets, order)
+    dev = device.torch_device()
+    if dev is not None and factors.shape[1] > 0 and len(indptr) > 1:  # the GPU path (fedpriv.util.device)
+        return _segment_stats_device(dev, factors, index, indptr, weights, targets, order)
     lib = native.library()
     if lib is not None and factors.shape[1] > 0 and len(indptr) > 1:
         return _segment_stats_native(lib, factors, index, indptr, weights, targets, order)
@@ -167,6 +173,19 @@ def segment_stats(
         G.index_add_(0, torch.from_numpy(segs), torch.bmm(Xb.transpose(1, 2), Xb).view(pieces, -1))
     G3 = G.view(n_seg, width, width).numpy()
     return SegmentStats(A=G3[:, :d, :d], b=G3[:, :d, d], c=G3[:, d, d])
+
+
+def _segment_stats_device(dev, factors, index, indptr, weights, targets, order) -> SegmentStats:
+    from . import device_kernels
+
+    _check_sources(index, len(factors), order, weights, targets)
+    if order is not None:
+        weights = None if weights is None else np.asarray(weights)[order]
+        targets = None if targets is None else np.asarray(targets)[order]
+    d = factors.shape[1]
+    padded = _padded_inputs(factors, index, weights, targets)
+    A, b, c = device_kernels.stats_on_device(device.torch_device_module(), dev, _plan(indptr, d + 1, _DEVICE_BLOCK_FLOATS if dev.type == "cuda" else _BLOCK_FLOATS), padded, d, len(indptr) - 1, targets is not None, weights is not None)
+    return SegmentStats(A=A, b=b, c=c)
 
 
 def _check_entries(n: int, indptr: np.ndarray, weights, targets, order) -> None:
@@ -225,12 +244,12 @@ def _size_classes(piece_len: np.ndarray) -> list[np.ndarray]:
     return [c for c in np.split(order, np.flatnonzero(np.diff(size_class[order])) + 1) if len(c)]
 
 
-def _blocks(piece_len: np.ndarray, width: int):
+def _blocks(piece_len: np.ndarray, width: int, block_floats: int = _BLOCK_FLOATS):
     """(pieces, padded length L) of every block: pieces of one size class, at most
-    _BLOCK_FLOATS floats of gathered rows per block."""
+    ``block_floats`` floats of gathered rows per block."""
     for cls in _size_classes(piece_len):
         L = int(piece_len[cls].max())
-        B = max(1, _BLOCK_FLOATS // (L * width))
+        B = max(1, block_floats // (L * width))
         for b0 in range(0, len(cls), B):
             yield cls[b0 : b0 + B], L
 
@@ -314,6 +333,15 @@ def solve_spd(A: np.ndarray, b: np.ndarray, reg: np.ndarray | float, *, overwrit
     over the kernels' threads. ``overwrite_a``: a float32 ``A`` may be used as scratch (its
     diagonal gets the ridge), saving a copy.
     """
+    dev = device.torch_device()
+    if dev is not None and len(A):
+        from . import device_kernels
+
+        x = device_kernels.solve_on_device(device.torch_device_module(), dev, A, b, reg)
+        bad = ~np.isfinite(x).all(axis=-1)
+        if bad.any():  # the float64 least-squares fallback, on the CPU
+            x[bad] = _solve_spd_numpy(np.asarray(A)[bad], np.asarray(b)[bad], np.broadcast_to(np.asarray(reg, dtype=np.float64), (len(A),))[bad])
+        return x
     torch = _loaded_torch()
     if len(A) <= _SMALL_SYSTEMS or torch is None:  # a node's users: numpy, without torch's per-op overhead
         return _solve_spd_numpy(A, b, reg)
@@ -338,6 +366,62 @@ def solve_spd(A: np.ndarray, b: np.ndarray, reg: np.ndarray | float, *, overwrit
         Ab = At[bad].to(torch.float64)
         x[bad] = torch.linalg.lstsq(Ab, bt[bad].to(torch.float64)).solution[..., 0]
     return x.numpy()
+
+
+def sparse_gram(X) -> np.ndarray:
+    """X^T X of a scipy sparse matrix (users x M), dense float64: scipy on the CPU; on a device,
+    blocks of rows densified there and multiplied in float32 (exact for 0/1 rows up to 2^24 per
+    entry; unit-normalized rows to float32 rounding), accumulated in float64."""
+    dev = device.torch_device()
+    if dev is None:
+        return np.asarray((X.T @ X).toarray(), dtype=np.float64)
+    torch = device.torch_device_module()
+    X = X.tocsr()
+    m = X.shape[1]
+    G = torch.zeros((m, m), dtype=torch.float64, device=dev)
+    rows = max(1, (1 << 26) // max(m, 1))  # at most 256 MB of dense float32 rows per block
+    for start in range(0, X.shape[0], rows):
+        B = X[start : start + rows].tocoo()
+        D = torch.zeros((B.shape[0], m), dtype=torch.float32, device=dev)
+        D[torch.from_numpy(B.row.astype(np.int64)).to(dev), torch.from_numpy(B.col.astype(np.int64)).to(dev)] = torch.from_numpy(B.data.astype(np.float32)).to(dev)
+        G += (D.T @ D).to(torch.float64)
+    return G.cpu().numpy()
+
+
+def _torch_csr(torch, X, dev):
+    """A scipy CSR matrix as a float32 torch sparse CSR tensor on ``dev``."""
+    import warnings
+
+    if not X.has_sorted_indices:
+        X = X.copy()
+        X.sort_indices()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+        T = torch.sparse_csr_tensor(torch.from_numpy(X.indptr.astype(np.int64)), torch.from_numpy(X.indices.astype(np.int64)),
+                                    torch.from_numpy(X.data.astype(np.float32)), size=X.shape, check_invariants=True)
+    return T.to(dev)
+
+
+def sparse_sketch(X, Q: np.ndarray) -> np.ndarray:
+    """X^T (X Q) of a scipy sparse X (users x M) and a dense Q (M x d), float64: scipy on the
+    CPU; on a device, torch's sparse CSR products there (float32)."""
+    dev = device.torch_device()
+    if dev is None or X.nnz == 0:
+        return np.asarray(X.T @ (X @ Q), dtype=np.float64)
+    torch = device.torch_device_module()
+    X = X.tocsr()
+    P = _torch_csr(torch, X, dev) @ torch.from_numpy(np.ascontiguousarray(Q, dtype=np.float32)).to(dev)
+    return (_torch_csr(torch, X.T.tocsr(), dev) @ P).to(torch.float64).cpu().numpy()
+
+
+def inverse(M: np.ndarray) -> np.ndarray:
+    """The inverse of one symmetric positive definite matrix (float64), on the current device."""
+    dev = device.torch_device()
+    if dev is not None and M.size:
+        from . import device_kernels
+
+        return device_kernels.inverse_on_device(device.torch_device_module(), dev, M)
+    return np.linalg.inv(M)
 
 
 def _solve_spd_numpy(A: np.ndarray, b: np.ndarray, reg) -> np.ndarray:
@@ -392,6 +476,11 @@ def project_psd(A: np.ndarray, floor: float = 0.0) -> np.ndarray:
     Matrices whose Cholesky factorisation of X - floor I succeeds are already in the set (up to
     float32 rounding) and are returned symmetrised; only the others are eigen-decomposed. Both
     passes are split over the kernels' threads."""
+    dev = device.torch_device()
+    if dev is not None and len(A):
+        from . import device_kernels
+
+        return device_kernels.psd_on_device(device.torch_device_module(), dev, A, floor)
     torch = _loaded_torch()
     if torch is None:
         A32 = np.asarray(A, dtype=np.float32)
@@ -418,6 +507,11 @@ def project_psd_solve(A: np.ndarray, b: np.ndarray, floor: float, reg: float) ->
     x = Q diag(1 / (max(lambda, floor) + reg)) Q^T b, without rebuilding the projected matrix
     (with floor + reg <= 0 that division is undefined: the two steps then run as they are, and
     solve_spd's least-squares fallback takes the singular systems)."""
+    dev = device.torch_device()
+    if dev is not None and len(A) and floor + reg > 0:
+        from . import device_kernels
+
+        return device_kernels.psd_solve_on_device(device.torch_device_module(), dev, A, b, floor, reg)
     torch = _loaded_torch()
     if torch is None or len(A) <= _SMALL_SYSTEMS or floor + reg <= 0:
         return solve_spd(project_psd(A, floor), b, reg)

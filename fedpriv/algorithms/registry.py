@@ -54,6 +54,7 @@ class AlgorithmSpec:
     step_releases: Callable = stats_releases
     contribution: str = "stats"
     centred: bool = True
+    implicit_targets: bool = False  # every rating is the target 1 (implicit feedback from explicit ratings: ials)
     adaptive: bool = False
     encoder: bool = False
     bias_column: bool = False  # the contribution rows always carry the bias coordinate (DP-SGD)

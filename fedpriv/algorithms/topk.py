@@ -1,31 +1,40 @@
-"""Top-k recommenders from one release of what users rate: ``topk`` (private) and ``ease``
-(its non-private reference).
+"""Top-k recommenders from private statistics of what users rate: ``topk`` (private, the
+default private recommender), ``topk-lowrank`` (private) and ``ease`` (their non-private
+reference).
 
 Implicit feedback: a rating counts as "rated" (implicit data as given). Each user's binary row
 ``x`` over the *head* items (the ``M`` items of largest released count, a public choice made
-from the released counts on both sides) is scaled to unit L2 norm, and the user adds the outer
-product ``x x^T`` to the item co-occurrence statistic ``G``: one user moves the upper triangle
-of ``G`` by at most ``||x x^T||_F = ||x||^2 = 1`` (release ``cooc``, sensitivity 1, one
-Gaussian through the ledger; in secure mode a Skellam secure sum like every other part). The
-server solves EASE (Steck 2019) on the released matrix:
+from the released counts on both sides) is scaled to unit L2 norm. Both private forms release a
+statistic of the head's co-occurrence ``G = sum_u x_u x_u^T`` with sensitivity 1, through the
+ledger (a Gaussian) or, in secure mode, as a Skellam secure sum like every other part:
 
-    P = (G + lambda I)^-1,   B = -P / diag(P),  diag(B) = 0
+- ``topk`` (:class:`TopKStep`): one release ``cooc`` of the upper triangle of G itself
+  (``||x x^T||_F = ||x||^2 = 1``), and EASE (Steck 2019) on the server,
+  ``P = (G + lambda I)^-1, B = -P / diag(P), diag(B) = 0``. A client sends M(M+1)/2 numbers.
+- ``topk-lowrank`` (:class:`LowRankStep`): a rank-d sketch by the noisy power method (Hardt and
+  Price 2014). Each of ``steps`` releases ``sketch`` is ``G Q + noise`` for the orthonormal
+  basis Q (M x d) that every party computes itself from the broadcast factors (one user moves
+  it by ``||x|| ||Q^T x|| <= 1``: the bound never rests on what the server sent). The server
+  keeps the Nystrom approximation of G from the last sketch, shrunk by s^2 / (s^2 + lambda):
+  scoring factors F (M x d) with scores ``(x F) F^T``. A client sends M x d numbers per step.
 
-with ``lambda = topk_reg * sigma * sqrt(M)`` (sigma the release's noise std, so the ridge
-grows with the noise's spectral norm, about 2 sigma sqrt(M)). A user's scores are their own
-row times ``B``, computed locally from their own history (no budget), standardized and added
-to ``topk_blend`` times the standardized released log-popularity (items outside the head rank
-below the head, by popularity).
+The ridge ``lambda = topk_reg * sigma * sqrt(M)`` (sigma the release's noise std) grows with the
+noise's spectral norm. A user's scores come from their own row and the released model, locally
+(no budget), standardized and added to ``topk_blend`` times the standardized released
+log-popularity (items outside the head rank below the head, by popularity).
 
-``ease``: the same model without privacy (exact binary rows, not normalized; ``lambda =
-topk_reg``), the strong non-private reference beside which private top-k is judged.
+``ease``: EASE without privacy (exact binary rows, not normalized; ``lambda = topk_reg``), the
+strong non-private reference beside which private top-k is judged.
 
-The noise-aware rule (:class:`TopKRule`, through :func:`fedpriv.algorithms.defaults.choose`)
-reads only public or released numbers: epsilon, delta, the released user count and the
-catalogue size. Below :data:`SIGNAL_MIN` the item-item statistic does not pay and the run is
-private popularity (the released counts take the budget the statistic would have had, exactly
-as ``popular``); above it, it picks the head size and the ridge. Its constants were chosen on
-the validation ratings of ML-100K and ml-latest-small (docs/how-to/recommendations.md).
+The noise-aware rules (:class:`TopKRule`, :class:`LowRankRule`, through
+:func:`fedpriv.algorithms.defaults.choose`) read only public or released numbers: epsilon,
+delta, the released user count and the catalogue size. Below :data:`SIGNAL_MIN` the statistic
+does not pay and the run is private popularity (the counts take the budget the statistic would
+have had, exactly as ``popular``); above it, they pick the head size and the ridge. Their
+constants were chosen on the validation ratings of ML-100K and ml-latest-small
+(docs/how-to/recommendations.md). The low-rank form beat EASE there, but lost to private
+popularity on the validation ratings of the 70,000-user preference-dependent synthetic set
+(where EASE wins), so EASE stays the default.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..privacy.records import PlannedRelease
-from . import als
+from . import als, kernels
 from .popular import no_rating_weights
 from .registry import AlgorithmSpec, register, register_release
 from .shards import UserShard
@@ -57,6 +66,17 @@ REG_UNITS = 8.0  # lambda in units of sigma sqrt(M) (8, 16, 32 within 0.002 on m
 BLEND = 1.0  # weight of the standardized released log-popularity
 SHARE_COUNTS = 0.1  # the counts' budget share when the statistic is released
 NONPRIVATE_REG = 200.0  # ease: lambda on the exact binary matrix
+
+SKETCH = "sketch"
+register_release(SKETCH, lambda cfg, rating_range: 1.0)  # ||x x^T Q||_F = ||x|| ||Q^T x|| <= 1 (Q orthonormal)
+#: topk-lowrank's constants, chosen on the validation ratings of ML-100K and ml-latest-small (1-2
+#: noise seeds, epsilon 5 and 20; heads of 50-400 items, shrinkage 2-32, keep 0.5-3, rank 16-64,
+#: 2-3 steps): the best head grew more slowly than S (100-150 items at S 640 and 2100 on
+#: ML-100K, 50-200 on ml-latest-small), so M = 4 sqrt(S)
+LOWRANK_HEAD_PER_ROOT_SIGNAL = 4.0
+LOWRANK_HEAD_MAX = 50_000
+LOWRANK_REG_UNITS = 8.0  # shrinkage s^2 / (s^2 + lambda), lambda in units of sigma sqrt(M) (2 and 32 lost)
+LOWRANK_KEEP_UNITS = 1.0  # Nystrom keeps the directions of Q^T Y above sigma sqrt(d) (3: 0.13 against 0.20 on ML-100K at epsilon 5)
 
 
 @dataclass
@@ -117,7 +137,7 @@ class TopKStep(AlternatingStep):
 
     def client(self, shard: UserShard, state: als.PublicState, step: int, table=None):
         X = _rows(shard, state, head(state))
-        return ((X.T @ X).toarray(),)  # the shard's sums, in the order of parts()
+        return (kernels.sparse_gram(X),)  # the shard's sums, in the order of parts()
 
     def parts(self, state: als.PublicState) -> list[Part]:
         m = len(head(state))
@@ -137,6 +157,76 @@ class TopKStep(AlternatingStep):
         state.item_item = ease(np.asarray(release, dtype=np.float64), ridge(state)).astype(np.float32)
 
 
+def basis(state: als.PublicState) -> np.ndarray:
+    """The orthonormal basis (M x d', d' = min(M, rank)) of the broadcast item factors on the
+    head. Each party computes it itself from the broadcast: a node's sensitivity bound (Q^T Q =
+    I) never rests on what the server sent."""
+    F = np.asarray(state.item_factors, dtype=np.float64)[head(state)]
+    if not np.all(np.isfinite(F)):
+        raise ValueError("topk-lowrank: the broadcast item factors are not finite")
+    return np.linalg.qr(F)[0] if F.size else np.zeros((len(F), 0))
+
+
+def nystrom(Y: np.ndarray, Q: np.ndarray, lam: float, keep: float) -> np.ndarray:
+    """Scoring factors F (M x d') from a released sketch Y = G Q + noise: the Nystrom
+    approximation G ~ Y C^-1 Y^T (C = Q^T Y symmetrized, only its eigen-directions above
+    ``keep``), its eigen-decomposition U s^2 U^T, then F = U sqrt(s^2 / (s^2 + lam)) so that a
+    user's scores (x F) F^T are the low-rank ridge regression of their row on itself.
+    Post-processing of the release."""
+    C = Q.T @ Y
+    c, W = np.linalg.eigh((C + C.T) / 2)
+    on = c > keep
+    F = np.zeros_like(Q)
+    if not on.any():
+        return F
+    U, s, _ = np.linalg.svd(Y @ (W[:, on] / np.sqrt(c[on])), full_matrices=False)
+    F[:, : len(s)] = U * np.sqrt(s**2 / (s**2 + lam))
+    return F
+
+
+class LowRankStep(TopKStep):
+    """One power-iteration step of a private randomized low-rank sketch of the head's
+    co-occurrence (the noisy power method, Hardt and Price 2014): each user sends x x^T Q
+    (M x d, unit-norm x, sensitivity 1), the server releases the sum and updates the scoring
+    factors by :func:`nystrom`; their span is the next step's basis."""
+
+    def setup(self, state: als.PublicState, features):
+        """The start: the released popularity's square root (close to the statistic's top
+        direction) beside public random directions (config seed): released and public only."""
+        als.server_init(state)
+        if state.counts_hat is not None and state.config.rank > 0:
+            state.item_factors[:, 0] = np.sqrt(np.maximum(np.asarray(state.counts_hat, dtype=np.float64), 0.0))
+        return None
+
+    def client(self, shard: UserShard, state: als.PublicState, step: int, table=None):
+        X = _rows(shard, state, head(state))
+        return (kernels.sparse_sketch(X, basis(state)),)
+
+    def parts(self, state: als.PublicState) -> list[Part]:
+        m = len(head(state))
+        return [Part(SKETCH, 0, (m, min(m, state.config.rank)))]
+
+    def sums(self, parts: list, state: als.PublicState) -> tuple:
+        total = 0.0
+        for (Y,) in parts:
+            total = total + np.asarray(Y, dtype=np.float64)
+        return (np.zeros(self.parts(state)[0].shape) + total,)
+
+    def release(self, sums: tuple, state: als.PublicState, ledger) -> object:
+        return als.release_gaussian(SKETCH, sums[0], state, ledger)
+
+    def server(self, release, state: als.PublicState, server) -> None:
+        Q = basis(state)
+        items = head(state)
+        sigma = als.noise_std(SKETCH, state) if state.private else 0.0
+        lam = (_options(state.config).topk_reg or LOWRANK_REG_UNITS) * sigma * math.sqrt(max(len(items), 1)) if state.private else _options(state.config).topk_reg
+        keep = LOWRANK_KEEP_UNITS * sigma * math.sqrt(max(Q.shape[1], 1)) if state.private else 1e-9
+        F = nystrom(np.asarray(release, dtype=np.float64), Q, lam, keep)
+        factors = np.zeros((state.n_items, state.config.rank), dtype=np.float32)
+        factors[items, : F.shape[1]] = F
+        state.item_factors = factors
+
+
 def ridge(state: als.PublicState) -> float:
     """The EASE ridge: private, ``topk_reg`` (default :data:`REG_UNITS`) times the noise std
     times sqrt(M); non-private, ``topk_reg`` (default :data:`NONPRIVATE_REG`)."""
@@ -152,7 +242,7 @@ def ease(G: np.ndarray, lam: float) -> np.ndarray:
     m = G.shape[0]
     if m == 0:
         return np.zeros((0, 0))
-    P = np.linalg.inv(G + lam * np.eye(m))
+    P = kernels.inverse(G + lam * np.eye(m))
     B = -P / np.diag(P)[None, :]
     np.fill_diagonal(B, 0.0)
     return B
@@ -167,16 +257,29 @@ def scores(shard: UserShard, state: als.PublicState, candidates: np.ndarray) -> 
 
     prior = popularity_prior(state)
     out = np.broadcast_to(prior if prior is not None else np.zeros(state.n_items), (shard.n_users, state.n_items)).copy()
-    B = state.item_item
     items = head(state)
-    if B is not None and len(items) > 1 and B.shape == (len(items), len(items)):
-        raw = np.asarray(_rows(shard, state, items) @ B.astype(np.float64))
+    raw = _head_scores(shard, state, items)
+    if raw is not None:
         out *= _options(state.config).topk_blend
         out[:, items] += standardized(raw, axis=1)
         outside = np.ones(state.n_items, dtype=bool)
         outside[items] = False
         out[:, outside] -= 1e6  # below every head item, in popularity order
     return out[:, np.asarray(candidates, dtype=np.int64)]
+
+
+def _head_scores(shard: UserShard, state: als.PublicState, items: np.ndarray) -> np.ndarray | None:
+    """(users, M) raw item-item scores of the user's own head row: ``x B`` (EASE) or
+    ``(x F) F^T`` (the low-rank form), None without a model."""
+    if len(items) < 2:
+        return None
+    B = state.item_item
+    if B is not None and B.shape == (len(items), len(items)):
+        return np.asarray(_rows(shard, state, items) @ B.astype(np.float64))
+    if isinstance(state.spec.alternating_step(), LowRankStep) and state.item_factors is not None and state.item_factors.shape[0] == state.n_items:
+        F = np.asarray(state.item_factors[items], dtype=np.float64)
+        return np.asarray((_rows(shard, state, items) @ F) @ F.T)
+    return None
 
 
 def step_releases(cfg, share: float) -> list[PlannedRelease]:
@@ -186,6 +289,15 @@ def step_releases(cfg, share: float) -> list[PlannedRelease]:
 
 def n_steps(cfg) -> int:
     return 1 if _options(cfg).topk_items > 0 else 0
+
+
+def lowrank_releases(cfg, share: float) -> list[PlannedRelease]:
+    """One sketch per power-iteration step (none without head items: private popularity)."""
+    return [PlannedRelease(SKETCH, cfg.steps, share)] if _options(cfg).topk_items > 0 else []
+
+
+def lowrank_steps(cfg) -> int:
+    return int(cfg.steps) if _options(cfg).topk_items > 0 else 0
 
 
 class TopKRule:
@@ -215,6 +327,25 @@ class TopKRule:
                 f"head {HEAD_PER_SIGNAL:g} x signal, at most {HEAD_MAX}), ridge {_options(cfg).topk_reg:g} noise std x sqrt(M)")
 
 
+class LowRankRule(TopKRule):
+    """The rule of ``topk-lowrank``: the same fallback as topk; a head of 4 sqrt(S) items."""
+
+    def choose(self, epsilon: float, delta: float, n_items: int, n_users: int) -> dict:
+        out = super().choose(epsilon, delta, n_items, n_users)
+        if out["topk_items"]:
+            S = self.signal(epsilon, delta, n_users)
+            out.update(topk_items=int(min(n_items, LOWRANK_HEAD_MAX, max(2, round(LOWRANK_HEAD_PER_ROOT_SIGNAL * math.sqrt(S))))), topk_reg=LOWRANK_REG_UNITS)
+        return out
+
+    def explain(self, cfg, epsilon: float, delta: float, n_items: int, n_users: int) -> str:
+        S = self.signal(epsilon, delta, n_users)
+        m = _options(cfg).topk_items
+        if m == 0:
+            return super().explain(cfg, epsilon, delta, n_items, n_users)
+        return (f"rank-{cfg.rank} sketch of the released co-occurrence of the {m} head items, {cfg.steps} power steps "
+                f"(signal {S:.3g} >= {SIGNAL_MIN:g}; head {LOWRANK_HEAD_PER_ROOT_SIGNAL:g} x sqrt(signal)), shrinkage {_options(cfg).topk_reg:g} noise std x sqrt(M)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class _TopKConfig(AlgorithmConfig):
     """The family's own keys (:class:`TopKOptions`), typed; None: the rule's or the default."""
@@ -226,8 +357,18 @@ class _TopKConfig(AlgorithmConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class TopK(_TopKConfig):
-    """Private top-k (``topk``): the head size, the ridge (in noise std x sqrt(M)) and the
-    popularity blend; None lets the noise-aware rule choose."""
+    """Private top-k by EASE (``topk``, the default private recommender): the head size, the
+    ridge (in noise std x sqrt(M)) and the popularity blend; None lets the noise-aware rule
+    choose."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopKLowRank(_TopKConfig):
+    """Private low-rank top-k (``topk-lowrank``): ``rank`` and ``steps`` (power iterations), the
+    head size, the shrinkage (noise std x sqrt(M)) and the blend; None lets the rule choose."""
+
+    rank: int | None = None
+    steps: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,7 +391,7 @@ SPEC = register(
         "topk",
         no_rating_weights,
         needs_user_count=True,
-        summary="private top-k: EASE on one released item co-occurrence of the head items (private popularity when it does not pay)",
+        summary="private top-k (the default private recommender): EASE on one released item co-occurrence of the head items (private popularity when it does not pay; M^2/2 words per client)",
         defaults=(("rank", "0"), ("steps", "1"), ("defaults", "noise-aware"), ("share_counts", "0.9"), ("share_mean", "0.08"),
                   ("item_bias", "true"), ("user_bias", "false")),
         fixed=("rank", "steps"),
@@ -271,5 +412,25 @@ EASE = register(
         fixed=("rank", "steps"),
         typed=EASE,
         **_COMMON,
+    )
+)
+
+LOWRANK = register(
+    AlgorithmSpec(
+        "topk-lowrank",
+        no_rating_weights,
+        needs_user_count=True,
+        needs_counts=True,
+        step=LowRankStep(),
+        step_releases=lowrank_releases,
+        contribution="parts",
+        options=TopKOptions,
+        ranker=scores,
+        n_steps=lowrank_steps,
+        summary="private top-k, low-rank form: a rank-d sketch of the released item co-occurrence by the noisy power method, O(items x d) per client (private popularity when it does not pay)",
+        defaults=(("rank", "32"), ("steps", "3"), ("defaults", "noise-aware"), ("share_counts", "0.9"), ("share_mean", "0.08"),
+                  ("item_bias", "true"), ("user_bias", "false")),
+        rule=LowRankRule(),
+        typed=TopKLowRank,
     )
 )

@@ -154,6 +154,14 @@ class ALS(_Factored):
 
 
 @dataclass(frozen=True, kw_only=True)
+class IALS(_Factored):
+    """Non-private implicit ALS (``ials``): every rating counts as 1, the gravity term pulls the
+    unobserved entries to 0 (the top-k reference beside ``ease``)."""
+
+    reg_item: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class DPALSUniform(_Factored):
     """DPALS, ``k`` items sampled per user."""
 

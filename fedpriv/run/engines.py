@@ -79,10 +79,17 @@ class InProcess(Engine):
     users_per_shard: int | None = None
     nodes: int | None = None
     users_per_node: int | None = None
+    device: str | None = None  # where the kernels compute: "cpu" (default), "cuda", "cuda:N" (fedpriv.util.device)
     name: ClassVar[str] = "inprocess"
 
     def run_options(self) -> dict[str, Any]:
         return _set({}, users_per_shard=self.users_per_shard, nodes=self.nodes, users_per_node=self.users_per_node)
+
+    def execute(self, plan: Plan, *, progress: bool = False, second_opinion: bool = True) -> Outcome:
+        from ..util import device
+
+        with device.use(self.device):  # the same releases and ledger on every device
+            return super().execute(plan, progress=progress, second_opinion=second_opinion)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,72 @@
+"""Where the statistics kernels compute: the ``device`` option.
+
+- ``"cpu"`` (the default): the CPU back ends of :mod:`fedpriv.algorithms.kernels` (the native
+  kernel, else torch or numpy on the CPU);
+- ``"cuda"`` or ``"cuda:N"``: the same sums and solves in torch on that GPU
+  (:mod:`fedpriv.algorithms.device_kernels`);
+- ``"torch:cpu"``: the GPU code path run by torch on the CPU. It is how the path is tested on
+  machines without a GPU (CPU/GPU parity), not a faster CPU back end.
+
+The device changes where arithmetic runs, never what is released: noise is drawn by the ledger
+on the CPU from the run's secret randomness (OS entropy, 256 bits) and added to the statistics
+there, exactly as on the CPU path, so a run's ledger is the same on every device. A process
+holds one current device; :func:`use` sets it for a block (the in-process engine enters it for
+a run)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+from ..errors import ConfigError
+
+_local = threading.local()
+
+
+def checked(name: str) -> str:
+    """``name`` if it is a device this process can use, else a ConfigError naming the keyword."""
+    if name in ("cpu", "torch:cpu"):
+        return name
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r} was asked for, but torch sees no CUDA device on this machine (torch {torch.__version__}); use device 'cpu'", field="device")
+        index = int(name[5:]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)", field="device")
+        return name
+    raise ConfigError(f"unknown device {name!r}: 'cpu' (default), 'cuda', 'cuda:N' or 'torch:cpu' (the GPU path on the CPU, for tests)", field="device")
+
+
+def current() -> str:
+    return getattr(_local, "name", "cpu")
+
+
+@contextlib.contextmanager
+def use(name: str | None):
+    """Run the block on device ``name`` (None or "cpu": the CPU back ends)."""
+    name = checked(name or "cpu")
+    before = current()
+    _local.name = name
+    try:
+        yield name
+    finally:
+        _local.name = before
+
+
+def torch_device_module():
+    """torch (imported only by the device path)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        import torch
+    return torch
+
+
+def torch_device():
+    """The torch device of the current device, or None for the CPU back ends ("cpu")."""
+    name = current()
+    if name == "cpu":
+        return None
+    return torch_device_module().device("cpu" if name == "torch:cpu" else name)

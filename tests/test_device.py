@@ -1,0 +1,119 @@
+"""The device option (fedpriv.util.device): the GPU path of the statistics kernels.
+
+The path runs everywhere: ``torch:cpu`` is the very code the GPU runs, on torch's CPU device,
+so CPU/GPU parity is checked on every machine; the ``cuda`` cases run where torch sees a GPU and
+skip elsewhere. Parity means: under one noise seed the ledgers are identical (noise is drawn by
+the ledger on the CPU whatever the device) and the released models and metrics agree to float32
+rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import fedpriv
+from fedpriv.algorithms import kernels
+from fedpriv.errors import ConfigError
+from fedpriv.util import device
+
+DATA = "synthetic-mf:users=1500,items=200,ratings=40000,seed=5,select=1.5"
+RUNS = [
+    ("adadpals", dict(rank=8, steps=3, defaults="fixed")),
+    ("topk", dict(topk_items=120)),
+    ("topk-lowrank", dict(topk_items=120)),
+    ("bias", dict()),
+]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+DEVICES = ["torch:cpu", pytest.param("cuda", marks=pytest.mark.skipif(not _cuda(), reason="no CUDA device on this machine"))]
+
+
+@pytest.fixture(scope="module")
+def data():
+    return fedpriv.load_data(DATA)
+
+
+def _model(state) -> np.ndarray:
+    for key in ("item_item", "item_factors", "item_bias"):
+        v = getattr(state, key)
+        if v is not None and np.size(v):
+            return np.asarray(v, dtype=np.float64)
+    raise AssertionError("no released model")
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("algorithm,params", RUNS, ids=[r[0] for r in RUNS])
+def test_a_run_on_the_device_has_the_cpu_runs_ledger_and_its_model(data, dev, algorithm, params):
+    cpu = fedpriv.train(algorithm, data, epsilon=5.0, noise_seed=3, second_opinion=False, **params)
+    gpu = fedpriv.train(algorithm, data, epsilon=5.0, noise_seed=3, second_opinion=False, engine_options={"device": dev}, **params)
+    assert gpu.ledger == cpu.ledger  # every noise value, std and count
+    a, b = _model(gpu.model.state), _model(cpu.model.state)
+    assert a.shape == b.shape
+    assert np.max(np.abs(a - b)) <= 1e-4 * max(np.max(np.abs(b)), 1.0), np.max(np.abs(a - b))
+    for key in ("test_rmse", "valid_rmse"):
+        if cpu.metrics.get(key) is not None:
+            assert gpu.metrics[key] == pytest.approx(cpu.metrics[key], rel=1e-5)
+    assert gpu.metrics["ranking"]["recall"] == pytest.approx(cpu.metrics["ranking"]["recall"], abs=0.01)
+    assert gpu.metrics["epsilon_spent"] == cpu.metrics["epsilon_spent"]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_each_kernel_matches_the_cpu_back_end(dev):
+    rng = np.random.default_rng(0)
+    n_src, d, n_seg = 300, 6, 40
+    factors = rng.normal(size=(n_src, d)).astype(np.float32)
+    counts = rng.integers(0, 30, n_seg)
+    counts[3] = 700  # one segment over the piece length
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    index = rng.integers(0, n_src, indptr[-1])
+    weights, targets = rng.uniform(-0.2, 2.0, indptr[-1]), rng.normal(size=indptr[-1])
+    order = rng.permutation(indptr[-1])
+    ref = kernels.segment_stats(factors, index, indptr, weights, targets, order=order)
+    A = rng.normal(size=(50, d, d)).astype(np.float32)
+    A = A @ A.transpose(0, 2, 1)
+    A[7] = 0.0  # singular with zero ridge: the least-squares fallback
+    b = rng.normal(size=(50, d))
+    reg = np.where(np.arange(50) == 7, 0.0, 0.5)
+    S = rng.normal(size=(50, d, d)).astype(np.float32)  # indefinite: projected
+    X = sp.random(80, 30, density=0.2, random_state=1, format="csr")
+    M = X.T @ X + 3 * sp.eye(30)
+    Q = np.linalg.qr(rng.normal(size=(30, 4)))[0]
+    refs = (kernels.solve_spd(A, b, reg), kernels.project_psd(S, 0.1), kernels.project_psd_solve(S, b, 0.1, 0.5),
+            kernels.sparse_gram(X), kernels.inverse(M.toarray()), kernels.sparse_sketch(X, Q))
+    with device.use(dev):
+        got = kernels.segment_stats(factors, index, indptr, weights, targets, order=order)
+        outs = (kernels.solve_spd(A, b, reg), kernels.project_psd(S, 0.1), kernels.project_psd_solve(S, b, 0.1, 0.5),
+                kernels.sparse_gram(X), kernels.inverse(M.toarray()), kernels.sparse_sketch(X, Q))
+    for x, y in ((got.A, ref.A), (got.b, ref.b), (got.c, ref.c)):
+        assert np.allclose(x, y, rtol=1e-4, atol=1e-3)
+    for x, y in zip(outs, refs):
+        assert x.shape == y.shape and np.all(np.isfinite(x))
+        assert np.allclose(x, y, rtol=1e-3, atol=1e-3), np.max(np.abs(x - y))
+
+
+def test_the_device_is_checked_and_scoped():
+    with pytest.raises(ConfigError) as e:
+        with device.use("tpu"):
+            pass
+    assert e.value.field == "device" and "tpu" in str(e.value)
+    if not _cuda():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            fedpriv.train("bias", DATA, epsilon=5.0, engine_options={"device": "cuda"})
+    with device.use("torch:cpu"):
+        assert device.current() == "torch:cpu" and device.torch_device() is not None
+    assert device.current() == "cpu" and device.torch_device() is None  # back after the block
+
+
+def test_the_cli_refuses_a_device_the_flower_engine_cannot_honour(tmp_path, capsys):
+    from fedpriv.cli import main
+
+    rc = main(["run", "bias", "--data", DATA, "--epsilon", "5", "--engine", "flower", "--device", "cuda", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "--device" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

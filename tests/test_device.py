@@ -117,3 +117,47 @@ def test_the_cli_refuses_a_device_the_flower_engine_cannot_honour(tmp_path, caps
     rc = main(["run", "bias", "--data", DATA, "--epsilon", "5", "--engine", "flower", "--device", "cuda", "--out", str(tmp_path / "o")])
     assert rc == 2 and "--device" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.flower  # a Flower grid: runs on the newest supported Flower (scripts/test.sh)
+def test_a_node_computes_on_its_own_configured_device(tmp_path, monkeypatch):
+    """A node whose own configuration names a device (here ``FEDPRIV_NODE_DEVICE=torch:cpu``, as
+    FlowerSimulation(node_device=...) sets it for its workers) runs its training step on the
+    device path, and the run's ledger and model are the CPU run's; without the setting it does
+    not (the positive control of the counter)."""
+    from fedpriv.algorithms import device_kernels
+    from fedpriv.flower.node_device import ENV
+    from fedpriv.flower.server_app import run_job
+    from fedpriv.run import FlowerCallback, Job
+    from fedpriv.testing.local_grid import LocalGrid
+
+    calls = []
+    real = device_kernels.stats_on_device
+    monkeypatch.setattr(device_kernels, "stats_on_device", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plan = Job("adadpals", DATA, epsilon=5.0, noise_seed=4, params={"rank": 4, "steps": 2, "defaults": "fixed"}).prepare()
+    runs = {}
+    for name in ("cpu", "torch:cpu"):
+        if name == "torch:cpu":
+            monkeypatch.setenv(ENV, name)
+        calls.clear()
+        runs[name] = plan.execute(FlowerCallback(runner=lambda job, n: run_job(LocalGrid(n), job), users_per_node=500, work_dir=tmp_path / name.replace(":", "-")))
+        runs[name + "_calls"] = len(calls)
+    assert runs["cpu_calls"] == 0 and runs["torch:cpu_calls"] > 0
+    assert runs["torch:cpu"].ledger == runs["cpu"].ledger
+    a, b = runs["torch:cpu"].state.item_factors, runs["cpu"].state.item_factors
+    assert np.max(np.abs(a - b)) <= 1e-4 * max(np.max(np.abs(b)), 1.0)
+
+
+def test_a_gpu_share_is_refused_where_there_is_no_gpu_and_a_gpu_node_needs_one():
+    from fedpriv.flower.simulation import _check_gpu_share
+
+    with pytest.raises(ConfigError) as e:
+        _check_gpu_share(0.0, "cuda", local=True)
+    assert e.value.field == "node_device"
+    with pytest.raises(ConfigError):
+        _check_gpu_share(-1.0, None, local=True)
+    _check_gpu_share(0.0, None, local=True)  # the default: no share, the CPU
+    if not _cuda():
+        with pytest.raises(ConfigError, match="no CUDA device") as e:
+            _check_gpu_share(0.5, "cuda", local=True)
+        assert e.value.field == "gpus_per_node"

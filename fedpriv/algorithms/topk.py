@@ -420,17 +420,11 @@ LOWRANK = register(
         "topk-lowrank",
         no_rating_weights,
         needs_user_count=True,
-        needs_counts=True,
-        step=LowRankStep(),
-        step_releases=lowrank_releases,
-        contribution="parts",
-        options=TopKOptions,
-        ranker=scores,
-        n_steps=lowrank_steps,
         summary="private top-k, low-rank form: a rank-d sketch of the released item co-occurrence by the noisy power method, O(items x d) per client (private popularity when it does not pay)",
         defaults=(("rank", "32"), ("steps", "3"), ("defaults", "noise-aware"), ("share_counts", "0.9"), ("share_mean", "0.08"),
                   ("item_bias", "true"), ("user_bias", "false")),
         rule=LowRankRule(),
         typed=TopKLowRank,
+        **{**_COMMON, "step": LowRankStep(), "step_releases": lowrank_releases, "n_steps": lowrank_steps},
     )
 )

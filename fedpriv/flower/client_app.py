@@ -14,6 +14,7 @@ from . import codec
 from .pam_client import register_pam_handlers
 from .recommend_handlers import register_recommend_handlers
 from .secure_client import register_secure_handlers
+from .node_device import on_node_device
 from .node_eval import node_eval
 from .node_policy import node_policy, plaintext, refuse
 from .node_secrets import with_keys
@@ -87,7 +88,7 @@ def register_handlers(app) -> None:
     app.query("tune_score")(tune_score)
     for kind in als.PRE_RELEASES:
         app.query(kind)(plaintext(_pre_release(kind)))  # plaintext handlers: refused by a node whose policy is secure
-    app.train()(plaintext(node_train, "train"))
+    app.train()(plaintext(on_node_device(node_train), "train"))  # the node's own device (fedpriv.flower.node_device)
     app.evaluate()(plaintext(node_evaluate, "evaluate"))
     register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_client)
     register_recommend_handlers(app)  # private recommendation (fedpriv.flower.recommend_handlers)

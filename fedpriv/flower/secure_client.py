@@ -264,5 +264,7 @@ def unmask(msg: Message, context: Context) -> Message:
 
 def register_secure_handlers(app) -> None:
     """The secure-aggregation handlers on ``app``."""
-    for name, handler in (("secagg_keys", keys), ("secagg_share", share), ("secagg_mask", mask), ("secagg_consistency", consistency), ("secagg_unmask", unmask)):
+    from .node_device import on_node_device
+
+    for name, handler in (("secagg_keys", keys), ("secagg_share", share), ("secagg_mask", on_node_device(mask)), ("secagg_consistency", consistency), ("secagg_unmask", unmask)):
         app.query(name)(handler)

@@ -75,6 +75,8 @@ def simulate(
     verbose: bool = False,
     client_app=None,
     ray_address: str | None = None,
+    gpus_per_node: float = 0.0,
+    node_device: str | None = None,
 ) -> FlowerResult:
     """Run ``job`` on ``num_nodes`` simulated nodes (default ClientApp: fedpriv's).
 
@@ -82,8 +84,14 @@ def simulate(
     the nodes on that existing Ray cluster instead of a new local Ray; the cluster keeps
     running afterwards. This process (the ServerApp) must run on a node of that cluster for a
     ``HOST:PORT`` address. Every worker host needs the same Python environment and fedpriv, and
-    must see ``job.work_dir`` at the same path (the nodes memory-map their partitions there)."""
+    must see ``job.work_dir`` at the same path (the nodes memory-map their partitions there).
+
+    ``gpus_per_node``: the GPU share Ray reserves for each node's actor (Flower's
+    ``client_resources``, ``num_gpus``); ``node_device``: the device the nodes compute their
+    training step on (``"cuda"``: :mod:`fedpriv.flower.node_device`), given to the workers as
+    ``FEDPRIV_NODE_DEVICE``. A node device other than the CPU needs a GPU share."""
     set_offline_env()
+    _check_gpu_share(gpus_per_node, node_device, local=ray_address is None)
     init_args = {"logging_level": "ERROR", "log_to_driver": verbose, "include_dashboard": False}
     if ray_address is not None:
         init_args["address"] = check_ray_address(ray_address)
@@ -108,7 +116,10 @@ def simulate(
     previous = os.environ.get(POLICY_ENV)
     os.environ[POLICY_ENV] = policy_file
     try:
-        return _simulate(job, num_nodes, client_app, init_args, cpus_per_node, verbose, {POLICY_ENV: policy_file})
+        from .node_device import ENV as DEVICE_ENV
+
+        env = {POLICY_ENV: policy_file, **({DEVICE_ENV: node_device} if node_device else {})}
+        return _simulate(job, num_nodes, client_app, init_args, {"num_cpus": cpus_per_node, "num_gpus": float(gpus_per_node)}, verbose, env)
     finally:
         if previous is None:
             os.environ.pop(POLICY_ENV, None)
@@ -131,13 +142,27 @@ def _init_ray(init_args: dict, env_vars: dict) -> None:
     ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **env_vars}}, **init_args)
 
 
-def _simulate(job, num_nodes: int, client_app, init_args: dict, cpus_per_node: float, verbose: bool, env_vars: dict) -> FlowerResult:
+def _check_gpu_share(gpus_per_node: float, node_device: str | None, *, local: bool) -> None:
+    """A GPU share only where there is a GPU (a local Ray without one would wait forever for
+    the share), and a GPU node device only with a share."""
+    if not (gpus_per_node >= 0):
+        raise ConfigError(f"must be >= 0, got {gpus_per_node}", field="gpus_per_node")
+    if node_device not in (None, "cpu", "torch:cpu") and gpus_per_node <= 0:
+        raise ConfigError(f"node_device {node_device!r} needs a GPU share per node (gpus_per_node > 0)", field="node_device")
+    if gpus_per_node > 0 and local:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"gpus_per_node {gpus_per_node} asks Ray for GPU shares, but torch sees no CUDA device on this machine", field="gpus_per_node")
+
+
+def _simulate(job, num_nodes: int, client_app, init_args: dict, client_resources: dict, verbose: bool, env_vars: dict) -> FlowerResult:
     import ray
     from flwr.simulation import run_simulation
 
     sink: dict = {}
     backend_config = {
-        "client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0},
+        "client_resources": client_resources,  # num_cpus, num_gpus per node actor
         "init_args": init_args,
     }
     from .node_identity import ENV as IDENTITY_ENV

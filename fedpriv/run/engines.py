@@ -129,12 +129,14 @@ class FlowerSimulation(FlowerOptions):
 
     ray_address: str | None = None
     cpus_per_node: float = 1.0
+    gpus_per_node: float = 0.0  # Ray's GPU share per node actor (docs/how-to/gpu.md)
+    node_device: str | None = None  # where the nodes compute their step ("cuda" needs gpus_per_node > 0)
 
     def flower_runner(self) -> Callable:
         from ..flower.simulation import simulate
 
-        ray_address, cpus = self.ray_address, self.cpus_per_node
-        return lambda job, n_nodes: simulate(job, n_nodes, ray_address=ray_address, cpus_per_node=cpus)
+        ray_address, cpus, gpus, dev = self.ray_address, self.cpus_per_node, self.gpus_per_node, self.node_device
+        return lambda job, n_nodes: simulate(job, n_nodes, ray_address=ray_address, cpus_per_node=cpus, gpus_per_node=gpus, node_device=dev)
 
 
 @dataclass(frozen=True)

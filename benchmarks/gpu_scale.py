@@ -34,6 +34,7 @@ SHAPES = {
     "ml20m": dict(users=136_677, items=20_108, ratings=10_000_000),
     "msd": dict(users=571_355, items=41_140, ratings=33_600_000),
     "small": dict(users=20_000, items=3_000, ratings=600_000),  # a quick local check of this script
+    "tiny": dict(users=1_000, items=300, ratings=20_000),  # the documentation's check (tests/test_doc_snippets.py)
 }
 RUNS = {
     "adadpals": dict(rank="32", steps="3", defaults="fixed"),

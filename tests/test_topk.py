@@ -247,8 +247,8 @@ def test_topk_lowrank_personalizes_through_the_ledger_and_its_saved_model(data, 
 
 
 def test_topk_lowrank_secure_mode_is_a_skellam_sketch(data):
-    secure = fedpriv.train("topk-lowrank", data, epsilon=20.0, noise_seed=3, aggregation="secure", users_per_node=20, topk_items=40)
-    central = fedpriv.train("topk-lowrank", data, epsilon=20.0, noise_seed=3, users_per_node=20, topk_items=40)
+    secure = fedpriv.train("topk-lowrank", data, epsilon=20.0, noise_seed=3, aggregation="secure", users_per_node=50, topk_items=40)
+    central = fedpriv.train("topk-lowrank", data, epsilon=20.0, noise_seed=3, users_per_node=50, topk_items=40)
     assert {r["mechanism"] for r in secure.ledger if r["name"] == "sketch"} == {"skellam"}
     assert secure.epsilon <= 20.0 * (1 + 1e-3)
     rc, rs = central.metrics["ranking"]["recall"], secure.metrics["ranking"]["recall"]

@@ -97,10 +97,22 @@ class ItemEncoder(nn.Module):
             self.dense = nn.Parameter(torch.randn((out_dim, fan_in), generator=gen) / np.sqrt(fan_in))
         self.offset = nn.Parameter(torch.zeros(out_dim))
 
+    def _on(self, what: str, tensors: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor]:
+        """``tensors`` (the table's index or the poolings) on ``dev``, copied once per device
+        (the device path, fedpriv.util.device: the parameters live where the server computes)."""
+        if dev.type == "cpu":
+            return tensors
+        cache = self.__dict__.setdefault("_device_copies", {})
+        key = (what, str(dev))
+        if key not in cache:
+            cache[key] = [t.to(dev) for t in tensors]
+        return cache[key]
+
     def _pooling(self) -> list[torch.Tensor]:
         """Per field, the mean pooling of all items as a sparse (n_items, vocab + 1) matrix: row j
         holds 1 / (item j's active feature count) at its features (pad entries left out). It
-        depends only on the public feature table, so it is built once."""
+        depends only on the public feature table, so it is built once (on the CPU; copied to the
+        parameters' device)."""
         pools = getattr(self, "_pools", None)
         if pools is None:
             pools = []
@@ -111,7 +123,7 @@ class ItemEncoder(nn.Module):
                 vals = (mask.to(torch.float32) / count)[mask]
                 pools.append(torch.sparse_coo_tensor(torch.stack([rows, idx[mask]]), vals, (idx.shape[0], v + 1), check_invariants=True).coalesce())
             self._pools = pools
-        return pools
+        return self._on("pools", pools, self.offset.device)
 
     def hidden(self, items: torch.Tensor | None = None) -> torch.Tensor:
         parts = []
@@ -119,7 +131,9 @@ class ItemEncoder(nn.Module):
             for emb, pool in zip(self.embeddings, self._pooling()):
                 parts.append(torch.sparse.mm(pool if pool.dtype == emb.dtype else pool.to(emb.dtype), emb))
             return torch.cat(parts, dim=-1)
-        for emb, idx, v in zip(self.embeddings, self.table.index, self.table.vocab):
+        dev = self.offset.device
+        items = items.to(dev)
+        for emb, idx, v in zip(self.embeddings, self._on("index", self.table.index, dev), self.table.vocab):
             sub = idx[items]
             mask = (sub < v).to(emb.dtype)
             pooled = (emb[sub] * mask[..., None]).sum(-2) / mask.sum(-1, keepdim=True).clamp_min(1.0)
@@ -133,17 +147,17 @@ class ItemEncoder(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def get_flat(self) -> np.ndarray:
-        return torch.nn.utils.parameters_to_vector(self.parameters()).detach().numpy().astype(np.float32)
+        return torch.nn.utils.parameters_to_vector(self.parameters()).detach().cpu().numpy().astype(np.float32)
 
     def set_flat(self, flat: np.ndarray) -> None:
         with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(torch.as_tensor(np.asarray(flat, dtype=np.float32)), self.parameters())
+            torch.nn.utils.vector_to_parameters(torch.as_tensor(np.asarray(flat, dtype=np.float32), device=self.offset.device), self.parameters())
             for emb, v in zip(self.embeddings, self.table.vocab):
                 emb[v] = 0.0
 
     def outputs(self) -> np.ndarray:
         with torch.no_grad():
-            return self.forward().double().numpy()
+            return self.forward().double().cpu().numpy()
 
 
 def per_user_clipped_gradient(

@@ -63,9 +63,14 @@ class EncoderServer:
     its outputs (public state only ever holds post-processed values)."""
 
     def __init__(self, state: als.PublicState, table: FeatureTable):
+        from ..util import device
+
         cfg = state.config
         self.state = state
-        self.encoder = build_encoder(table, cfg)
+        # the device path (fedpriv.util.device): the encoder's parameters and its fits live
+        # there; the initialisation is drawn on the CPU first, so it is the same on every device
+        self.dev = device.torch_device() or torch.device("cpu")
+        self.encoder = build_encoder(table, cfg).to(self.dev)
         lr = cfg.encoder_sgd_lr if state.spec.clients_need_encoder else cfg.ssp_lr
         self.opt = torch.optim.Adam(self.encoder.parameters(), lr=lr, weight_decay=cfg.enc_weight_decay)
         self.steps_done = 0
@@ -87,7 +92,7 @@ class EncoderServer:
         gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + step)  # public randomness
         size = cfg.ssp_batch_items if 0 < cfg.ssp_batch_items < n else n
         for _ in range(cfg.ssp_steps):
-            yield None if size == n else torch.randperm(n, generator=gen)[:size]
+            yield None if size == n else torch.randperm(n, generator=gen)[:size].to(self.dev)
 
     def _fit(self, loss_of) -> None:
         """``ssp_steps`` Adam steps; ``loss_of(t, items, E)`` is the quadratic model's value on
@@ -109,9 +114,9 @@ class EncoderServer:
         T, R = cfg.ssp_steps, len(copies)
         tens = []
         for A, b, g in copies:
-            A = torch.from_numpy(project_psd(A, cfg.psd_floor))
-            b = torch.from_numpy(np.asarray(b, dtype=np.float32))
-            G = torch.from_numpy(project_psd(g[None], 0.0)[0]) * cfg.gravity if g is not None else None
+            A = torch.from_numpy(project_psd(A, cfg.psd_floor)).to(self.dev)
+            b = torch.from_numpy(np.asarray(b, dtype=np.float32)).to(self.dev)
+            G = torch.from_numpy(project_psd(g[None], 0.0)[0]).to(self.dev) * cfg.gravity if g is not None else None
             tens.append((A, b, G))
 
         def loss_of(t, items, E):
@@ -127,9 +132,9 @@ class EncoderServer:
         """Minimise the quadratic model of the logistic loss around the current outputs E0."""
         cfg = self.state.config
         reg = cfg.reg_item_private
-        E0 = torch.from_numpy(item_outputs(self.state).astype(np.float32))
-        Ht = torch.from_numpy(project_psd(H, cfg.psd_floor))
-        gt = torch.from_numpy(np.asarray(g, dtype=np.float32))
+        E0 = torch.from_numpy(item_outputs(self.state).astype(np.float32)).to(self.dev)
+        Ht = torch.from_numpy(project_psd(H, cfg.psd_floor)).to(self.dev)
+        gt = torch.from_numpy(np.asarray(g, dtype=np.float32)).to(self.dev)
 
         def loss_of(t, items, E):
             e0, h, gg = (E0, Ht, gt) if items is None else (E0[items], Ht[items], gt[items])
@@ -144,7 +149,7 @@ class EncoderServer:
         number of sampled users."""
         cfg = self.state.config
         expected = max(cfg.sgd_sampling_rate * self.state.n_users, 1.0)
-        flat = torch.from_numpy(np.asarray(G_noisy / expected, dtype=np.float32))
+        flat = torch.from_numpy(np.asarray(G_noisy / expected, dtype=np.float32)).to(self.dev)
         self.opt.zero_grad(set_to_none=True)
         offset = 0
         for p in self.encoder.parameters():

@@ -146,6 +146,11 @@ def pytest_terminal_summary(terminalreporter):
 #: 34 took 188 s): marked ``slow`` here, they run in the slow suite of scripts/test.sh so
 #: that the default suite stays under 10 minutes. The documentation-snippet and fuzz tests stay.
 SLOW_TESTS = {
+    # secure mode of the top-k family: the Flower-grid agreement tests (marker flower, CI on 1.42) run it too
+    "tests/test_topk.py::test_topk_lowrank_secure_mode_is_a_skellam_sketch": 6,
+    "tests/test_topk.py::test_secure_mode_releases_the_statistic_as_a_secure_sum": 4,
+    # the GPU page's CPU check of benchmarks/gpu_scale.py: tests/test_device.py checks the same path
+    "tests/test_doc_snippets.py::test_shell_block[docs/how-to/gpu.md#2]": 8,
     "tests/test_ledger.py::test_every_algorithm_draws_noise_only_through_the_ledger[am-dpsgd]": 10,
     "tests/test_privacy_plan.py::test_sampled_plan_has_no_rho_and_tuned_plan_no_pld": 10,
     "tests/test_partitioned.py::test_the_server_starts_from_public_metadata_only[am-ssp]": 8,

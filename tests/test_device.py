@@ -22,7 +22,6 @@ RUNS = [
     ("adadpals", dict(rank=8, steps=3, defaults="fixed")),
     ("topk", dict(topk_items=120)),
     ("topk-lowrank", dict(topk_items=120)),
-    ("bias", dict()),
 ]
 #: the encoder family: its server fit (the encoder's parameters, Adam) runs on the device; on
 #: torch's CPU device that is the CPU, so those cases are in the slow suite

@@ -151,6 +151,9 @@ SLOW_TESTS = {
     "tests/test_topk.py::test_secure_mode_releases_the_statistic_as_a_secure_sum": 4,
     # the GPU page's CPU check of benchmarks/gpu_scale.py: tests/test_device.py checks the same path
     "tests/test_doc_snippets.py::test_shell_block[docs/how-to/gpu.md#2]": 8,
+    # own-data.md#2 runs the same command first; tuning in process runs in tests/test_one_path.py (against the Flower engine)
+    "tests/test_doc_snippets.py::test_shell_block[docs/how-to/own-data.md#1]": 9,
+    "tests/test_doc_snippets.py::test_shell_block[docs/how-to/tuning.md#1]": 14,
     "tests/test_ledger.py::test_every_algorithm_draws_noise_only_through_the_ledger[am-dpsgd]": 10,
     "tests/test_privacy_plan.py::test_sampled_plan_has_no_rho_and_tuned_plan_no_pld": 10,
     "tests/test_partitioned.py::test_the_server_starts_from_public_metadata_only[am-ssp]": 8,

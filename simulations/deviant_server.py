@@ -31,7 +31,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+import shutil
 import tempfile
+import weakref
 from dataclasses import replace
 from pathlib import Path
 
@@ -75,6 +77,8 @@ class Setup:
         ds = load_spec(parse_data_spec(data))
         split = random_split(ds.interactions, seed=1234)
         self.work = Path(work or tempfile.mkdtemp(prefix="fedpriv-deviant-"))
+        if work is None:  # its own folder holds copies of the ratings: removed with the object, or at exit
+            weakref.finalize(self, shutil.rmtree, str(self.work), True)
         self.nodes, self.epsilon, self.algorithm = int(nodes), float(epsilon), algorithm
         n_users = split.train.n_users
         self.upn = -(-n_users // self.nodes)

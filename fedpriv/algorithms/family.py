@@ -53,11 +53,11 @@ IALS_DEFAULTS = (("rank", "32"), ("steps", "10"), ("gravity", "1.0"), ("reg_user
 
 
 def _ials_scores(shard, state, candidates) -> np.ndarray:
-    """ials' ranking: the predicted preference u . v of the user's own solved vector (no blend)."""
-    from .als import client_user_vectors
+    """ials' ranking: the predicted preference u . v of the user's own solved vector (no blend,
+    no clip; no mean or biases: ials has none)."""
+    from .recommend import client_scores
 
-    U = client_user_vectors(shard, state)
-    return U @ np.asarray(state.item_factors, dtype=np.float64)[np.asarray(candidates, dtype=np.int64)].T
+    return client_scores(shard, state, np.asarray(candidates, dtype=np.int64), clip=False)
 
 
 _ADAPTIVE_KEYS = ("mu", "beta_bar_ratio", "weight_mode")

@@ -133,16 +133,16 @@ def segment_stats(
     n = len(index)
     indptr = np.ascontiguousarray(indptr, dtype=np.int64)
     _check_entries(n, indptr, weights, targets, order)
-    dev = device.torch_device()
-    if dev is not None and factors.shape[1] > 0 and len(indptr) > 1:  # the GPU path (fedpriv.util.device)
-        return _segment_stats_device(dev, factors, index, indptr, weights, targets, order)
-    lib = native.library()
+    dev = device.torch_device()  # the GPU path (fedpriv.util.device) replaces the CPU back ends
+    lib = native.library() if dev is None else None
     if lib is not None and factors.shape[1] > 0 and len(indptr) > 1:
         return _segment_stats_native(lib, factors, index, indptr, weights, targets, order)
     _check_sources(index, len(factors), order, weights, targets)
     if order is not None:
         weights = None if weights is None else np.asarray(weights)[order]
         targets = None if targets is None else np.asarray(targets)[order]
+    if dev is not None and factors.shape[1] > 0 and len(indptr) > 1:
+        return _segment_stats_device(dev, factors, index, indptr, weights, targets)
     if n <= _SMALL_ENTRIES:  # one user's or a few users' ratings: numpy beats torch's op overhead
         return _segment_stats_small(factors, index, indptr, weights, targets)
     torch = _loaded_torch()
@@ -175,13 +175,10 @@ def segment_stats(
     return SegmentStats(A=G3[:, :d, :d], b=G3[:, :d, d], c=G3[:, d, d])
 
 
-def _segment_stats_device(dev, factors, index, indptr, weights, targets, order) -> SegmentStats:
+def _segment_stats_device(dev, factors, index, indptr, weights, targets) -> SegmentStats:
+    """:func:`segment_stats` on a device, from per-entry weights and targets in segment order."""
     from . import device_kernels
 
-    _check_sources(index, len(factors), order, weights, targets)
-    if order is not None:
-        weights = None if weights is None else np.asarray(weights)[order]
-        targets = None if targets is None else np.asarray(targets)[order]
     d = factors.shape[1]
     padded = _padded_inputs(factors, index, weights, targets)
     A, b, c = device_kernels.stats_on_device(device.torch_device_module(), dev, _plan(indptr, d + 1, _DEVICE_BLOCK_FLOATS if dev.type == "cuda" else _BLOCK_FLOATS), padded, d, len(indptr) - 1, targets is not None, weights is not None)

@@ -12,7 +12,8 @@ from fedpriv.algorithms.kernels import from_upper, upper
 from fedpriv.cli import main
 from fedpriv.data.personal import make_personal
 from fedpriv.errors import ConfigError
-from fedpriv.engine.personal import evaluate_personal, train_personal_inprocess
+from fedpriv.algorithms.pam import evaluate_personal
+from fedpriv.engine.personal import train_personal_inprocess
 from fedpriv.privacy.accounting import epsilon_rdp, gaussian_epsilon_closed_form, zcdp_rho
 from fedpriv.privacy.randomness import RunSecrets
 from fedpriv.run import run

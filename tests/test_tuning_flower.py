@@ -133,11 +133,11 @@ def test_the_flower_engine_refuses_the_selected_run_accounting():
     from fedpriv.errors import ConfigError
     from fedpriv.run.tuning import view_of
 
-    assert view_of("auto", "flower") == "all" and view_of("auto", "inprocess") == "selected" and view_of("all", "inprocess") == "all"
+    assert view_of("auto", True) == "all" and view_of("auto", False) == "selected" and view_of("all", False) == "all"
     with pytest.raises(ConfigError, match="tune_view"):
-        view_of("selected", "flower")
+        view_of("selected", True)
     with pytest.raises(ConfigError, match="tune_view"):
-        view_of("hidden", "inprocess")
+        view_of("hidden", False)
 
 
 def test_the_all_runs_accounting_matches_an_independent_computation(old_plan):

@@ -510,3 +510,14 @@ class PersonalRounds:
 
 
 PERSONAL = PersonalRounds()
+
+
+def evaluate_personal(state: PAMState, data, users_per_shard: int = 4096) -> dict:
+    """Test MSE (plus the observation noise) and subspace error of a personalization run on the
+    users' own test samples (:class:`~fedpriv.data.personal.PersonalData`)."""
+    from .shards import split_users
+
+    sums = sum(client_eval_sums(data.X[u], data.y[u], data.V_star[u], data.U_star, state, data.noise) for u in split_users(data.n_users, users_per_shard))
+    out = {"test_mse": float(sums[0] / max(sums[1], 1.0) + data.noise**2)}
+    out["subspace_error"] = subspace_error(state.U, data.U_star) if state.U is not None else None
+    return out

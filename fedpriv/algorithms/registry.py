@@ -77,6 +77,9 @@ class AlgorithmSpec:
     ranker: Callable | None = None
     # its number of alternating steps for a config (default: ``steps``, none when ``setup_only``)
     n_steps: Callable | None = None
+    # its own evaluation ``(protocol) -> Evaluation`` (fedpriv.algorithms.evaluations), else the
+    # protocol's: rating regression, held-out users, logistic
+    evaluation: Callable | None = None
 
     def steps_of(self, cfg) -> int:
         """The alternating steps a run of this config makes."""

@@ -218,3 +218,21 @@ class _ShardRecommendTransport:
 
     def reject(self, key, reason: str) -> None:
         raise ValueError(f"shard {key}: {reason}")  # in process, the client code is ours: a bug
+
+
+def tuning_candidate(algorithm: str, split, rating_range: tuple[float, float], epsilon: float, delta: float, item_features=None):
+    """One run of a private tuning in process (``train_candidate`` of
+    :func:`fedpriv.run.tuning.tune`): trained with the tuning's multipliers, then every user's
+    min(validation MSE, clip) summed over all users at once (a Flower node sums its own users':
+    :func:`fedpriv.algorithms.evaluation.shard_clipped_score_sum`)."""
+    from ..algorithms.evaluation import clipped_score_sum
+
+    def run(cfg, multipliers, run_secrets, clip, index):
+        res = train_inprocess(
+            algorithm, split.train, cfg, rating_range=rating_range, epsilon=epsilon, delta=delta,
+            # no progress bar per run: a log holding K bars would tell K
+            item_features=item_features, progress=False, multipliers=multipliers, secrets=run_secrets,
+        )
+        return res, res.ledger, clipped_score_sum(res.state, split.train, split.valid, clip)
+
+    return run

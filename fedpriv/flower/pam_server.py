@@ -223,3 +223,19 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
         shown = {"test MSE": result.evaluation["test_mse"], "subspace error": result.evaluation["subspace_error"]}
         progress.summary(result.round_log, result.rejected, {k: v for k, v in shown.items() if v is not None}, counters=result)
     return result
+
+
+def run_pam_job_local(job: PamJob, nodes: int, runner) -> PamResult:
+    """Run ``job`` with ``runner(job, n_nodes)`` (a Flower simulation, a grid) in a work folder
+    of its own unless the job names one (removed afterwards)."""
+    import shutil
+    import tempfile
+
+    own_dir = job.work_dir is None
+    if own_dir:
+        job.work_dir = Path(tempfile.mkdtemp(prefix="fedpriv-pam-"))
+    try:
+        return runner(job, nodes or job.n_parts())
+    finally:
+        if own_dir:
+            shutil.rmtree(job.work_dir, ignore_errors=True)

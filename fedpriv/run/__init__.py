@@ -5,7 +5,8 @@ and split; no training) → :meth:`Plan.execute` on an engine (:class:`InProcess
 :class:`FlowerGrid`, :class:`FlowerSimulation`; ``flwr run`` in a subprocess:
 :class:`fedpriv.ops.launcher.FlwrRun`) → an :class:`Outcome` holding
 the typed :class:`RunReport` (``metrics.json``), the ledger records and the released model.
-Private tuning (:mod:`fedpriv.run.tuning`) runs inside a plan's execution on the in-process engine.
+Each engine trains (:mod:`fedpriv.run.base`); the plan's evaluation measures
+(:mod:`fedpriv.algorithms.evaluations`); private tuning wraps any engine (:mod:`fedpriv.run.tuning`).
 :func:`write_outputs` writes ``metrics.json`` and ``ledger.json`` (both or neither)."""
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ if TYPE_CHECKING:
 # exported here and loaded on first use (PEP 562), so that ``import fedpriv.run.model`` (a saved
 # model's recommendations) stays light: no torch, no dp-accounting, no Flower
 _EXPORTS = {
-    "ENGINES": "core", "REPRODUCIBLE_WARNING": "core", "RunOptions": "core", "_clean": "core", "noise_statement": "core",
-    "parse_overrides": "core", "resolve_data": "core", "write_outputs": "core", "check_results_folder": "core",
-    "Engine": "engines", "FlowerCallback": "engines", "FlowerGrid": "engines", "FlowerOptions": "engines", "FlowerSimulation": "engines",
+    "ENGINES": "engines", "REPRODUCIBLE_WARNING": "inputs", "RunOptions": "inputs", "_clean": "outputs", "noise_statement": "inputs",
+    "parse_overrides": "inputs", "resolve_data": "inputs", "write_outputs": "outputs", "check_results_folder": "outputs",
+    "Engine": "base", "Trained": "base", "FlowerCallback": "engines", "FlowerGrid": "engines", "FlowerOptions": "engines", "FlowerSimulation": "engines",
     "InProcess": "engines", "engine_named": "engines",
-    "Job": "job", "Plan": "job", "Outcome": "report", "RunReport": "report",
+    "Job": "job", "Plan": "job", "RatingsPlan": "job", "ServerPlan": "job", "PersonalPlan": "job", "Outcome": "report", "RunReport": "report",
 }
 __all__ = sorted([*(n for n in _EXPORTS if not n.startswith("_")), "run"])
 
@@ -68,8 +69,7 @@ def run(
     ``flower_runner(job, n_nodes)`` runs a Flower job (default: a new simulation); ``capture``
     (a dict) receives the trained public ``state``, the ``train`` interactions and the
     ``dataset``; ``second_opinion=False`` skips the PLD cross-check ``epsilon_spent_pld``."""
-    from .core import ENGINES
-    from .engines import engine_named
+    from .engines import ENGINE_NAMES as ENGINES, engine_named
     from .job import Job
 
     if engine not in ENGINES:

@@ -21,13 +21,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from . import core
+from ..algorithms import als, registry
+from ..algorithms.evaluations import evaluation_for
+from ..algorithms.names import is_private
+from ..data.spec import HELDOUT_KINDS, load_spec, require_declared_catalogue
+from ..data.splits import heldout_users_split, random_split
+from ..errors import ConfigError, did_you_mean
+from .inputs import RunOptions, check_privacy_target, resolve_data
 
 if TYPE_CHECKING:
+    from ..algorithms.config import ALSConfig, PAMConfig
+    from ..algorithms.evaluations import Evaluation
+    from ..algorithms.recommend import RecommendConfig
+    from ..data.loaders import Dataset
+    from ..data.personal import PersonalData
+    from ..data.public import PublicData
+    from ..data.spec import DataSpec
+    from ..data.splits import HeldoutSplit, RatingSplit
     from ..privacy.plan import BudgetPlan
+    from ..privacy.randomness import RunSecrets
     from .engines import Engine
+    from .execute import Finished
+    from .model import Model, PersonalModel
     from .report import Outcome
 
 
@@ -65,27 +82,23 @@ class Job:
         object.__setattr__(self, "data_options", MappingProxyType(dict(self.data_options or {})))
 
     def prepare(self) -> Plan:
-        """Validate, load, split: the frozen :class:`Plan` (raises ConfigError/DataError)."""
-        return Plan(job=self, **core.load_and_check(self))
+        """Validate, load, split: the frozen :class:`Plan` of the job's kind (raises
+        ConfigError/DataError)."""
+        return prepare_plan(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
-    """A checked job with its data loaded and split, ready to run on any engine."""
+    """A checked job with its data loaded, ready to run on any engine: one of the kinds below
+    (:class:`RatingsPlan`, :class:`ServerPlan`, :class:`PersonalPlan`). ``protocol`` is what
+    ``metrics.json`` calls the split; ``evaluation`` measures the trained state
+    (:mod:`fedpriv.algorithms.evaluations`), chosen once by :func:`prepare_plan`."""
 
     job: Job
-    spec: Any  # DataSpec
-    dataset: Any  # Dataset, PublicData (a deployment's server) or PersonalData
+    spec: DataSpec
     private: bool
-    options: Any  # RunOptions (None for the personalization algorithms)
-    config: Any  # ALSConfig or PAMConfig, before the noise-aware rule (which needs a release)
-    protocol: str  # "random", "heldout" or "personalization"
-    split: Any  # RandomSplit / HeldoutSplit, or None (a deployment's server, personalization)
-    rating_range: tuple[float, float] | None
-    implicit: bool
-    recommend: Any  # RecommendConfig or None
-    public: Any  # PublicData of a deployment's server, or None
-    engine_params: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    protocol: str
+    evaluation: Evaluation
 
     @property
     def algorithm(self) -> str:
@@ -94,11 +107,12 @@ class Plan:
     @property
     def n_users(self) -> int:
         """Users of the federation (the training users; a deployment's enrolled users)."""
-        if self.public is not None:
-            return int(self.public.n_users)
-        if self.split is None:
-            return int(self.dataset.n_users)
-        return int(self.split.train.n_users)
+        return int(self.dataset.n_users)
+
+    @property
+    def public(self) -> PublicData | None:
+        """A deployment server's public data (None for the other kinds)."""
+        return None
 
     def partitions(self, users_per_node: int) -> int:
         """The number of nodes that hold ``users_per_node`` users each."""
@@ -112,12 +126,6 @@ class Plan:
         Raises ConfigError/PrivacyError when the target cannot be met."""
         if not self.private:
             return None
-        if self.protocol == "personalization":
-            from ..algorithms import pam
-
-            data = self.dataset
-            pam.new_pam_state(self.algorithm, self.config, data.d, data.k, data.samples, self.job.epsilon, self.job.delta)
-            return None
         from ..algorithms.plans import budget_plan
 
         return budget_plan(self.algorithm, self.config, self.job.epsilon, self.job.delta, implicit=self.implicit, rating_range=self.rating_range)
@@ -126,9 +134,6 @@ class Plan:
         """The privacy calibration alone (what a Flower run checks before it starts): raises
         ConfigError/PrivacyError when (epsilon, delta) cannot be met."""
         if not self.private or self.job.epsilon is None:
-            return
-        if self.protocol == "personalization":
-            self.budget()
             return
         from ..algorithms import als
 
@@ -141,11 +146,231 @@ class Plan:
         engine = engine if engine is not None else InProcess()
         return engine.execute(self, progress=progress, second_opinion=second_opinion)
 
+    def execute_here(self, engine: Engine, *, progress: bool = False, second_opinion: bool = True) -> Outcome:
+        """Train on ``engine`` in this process and measure (:func:`fedpriv.run.execute.execute`)."""
+        from .execute import execute
+
+        return execute(self, engine, progress=progress, second_opinion=second_opinion)
+
+    def run_on(self, engine: Engine, secrets: RunSecrets, *, progress: bool, second_opinion: bool) -> Finished:
+        """Train on ``engine`` and measure (:mod:`fedpriv.run.execute`): what each kind runs."""
+        raise NotImplementedError
+
+    def released_model(self, done: Finished) -> Model | None:
+        """The released model of a finished run (None when nothing shared was released)."""
+        from .model import Model
+
+        state = done.state
+        if state is None or getattr(state, "item_factors", None) is None:
+            return None
+        features = getattr(self.dataset, "item_features", None)
+        names = features.names if features is not None else None
+        return Model.from_run(state, done.train if done.train is not None else self.public, done.records, done.metrics, names)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RatingsPlan(Plan):
+    """A rating or interaction data set held here, split for evaluation."""
+
+    dataset: Dataset
+    options: RunOptions
+    config: ALSConfig
+    split: RatingSplit | HeldoutSplit
+    rating_range: tuple[float, float]
+    implicit: bool
+    recommend: RecommendConfig | None
+
+    @property
+    def n_users(self) -> int:
+        return int(self.split.train.n_users)
+
+    def run_on(self, engine: Engine, secrets: RunSecrets, *, progress: bool, second_opinion: bool) -> Finished:
+        from .execute import run_ratings
+
+        return run_ratings(self, engine, secrets, progress=progress, second_opinion=second_opinion)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerPlan(Plan):
+    """The server of a partitioned deployment: public metadata only, the ratings stay on the nodes."""
+
+    dataset: PublicData
+    options: RunOptions
+    config: ALSConfig
+    rating_range: tuple[float, float]
+    implicit: bool
+    recommend: RecommendConfig | None
+    split: None = None  # the ratings stay on the nodes
+
+    @property
+    def public(self) -> PublicData:
+        return self.dataset
+
+    def run_on(self, engine: Engine, secrets: RunSecrets, *, progress: bool, second_opinion: bool) -> Finished:
+        from .execute import run_server
+
+        return run_server(self, engine, secrets, progress=progress, second_opinion=second_opinion)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PersonalPlan(Plan):
+    """A personalization algorithm on its own synthetic tasks; ``node_params``: the node layout
+    keys given with the job (``users_per_node``, ``users_per_shard``, ``nodes``)."""
+
+    dataset: PersonalData
+    config: PAMConfig
+    node_params: Mapping[str, int | float | str] = field(default_factory=dict, repr=False)
+    implicit: bool = False
+    rating_range: None = None
+    split: None = None
+
+    def budget(self) -> BudgetPlan | None:
+        if self.private:
+            from ..algorithms import pam
+
+            data = self.dataset
+            pam.new_pam_state(self.algorithm, self.config, data.d, data.k, data.samples, self.job.epsilon, self.job.delta)
+        return None
+
+    def check_budget(self) -> None:
+        if self.private and self.job.epsilon is not None:
+            self.budget()
+
+    def run_on(self, engine: Engine, secrets: RunSecrets, *, progress: bool, second_opinion: bool) -> Finished:
+        from .execute import run_personal
+
+        return run_personal(self, engine, secrets, progress=progress)
+
+    def released_model(self, done: Finished) -> PersonalModel | None:
+        from .model import PersonalModel
+
+        state = done.state
+        return PersonalModel.from_run(state, done.records, done.metrics) if (state.U is not None or state.theta is not None) else None
+
+
+#: the node keys of a personalization job (read by the engines, not by its configuration)
+PERSONAL_NODE_KEYS = ("users_per_node", "users_per_shard", "nodes")
+
+
+@dataclass(frozen=True)
+class SplitProtocol:
+    """How a rating run splits and what it supports: ``make(interactions, options, spec,
+    dataset)`` -> the split; ``implicit``: the held-out protocol trains on implicit feedback."""
+
+    name: str
+    make: Callable
+    implicit: bool
+    recommends: bool  # the private recommendation phase (hits on held-out ratings)
+    tunes: bool  # private tuning (validation MSE)
+
+
+def _random(inter, opts: RunOptions, spec, ds):
+    return random_split(inter, seed=opts.split_seed)
+
+
+def _heldout(inter, opts: RunOptions, spec, ds):
+    frac = opts.heldout_fraction or (0.0722 if spec.kind in ("ml-20m", "ml-25m") else 0.1)
+    threshold = None if ds.implicit else 3.5
+    return heldout_users_split(inter, valid_fraction=frac, test_fraction=frac, positive_threshold=threshold, seed=opts.split_seed)
+
+
+RANDOM = SplitProtocol("random", _random, implicit=False, recommends=True, tunes=True)
+HELDOUT = SplitProtocol("heldout", _heldout, implicit=True, recommends=False, tunes=False)
+#: the ``split`` option's protocols (``auto`` picks one by data set: :func:`split_protocol`)
+PROTOCOLS = {p.name: p for p in (RANDOM, HELDOUT)}
+
+
+def split_protocol(option: str, spec, ds) -> SplitProtocol:
+    """The protocol of the ``split`` option: held-out users for implicit data and the large
+    MovieLens sets when ``auto``, else the random split."""
+    if option in PROTOCOLS:
+        return PROTOCOLS[option]
+    return HELDOUT if (ds.implicit or spec.kind in HELDOUT_KINDS) else RANDOM
+
+
+def prepare_plan(job):
+    """The checked plan of ``job`` (see the module docstring)."""
+    from ..algorithms import pam
+
+    algorithm = job.algorithm
+    if algorithm not in als.ALGORITHMS and algorithm not in pam.PAM_ALGORITHMS:
+        known = (*als.ALGORITHMS, *pam.PAM_ALGORITHMS)
+        raise ConfigError(f"unknown algorithm {algorithm!r} (known: {', '.join(known)}){did_you_mean(algorithm, known)}", field="algorithm")
+    private = is_private(algorithm)
+    if private and job.epsilon is None:
+        raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
+    if private:
+        check_privacy_target(job.epsilon, job.delta)
+    if job.noise_seed is not None and (isinstance(job.noise_seed, bool) or not isinstance(job.noise_seed, int)):
+        raise ConfigError(f"must be an integer, got {job.noise_seed!r}", field="--noise-seed")
+    spec, ds = resolve_data(job.data, job.data_options)
+    if job.dataset is not None:
+        ds = job.dataset
+    if algorithm in pam.PAM_ALGORITHMS:
+        return _personal_plan(job, spec, ds, private)
+    overrides = dict(job.params)
+    opts = RunOptions.pop_from(overrides)
+    cfg = als.ALSConfig.from_overrides(overrides, algorithm)
+    if spec.kind == "synthetic-personal":
+        raise ConfigError(f"{algorithm!r} trains on ratings; synthetic-personal data is for {', '.join(pam.PAM_ALGORITHMS)}", field="--data")
+    ds = ds if ds is not None else load_spec(spec)
+    if ds.interactions is None:  # a partitioned deployment's public folder: the server holds no ratings
+        return _server_plan(job, spec, ds, private, opts, cfg)
+    return _ratings_plan(job, spec, ds, private, opts, cfg, overrides)
+
+
+def _personal_plan(job, spec, ds, private: bool) -> PersonalPlan:
+    from ..algorithms import pam
+
+    if spec.kind != "synthetic-personal":
+        raise ConfigError(f"{job.algorithm} needs --data synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R", field="--data")
+    overrides = dict(job.params)
+    node_keys = {k: overrides.pop(k) for k in PERSONAL_NODE_KEYS if k in overrides}
+    cfg = pam.PAMConfig.from_overrides(overrides)
+    ds = ds if ds is not None else load_spec(spec)
+    return PersonalPlan(job=job, spec=spec, private=private, protocol="personalization", evaluation=evaluation_for("personalization", None, cfg),
+                        dataset=ds, config=cfg, node_params=node_keys)
+
+
+def _server_plan(job, spec, public, private: bool, opts: RunOptions, cfg) -> ServerPlan:
+    given = PROTOCOLS.get(opts.split)  # None: auto
+    if PROTOCOLS.get(public.protocol) is not RANDOM or given not in (None, RANDOM):
+        raise ConfigError(f"a partitioned deployment evaluates on the nodes with the random split; got {opts.split if given is not None else public.protocol!r}", field="split")
+    if opts.tune:
+        raise ConfigError("private tuning runs on the in-process engine", field="tune")
+    if opts.split_seed != RunOptions.split_seed and opts.split_seed != public.split_seed:
+        raise ConfigError(f"the nodes split with the partition's public seed {public.split_seed}", field="split_seed")
+    rating_range = (0.0, 1.0) if public.implicit else tuple(public.rating_range)
+    rec_cfg = opts.recommend_config() if opts.recommend else None
+    return ServerPlan(job=job, spec=spec, private=private, protocol=RANDOM.name, evaluation=evaluation_for("deployment", None, cfg), dataset=public,
+                      options=opts, config=cfg, rating_range=rating_range, implicit=public.implicit, recommend=rec_cfg)
+
+
+def _ratings_plan(job, spec, ds, private: bool, opts: RunOptions, cfg, overrides: dict) -> RatingsPlan:
+    algorithm = job.algorithm
+    # a private run needs an item catalogue that does not depend on the ratings (before any training)
+    if registry.get(algorithm).private:
+        require_declared_catalogue(ds, spec, f"algorithm {algorithm!r}")
+    elif opts.recommend:
+        require_declared_catalogue(ds, spec, f"the private recommendation (recommend={opts.recommend})")
+    protocol = split_protocol(opts.split, spec, ds)
+    split = protocol.make(ds.interactions, opts, spec, ds)
+    implicit = protocol.implicit or ds.implicit
+    if protocol.implicit and cfg.gravity == 0 and "gravity" not in overrides:
+        cfg.gravity = 0.1
+    rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
+    rec_cfg = opts.recommend_config() if opts.recommend else None
+    if rec_cfg is not None and (not protocol.recommends or opts.tune):
+        raise ConfigError("private recommendation runs after training on the random split (hits on held-out ratings), without tuning", field="recommend")
+    if opts.tune and (not protocol.tunes or not private):
+        raise ConfigError("private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)", field="tune")
+    return RatingsPlan(job=job, spec=spec, private=private, protocol=protocol.name, evaluation=evaluation_for(protocol.name, registry.get(algorithm), cfg),
+                       dataset=ds, options=opts, config=cfg, split=split, rating_range=rating_range, implicit=implicit, recommend=rec_cfg)
+
 
 def typed_params(config: Any, params: dict) -> tuple[str, dict]:
     """(name, params) of a typed algorithm configuration joined with ``params``."""
     from ..algorithms.typed import AlgorithmConfig
-    from ..errors import ConfigError
 
     if not isinstance(config, AlgorithmConfig):
         raise ConfigError(f"expected an algorithm name or a typed configuration (fedpriv.algorithms.typed), got {type(config).__name__}", field="algorithm")

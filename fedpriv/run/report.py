@@ -135,7 +135,7 @@ class RunReport:
     def model_line(self) -> str:
         """What was trained: the resolved rank and steps, and who chose them."""
         cfg = self.config
-        if self.protocol == "personalization":  # its rank 0 means: the data's k
+        if self.get("samples_per_user") is not None:  # personalization: its rank 0 means the data's k
             k = self.get("k")
             return f"{self.algorithm}: a shared subspace of rank {k}, a personal vector per user" if k is not None else self.algorithm
         if "rank" not in cfg:
@@ -150,6 +150,23 @@ class RunReport:
             return f"{shape}, chosen by the noise-aware defaults from epsilon, delta, the catalogue and the released user count"
         return shape
 
+    def _privacy_rows(self) -> list[tuple[str, str]]:
+        """The summary's privacy lines: the guarantee, its neighbours, the PLD second opinion."""
+        if not self.private:
+            return [("privacy", "none (a non-private reference)")]
+        spent = "?" if self.epsilon_spent is None else f"{self.epsilon_spent:.4f}"
+        target = "" if self.epsilon is None else f" of {self.epsilon:g}"
+        rows = [("privacy", f"epsilon {spent}{target}, delta {self.delta:g}: the guarantee (dp-accounting on the ledger)")]
+        if self.neighbouring_relation == "replace_one":
+            rows.append(("", "neighbours: one user's data replaced by anybody's (replace-one: the enrolled count is public); "
+                             "adding or removing a user is not hidden"))
+        pld = self.get("epsilon_spent_pld")
+        if isinstance(pld, float):
+            rows.append(("", f"PLD accounting of the same ledger: {pld:.4f} (a second opinion, not the guarantee)"))
+        if self.get("noise") == "reproducible":
+            rows.append(("noise", "reproducible from a noise seed: privacy holds only against those who do not know the seed"))
+        return rows
+
     def summary(self, *, out: str | None = None) -> str:
         """A short table a person reads: what ran, what it spent, what it scored, where it went."""
         rows: list[tuple[str, str]] = [("run", f"{self.algorithm} on {self.dataset} ({self.engine} engine" + (f", {self.aggregation} aggregation)" if self.aggregation else ")"))]
@@ -158,20 +175,7 @@ class RunReport:
         if isinstance(choice, dict) and "snr" in str(choice.get("model", "")):
             rows.append(("", f"snr: the per-item signal against the noise, released users x sqrt(rho) / sqrt(items), rho the zCDP budget of "
                              f"(epsilon, delta); factors need snr >= {choice.get('factor_snr', 350):g}"))
-        if self.private:
-            spent = "?" if self.epsilon_spent is None else f"{self.epsilon_spent:.4f}"
-            target = "" if self.epsilon is None else f" of {self.epsilon:g}"
-            rows.append(("privacy", f"epsilon {spent}{target}, delta {self.delta:g}: the guarantee (dp-accounting on the ledger)"))
-            if self.neighbouring_relation == "replace_one":
-                rows.append(("", "neighbours: one user's data replaced by anybody's (replace-one: the enrolled count is public); "
-                                 "adding or removing a user is not hidden"))
-            pld = self.get("epsilon_spent_pld")
-            if isinstance(pld, float):
-                rows.append(("", f"PLD accounting of the same ledger: {pld:.4f} (a second opinion, not the guarantee)"))
-            if self.get("noise") == "reproducible":
-                rows.append(("noise", "reproducible from a noise seed: privacy holds only against those who do not know the seed"))
-        else:
-            rows.append(("privacy", "none (a non-private reference)"))
+        rows += self._privacy_rows()
         data = [f"{v:,} {k}" for k, v in (("users", self.n_users), ("items", self.n_items), ("ratings", self.n_ratings)) if isinstance(v, int)]
         if data:
             rows.append(("data", ", ".join(data)))
@@ -203,7 +207,7 @@ class RunReport:
         if self.get("rounds") is not None:
             rows.append(("rounds", f"{self.get('rounds')} protocol rounds on {self.get('nodes')} nodes; {self.get('bytes_up'):,} bytes up, {self.get('bytes_down'):,} down "
                                    "(evaluation rounds are measurement, not counted)"))
-        elif self.engine == "inprocess" and self.config.get("users_per_shard"):
+        elif self.config.get("users_per_shard"):  # the in-process engine's shards (a Flower run counts rounds)
             rows.append(("nodes", f"{self.config.get('nodes')} nodes of up to {self.config['users_per_shard']} users each, run in this process"))
         if self.wall_seconds is not None:
             launcher = self.get("launcher_wall_seconds")

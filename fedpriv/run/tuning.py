@@ -27,9 +27,8 @@ from typing import Callable
 
 from ..algorithms import als, registry
 from ..algorithms.plans import budget_plan
-from ..engine.inprocess import train_inprocess
+from ..engine.inprocess import tuning_candidate
 from ..errors import ConfigError
-from ..algorithms.evaluation import clipped_score_sum
 from ..privacy.accounting import AllRunsAccountant, BestOfAccountant
 from ..privacy.ledger import PrivacyLedger, public_draws
 from ..privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, all_runs_plan_of, score_sensitivity
@@ -41,12 +40,13 @@ VIEWS = {
     "all": "every run and K, as a Flower node sees them (repeat_and_compose: each k-fold composition, averaged over the public law of K)",
 }
 
-def view_of(option: str, engine: str) -> str:
-    """The view a tuning is accounted for (``tune_view``): ``auto`` is ``selected`` in process and
-    ``all`` on the Flower engines, where every node sees every run; ``selected`` is refused there."""
+def view_of(option: str, others_see_every_run: bool) -> str:
+    """The view a tuning is accounted for (``tune_view``): ``auto`` is ``selected`` where only this
+    process sees the runs (in process) and ``all`` where other parties see every run (the Flower
+    engines' nodes); ``selected`` is refused there."""
     if option not in ("auto", *VIEWS):
         raise ConfigError(f"must be auto, {' or '.join(VIEWS)}, got {option!r}", field="tune_view")
-    if engine == "flower":
+    if others_see_every_run:
         if option == "selected":
             raise ConfigError("on the Flower engines every node sees every run of the tuning: its epsilon must cover them all (tune_view=all)", field="tune_view")
         return "all"
@@ -123,17 +123,9 @@ def tune(
     ``train_candidate`` whose runs other parties see needs ``"all"``."""
     if view not in VIEWS:
         raise ConfigError(f"must be one of {', '.join(VIEWS)}, got {view!r}", field="tune_view")
-    spec = registry.get(algorithm)
-    if not spec.private:
-        raise ConfigError(f"tuning is for private algorithms ({algorithm} is not private)", field="tune")
-    if spec.logistic:
-        raise ConfigError(f"private tuning scores validation MSE; {algorithm} (logistic) is not supported yet", field="tune")
-    configs = candidate_configs(base_overrides, grid, algorithm)
-    check_same_plan(algorithm, configs, False, grid)
-    if view == "all":  # every run is seen: calibrated so that their composition over the law of K spends epsilon
-        plan = all_runs_plan_of(budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range), tuning, rating_range)
-    else:
-        plan = budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)
+    if train_candidate is None:
+        train_candidate = tuning_candidate(algorithm, split, rating_range, epsilon, delta, item_features)
+    configs, plan = _calibrated(algorithm, base_overrides, grid, tuning, rating_range, epsilon, delta, view)
     clip = tuning.clip(rating_range)
     secrets = secrets if secrets is not None else RunSecrets()
     accountant = AllRunsAccountant() if view == "all" else BestOfAccountant()
@@ -147,17 +139,7 @@ def tune(
         with public_draws("tuning candidate"):
             c = int(pick_rng.integers(len(configs)))
         cfg = configs[c]  # same public seed in every run: a per-run seed in the output would reveal the run's index
-        if train_candidate is None:
-            res = train_inprocess(
-                algorithm, split.train, cfg, rating_range=rating_range, epsilon=epsilon, delta=delta,
-                # no progress bar per run: a log holding K bars would tell K
-                item_features=item_features, progress=False, multipliers=plan.multipliers, secrets=secrets.child(f"run{r}"),
-            )
-            # every user's min(validation MSE, clip), summed over all users at once (a Flower node
-            # sums its own users': fedpriv.algorithms.evaluation.shard_clipped_score_sum)
-            run_ledger, total = res.ledger, clipped_score_sum(res.state, split.train, split.valid, clip)
-        else:
-            res, run_ledger, total = train_candidate(cfg, plan.multipliers, secrets.child(f"run{r}"), clip, r)
+        res, run_ledger, total = train_candidate(cfg, plan.multipliers, secrets.child(f"run{r}"), clip, r)
         noisy = run_ledger.gaussian(SCORE_RELEASE, total, sensitivity=score_sensitivity(clip), noise_multiplier=plan.multipliers[SCORE_RELEASE])
         score = float(noisy[0])
         ledgers.append(run_ledger)
@@ -167,11 +149,29 @@ def tune(
         parent.repeat_and_compose("tuning", ledgers, shape=tuning.shape, mean=tuning.mean)
     else:
         parent.repeat_and_select("tuning", ledgers, shape=tuning.shape, mean=tuning.mean)
-    # only the selected run (its candidate and noised score); neither K, nor the other runs, nor
-    # the time they took (the "selected" view needs it; with "all" nothing need tell K either)
-    report = {
+    return best[2], parent, _selected_report(grid, len(configs), tuning, clip, best), plan
+
+
+def _calibrated(algorithm: str, base_overrides: dict, grid: dict, tuning: TuningPlan, rating_range, epsilon: float, delta: float, view: str):
+    """(the grid's candidate configurations, the one budget plan that covers every run)."""
+    spec = registry.get(algorithm)
+    if not spec.private:
+        raise ConfigError(f"tuning is for private algorithms ({algorithm} is not private)", field="tune")
+    if spec.logistic:
+        raise ConfigError(f"private tuning scores validation MSE; {algorithm} (logistic) is not supported yet", field="tune")
+    configs = candidate_configs(base_overrides, grid, algorithm)
+    check_same_plan(algorithm, configs, False, grid)
+    if view == "all":  # every run is seen: calibrated so that their composition over the law of K spends epsilon
+        return configs, all_runs_plan_of(budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range), tuning, rating_range)
+    return configs, budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)
+
+
+def _selected_report(grid: dict, n_candidates: int, tuning: TuningPlan, clip: float, best: tuple) -> dict:
+    """Only the selected run (its candidate and noised score); neither K, nor the other runs, nor
+    the time they took (the "selected" view needs it; with "all" nothing need tell K either)."""
+    return {
         "grid": grid,
-        "candidates": len(configs),
+        "candidates": n_candidates,
         "mean_runs": tuning.mean,
         "shape": tuning.shape,
         "score_share": tuning.share,
@@ -179,4 +179,31 @@ def tune(
         "selected": best[1],
         "selected_noised_score_sum": best[0],
     }
-    return best[2], parent, report, plan
+
+class Tuned:
+    """Private tuning around any engine: the engine trains one candidate at a time
+    (:meth:`~fedpriv.run.base.Engine.tuning_candidates`) and never sees the random stopping, the
+    draws of candidates or the selection, which happen here (:func:`tune`)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def train(self, plan, cfg, opts, secrets, *, progress: bool = False):
+        from ..privacy.plan import TuningPlan
+        from .inputs import RunOptions
+
+        self.engine.check_tuning(cfg)
+        base = {k: v for k, v in plan.job.params.items() if k not in RunOptions.__dataclass_fields__}
+        view = view_of(opts.tune_view, self.engine.nodes_see_every_run)
+        candidate, cleanup = self.engine.tuning_candidates(plan, opts)
+        try:
+            result, ledger, report, _ = tune(
+                plan.algorithm, plan.split, base, parse_grid(opts.tune), TuningPlan(opts.tune_mean, opts.tune_shape, opts.tune_share, opts.tune_score_clip),
+                rating_range=plan.rating_range, epsilon=plan.job.epsilon, delta=plan.job.delta, item_features=plan.dataset.item_features,
+                secrets=secrets, train_candidate=candidate, view=view,
+            )
+        finally:
+            cleanup()
+        trained = self.engine.selected(result, ledger, plan, opts)
+        trained.after = {"tuning": {**report, "accounting": VIEWS[view]}}
+        return trained

@@ -34,7 +34,7 @@ from .grid import (
 
 SUMMARY_METRICS = (
     "test_rmse", "test_recall_at_20", "test_mse", "test_logloss", "subspace_error", "rec_mse_to_best", "rec_hit_rate", "nn_overlap",
-    "final_regret_mean", "post_shift_regret_mean", "mse",
+    "final_regret_mean", "post_shift_regret_mean", "mse", "test_ranking_recall_at_10", "test_ranking_ndcg_at_10",
 )
 
 

@@ -1,0 +1,221 @@
+"""The Flower engines: the fedpriv ServerApp logic (:mod:`fedpriv.flower.server_app`,
+:mod:`fedpriv.flower.pam_server`) run through ``runner(job, n_nodes)``:
+
+- :class:`FlowerGrid`: on any Flower ``Grid`` (the ``flwr run`` ServerApp hands it Flower's grid;
+  tests use an in-memory one);
+- :class:`FlowerSimulation`: Flower's simulation runtime (Ray) started in this process, or an
+  existing Ray cluster (``ray_address``);
+- :class:`FlowerCallback`: any ``runner(job, n_nodes)`` (tests, fault injection, benchmarks).
+
+The nodes evaluate their own held-out ratings; every node sees every run of a private tuning."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from ..errors import ConfigError
+from ..privacy.randomness import RunSecrets
+from .base import Engine, Trained
+from .inputs import RunOptions
+from .nodes import node_layout
+
+
+def _set(**values) -> dict:
+    """The run options given (None: leave the job's value)."""
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def flower_nodes(opts, n_users: int) -> tuple[int, int]:
+    """(nodes, users per node) of a Flower run (:func:`fedpriv.run.nodes.node_layout`; default one
+    node per user)."""
+    if opts.nodes and opts.users_per_node:  # resolved by the engine's layout
+        return int(opts.nodes), int(opts.users_per_node)
+    layout = node_layout(n_users, nodes=opts.nodes, users_per_node=opts.users_per_node)
+    return layout.nodes, layout.users_per_node
+
+
+def flower_job(plan, cfg, opts, work_dir, secrets, **extra):
+    """The :class:`~fedpriv.flower.server_app.FlowerJob` of a plan: a split's, or (no split) a
+    partitioned deployment's server with its public data; ``extra``: the job's other fields."""
+    from ..data.splits import HeldoutSplit
+    from ..flower.server_app import FlowerJob
+
+    split = plan.split
+    if split is None:
+        train, valid, test = None, None, None
+    else:
+        train = split.train
+        valid, test = (None, None) if isinstance(split, HeldoutSplit) else (split.valid, split.test)
+    return FlowerJob(
+        plan.algorithm, plan.job.epsilon, plan.job.delta, cfg, train, valid, test, plan.rating_range, work_dir, users_per_node=flower_nodes(opts, plan.n_users)[1],
+        implicit=plan.implicit, item_features=plan.dataset.item_features, round_timeout=opts.round_timeout or None, node_wait_seconds=opts.node_wait,
+        secrets=secrets, public=plan.public, **extra,
+    )
+
+
+def _node_measurements(res, evaluated: bool) -> dict:
+    """The node-side evaluation of a Flower run (``evaluated``: the random split or a deployment)."""
+    if res.logistic:
+        out = {f"{part}_{key}": res.logistic[part][key] for part in ("valid", "test") for key in ("logloss", "accuracy")}
+        return {"valid_logloss": out["valid_logloss"], "valid_accuracy": out["valid_accuracy"], "test_logloss": out["test_logloss"],
+                "test_accuracy": out["test_accuracy"], "valid_sliced": res.logistic["valid"]["sliced"], "sliced": res.logistic["test"]["sliced"]}
+    if evaluated:
+        return {"valid_rmse": res.valid_rmse, "valid_sliced": res.valid_sliced, "test_rmse": res.test_rmse, "sliced": res.test_sliced}
+    return {}
+
+
+def _counters(res, opts, n_users: int) -> dict:
+    n_nodes, upn = flower_nodes(opts, n_users)
+    return {"nodes": n_nodes, "users_per_node": upn, "rounds": res.rounds, "bytes_up": res.bytes_up, "bytes_down": res.bytes_down,
+            "round_log": res.round_log, "rejected_replies": res.rejected}
+
+
+def _trained(res, plan, opts, evaluated: bool, ledger=None) -> Trained:
+    counters = _counters(res, opts, plan.n_users)
+    if plan.recommend is not None:  # the recommendation rounds ran on the nodes with the training
+        counters["recommendation"] = res.recommendation
+    return Trained(res.state, res.ledger if ledger is None else ledger, {"rounds": res.round_log}, measured=_node_measurements(res, evaluated),
+                   counters=counters, on_nodes=evaluated or bool(res.logistic), rec_ledger=res.rec_ledger if plan.recommend is not None else None)
+
+
+@dataclass(frozen=True)
+class FlowerOptions(Engine):
+    """Options every Flower engine shares; ``flower_runner()``: the ``runner(job, n_nodes)`` it
+    runs jobs with (None: a new simulation in this process)."""
+
+    users_per_node: int | None = None
+    nodes: int | None = None
+    round_timeout: float | None = None
+    node_wait: float | None = None
+    work_dir: str | os.PathLike | None = None  # keeps the server's checkpoint (rerun to resume)
+    name: ClassVar[str] = "flower"
+    honours: ClassVar[frozenset[str]] = frozenset({"round_timeout", "node_wait"})
+    nodes_see_every_run: ClassVar[bool] = True
+
+    def run_options(self) -> dict[str, Any]:
+        return _set(users_per_node=self.users_per_node, nodes=self.nodes, round_timeout=self.round_timeout, node_wait=self.node_wait)
+
+    def flower_runner(self) -> Callable | None:
+        return None
+
+    def _runner(self) -> Callable:
+        runner = self.flower_runner()
+        if runner is None:
+            from ..flower.simulation import simulate as runner
+        return runner
+
+    def _run(self, job, n_nodes: int):
+        return self._runner()(job, n_nodes)
+
+    def layout(self, opts: RunOptions, plan, secure: bool) -> RunOptions:
+        """Resolved once (:mod:`fedpriv.run.nodes`); a deployment's server checks the partition's."""
+        public = plan.public
+        layout = node_layout(plan.n_users, nodes=opts.nodes, users_per_node=opts.users_per_node or (public.users_per_node if public is not None else None))
+        opts.nodes, opts.users_per_node = layout.nodes, layout.users_per_node
+        if public is not None and opts.users_per_node != public.users_per_node:
+            raise ConfigError(f"the partition put {public.users_per_node} users on each node, got {opts.users_per_node}", field="users-per-node")
+        return opts
+
+    def _train_job(self, plan, cfg, opts, secrets, progress: bool) -> Trained:
+        tmp = Path(self.work_dir) if self.work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-flower-"))
+        job = flower_job(plan, cfg, opts, tmp, secrets, recommend=plan.recommend, progress=bool(progress))
+        try:
+            res = self._run(job, flower_nodes(opts, plan.n_users)[0])
+        finally:
+            if not self.work_dir:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return _trained(res, plan, opts, evaluated=job.valid is not None or plan.public is not None)
+
+    def train(self, plan, cfg, opts: RunOptions, secrets: RunSecrets, *, progress: bool = False) -> Trained:
+        return self._train_job(plan, cfg, opts, secrets, progress)
+
+    def train_server(self, plan, cfg, opts: RunOptions, secrets: RunSecrets, *, progress: bool = False) -> Trained:
+        return self._train_job(plan, cfg, opts, secrets, progress)
+
+    def train_personal(self, plan, secrets: RunSecrets, *, progress: bool = False) -> Trained:
+        from ..flower.pam_server import PamJob, run_pam_job_local
+
+        given = {**plan.node_params, **self.run_options()}
+        layout = node_layout(plan.dataset.n_users, nodes=given.get("nodes") or None, users_per_node=given.get("users_per_node") or None)
+        job = PamJob(plan.algorithm, plan.job.epsilon, plan.job.delta, plan.config, plan.dataset, self.work_dir, users_per_node=layout.users_per_node,
+                     secrets=secrets, progress=progress)
+        res = run_pam_job_local(job, layout.nodes, self._runner())
+        counters = {"rounds": res.rounds, "bytes_up": res.bytes_up, "bytes_down": res.bytes_down, "round_log": res.round_log, "rejected_replies": res.rejected,
+                    "nodes": res.nodes, "users_per_node": layout.users_per_node}
+        return Trained(res.state, res.ledger, res.timings, measured=dict(res.evaluation), counters=counters, on_nodes=True, users_per_node=layout.users_per_node)
+
+    def check_tuning(self, cfg) -> None:
+        if cfg.aggregation.mode != "central":
+            raise ConfigError("private tuning on the Flower engine runs in central mode (its score round is not a secure sum yet)", field="tune")
+
+    def tuning_candidates(self, plan, opts: RunOptions):
+        """One run of private tuning as a Flower job (central mode): trained with the tuning plan's
+        multipliers, then scored on the nodes (each sends its users' clipped validation MSEs,
+        summed here; the tuning adds the noise)."""
+        n_nodes = flower_nodes(opts, plan.n_users)[0]
+        own = not self.work_dir
+        root = Path(self.work_dir) if self.work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-tune-"))
+
+        def run_candidate(cfg, multipliers, run_secrets, clip, index):
+            # a folder of its own, named by no index and removed after the run: none is left to count K
+            root.mkdir(parents=True, exist_ok=True)
+            run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=root))
+            try:
+                job = flower_job(plan, cfg, opts, run_dir, run_secrets, multipliers=multipliers, tune_score_clip=clip, checkpoint=False)
+                res = self._run(job, n_nodes)
+            finally:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            return res, res.ledger, res.score_total
+
+        return run_candidate, ((lambda: shutil.rmtree(root, ignore_errors=True)) if own else (lambda: None))
+
+    def selected(self, result, ledger, plan, opts: RunOptions) -> Trained:
+        """The selected run's own evaluation on the nodes, rounds and bytes."""
+        return _trained(result, plan, opts, evaluated=True, ledger=ledger)
+
+
+@dataclass(frozen=True)
+class FlowerGrid(FlowerOptions):
+    """The fedpriv ServerApp logic on ``grid`` (a Flower ``Grid`` whose nodes run the fedpriv
+    ClientApp): the ``flwr run`` ServerApp, a deployment's ServerApp, an in-memory grid."""
+
+    grid: Any = None
+
+    def flower_runner(self) -> Callable:
+        from ..flower.server_app import run_job
+
+        grid = self.grid
+        return lambda job, n_nodes: run_job(grid, job)
+
+
+@dataclass(frozen=True)
+class FlowerSimulation(FlowerOptions):
+    """Flower's simulation runtime started in this process (Ray): one simulated node per
+    partition unless ``nodes``; ``ray_address`` runs the nodes on an existing Ray cluster
+    (``docs/how-to/ray-cluster.md``)."""
+
+    ray_address: str | None = None
+    cpus_per_node: float = 1.0
+    gpus_per_node: float = 0.0  # Ray's GPU share per node actor (docs/how-to/gpu.md)
+    node_device: str | None = None  # where the nodes compute their step ("cuda" needs gpus_per_node > 0)
+
+    def flower_runner(self) -> Callable:
+        from ..flower.simulation import simulate
+
+        ray_address, cpus, gpus, dev = self.ray_address, self.cpus_per_node, self.gpus_per_node, self.node_device
+        return lambda job, n_nodes: simulate(job, n_nodes, ray_address=ray_address, cpus_per_node=cpus, gpus_per_node=gpus, node_device=dev)
+
+
+@dataclass(frozen=True)
+class FlowerCallback(FlowerOptions):
+    """A Flower run through ``runner(job, n_nodes)`` (tests, fault injection, the benchmarks)."""
+
+    runner: Callable | None = None
+
+    def flower_runner(self) -> Callable | None:
+        return self.runner

@@ -1,0 +1,98 @@
+"""The in-process engine: every client's step in this process, on shards of users that play the
+nodes (:mod:`fedpriv.engine.inprocess`, :mod:`fedpriv.engine.personal`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .base import Engine, Trained
+from .inputs import RunOptions
+from .nodes import SECURE_USERS_PER_NODE, node_layout
+
+
+def _set(options: dict, **values) -> dict:
+    """The run options given (None: leave the job's value)."""
+    for key, value in values.items():
+        if value is not None:
+            options[key] = value
+    return options
+
+
+def inprocess_shard_size(opts, n_users: int, secure: bool) -> int | None:
+    """Users per shard of the in-process engine: ``users_per_shard`` when given, else the node
+    layout of ``nodes`` / ``users_per_node`` (:mod:`fedpriv.run.nodes`); with neither, one shard
+    in central mode and :data:`~fedpriv.run.nodes.SECURE_USERS_PER_NODE` users per node in secure
+    mode. None: one shard."""
+    if opts.users_per_shard:
+        return int(opts.users_per_shard)
+    if not (opts.nodes or opts.users_per_node or secure):
+        return None
+    layout = node_layout(n_users, nodes=opts.nodes, users_per_node=opts.users_per_node, default_users_per_node=SECURE_USERS_PER_NODE)
+    return None if layout.nodes == 1 else layout.users_per_node
+
+
+@dataclass(frozen=True)
+class InProcess(Engine):
+    """Every client in this process, on shards of users that play the nodes: ``nodes`` and
+    ``users_per_node`` mean what they mean on every engine (:mod:`fedpriv.run.nodes`; default one
+    shard in central mode, 20 users per node in secure mode); ``users_per_shard`` sets the
+    shard size directly."""
+
+    users_per_shard: int | None = None
+    nodes: int | None = None
+    users_per_node: int | None = None
+    device: str | None = None  # where the kernels compute: "cpu" (default), "cuda", "cuda:N" (fedpriv.util.device)
+    name: ClassVar[str] = "inprocess"
+    honours: ClassVar[frozenset[str]] = frozenset({"users_per_shard"})
+
+    def run_options(self) -> dict[str, Any]:
+        return _set({}, users_per_shard=self.users_per_shard, nodes=self.nodes, users_per_node=self.users_per_node)
+
+    def execute(self, plan, *, progress: bool = False, second_opinion: bool = True):
+        from ..util import device
+
+        with device.use(self.device):  # the same releases and ledger on every device
+            return super().execute(plan, progress=progress, second_opinion=second_opinion)
+
+    def layout(self, opts: RunOptions, plan, secure: bool) -> RunOptions:
+        opts.users_per_shard = inprocess_shard_size(opts, plan.n_users, secure) or 0
+        if opts.users_per_shard:  # recorded as on every engine: the nodes the shards play
+            opts.users_per_node, opts.nodes = opts.users_per_shard, -(-plan.n_users // opts.users_per_shard)
+        return opts
+
+    def train(self, plan, cfg, opts: RunOptions, secrets, *, progress: bool = False) -> Trained:
+        from ..engine.inprocess import recommend_inprocess, train_inprocess
+
+        train = plan.split.train
+        result = train_inprocess(
+            plan.algorithm, train, cfg, rating_range=plan.rating_range, implicit=plan.implicit, epsilon=plan.job.epsilon, delta=plan.job.delta,
+            users_per_shard=opts.users_per_shard or None, item_features=plan.dataset.item_features, progress=progress, secrets=secrets,
+        )
+        trained = Trained(result.state, result.ledger, result.timings)
+        if plan.recommend is not None:
+            trained.recommendation, trained.rec_ledger, _ = recommend_inprocess(
+                result.state, train, plan.split.test, plan.recommend, users_per_shard=opts.users_per_shard or None, secrets=secrets
+            )
+        return trained
+
+    def train_personal(self, plan, secrets, *, progress: bool = False) -> Trained:
+        from ..engine.personal import train_personal_inprocess
+
+        given = {**plan.node_params, **self.run_options()}
+        number = lambda key: int(float(given.get(key) or 0))  # noqa: E731
+        opts = RunOptions(users_per_shard=number("users_per_shard"), users_per_node=number("users_per_node"), nodes=number("nodes"))
+        shard = inprocess_shard_size(opts, plan.dataset.n_users, plan.config.aggregation.secure) or 4096
+        state, ledger, timings = train_personal_inprocess(plan.algorithm, plan.dataset, plan.config, epsilon=plan.job.epsilon if plan.private else None,
+                                                          delta=plan.job.delta, users_per_shard=shard, secrets=secrets, progress=progress)
+        return Trained(state, ledger, timings, users_per_node=number("users_per_node") or 1)
+
+    def tuning_candidates(self, plan, opts: RunOptions):
+        from ..engine.inprocess import tuning_candidate
+
+        run = tuning_candidate(plan.algorithm, plan.split, plan.rating_range, plan.job.epsilon, plan.job.delta, plan.dataset.item_features)
+        return run, (lambda: None)
+
+    def selected(self, result, ledger, plan, opts: RunOptions) -> Trained:
+        return Trained(result.state, ledger, result.timings)
+

@@ -146,6 +146,8 @@ def pytest_terminal_summary(terminalreporter):
 #: 34 took 188 s): marked ``slow`` here, they run in the slow suite of scripts/test.sh so
 #: that the default suite stays under 10 minutes. The documentation-snippet and fuzz tests stay.
 SLOW_TESTS = {
+    # tuning around a test-defined engine: test_one_path runs Tuned around the Flower engine against the in-process one
+    "tests/test_run_layer.py::test_private_tuning_wraps_a_new_engine_without_it_knowing": 14,
     # secure mode of the top-k family: the Flower-grid agreement tests (marker flower, CI on 1.42) run it too
     "tests/test_topk.py::test_topk_lowrank_secure_mode_is_a_skellam_sketch": 6,
     "tests/test_topk.py::test_secure_mode_releases_the_statistic_as_a_secure_sum": 4,

@@ -53,7 +53,7 @@ def _add_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("--nodes", type=int, default=None, help="number of nodes the training users are split over, on every engine (alone: ceil(users / N) users per node; default: "
                    "inprocess one node in central mode and 20 users per node in secure mode, flower one node per user)")
     r.add_argument("--users-per-node", type=int, default=None, help="users held by each node, on every engine (default: see --nodes)")
-    r.add_argument("--device", default=None, help="in-process engine: where the statistics and solves compute, 'cpu' (default) or 'cuda'/'cuda:N' (the same releases and ledger; noise is drawn on the CPU)")
+    r.add_argument("--device", default=None, help="where the statistics and solves compute, 'cpu' (default) or 'cuda'/'cuda:N': the in-process engine's clients and server, or the Flower ServerApp (each node: its own `device` node config); the same releases and ledger, noise drawn on the CPU")
     r.add_argument(
         "--noise-seed", type=int, default=None, metavar="N",
         help="reproducible noise and user sampling from N (tests, debugging). By default every noise value comes from the OS CSPRNG and "
@@ -202,10 +202,15 @@ def _run(args) -> int:
         params["tune_mean"] = args.tune_mean
     if args.tune_shape is not None:
         params["tune_shape"] = args.tune_shape
+    if args.device is not None:  # before anything starts: a device this machine lacks is refused here
+        from .util.device import checked
+
+        try:
+            checked(args.device)
+        except ConfigError as exc:
+            raise exc.renamed({"device": "--device"}) from None
     if args.engine == "flower":
-        if args.device not in (None, "cpu"):
-            raise ConfigError("--device applies to the in-process engine (--engine inprocess); the Flower engines compute on the CPU", field="--device")
-        engine = FlwrRun(nodes=args.nodes, users_per_node=args.users_per_node, quiet=args.quiet)
+        engine = FlwrRun(nodes=args.nodes, users_per_node=args.users_per_node, quiet=args.quiet, device=args.device)
     elif args.engine == "inprocess":
         engine = InProcess(nodes=args.nodes, users_per_node=args.users_per_node, device=args.device)
     else:

@@ -126,12 +126,48 @@ def test_the_device_is_checked_and_scoped():
     assert device.current() == "cpu" and device.torch_device() is None  # back after the block
 
 
-def test_the_cli_refuses_a_device_the_flower_engine_cannot_honour(tmp_path, capsys):
+def test_the_cli_refuses_a_device_this_machine_lacks_before_anything_starts(tmp_path, capsys):
     from fedpriv.cli import main
 
-    rc = main(["run", "bias", "--data", DATA, "--epsilon", "5", "--engine", "flower", "--device", "cuda", "--out", str(tmp_path / "o")])
-    assert rc == 2 and "--device" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
+    for engine in ("flower", "inprocess"):
+        rc = main(["run", "bias", "--data", DATA, "--epsilon", "5", "--engine", engine, "--device", "tpu", "--out", str(tmp_path / "o")])
+        assert rc == 2 and "--device" in capsys.readouterr().err
+        assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.flower  # a Flower grid: runs on the newest supported Flower (scripts/test.sh)
+def test_the_flower_server_computes_on_its_device_with_the_same_ledger(tmp_path, monkeypatch):
+    """The Flower engine's server side (item solves, the ServerApp's fits) on the device path
+    (``FlowerCallback(device="torch:cpu")``: the GPU code on the CPU) gives the CPU run's ledger
+    and model; the nodes stay on the CPU (their own configuration). The counter is the positive
+    control: without the device the path is not taken."""
+    from fedpriv.algorithms import device_kernels
+    from fedpriv.flower.server_app import run_job
+    from fedpriv.run import FlowerCallback, Job
+    from fedpriv.testing.local_grid import LocalGrid
+
+    calls = []
+    real = device_kernels.solve_on_device
+    monkeypatch.setattr(device_kernels, "solve_on_device", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plan = Job("adadpals", DATA, epsilon=5.0, noise_seed=4, params={"rank": 4, "steps": 2, "defaults": "fixed"}).prepare()
+    runs, counts = {}, {}
+    for name in (None, "torch:cpu"):
+        calls.clear()
+        runs[name] = plan.execute(FlowerCallback(runner=lambda job, n: run_job(LocalGrid(n), job), users_per_node=500, device=name), second_opinion=False)
+        counts[name] = len(calls)
+    assert counts[None] == 0 and counts["torch:cpu"] > 0
+    assert runs["torch:cpu"].ledger == runs[None].ledger
+    a, b = runs["torch:cpu"].state.item_factors, runs[None].state.item_factors
+    assert np.max(np.abs(a - b)) <= 1e-4 * max(np.max(np.abs(b)), 1.0)
+
+
+def test_flwr_run_passes_the_server_device_in_the_run_config():
+    from fedpriv.ops.launcher import job_run_config
+    from fedpriv.run import Job
+
+    job = Job("bias", DATA, epsilon=5.0)
+    assert job_run_config(job, DATA, users_per_node=10, nodes=2, round_timeout=0, node_wait=1, server_device="cuda")["server-device"] == "cuda"
+    assert job_run_config(job, DATA, users_per_node=10, nodes=2, round_timeout=0, node_wait=1)["server-device"] == "cpu"
 
 
 @pytest.mark.flower  # a Flower grid: runs on the newest supported Flower (scripts/test.sh)

@@ -68,6 +68,7 @@ def job_of_run_config(rc) -> tuple[Job, dict]:
         "round_timeout": float(rc.get("round-timeout", 0.0)),
         "node_wait": float(rc.get("node-wait", 120.0)),
         "work_dir": str(rc.get("work-dir", "") or "") or None,  # a work dir keeps the checkpoint: rerun to resume
+        "device": str(rc.get("server-device", "cpu") or "cpu"),  # where the ServerApp computes (the nodes: their own config)
     }
     return job, engine
 

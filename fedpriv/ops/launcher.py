@@ -95,11 +95,13 @@ def param_text(value) -> str:
     return str(value)
 
 
-def job_run_config(job, data: str, *, users_per_node: int, nodes: int, round_timeout: float, node_wait: float, params: dict | None = None) -> dict:
+def job_run_config(job, data: str, *, users_per_node: int, nodes: int, round_timeout: float, node_wait: float, params: dict | None = None,
+                   server_device: str | None = None) -> dict:
     """The run config (``flwr run --run-config``) of ``job``: its parameters (``params``, default
     the job's) as the ``key=value,...`` of ``set`` (a value holding ',' or ';' is an error naming
     its key), a tuning grid under ``tune``, and the Flower keys. ``nodes``: the nodes the
-    ServerApp reports (every registered node is polled)."""
+    ServerApp reports (every registered node is polled); ``server_device``: where the ServerApp
+    computes (``server-device``; the nodes take theirs from their own configuration)."""
     texts = {str(k): param_text(v) for k, v in (job.params if params is None else params).items()}
     tune = texts.pop("tune", "")  # a tuning grid ("key=v1/v2;key2=...") has a run-config key of its own
     for key, value in texts.items():
@@ -115,6 +117,7 @@ def job_run_config(job, data: str, *, users_per_node: int, nodes: int, round_tim
         "round-timeout": float(round_timeout),
         "node-wait": float(node_wait),
         "tune": tune,
+        "server-device": server_device or "cpu",
     }
 
 
@@ -200,6 +203,7 @@ noise-seed-file = ""
 tune = ""
 data-options = ""
 save-model = ""
+server-device = "cpu"
 """
     )
 
@@ -393,7 +397,8 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
     layout = node_layout(plan.n_users, nodes=n_nodes, users_per_node=upn)
     n_nodes, upn = layout.nodes, layout.users_per_node
     flower_partitions(plan, upn)
-    run_config = job_run_config(job, "", users_per_node=upn, nodes=n_nodes, round_timeout=round_timeout, node_wait=node_wait, params=params)
+    run_config = job_run_config(job, "", users_per_node=upn, nodes=n_nodes, round_timeout=round_timeout, node_wait=node_wait, params=params,
+                                server_device=engine.device)
     work = Path(tempfile.mkdtemp(prefix=HOME_PREFIX)).resolve()
     home = Path(engine.flwr_home).expanduser().resolve() if engine.flwr_home is not None else work / "home"
     ray_tmp = None

@@ -93,6 +93,7 @@ class FlowerOptions(Engine):
     round_timeout: float | None = None
     node_wait: float | None = None
     work_dir: str | os.PathLike | None = None  # keeps the server's checkpoint (rerun to resume)
+    device: str | None = None  # where the server computes its solves and fits: "cpu" (default), "cuda", "cuda:N" (the nodes: their own config)
     name: ClassVar[str] = "flower"
     honours: ClassVar[frozenset[str]] = frozenset({"round_timeout", "node_wait"})
     nodes_see_every_run: ClassVar[bool] = True
@@ -102,6 +103,12 @@ class FlowerOptions(Engine):
 
     def flower_runner(self) -> Callable | None:
         return None
+
+    def execute(self, plan, *, progress: bool = False, second_opinion: bool = True):
+        from ..util import device
+
+        with device.use(self.device):  # the server's side; the same releases and ledger on every device
+            return super().execute(plan, progress=progress, second_opinion=second_opinion)
 
     def _runner(self) -> Callable:
         runner = self.flower_runner()

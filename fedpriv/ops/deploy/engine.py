@@ -47,6 +47,7 @@ class Deployment(FlowerOptions):
         run_config = launcher.job_run_config(
             job, launcher.absolute_data_spec(job.data if isinstance(job.data, str) else str(plan.spec)), users_per_node=cfg.users_per_node,
             nodes=cfg.nodes, round_timeout=self.round_timeout or 0.0, node_wait=self.node_wait if self.node_wait is not None else 120.0,
+            server_device=self.device,
         )
         run_config["out"] = str(out_dir)
         run_config["work-dir"] = str(Path(self.work_dir).expanduser().resolve()) if self.work_dir else ""

@@ -229,11 +229,12 @@ def run_pam_job_local(job: PamJob, nodes: int, runner) -> PamResult:
     """Run ``job`` with ``runner(job, n_nodes)`` (a Flower simulation, a grid) in a work folder
     of its own unless the job names one (removed afterwards)."""
     import shutil
-    import tempfile
+
+    from ..util.workdirs import owned_tempdir
 
     own_dir = job.work_dir is None
     if own_dir:
-        job.work_dir = Path(tempfile.mkdtemp(prefix="fedpriv-pam-"))
+        job.work_dir = owned_tempdir("fedpriv-pam-")  # a killed run's folder goes with the next run
     try:
         return runner(job, nodes or job.n_parts())
     finally:

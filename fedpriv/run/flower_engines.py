@@ -20,6 +20,7 @@ from typing import Any, Callable, ClassVar
 
 from ..errors import ConfigError
 from ..privacy.randomness import RunSecrets
+from ..util.workdirs import owned_tempdir
 from .base import Engine, Trained
 from .inputs import RunOptions
 from .nodes import node_layout
@@ -129,7 +130,7 @@ class FlowerOptions(Engine):
         return opts
 
     def _train_job(self, plan, cfg, opts, secrets, progress: bool) -> Trained:
-        tmp = Path(self.work_dir) if self.work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-flower-"))
+        tmp = Path(self.work_dir) if self.work_dir else owned_tempdir("fedpriv-flower-")  # a killed run's folder goes with the next run
         job = flower_job(plan, cfg, opts, tmp, secrets, recommend=plan.recommend, progress=bool(progress))
         try:
             res = self._run(job, flower_nodes(opts, plan.n_users)[0])
@@ -166,7 +167,7 @@ class FlowerOptions(Engine):
         summed here; the tuning adds the noise)."""
         n_nodes = flower_nodes(opts, plan.n_users)[0]
         own = not self.work_dir
-        root = Path(self.work_dir) if self.work_dir else Path(tempfile.mkdtemp(prefix="fedpriv-tune-"))
+        root = Path(self.work_dir) if self.work_dir else owned_tempdir("fedpriv-tune-")
 
         def run_candidate(cfg, multipliers, run_secrets, clip, index):
             # a folder of its own, named by no index and removed after the run: none is left to count K

@@ -39,6 +39,11 @@ class Trained:
     users_per_node: int | None = None  # a personalization run's node size, as its config reports it
 
 
+def given_options(**values) -> dict:
+    """The run options an engine object sets: those given (None leaves the job's value)."""
+    return {key: value for key, value in values.items() if value is not None}
+
+
 #: ``train_candidate(cfg, multipliers, secrets, clip, index) -> (result, run ledger, exact score sum)``
 CandidateRunner = Callable[..., tuple]
 

@@ -21,14 +21,9 @@ from typing import Any, Callable, ClassVar
 from ..errors import ConfigError
 from ..privacy.randomness import RunSecrets
 from ..util.workdirs import owned_tempdir
-from .base import Engine, Trained
+from .base import Engine, Trained, given_options
 from .inputs import RunOptions
 from .nodes import node_layout
-
-
-def _set(**values) -> dict:
-    """The run options given (None: leave the job's value)."""
-    return {key: value for key, value in values.items() if value is not None}
 
 
 def flower_nodes(opts, n_users: int) -> tuple[int, int]:
@@ -62,9 +57,9 @@ def flower_job(plan, cfg, opts, work_dir, secrets, **extra):
 def _node_measurements(res, evaluated: bool) -> dict:
     """The node-side evaluation of a Flower run (``evaluated``: the random split or a deployment)."""
     if res.logistic:
-        out = {f"{part}_{key}": res.logistic[part][key] for part in ("valid", "test") for key in ("logloss", "accuracy")}
-        return {"valid_logloss": out["valid_logloss"], "valid_accuracy": out["valid_accuracy"], "test_logloss": out["test_logloss"],
-                "test_accuracy": out["test_accuracy"], "valid_sliced": res.logistic["valid"]["sliced"], "sliced": res.logistic["test"]["sliced"]}
+        valid, test = res.logistic["valid"], res.logistic["test"]
+        return {"valid_logloss": valid["logloss"], "valid_accuracy": valid["accuracy"], "test_logloss": test["logloss"],
+                "test_accuracy": test["accuracy"], "valid_sliced": valid["sliced"], "sliced": test["sliced"]}
     if evaluated:
         return {"valid_rmse": res.valid_rmse, "valid_sliced": res.valid_sliced, "test_rmse": res.test_rmse, "sliced": res.test_sliced}
     return {}
@@ -100,7 +95,7 @@ class FlowerOptions(Engine):
     nodes_see_every_run: ClassVar[bool] = True
 
     def run_options(self) -> dict[str, Any]:
-        return _set(users_per_node=self.users_per_node, nodes=self.nodes, round_timeout=self.round_timeout, node_wait=self.node_wait)
+        return given_options(users_per_node=self.users_per_node, nodes=self.nodes, round_timeout=self.round_timeout, node_wait=self.node_wait)
 
     def flower_runner(self) -> Callable | None:
         return None

@@ -6,17 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .base import Engine, Trained
+from .base import Engine, Trained, given_options
 from .inputs import RunOptions
 from .nodes import SECURE_USERS_PER_NODE, node_layout
-
-
-def _set(options: dict, **values) -> dict:
-    """The run options given (None: leave the job's value)."""
-    for key, value in values.items():
-        if value is not None:
-            options[key] = value
-    return options
 
 
 def inprocess_shard_size(opts, n_users: int, secure: bool) -> int | None:
@@ -47,7 +39,7 @@ class InProcess(Engine):
     honours: ClassVar[frozenset[str]] = frozenset({"users_per_shard"})
 
     def run_options(self) -> dict[str, Any]:
-        return _set({}, users_per_shard=self.users_per_shard, nodes=self.nodes, users_per_node=self.users_per_node)
+        return given_options(users_per_shard=self.users_per_shard, nodes=self.nodes, users_per_node=self.users_per_node)
 
     def execute(self, plan, *, progress: bool = False, second_opinion: bool = True):
         from ..util import device

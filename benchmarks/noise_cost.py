@@ -9,6 +9,7 @@ Usage:
     python benchmarks/noise_cost.py                  # ML-10M size, the default rank
     python benchmarks/noise_cost.py --quick          # 6,040 users, 3,706 items, 1M ratings
     python benchmarks/noise_cost.py --rank 32 --repeats 5
+    python benchmarks/noise_cost.py --device cuda    # also the device sampler (issue 43)
 
 Prints one JSON object:
 - ``releases``: name and number of noised coordinates of each release of the step
@@ -21,6 +22,10 @@ Prints one JSON object:
 - ``step``: the seconds of one steady AdaDPALS step with the ledger as it is now (client
   statistics, noised release, server solve; median of ``--repeats``), and the added cost of the
   lattice over the float sampler as a share of that step;
+- with ``--device``: ``lattice_device`` in ``samplers``, the same releases drawn on that device
+  (:mod:`fedpriv.privacy.device_sampling`, keyed with 128 bits of OS entropy), the values'
+  copies to the device and back included, as the ledger makes them; its ratio is to
+  ``float_os``. ``device_sampler_only_seconds``: the draws alone, values already there;
 - ``opendp``: OpenDP's exact discrete Gaussian (``make_gaussian`` on i64 vectors) per coordinate,
   when OpenDP is installed (it is not a dependency: null otherwise).
 """
@@ -90,12 +95,40 @@ def _opendp_ns(n: int = 20_000) -> dict | None:
     return {"coordinates": n, "seconds": sec, "ns_per_coordinate": sec / n * 1e9}
 
 
+def _device_timings(values: dict, sens: dict, z: dict, name: str, repeats: int) -> tuple[float, float]:
+    """(seconds with the copies, as the ledger draws; seconds of the draws alone) on ``name``."""
+    import torch
+
+    from fedpriv.privacy import device_sampling
+    from fedpriv.util import device
+
+    with device.use(name):
+        dev = device.torch_device()
+        bits = device_sampling.DeviceBits(torch, dev)
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+        def with_copies():
+            for k, v in values.items():
+                device_sampling.lattice_gaussian(torch.tensor(v, device=dev), sens[k], z[k], bits).cpu().numpy()
+
+        on_device = {k: torch.tensor(v, device=dev) for k, v in values.items()}
+
+        def draws_only():
+            for k, v in on_device.items():
+                device_sampling.lattice_gaussian(v, sens[k], z[k], bits)
+            sync()
+
+        with_copies()  # warm-up
+        return _best(with_copies, repeats), _best(draws_only, repeats)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="ML-1M size instead of ML-10M")
     p.add_argument("--rank", type=int, default=als.ALSConfig().rank, help="the rank (default: ALSConfig's)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-opendp", action="store_true")
+    p.add_argument("--device", default=None, help="also time the device sampler there (cuda, cuda:N, torch:cpu)")
     args = p.parse_args()
     n_threads = threads.configure()
     users, items, ratings = PRESETS["quick" if args.quick else "ml10m"]
@@ -140,7 +173,9 @@ def main() -> None:
         "lattice_os_one_thread": _best(lattice(None, False), args.repeats),
         "lattice_seeded": _best(lattice(np.random.Generator(np.random.PCG64(2))), args.repeats),
     }
-    base = {"float_os": "float_os", "float_seeded": "float_seeded", "lattice_os": "float_os",
+    if args.device:
+        timings["lattice_device"], out["device_sampler_only_seconds"] = _device_timings(values, sens, z, args.device, args.repeats)
+    base = {"lattice_device": "float_os", "float_os": "float_os", "float_seeded": "float_seeded", "lattice_os": "float_os",
             "lattice_os_one_thread": "float_os", "lattice_seeded": "float_seeded"}
     out["coordinates"] = n
     out["samplers"] = {k: {"seconds": s, "ns_per_coordinate": s / n * 1e9, "ratio_to_float": s / timings[base[k]]} for k, s in timings.items()}

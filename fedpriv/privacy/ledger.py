@@ -369,11 +369,34 @@ class PrivacyLedger:
         floating-point safe: the lattice discrete Gaussian of :func:`fedpriv.privacy.sampling.lattice_gaussian`
         from this ledger's generator (reproducible) or the OS's. Symmetric releases noise the
         upper triangles and mirror the released triangles (post-processing)."""
+        draw = self._device_draw(sensitivity, noise_multiplier) or (lambda v: lattice_gaussian(v, sensitivity, noise_multiplier, self._rng))
         if symmetric:
             d = value.shape[-1]
-            tri = lattice_gaussian(upper(np.asarray(value, dtype=np.float64)), sensitivity, noise_multiplier, self._rng)
-            return from_upper(tri, d)
-        return lattice_gaussian(np.asarray(value, dtype=np.float64), sensitivity, noise_multiplier, self._rng)
+            return from_upper(draw(upper(np.asarray(value, dtype=np.float64))), d)
+        return draw(np.asarray(value, dtype=np.float64))
+
+    def _device_draw(self, sensitivity: float, noise_multiplier: float):
+        """On a torch device (:func:`fedpriv.util.device.use`) and without a seed: a function that
+        draws the lattice noise there (:mod:`fedpriv.privacy.device_sampling`, keyed with 128 bits
+        of OS entropy on this ledger's first device draw); None otherwise (the CPU path, which a
+        seeded ledger always takes: its noise is the same on every device)."""
+        from ..util import device
+
+        dev = device.torch_device()
+        if dev is None or self._rng is not None:
+            return None
+        from . import device_sampling
+
+        bits = self.__dict__.get("_device_bits")
+        if bits is None or bits.dev != dev:
+            bits = self.__dict__["_device_bits"] = device_sampling.DeviceBits(device.torch_device_module(), dev)
+        torch = bits.torch
+
+        def draw(v: np.ndarray) -> np.ndarray:
+            t = torch.tensor(v, dtype=torch.float64, device=dev)
+            return device_sampling.lattice_gaussian(t, sensitivity, noise_multiplier, bits).cpu().numpy()
+
+        return draw
 
     # ------------------------------------------------------------------ output
     def to_list(self) -> list[dict]:

@@ -50,6 +50,6 @@ part run_ml20m_topk 90 python benchmarks/gpu_cli.py topk --data "$ML20M" --epsil
 part pytest_device 150 python -m pytest -q -p no:cacheprovider -rs tests/test_device.py tests/test_device_noise.py
 part run_msd_adadpals 150 python benchmarks/gpu_cli.py adadpals --data "$MSD" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/msd-adadpals"
 part run_msd_topk 120 python benchmarks/gpu_cli.py topk --data "$MSD" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/msd-topk"
-part profile_step 90 python -m cProfile -s tottime benchmarks/bench_kernel.py --device "$DEVICE" $BENCH --steps 1
+part profile_step 90 python -m cProfile -s tottime benchmarks/bench_kernel.py --device "$DEVICE" ${PROFILE:-"--dims 32 --steps 1"}
 head -c 20000 "$OUT/profile_step.out" > "$OUT/profile_head.txt" 2>/dev/null; rm -f "$OUT/profile_step.out"
 echo "total $(( $(date +%s) - START )) s" >> "$OUT/summary.txt"

@@ -31,6 +31,7 @@ ML20M=${ML20M:-"synthetic-mf:users=136677,items=20108,ratings=10000000,seed=1,se
 MSD=${MSD:-"synthetic-mf:users=571355,items=41140,ratings=33600000,seed=1,select=1.5"}
 BENCH=${BENCH:-"--step-dims 32 128"}
 NOISE=${NOISE:-"--rank 32"}
+PROFILE=${PROFILE:-"--dims 32 --steps 1"}
 
 part() {  # part NAME LIMIT COMMAND...: run with a limit cut to the budget left
   local name=$1 limit=$2; shift 2
@@ -50,6 +51,6 @@ part run_ml20m_topk 90 python benchmarks/gpu_cli.py topk --data "$ML20M" --epsil
 part pytest_device 150 python -m pytest -q -p no:cacheprovider -rs tests/test_device.py tests/test_device_noise.py
 part run_msd_adadpals 150 python benchmarks/gpu_cli.py adadpals --data "$MSD" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/msd-adadpals"
 part run_msd_topk 120 python benchmarks/gpu_cli.py topk --data "$MSD" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/msd-topk"
-part profile_step 90 python -m cProfile -s tottime benchmarks/bench_kernel.py --device "$DEVICE" ${PROFILE:-"--dims 32 --steps 1"}
+part profile_step 90 python -m cProfile -s tottime benchmarks/bench_kernel.py --device "$DEVICE" $PROFILE
 head -c 20000 "$OUT/profile_step.out" > "$OUT/profile_head.txt" 2>/dev/null; rm -f "$OUT/profile_step.out"
 echo "total $(( $(date +%s) - START )) s" >> "$OUT/summary.txt"

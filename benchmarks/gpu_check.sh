@@ -20,7 +20,8 @@ export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 PYTHONUNBUFFERED=1
 if [ -n "${WHEELS:-}" ]; then
   SITE=$(mktemp -d)
   trap 'rm -rf "$SITE"' EXIT
-  python -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl > "$OUT/wheels.log" 2>&1 || echo "wheel install failed: see wheels.log" >> "$OUT/summary.txt"
+  # a wheel is a zip archive: unpacked onto the path it imports (this works where pip is absent)
+  python -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" "$SITE" "$WHEELS"/*.whl > "$OUT/wheels.log" 2>&1 || echo "wheel unpacking failed: see wheels.log" >> "$OUT/summary.txt"
   export PYTHONPATH="$ROOT:$SITE"
 else
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -29,9 +30,11 @@ fi
 DEVICE=${DEVICE:-cuda}
 ML20M=${ML20M:-"synthetic-mf:users=136677,items=20108,ratings=10000000,seed=1,select=1.5"}
 MSD=${MSD:-"synthetic-mf:users=571355,items=41140,ratings=33600000,seed=1,select=1.5"}
-BENCH=${BENCH:-"--step-dims 32 128"}
+BENCH=${BENCH:-"--dims 32 --step-dims 32"}
+BENCH128=${BENCH128:-"--dims 128 --step-dims 128 --steps 1"}
 NOISE=${NOISE:-"--rank 32"}
 PROFILE=${PROFILE:-"--dims 32 --steps 1"}
+TESTS=${TESTS:-cuda}  # the CUDA cases (the torch:cpu ones run in every suite)
 
 part() {  # part NAME LIMIT COMMAND...: run with a limit cut to the budget left
   local name=$1 limit=$2; shift 2
@@ -45,12 +48,17 @@ part() {  # part NAME LIMIT COMMAND...: run with a limit cut to the budget left
 
 { nvidia-smi; python -c "import torch, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0)); print('numpy', numpy.__version__)"; nproc; } > "$OUT/machine.txt" 2>&1
 part noise_cost 60 python benchmarks/noise_cost.py $NOISE --repeats 2 --no-opendp --device "$DEVICE"
-part bench_kernel 150 python benchmarks/bench_kernel.py --device "$DEVICE" $BENCH
+part bench_kernel 120 python benchmarks/bench_kernel.py --device "$DEVICE" $BENCH
 part run_ml20m_adadpals 110 python benchmarks/gpu_cli.py adadpals --data "$ML20M" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/ml20m-adadpals"
 part run_ml20m_topk 90 python benchmarks/gpu_cli.py topk --data "$ML20M" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/ml20m-topk"
-part pytest_device 150 python -m pytest -q -p no:cacheprovider -rs tests/test_device.py tests/test_device_noise.py
+part pytest_device 120 python -m pytest -q -p no:cacheprovider -rs -k "$TESTS" tests/test_device.py tests/test_device_noise.py
+part bench_kernel_128 120 python benchmarks/bench_kernel.py --device "$DEVICE" $BENCH128
 part run_msd_adadpals 150 python benchmarks/gpu_cli.py adadpals --data "$MSD" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/msd-adadpals"
 part run_msd_topk 120 python benchmarks/gpu_cli.py topk --data "$MSD" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/msd-topk"
 part profile_step 90 python -m cProfile -s tottime benchmarks/bench_kernel.py --device "$DEVICE" $PROFILE
 head -c 20000 "$OUT/profile_step.out" > "$OUT/profile_head.txt" 2>/dev/null; rm -f "$OUT/profile_step.out"
 echo "total $(( $(date +%s) - START )) s" >> "$OUT/summary.txt"
+# one file back (a device call returns few files): every part's output, then the summary
+for f in "$OUT"/machine.txt "$OUT"/wheels.log "$OUT"/*.out "$OUT"/*.err "$OUT"/profile_head.txt "$OUT"/summary.txt; do
+  [ -f "$f" ] && { echo "===== $(basename "$f")"; cat "$f"; }
+done > "$OUT/../gpu_check_all.txt"

@@ -7,12 +7,14 @@
 #
 #   bash benchmarks/gpu_check.sh OUT [BUDGET]
 #
+# PARTS="noise_cost bench_kernel ...": only the parts named (default: all).
+# STRICT=1: exit 1 when a part failed or was skipped (the documented smoke test on torch:cpu).
 # WHEELS=DIR installs the wheels of DIR (no index, no dependencies) into OUT-side scratch first:
 # for a GPU machine whose Python lacks flwr, dp-accounting or pytest (docs/how-to/gpu.md).
 set -u
 OUT=${1:?usage: gpu_check.sh OUT [BUDGET]}
 BUDGET=${2:-540}
-mkdir -p "$OUT"
+OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 START=$(date +%s)
@@ -38,13 +40,17 @@ TESTS=${TESTS:-cuda}  # the CUDA cases (the torch:cpu ones run in every suite)
 
 part() {  # part NAME LIMIT COMMAND...: run with a limit cut to the budget left
   local name=$1 limit=$2; shift 2
+  case " ${PARTS:-$name} " in *" $name "*) ;; *) return ;; esac  # PARTS: only these parts
   local left=$((BUDGET - ($(date +%s) - START)))
-  if [ "$left" -lt 20 ]; then echo "$name: skipped (budget spent)" >> "$OUT/summary.txt"; return; fi
+  if [ "$left" -lt 20 ]; then echo "$name: skipped (budget spent)" >> "$OUT/summary.txt"; FAILED="$FAILED $name"; return; fi
   [ "$limit" -gt "$left" ] && limit=$left
   local t0=$(date +%s)
   timeout --signal=TERM --kill-after=5 "$limit" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"
-  echo "$name: rc $? in $(( $(date +%s) - t0 )) s (limit $limit s)" >> "$OUT/summary.txt"
+  local rc=$?
+  echo "$name: rc $rc in $(( $(date +%s) - t0 )) s (limit $limit s)" >> "$OUT/summary.txt"
+  [ "$rc" -eq 0 ] || FAILED="$FAILED $name"
 }
+FAILED=""
 
 { nvidia-smi; python -c "import torch, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0)); print('numpy', numpy.__version__)"; nproc; } > "$OUT/machine.txt" 2>&1
 part noise_cost 60 python benchmarks/noise_cost.py $NOISE --repeats 2 --no-opendp --device "$DEVICE"
@@ -62,3 +68,8 @@ echo "total $(( $(date +%s) - START )) s" >> "$OUT/summary.txt"
 for f in "$OUT"/machine.txt "$OUT"/wheels.log "$OUT"/*.out "$OUT"/*.err "$OUT"/profile_head.txt "$OUT"/summary.txt; do
   [ -f "$f" ] && { echo "===== $(basename "$f")"; cat "$f"; }
 done > "$OUT/../gpu_check_all.txt"
+if [ -n "$FAILED" ]; then
+  echo "failed or skipped:$FAILED" >> "$OUT/summary.txt"
+  [ "${STRICT:-0}" = 1 ] && { cat "$OUT/summary.txt"; tail -n 5 "$OUT"/*.err; exit 1; }
+fi
+exit 0

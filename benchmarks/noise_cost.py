@@ -109,13 +109,13 @@ def _device_timings(values: dict, sens: dict, z: dict, name: str, repeats: int) 
 
         def with_copies():
             for k, v in values.items():
-                device_sampling.lattice_gaussian(torch.tensor(v, device=dev), sens[k], z[k], bits).cpu().numpy()
+                device_sampling.lattice_gaussian_on_device(torch.tensor(v, device=dev), sens[k], z[k], bits).cpu().numpy()
 
         on_device = {k: torch.tensor(v, device=dev) for k, v in values.items()}
 
         def draws_only():
             for k, v in on_device.items():
-                device_sampling.lattice_gaussian(v, sens[k], z[k], bits)
+                device_sampling.lattice_gaussian_on_device(v, sens[k], z[k], bits)
             sync()
 
         with_copies()  # warm-up

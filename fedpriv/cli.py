@@ -53,7 +53,7 @@ def _add_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("--nodes", type=int, default=None, help="number of nodes the training users are split over, on every engine (alone: ceil(users / N) users per node; default: "
                    "inprocess one node in central mode and 20 users per node in secure mode, flower one node per user)")
     r.add_argument("--users-per-node", type=int, default=None, help="users held by each node, on every engine (default: see --nodes)")
-    r.add_argument("--device", default=None, help="where the statistics and solves compute, 'cpu' (default) or 'cuda'/'cuda:N': the in-process engine's clients and server, or the Flower ServerApp (each node: its own `device` node config); the same releases and ledger, noise drawn on the CPU")
+    r.add_argument("--device", default=None, help="where the statistics and solves compute, 'cpu' (default) or 'cuda'/'cuda:N': the in-process engine's clients and server, or the Flower ServerApp (each node: its own `device` node config); the same releases and ledger; the noise is drawn on the device, keyed with 128 bits of OS entropy (a --noise-seed run draws it on the CPU)")
     r.add_argument(
         "--noise-seed", type=int, default=None, metavar="N",
         help="reproducible noise and user sampling from N (tests, debugging). By default every noise value comes from the OS CSPRNG and "

@@ -212,3 +212,36 @@ def test_a_gpu_share_is_refused_where_there_is_no_gpu_and_a_gpu_node_needs_one()
         with pytest.raises(ConfigError, match="no CUDA device") as e:
             _check_gpu_share(0.5, "cuda", local=True)
         assert e.value.field == "gpus_per_node"
+
+
+def test_the_low_rank_sketch_fixes_its_singular_vectors_signs():
+    """Two back ends may return a singular vector with either sign (a CUDA run's float32 sketch
+    did, on the H200): the released factors take one sign per column, so flipped columns give the
+    same factors, and the scores F F^T are those of the unsigned vectors."""
+    from fedpriv.algorithms.topk import canonical_signs
+
+    U = np.linalg.qr(np.random.default_rng(0).normal(size=(30, 5)))[0]
+    flipped = U * np.array([1, -1, -1, 1, -1])
+    assert np.array_equal(canonical_signs(U), canonical_signs(flipped))
+    assert not np.array_equal(U, flipped)  # the control: the input did differ
+    C = canonical_signs(U)
+    assert np.allclose(C @ C.T, U @ U.T)
+    assert np.all(C[np.argmax(np.abs(C), axis=0), np.arange(5)] > 0)
+
+
+@pytest.mark.parametrize("dev", [pytest.param("torch:cpu", marks=pytest.mark.slow), *DEVICES[1:]])  # torch:cpu: 17 s of encoder fits
+def test_am_dpsgd_clients_take_their_per_user_gradients_on_the_device(dev, monkeypatch):
+    from fedpriv.algorithms import ssp
+
+    seen = []
+    real = ssp.per_user_clipped_gradient
+
+    def spy(encoder, *a, **kw):
+        seen.append(encoder.offset.device.type)
+        return real(encoder, *a, **kw)
+
+    monkeypatch.setattr("fedpriv.algorithms.ssp.per_user_clipped_gradient", spy)  # the name the clients call
+    data = fedpriv.load_data("synthetic-mf:users=150,items=40,ratings=2000,seed=5")
+    fedpriv.train("am-dpsgd", data, epsilon=5.0, second_opinion=False, rank=2, steps=1, defaults="fixed", engine_options={"device": dev})
+    assert seen, "the clients' gradient was never taken"
+    assert set(seen) == {"cpu" if dev == "torch:cpu" else "cuda"}

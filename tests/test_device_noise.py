@@ -40,10 +40,10 @@ def _pmf_z(k: np.ndarray, sigma2: float) -> float:
 @pytest.mark.parametrize("dev", DEVICES)
 def test_the_device_sampler_draws_the_exact_discrete_gaussian(dev):
     bits = ds.DeviceBits(torch, _tdev(dev))
-    k = ds.discrete_gaussian(bits, 2.0, 400_000).cpu().numpy()
+    k = ds.discrete_gaussian_on_device(bits, 2.0, 400_000).cpu().numpy()
     assert _pmf_z(k, 2.0) < 5.5
     # a large variance: mean 0 and variance sigma2 (the discrete law's variance is sigma2 to 1e-9 there)
-    big = ds.discrete_gaussian(bits, 1e8, 200_000).cpu().numpy().astype(np.float64)
+    big = ds.discrete_gaussian_on_device(bits, 1e8, 200_000).cpu().numpy().astype(np.float64)
     assert abs(big.mean()) < 5 * 1e4 / math.sqrt(len(big))
     assert abs(big.var() / 1e8 - 1) < 5 * math.sqrt(2 / len(big))
     # the CPU sampler, same law: the control that the test can see a wrong law
@@ -68,7 +68,7 @@ def test_the_exact_settlement_runs_and_keeps_the_law(monkeypatch):
     monkeypatch.setattr(cpu, "_REL_MARGIN", 2.0**-6)
     monkeypatch.setattr(cpu, "_exact_bernoulli_exp", b)
     monkeypatch.setattr(cpu, "_exact_floor_neglog", lg)
-    k = ds.discrete_gaussian(ds.DeviceBits(torch, torch.device("cpu")), 2.0, 60_000).numpy()
+    k = ds.discrete_gaussian_on_device(ds.DeviceBits(torch, torch.device("cpu")), 2.0, 60_000).numpy()
     assert calls["bernoulli"] > 500 and calls["log"] > 100
     assert _pmf_z(k, 2.0) < 5.5
 
@@ -125,3 +125,20 @@ def test_two_default_runs_on_the_device_differ_and_account_as_the_cpu_run(dev):
     assert not np.array_equal(a, b)
     assert runs[0].ledger == runs[1].ledger == ref.ledger  # the records: names, stds, counts
     assert runs[0].metrics["epsilon_spent"] == ref.metrics["epsilon_spent"]
+
+
+def test_a_symmetric_release_on_the_device_noises_the_triangles_the_cpu_path_does(monkeypatch):
+    """The device cuts the upper triangles and mirrors them itself: under one key, the symmetric
+    release equals the same key's release of the numpy triangles, mirrored by numpy."""
+    from fedpriv.privacy.symmetric import from_upper, upper
+
+    keys = iter([b"\x05" * 8, b"\x07" * 8] * 2)
+    monkeypatch.setattr(ds.os, "urandom", lambda n: next(keys))
+    rng = np.random.default_rng(1)
+    value = rng.normal(size=(30, 5, 5))
+    value = value + value.transpose(0, 2, 1)
+    sym = _release(PrivacyLedger(), "torch:cpu", value)
+    with device.use("torch:cpu"):
+        tri = PrivacyLedger().gaussian("x", upper(value), sensitivity=1.0, noise_multiplier=1.0)
+    assert np.array_equal(sym, from_upper(tri, 5))
+    assert not np.array_equal(sym, value)

@@ -190,13 +190,14 @@ def per_user_clipped_gradient(
 
     per_user = vmap(grad(user_loss), in_dims=(None, 0, 0))
     step = max(1, chunk_entries // max(L, 1))
+    dev = encoder.offset.device  # where the parameters are (a client on a device: there)
     for s in range(0, n, step):
-        items = torch.from_numpy(np.ascontiguousarray(user_items[s : s + step], dtype=np.int64))
-        g = torch.from_numpy(np.ascontiguousarray(user_grads[s : s + step], dtype=np.float32))
+        items = torch.from_numpy(np.ascontiguousarray(user_items[s : s + step], dtype=np.int64)).to(dev)
+        g = torch.from_numpy(np.ascontiguousarray(user_grads[s : s + step], dtype=np.float32)).to(dev)
         grads = per_user(params, items, g)
         flat = torch.cat([grads[k].reshape(len(items), -1) for k, _ in encoder.named_parameters()], dim=1).double()
         nrm = flat.norm(dim=1)
         scale = torch.clamp(clip / nrm.clamp_min(1e-12), max=1.0)
-        total += (flat * scale[:, None]).sum(0).numpy()
-        norms[s : s + step] = nrm.numpy()
+        total += (flat * scale[:, None]).sum(0).cpu().numpy()
+        norms[s : s + step] = nrm.cpu().numpy()
     return total, norms

@@ -106,28 +106,41 @@ def _top_k_sums(scores_of, history: UserShard, target: UserShard, n_items: int, 
     """Sums over the users with a relevant target item: their lists (``scores_of(history)``:
     (users, n_items) scores, items rated in training excluded), Recall@k, NDCG@k, hits and how
     often each item was recommended."""
-    out = _empty(n_items)
+    prepared = _scored(scores_of, history, target, threshold)
+    return _empty(n_items) if prepared is None else _lists_and_sums(*prepared, n_items, k, threshold)
+
+
+def _scored(scores_of, history: UserShard, target: UserShard, threshold: float):
+    """(scores with training items at -inf, the relevant users' targets), or None: the part of
+    :func:`_top_k_sums` that calls the model (the statistics kernels)."""
     relevant = target.ratings >= threshold
     rel_users = np.unique(target.local_user_of_rating[relevant])
     if len(rel_users) == 0:
-        return out
+        return None
     keep = np.zeros(history.n_users, dtype=bool)
     keep[rel_users] = True
     sub_h, sub_t = sub_shard(history, keep), sub_shard(target, keep)
     scores = np.array(scores_of(sub_h), dtype=np.float64)
     scores[sub_h.local_user_of_rating, sub_h.items] = -np.inf  # rated in training: not a candidate
+    return scores, sub_t
+
+
+def _lists_and_sums(scores: np.ndarray, sub_t: UserShard, n_items: int, k: int, threshold: float) -> dict:
+    """The top-k lists of ``scores`` and their sums (numpy only: it releases the GIL, so
+    chunks of users run on a thread pool, :func:`_evaluate`)."""
+    out = _empty(n_items)
     kk = min(k, n_items)
     top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
     order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1, kind="stable")
     top = np.take_along_axis(top, order, axis=1)
-    rel = np.zeros((len(rel_users), n_items), dtype=bool)
+    rel = np.zeros((len(scores), n_items), dtype=bool)
     mask = sub_t.ratings >= threshold
     rel[sub_t.local_user_of_rating[mask], sub_t.items[mask]] = True
     hit = np.take_along_axis(rel, top, axis=1)
     n_rel = rel.sum(axis=1)
     discount = 1.0 / np.log2(np.arange(2, kk + 2))
     ideal = np.cumsum(discount)[np.minimum(n_rel, kk) - 1]
-    out["users"] = float(len(rel_users))
+    out["users"] = float(len(scores))
     out["recall"] = float(np.sum(hit.sum(axis=1) / np.minimum(n_rel, kk)))
     out["ndcg"] = float(np.sum((hit * discount).sum(axis=1) / ideal))
     out["hits"] = float(hit.sum())
@@ -155,14 +168,35 @@ def ranking_from_sums(sums: dict, item_counts: np.ndarray, k: int, threshold: fl
     return out
 
 
-def _evaluate(sums_of, train, test, n_items: int, k: int, threshold: float, chunk: int = 512) -> dict:
+def _evaluate(scores_of, train, test, n_items: int, k: int, threshold: float, chunk: int = 512) -> dict:
+    """The ranking metrics of ``scores_of(history shard)`` over the test users with a relevant
+    item, in chunks of users: each chunk is scored in this thread, and its lists and sums are
+    made on a thread pool while the next chunk is scored (at most one chunk per thread waits).
+    The sums are added in chunk order: the same numbers as one chunk after another."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..util.threads import thread_count
+
     users = np.unique(test.users[test.ratings >= threshold])
     total = _empty(n_items)
-    for start in range(0, len(users), chunk):
-        part = users[start:start + chunk]
-        sums = sums_of(shard_users(train, part), shard_users(test, part))
+
+    def add(sums: dict) -> None:
         for key in total:
             total[key] = total[key] + sums[key]
+
+    workers = min(thread_count(), max(1, len(users) // chunk))
+    with ThreadPoolExecutor(workers, thread_name_prefix="fedpriv-ranking") as pool:
+        waiting: deque = deque()
+        for start in range(0, len(users), chunk):
+            part = users[start:start + chunk]
+            prepared = _scored(scores_of, shard_users(train, part), shard_users(test, part), threshold)
+            if prepared is not None:
+                waiting.append(pool.submit(_lists_and_sums, *prepared, n_items, k, threshold))
+            while len(waiting) > workers:
+                add(waiting.popleft().result())
+        while waiting:
+            add(waiting.popleft().result())
     return ranking_from_sums(total, train.item_counts(), k, threshold)
 
 
@@ -170,11 +204,11 @@ def evaluate_ranking(state: als.PublicState, train, test, *, k: int = RANK_K, th
     """Ranking metrics of the released model on ``test`` (users solved from ``train``), in
     chunks of users (a chunk scores every item)."""
     threshold = relevance_threshold(state.rating_range) if threshold is None else float(threshold)
-    return _evaluate(lambda h, t: shard_ranking_sums(state, h, t, k, threshold, blend), train, test, state.n_items, k, threshold)
+    everything = np.arange(state.n_items)
+    return _evaluate(lambda h: ranking_scores(h, state, everything, blend), train, test, state.n_items, k, threshold)
 
 
 def popular_reference(train, test, *, k: int = RANK_K, threshold: float) -> dict:
     """The non-private most-popular list (training counts) on the same users: a reference."""
     counts = train.item_counts().astype(np.float64)
-    return _evaluate(lambda h, t: _top_k_sums(lambda hh: np.broadcast_to(counts, (hh.n_users, len(counts))), h, t, len(counts), k, threshold),
-                     train, test, len(counts), k, threshold)
+    return _evaluate(lambda h: np.broadcast_to(counts, (h.n_users, len(counts))), train, test, len(counts), k, threshold)

@@ -77,8 +77,14 @@ class Part:
 
 
 def client_encoder(state: als.PublicState, table: FeatureTable):
-    """The broadcast encoder, rebuilt on a client from public features and parameters."""
+    """The broadcast encoder, rebuilt on a client from public features and parameters, on the
+    current device (:mod:`fedpriv.util.device`: am-dpsgd's per-user gradients run there)."""
+    from ..util import device
+
     enc = _ssp().build_encoder(table, state.config)
+    dev = device.torch_device()
+    if dev is not None:
+        enc = enc.to(dev)
     enc.set_flat(state.encoder_params)
     return enc
 

@@ -201,8 +201,18 @@ def nystrom(Y: np.ndarray, Q: np.ndarray, lam: float, keep: float) -> np.ndarray
     if not on.any():
         return F
     U, s, _ = np.linalg.svd(Y @ (W[:, on] / np.sqrt(c[on])), full_matrices=False)
-    F[:, : len(s)] = U * np.sqrt(s**2 / (s**2 + lam))
+    F[:, : len(s)] = canonical_signs(U) * np.sqrt(s**2 / (s**2 + lam))
     return F
+
+
+def canonical_signs(U: np.ndarray) -> np.ndarray:
+    """``U`` with each column's sign chosen so that its largest entry in absolute value is
+    positive: a singular vector's sign is arbitrary, and two back ends (a GPU's float32 sketch, a
+    CPU's) may return opposite ones for the same sketch. The scores (x F) F^T do not change."""
+    if U.size == 0:
+        return U
+    top = U[np.argmax(np.abs(U), axis=0), np.arange(U.shape[1])]
+    return U * np.where(top < 0, -1.0, 1.0)
 
 
 class LowRankStep(TopKStep):

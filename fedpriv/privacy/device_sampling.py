@@ -117,7 +117,7 @@ def _geometric_e1(bits: DeviceBits, n: int):
     return out
 
 
-def discrete_laplace(bits: DeviceBits, t: int, attempts: int):
+def _discrete_laplace(bits: DeviceBits, t: int, attempts: int):
     """The accepted draws of ``attempts`` tries of CKS Algorithm 2 (discrete Laplace of scale t)."""
     torch = bits.torch
     u = _below(bits, t, attempts)
@@ -138,7 +138,7 @@ def discrete_laplace(bits: DeviceBits, t: int, attempts: int):
     return torch.where(minus, -x, x)[ok]
 
 
-def discrete_gaussian(bits: DeviceBits, sigma2: float, n: int):
+def discrete_gaussian_on_device(bits: DeviceBits, sigma2: float, n: int):
     """n exact draws of the discrete Gaussian of variance parameter ``sigma2`` (CKS Algorithm 3)."""
     torch = bits.torch
     s = Fraction(sigma2)
@@ -146,7 +146,7 @@ def discrete_gaussian(bits: DeviceBits, sigma2: float, n: int):
     q = sigma2 / t
     parts, need = [], n
     while need > 0:
-        y = discrete_laplace(bits, t, int(need / cpu._YIELD * 1.02) + 32)
+        y = _discrete_laplace(bits, t, int(need / cpu._YIELD * 1.02) + 32)
         ay = y.abs()
         diff = ay.to(torch.float64) - q
         ay_cpu = None
@@ -164,7 +164,7 @@ def discrete_gaussian(bits: DeviceBits, sigma2: float, n: int):
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=bits.dev)
 
 
-def lattice_gaussian(value, sensitivity: float, noise_multiplier: float, bits: DeviceBits):
+def lattice_gaussian_on_device(value, sensitivity: float, noise_multiplier: float, bits: DeviceBits):
     """``value`` (a float64 tensor on the bits' device) released on the lattice of
     :func:`fedpriv.privacy.sampling.lattice_gaussian`: the same grid, the same integer noise law."""
     torch = bits.torch
@@ -174,5 +174,5 @@ def lattice_gaussian(value, sensitivity: float, noise_multiplier: float, bits: D
     n = flat.numel()
     for i in range(0, n, BLOCK):
         j = min(i + BLOCK, n)
-        r[i:j] += discrete_gaussian(bits, lat.sigma2, j - i)
+        r[i:j] += discrete_gaussian_on_device(bits, lat.sigma2, j - i)
     return (r.to(torch.float64) * lat.grid).reshape(value.shape)

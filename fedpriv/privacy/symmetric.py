@@ -17,13 +17,13 @@ def upper(A: np.ndarray) -> np.ndarray:
 def from_upper(T: np.ndarray, d: int) -> np.ndarray:
     """The symmetric d x d matrices whose upper triangles are the last axis of ``T``."""
     T = np.asarray(T)
-    return np.take(T, _triangle_position(d), axis=-1)
+    return np.take(T, triangle_positions(d), axis=-1)
 
 
 _positions: dict[int, np.ndarray] = {}
 
 
-def _triangle_position(d: int) -> np.ndarray:
+def triangle_positions(d: int) -> np.ndarray:
     """(d, d): the position in the upper-triangle vector of every entry of a symmetric matrix."""
     pos = _positions.get(d)
     if pos is None:

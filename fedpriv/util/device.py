@@ -7,11 +7,12 @@
 - ``"torch:cpu"``: the GPU code path run by torch on the CPU. It is how the path is tested on
   machines without a GPU (CPU/GPU parity), not a faster CPU back end.
 
-The device changes where arithmetic runs, never what is released: noise is drawn by the ledger
-on the CPU from the run's secret randomness (OS entropy, 256 bits) and added to the statistics
-there, exactly as on the CPU path, so a run's ledger is the same on every device. A process
-holds one current device; :func:`use` sets it for a block (the in-process engine enters it for
-a run)."""
+The device changes where arithmetic runs, never what is released: the ledger records the same
+releases on every device. Its noise is drawn where the statistics are: on a device, by
+:mod:`fedpriv.privacy.device_sampling` (the same exact lattice discrete Gaussian, keyed with 128
+bits of OS entropy per ledger); with a noise seed, on the CPU from the seed (so a seeded run
+is the same on every device). A process holds one current device; :func:`use` sets it for a
+block (the in-process engine enters it for a run)."""
 
 from __future__ import annotations
 

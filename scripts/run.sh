@@ -5,8 +5,8 @@
 # Extra arguments are run-config overrides, e.g. `bash scripts/run.sh "epsilon=1"`.
 #
 # Ctrl-C (SIGINT), SIGTERM and SIGHUP stop the run and every process it started (the local
-# SuperLink, SuperExec, the simulation and Ray: found by this project's FLWR_HOME), print one
-# line and exit 128 + n.
+# SuperLink, SuperExec, the simulation and Ray: found by this project's FLWR_HOME), remove the
+# run's temporary folder, print one line and exit 128 + n.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -25,12 +25,18 @@ export PATH="$PWD/.venv/bin:$PATH" FLWR_HOME="$PWD/.flwr" FLWR_TELEMETRY_ENABLED
     RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0
 mkdir -p "$FLWR_HOME"
 OUT="$PWD/runs/default"
+# the run's own temporary folder (every process it starts writes there: the job's copy of the
+# node data, Ray's session files), removed with the run however it ends; short enough for
+# Ray's socket paths (fedpriv.ops.launcher.RAY_TMPDIR_MAX)
+RUN_TMP=$(mktemp -d /tmp/fedpriv-run.XXXXXX)
+export TMPDIR="$RUN_TMP" RAY_TMPDIR="$RUN_TMP"
 
 # `flwr run` leaves its local SuperLink running, and a stopped `flwr run` leaves the whole run:
 # stop every process started under this FLWR_HOME, found by PID through the FLWR_HOME in its
 # environment (SuperLink, SuperExec, simulation, Ray: fedpriv.util.processes, standard library only)
 stop_flower() {
     .venv/bin/python -c 'import sys; from fedpriv.util.processes import pids_with_env, stop_all; stop_all(lambda: pids_with_env("FLWR_HOME", sys.argv[1]), 2.0)' "$FLWR_HOME" || true
+    rm -rf "$RUN_TMP"  # after the processes that wrote there are gone
 }
 FLWR_PID=""
 on_signal() {  # $1: the signal's name, $2: its number

@@ -138,7 +138,12 @@ def test_ctrl_c_on_the_main_job_script_stops_everything_with_one_line():
     proc.stderr = proc.stdout  # one stream: _wait_for_line reads it
     try:
         lines, reader = _wait_for_line(proc, "[fedpriv] round", 400)
-        assert pids_with_env("FLWR_HOME", str(home)), "the run's processes carry the project's FLWR_HOME"  # the oracle's positive control
+        running = pids_with_env("FLWR_HOME", str(home))
+        assert running, "the run's processes carry the project's FLWR_HOME"  # the oracle's positive control
+        run_tmp = {_environ(pid).get("TMPDIR") for pid in running} - {None}
+        assert len(run_tmp) == 1 and Path(next(iter(run_tmp))).name.startswith("fedpriv-run."), run_tmp
+        run_tmp = Path(next(iter(run_tmp)))
+        assert run_tmp.is_dir() and any(run_tmp.iterdir()), "the run writes into its own folder"  # its positive control
         os.killpg(proc.pid, signal.SIGINT)
         code = proc.wait(timeout=30)
         reader.join(timeout=10)
@@ -154,5 +159,14 @@ def test_ctrl_c_on_the_main_job_script_stops_everything_with_one_line():
     text = "".join(lines)
     assert code == 130, text[-3000:]
     assert left == []
+    assert not run_tmp.exists(), f"the run's temporary folder is left: {sorted(p.name for p in run_tmp.iterdir())}"
     assert "Traceback" not in text, text[-3000:]
     assert text.rstrip().splitlines()[-1].startswith("run.sh: stopped by SIGINT"), text[-500:]
+
+
+def _environ(pid: int) -> dict:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)

@@ -17,7 +17,8 @@ the feature is (binade of |output|, last mantissa bit), its frequencies under ``
 log-likelihood ratio. Positive control: the old samplers (Box-Muller on ``os.urandom``, and
 numpy's normal for a seeded ledger, exactly as the ledger drew them before) are told apart far
 above chance. The ledger's lattice discrete Gaussian (:mod:`fedpriv.privacy.sampling`) stays
-at chance, secure and seeded. The sampler's distribution is checked against the exact discrete
+at chance, secure and seeded, and so does its draw on a device (:mod:`fedpriv.privacy.device_sampling`,
+on torch's CPU device everywhere and on CUDA where present). The sampler's distribution is checked against the exact discrete
 Gaussian, also through its exact (arbitrary-precision) path alone.
 """
 
@@ -31,6 +32,7 @@ import pytest
 
 from fedpriv.privacy import sampling
 from fedpriv.privacy.ledger import PrivacyLedger, secure_standard_normal
+from fedpriv.util import device
 
 D = 64  # coordinates per release
 TRAIN, TEST = 200, 400  # releases per input
@@ -54,6 +56,18 @@ def _new_secure(x: float, rng) -> np.ndarray:
 
 def _new_seeded(x: float, rng) -> np.ndarray:
     return PrivacyLedger(seed=int(rng.integers(2**62))).gaussian("stat", np.full(D, x), sensitivity=SENS, noise_multiplier=Z)
+
+
+def _on_device(name: str):
+    """Releases by one ledger drawing on ``name`` (fedpriv.privacy.device_sampling)."""
+    ledger = PrivacyLedger()
+
+    def release(x: float, rng) -> np.ndarray:
+        with device.use(name):
+            return ledger.gaussian("stat", np.full(D, x), sensitivity=SENS, noise_multiplier=Z)
+
+    release.__name__ = f"device-{name}"
+    return release
 
 
 def _features(out: np.ndarray) -> np.ndarray:
@@ -95,8 +109,17 @@ def test_the_attack_tells_neighbours_apart_with_floating_point_noise(release):
 GRID = sampling.lattice_for(SENS, Z, D).grid
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @pytest.mark.parametrize("x1", [X1, 0.75 * GRID], ids=["2^-53", "0.75-grid-step"])
-@pytest.mark.parametrize("release", [_new_secure, _new_seeded], ids=["lattice-os", "lattice-seeded"])
+@pytest.mark.parametrize("release", [
+    _new_secure, _new_seeded, _on_device("torch:cpu"),
+    pytest.param(_on_device("cuda"), marks=pytest.mark.skipif(not _cuda(), reason="no CUDA device on this machine")),
+], ids=["lattice-os", "lattice-seeded", "lattice-device-torch:cpu", "lattice-device-cuda"])
 def test_the_attack_is_at_chance_with_the_lattice_discrete_gaussian(release, x1):
     acc = _attack_accuracy(release, seed=2, x1=x1)
     assert abs(acc - 0.5) < 0.08, acc  # 800 guesses: the std of a fair accuracy is 0.018

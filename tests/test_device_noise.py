@@ -142,3 +142,19 @@ def test_a_symmetric_release_on_the_device_noises_the_triangles_the_cpu_path_doe
         tri = PrivacyLedger().gaussian("x", upper(value), sensitivity=1.0, noise_multiplier=1.0)
     assert np.array_equal(sym, from_upper(tri, 5))
     assert not np.array_equal(sym, value)
+
+
+def test_a_copied_ledger_keys_its_own_device_generator():
+    """A pickled or copied ledger (a checkpoint, a worker) draws with a key of its own: the copy
+    and the original never give the same noise, and the copy's records are the original's."""
+    import copy
+    import pickle
+
+    led = PrivacyLedger()
+    value = np.zeros(200)
+    _release(led, "torch:cpu", value)
+    twins = [pickle.loads(pickle.dumps(led)), copy.deepcopy(led)]
+    drawn = [_release(x, "torch:cpu", value) for x in (led, *twins)]
+    assert not np.array_equal(drawn[0], drawn[1]) and not np.array_equal(drawn[0], drawn[2]) and not np.array_equal(drawn[1], drawn[2])
+    assert twins[0].releases == twins[1].releases == led.releases  # one release "x", drawn twice by each
+    assert [r.count for r in led.releases] == [2]

@@ -99,6 +99,13 @@ class PrivacyLedger:
         else:
             self._rng = np.random.Generator(np.random.PCG64(self.seed))
 
+    def __getstate__(self) -> dict:
+        """A copy or pickle of the ledger leaves its device generators behind: it keys its own on
+        its first device draw (two ledgers never continue one stream of secret noise)."""
+        state = dict(self.__dict__)
+        state.pop("_device_bits", None)
+        return state
+
     @property
     def reproducible(self) -> bool:
         """True when the noise comes from a seed (anyone holding it can regenerate the noise)."""

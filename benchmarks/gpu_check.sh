@@ -3,7 +3,8 @@
 # the CUDA parity and noise tests, the kernel/step benchmark, the device noise sampler, and the
 # `fedpriv run` commands at the ML-20M and Million Song Dataset shapes. Every part writes its own
 # file under OUT and has its own time limit; a part that fails or runs out of time is recorded
-# and the next one runs. The parts run in order of value, within BUDGET seconds in all.
+# and the next one runs. The parts run in order of value (the CUDA tests first: they are short),
+# within BUDGET seconds in all.
 #
 #   bash benchmarks/gpu_check.sh OUT [BUDGET]
 #
@@ -53,14 +54,14 @@ part() {  # part NAME LIMIT COMMAND...: run with a limit cut to the budget left
 FAILED=""
 
 { nvidia-smi; python -c "import torch, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0)); print('numpy', numpy.__version__)"; nproc; } > "$OUT/machine.txt" 2>&1
+part pytest_device 120 python -m pytest -q -p no:cacheprovider -rs -k "$TESTS" tests/test_device.py tests/test_device_noise.py
 part noise_cost 60 python benchmarks/noise_cost.py $NOISE --repeats 2 --no-opendp --device "$DEVICE"
 part bench_kernel 120 python benchmarks/bench_kernel.py --device "$DEVICE" $BENCH
-part run_ml20m_adadpals 110 python benchmarks/gpu_cli.py adadpals --data "$ML20M" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/ml20m-adadpals"
-part run_ml20m_topk 90 python benchmarks/gpu_cli.py topk --data "$ML20M" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/ml20m-topk"
-part pytest_device 120 python -m pytest -q -p no:cacheprovider -rs -k "$TESTS" tests/test_device.py tests/test_device_noise.py
+part run_ml20m_adadpals 150 python benchmarks/gpu_cli.py adadpals --data "$ML20M" --epsilon 5 --device "$DEVICE" --out "$OUT/runs/ml20m-adadpals"
+part run_ml20m_topk 120 python benchmarks/gpu_cli.py topk --data "$ML20M" --epsilon 5 --device "$DEVICE" --out "$OUT/runs/ml20m-topk"
 part bench_kernel_128 120 python benchmarks/bench_kernel.py --device "$DEVICE" $BENCH128
-part run_msd_adadpals 150 python benchmarks/gpu_cli.py adadpals --data "$MSD" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/msd-adadpals"
-part run_msd_topk 120 python benchmarks/gpu_cli.py topk --data "$MSD" --epsilon 5 --device "$DEVICE" --quiet --out "$OUT/runs/msd-topk"
+part run_msd_adadpals 150 python benchmarks/gpu_cli.py adadpals --data "$MSD" --epsilon 5 --device "$DEVICE" --out "$OUT/runs/msd-adadpals"
+part run_msd_topk 120 python benchmarks/gpu_cli.py topk --data "$MSD" --epsilon 5 --device "$DEVICE" --out "$OUT/runs/msd-topk"
 part profile_step 90 python -m cProfile -s tottime benchmarks/bench_kernel.py --device "$DEVICE" $PROFILE
 head -c 20000 "$OUT/profile_step.out" > "$OUT/profile_head.txt" 2>/dev/null; rm -f "$OUT/profile_step.out"
 echo "total $(( $(date +%s) - START )) s" >> "$OUT/summary.txt"

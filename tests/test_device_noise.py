@@ -104,13 +104,25 @@ def test_the_key_is_128_bits_of_os_entropy_and_nothing_else(monkeypatch):
 
     def fixed(n):
         asked.append(n)
-        return bytes([len(asked) % 2 + 1]) * n  # the two generators of a ledger: distinct seeds
+        return bytes([len(asked) % 4 + 1]) * n  # the four generators of a ledger: distinct seeds
 
     monkeypatch.setattr(ds.os, "urandom", fixed)
     value = np.linspace(-1, 1, 1000)
     a, b = _release(PrivacyLedger(), "torch:cpu", value), _release(PrivacyLedger(), "torch:cpu", value)
     assert np.array_equal(a, b)
-    assert asked == [8, 8, 8, 8]
+    assert asked == [4] * 8  # 4 x 32 bits per ledger
+
+
+def test_each_generator_is_seeded_within_what_torch_keeps_of_a_seed():
+    """torch's CPU generator keeps 32 bits of a seed (the control below: seeds that differ above
+    them give one stream), so each of the four generators takes 32 bits: 128 in all."""
+    g1, g2 = torch.Generator(), torch.Generator()
+    g1.manual_seed(5)
+    g2.manual_seed(5 + (1 << 40))
+    assert torch.equal(torch.randint(0, 1 << 32, (8,), generator=g1), torch.randint(0, 1 << 32, (8,), generator=g2))
+    bits = ds.DeviceBits(torch, torch.device("cpu"))
+    assert len(bits.generators) * ds.DeviceBits.SEED_BYTES * 8 == 128
+    assert all(g.initial_seed() < 2**32 for g in bits.generators)
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -132,7 +144,7 @@ def test_a_symmetric_release_on_the_device_noises_the_triangles_the_cpu_path_doe
     release equals the same key's release of the numpy triangles, mirrored by numpy."""
     from fedpriv.privacy.symmetric import from_upper, upper
 
-    keys = iter([b"\x05" * 8, b"\x07" * 8] * 2)
+    keys = iter([b"\x05" * 4, b"\x07" * 4, b"\x09" * 4, b"\x0b" * 4] * 2)
     monkeypatch.setattr(ds.os, "urandom", lambda n: next(keys))
     rng = np.random.default_rng(1)
     value = rng.normal(size=(30, 5, 5))

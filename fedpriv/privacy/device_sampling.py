@@ -4,11 +4,13 @@ The same release, the same algorithm (Canonne, Kamath and Steinke 2020, Algorith
 every comparison exact), vectorised in torch so that a GPU run does not wait for the CPU's
 sampler (0.55 s per alternating step at the ML-20M shape on 16 cores).
 
-**Random bits.** :class:`DeviceBits` is a counter-based generator keyed with 128 bits of OS
-entropy per ledger: two torch generators on the device (Philox4x32-10 on CUDA, a Mersenne
-twister on torch's CPU device), each seeded with 64 bits of ``os.urandom``; a word is the XOR
-of one 64-bit word of each (every word is built from two 32-bit draws). Recovering the stream
-means guessing both seeds: 2**128 tries. The generators are created on the ledger's first
+**Random bits.** :class:`DeviceBits` is keyed with 128 bits of OS entropy per ledger: four
+torch generators on the device (Philox4x32-10, a counter-based generator, on CUDA; a Mersenne
+twister on torch's CPU device), each seeded with 32 bits of ``os.urandom``; a word is the XOR
+of one 64-bit word of each (every word is built from two 32-bit draws). 32 bits per generator
+because torch's CPU generator keeps only the low 32 bits of a seed (seeds that differ above
+them give the same stream): four of them give 128 bits on every device. Recovering the stream
+means guessing all four seeds: 2**128 tries. The generators are created on the ledger's first
 device draw and advance across its releases, so no counter is reused within a run and no two
 runs share a key. A seeded ledger never comes here: its noise is drawn by the CPU path from its
 PCG64 and copied, so a seeded run is reproducible and identical on every device.
@@ -36,14 +38,17 @@ _MASK53 = (1 << 53) - 1
 
 
 class DeviceBits:
-    """Uniform 64-bit words (as int64 bit patterns) on ``dev``, keyed with 128 bits of OS entropy."""
+    """Uniform 64-bit words (as int64 bit patterns) on ``dev``, keyed with 128 bits of OS entropy
+    (four generators of 32 bits each: the module docstring)."""
+
+    GENERATORS, SEED_BYTES = 4, 4
 
     def __init__(self, torch, dev):
         self.torch, self.dev = torch, dev
         self.generators = []
-        for _ in range(2):
+        for _ in range(self.GENERATORS):
             g = torch.Generator(device=dev)
-            g.manual_seed(int.from_bytes(os.urandom(8), "little"))
+            g.manual_seed(int.from_bytes(os.urandom(self.SEED_BYTES), "little"))
             self.generators.append(g)
 
     def words(self, n: int):

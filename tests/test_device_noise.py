@@ -37,9 +37,14 @@ def _pmf_z(k: np.ndarray, sigma2: float) -> float:
     return float(np.max(np.abs(emp - p)[inner] / np.sqrt(p * (1 - p) / n)[inner]))
 
 
-@pytest.mark.parametrize("dev", DEVICES)
-def test_the_device_sampler_draws_the_exact_discrete_gaussian(dev):
-    bits = ds.DeviceBits(torch, _tdev(dev))
+@pytest.mark.parametrize("dev,generators", [
+    pytest.param("torch:cpu", None, id="torch:cpu"), pytest.param("torch:cpu", True, id="torch:cpu-generators"),
+    pytest.param("cuda", None, id="cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")),
+])
+def test_the_device_sampler_draws_the_exact_discrete_gaussian(dev, generators):
+    """The law, from either source of bits: the CPU's (torch:cpu) and the keyed generators
+    combined (a GPU's; on the CPU their combination is checked, not the CPU generator's strength)."""
+    bits = ds.DeviceBits(torch, _tdev(dev), generators)
     k = ds.discrete_gaussian_on_device(bits, 2.0, 400_000).cpu().numpy()
     assert _pmf_z(k, 2.0) < 5.5
     # a large variance: mean 0 and variance sigma2 (the discrete law's variance is sigma2 to 1e-9 there)
@@ -98,31 +103,55 @@ def test_default_device_noise_is_secret_and_seeded_noise_is_the_cpus(dev, monkey
     assert not np.array_equal(first, second) and len(made) == 3
 
 
-def test_the_key_is_128_bits_of_os_entropy_and_nothing_else(monkeypatch):
-    """Fixing os.urandom fixes the device noise (it is the only seed); each ledger takes 16 bytes."""
-    asked = []
+def _fixed_entropy(monkeypatch) -> tuple[list, callable]:
+    """os.urandom replaced by a fixed byte stream (``restart()`` starts it again); the sizes
+    asked are recorded."""
+    asked, stream = [], {"rng": np.random.default_rng(0)}
 
-    def fixed(n):
+    def fixed(n: int) -> bytes:
         asked.append(n)
-        return bytes([len(asked) % 4 + 1]) * n  # the four generators of a ledger: distinct seeds
+        return stream["rng"].bytes(n)
 
     monkeypatch.setattr(ds.os, "urandom", fixed)
+    return asked, lambda: stream.update(rng=np.random.default_rng(0))
+
+
+def test_the_os_entropy_is_the_only_seed(monkeypatch):
+    """Fixing os.urandom fixes the device noise (the positive control that nothing else seeds
+    it), for the CPU device's bits and for the generators (each keyed with 8 bytes: 4 x 64 bits)."""
+    asked, restart = _fixed_entropy(monkeypatch)
     value = np.linspace(-1, 1, 1000)
-    a, b = _release(PrivacyLedger(), "torch:cpu", value), _release(PrivacyLedger(), "torch:cpu", value)
-    assert np.array_equal(a, b)
-    assert asked == [4] * 8  # 4 x 32 bits per ledger
+    a = _release(PrivacyLedger(), "torch:cpu", value)
+    restart()
+    b = _release(PrivacyLedger(), "torch:cpu", value)
+    assert np.array_equal(a, b) and asked
+    asked.clear()
+    restart()
+    g1 = ds.discrete_gaussian_on_device(ds.DeviceBits(torch, torch.device("cpu"), True), 50.0, 1000)
+    assert asked == [8] * 4
+    restart()
+    assert torch.equal(g1, ds.discrete_gaussian_on_device(ds.DeviceBits(torch, torch.device("cpu"), True), 50.0, 1000))
 
 
-def test_each_generator_is_seeded_within_what_torch_keeps_of_a_seed():
-    """torch's CPU generator keeps 32 bits of a seed (the control below: seeds that differ above
-    them give one stream), so each of the four generators takes 32 bits: 128 in all."""
+def test_torch_cpu_generators_keep_32_bits_of_a_seed_so_the_cpu_device_takes_os_bits():
+    """The control behind the design: seeds that differ above 32 bits give one CPU stream."""
     g1, g2 = torch.Generator(), torch.Generator()
     g1.manual_seed(5)
     g2.manual_seed(5 + (1 << 40))
     assert torch.equal(torch.randint(0, 1 << 32, (8,), generator=g1), torch.randint(0, 1 << 32, (8,), generator=g2))
-    bits = ds.DeviceBits(torch, torch.device("cpu"))
-    assert len(bits.generators) * ds.DeviceBits.SEED_BYTES * 8 == 128
-    assert all(g.initial_seed() < 2**32 for g in bits.generators)
+    assert ds.DeviceBits(torch, torch.device("cpu")).generators == []  # the CPU device: os.urandom's words
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_a_gpu_generator_keeps_all_64_bits_of_its_seed():
+    """The 2**128 claim needs each Philox key whole: seeds that differ only above 32 bits must
+    give different CUDA streams."""
+    g1, g2 = torch.Generator(device="cuda"), torch.Generator(device="cuda")
+    g1.manual_seed(5)
+    g2.manual_seed(5 + (1 << 40))
+    a = torch.randint(0, 1 << 32, (8,), generator=g1, device="cuda")
+    assert not torch.equal(a, torch.randint(0, 1 << 32, (8,), generator=g2, device="cuda"))
+    assert len(ds.DeviceBits(torch, torch.device("cuda")).generators) * ds.DeviceBits.SEED_BYTES * 8 == 256
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -140,16 +169,16 @@ def test_two_default_runs_on_the_device_differ_and_account_as_the_cpu_run(dev):
 
 
 def test_a_symmetric_release_on_the_device_noises_the_triangles_the_cpu_path_does(monkeypatch):
-    """The device cuts the upper triangles and mirrors them itself: under one key, the symmetric
-    release equals the same key's release of the numpy triangles, mirrored by numpy."""
+    """The device cuts the upper triangles and mirrors them itself: from the same entropy, the
+    symmetric release equals the release of the numpy triangles, mirrored by numpy."""
     from fedpriv.privacy.symmetric import from_upper, upper
 
-    keys = iter([b"\x05" * 4, b"\x07" * 4, b"\x09" * 4, b"\x0b" * 4] * 2)
-    monkeypatch.setattr(ds.os, "urandom", lambda n: next(keys))
+    _, restart = _fixed_entropy(monkeypatch)
     rng = np.random.default_rng(1)
     value = rng.normal(size=(30, 5, 5))
     value = value + value.transpose(0, 2, 1)
     sym = _release(PrivacyLedger(), "torch:cpu", value)
+    restart()
     with device.use("torch:cpu"):
         tri = PrivacyLedger().gaussian("x", upper(value), sensitivity=1.0, noise_multiplier=1.0)
     assert np.array_equal(sym, from_upper(tri, 5))

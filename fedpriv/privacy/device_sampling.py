@@ -4,16 +4,17 @@ The same release, the same algorithm (Canonne, Kamath and Steinke 2020, Algorith
 every comparison exact), vectorised in torch so that a GPU run does not wait for the CPU's
 sampler (0.55 s per alternating step at the ML-20M shape on 16 cores).
 
-**Random bits.** :class:`DeviceBits` is keyed with 128 bits of OS entropy per ledger: four
-torch generators on the device (Philox4x32-10, a counter-based generator, on CUDA; a Mersenne
-twister on torch's CPU device), each seeded with 32 bits of ``os.urandom``; a word is the XOR
-of one 64-bit word of each (every word is built from two 32-bit draws). 32 bits per generator
-because torch's CPU generator keeps only the low 32 bits of a seed (seeds that differ above
-them give the same stream): four of them give 128 bits on every device. Recovering the stream
-means guessing all four seeds: 2**128 tries. The generators are created on the ledger's first
-device draw and advance across its releases, so no counter is reused within a run and no two
-runs share a key. A seeded ledger never comes here: its noise is drawn by the CPU path from its
-PCG64 and copied, so a seeded run is reproducible and identical on every device.
+**Random bits.** :class:`DeviceBits`, one per ledger, on its first device draw:
+
+- on a GPU: four torch generators on the device (Philox4x32-10, a counter-based generator),
+  each keyed with 64 bits of ``os.urandom``; a word is the XOR of one 64-bit word of each
+  (every word built from two 32-bit draws). XOR-ing streams invites a meet-in-the-middle search
+  (guess half of the keys, tabulate, match the other half): with four 64-bit keys that search
+  costs 2**128. The generators advance across the ledger's releases, so no
+  counter is reused within a run;
+- on torch's CPU device: the words are ``os.urandom``'s (the CPU path's generator, copied).
+  torch's CPU generator is a Mersenne twister that keeps only 32 bits of a seed (a test shows
+  it), and its output is linear in its state: not a generator for secret noise.
 
 **Exactness.** Each Bernoulli(exp(-x)) and each floor(-ln U) is settled in float64 where the
 uniform's interval lies outside the error margin of the estimate (the margins of the CPU
@@ -28,6 +29,8 @@ from __future__ import annotations
 import os
 from fractions import Fraction
 
+import numpy as np
+
 from . import sampling as cpu
 from .sampling import Lattice, lattice_for
 
@@ -38,21 +41,25 @@ _MASK53 = (1 << 53) - 1
 
 
 class DeviceBits:
-    """Uniform 64-bit words (as int64 bit patterns) on ``dev``, keyed with 128 bits of OS entropy
-    (four generators of 32 bits each: the module docstring)."""
+    """Uniform 64-bit words (as int64 bit patterns) on ``dev`` (the module docstring).
+    ``generators``: draw from the keyed torch generators (default: on a GPU only; a test may
+    ask for them on the CPU to check the combination, not the CPU generator's strength)."""
 
-    GENERATORS, SEED_BYTES = 4, 4
+    GENERATORS, SEED_BYTES = 4, 8
 
-    def __init__(self, torch, dev):
+    def __init__(self, torch, dev, generators: bool | None = None):
         self.torch, self.dev = torch, dev
         self.generators = []
-        for _ in range(self.GENERATORS):
-            g = torch.Generator(device=dev)
-            g.manual_seed(int.from_bytes(os.urandom(self.SEED_BYTES), "little"))
-            self.generators.append(g)
+        if generators if generators is not None else dev.type != "cpu":
+            for _ in range(self.GENERATORS):
+                g = torch.Generator(device=dev)
+                g.manual_seed(int.from_bytes(os.urandom(self.SEED_BYTES), "little"))
+                self.generators.append(g)
 
     def words(self, n: int):
         t = self.torch
+        if not self.generators:  # the CPU's secret generator
+            return t.from_numpy(np.frombuffer(os.urandom(8 * n), dtype=np.int64).copy()).to(self.dev)
         out = None
         for g in self.generators:
             halves = t.randint(0, 1 << 32, (2, n), dtype=t.int64, generator=g, device=self.dev)

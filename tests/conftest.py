@@ -153,6 +153,8 @@ SLOW_TESTS = {
     "tests/test_topk.py::test_secure_mode_releases_the_statistic_as_a_secure_sum": 4,
     # the device sampler's float attack at 2**-53 stays in the default suite (the same lattice, one step away here)
     "tests/test_float_noise.py::test_the_attack_is_at_chance_with_the_lattice_discrete_gaussian[lattice-device-torch:cpu-0.75-grid-step]": 9,
+    # the GPU page's smoke run of benchmarks/gpu_check.sh on torch:cpu (the benchmarks' --device paths, gpu_cli)
+    "tests/test_doc_snippets.py::test_shell_block[docs/how-to/gpu.md#3]": 31,
     # the GPU page's CPU check of benchmarks/gpu_scale.py: tests/test_device.py checks the same path
     "tests/test_doc_snippets.py::test_shell_block[docs/how-to/gpu.md#2]": 8,
     # own-data.md#2 runs the same command first; tuning in process runs in tests/test_one_path.py (against the Flower engine)

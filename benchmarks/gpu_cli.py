@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     print(json.dumps({
         "args": argv, "rc": rc, "wall_seconds": round(wall, 2), "train_seconds": metrics.get("wall_seconds"),
         "epsilon_spent": metrics.get("epsilon_spent"), "n_users": metrics.get("n_users"), "n_ratings": metrics.get("n_ratings"),
-        "model": (metrics.get("noise_aware") or {}).get("model") if isinstance(metrics.get("noise_aware"), dict) else None,
+        "model": (metrics.get("noise_aware") or {}).get("model"),
         "test_rmse": metrics.get("test_rmse"), "recall_at_10": (metrics.get("ranking") or {}).get("recall"),
         "timings": metrics.get("timings"), "peak_gpu_bytes": int(torch.cuda.max_memory_allocated()) if cuda else None,
     }), flush=True)

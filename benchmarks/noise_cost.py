@@ -109,7 +109,7 @@ def _device_timings(values: dict, sens: dict, z: dict, name: str, repeats: int) 
 
         def with_copies():
             for k, v in values.items():
-                device_sampling.lattice_gaussian_on_device(torch.tensor(v, device=dev), sens[k], z[k], bits).cpu().numpy()
+                device_sampling.release(v, sens[k], z[k], False, bits)  # what the ledger runs (v: the triangles already)
 
         on_device = {k: torch.tensor(v, device=dev) for k, v in values.items()}
 

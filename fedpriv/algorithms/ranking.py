@@ -22,8 +22,12 @@ a node in secure mode except as totals).
 
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
+from ..util.threads import thread_count
 from . import als
 from .shards import UserShard, shard_users, sub_shard
 
@@ -173,11 +177,6 @@ def _evaluate(scores_of, train, test, n_items: int, k: int, threshold: float, ch
     item, in chunks of users: each chunk is scored in this thread, and its lists and sums are
     made on a thread pool while the next chunk is scored (at most one chunk per thread waits).
     The sums are added in chunk order: the same numbers as one chunk after another."""
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ..util.threads import thread_count
-
     users = np.unique(test.users[test.ratings >= threshold])
     total = _empty(n_items)
 

@@ -26,6 +26,7 @@ only noise source)."""
 
 from __future__ import annotations
 
+import math
 import os
 from fractions import Fraction
 
@@ -33,10 +34,10 @@ import numpy as np
 
 from . import sampling as cpu
 from .sampling import Lattice, lattice_for
+from .symmetric import triangle_positions
 
 #: samples drawn per block on the device (temporaries of about 12 words of 8 bytes each)
 BLOCK = 1 << 22
-_MASK32 = 0xFFFFFFFF
 _MASK53 = (1 << 53) - 1
 
 
@@ -58,8 +59,8 @@ class DeviceBits:
 
     def words(self, n: int):
         t = self.torch
-        if not self.generators:  # the CPU's secret generator
-            return t.from_numpy(np.frombuffer(os.urandom(8 * n), dtype=np.int64).copy()).to(self.dev)
+        if not self.generators:  # the CPU path's secret bits (os.urandom)
+            return t.from_numpy(cpu.BitSource(None).words(n).view(np.int64)).to(self.dev)
         out = None
         for g in self.generators:
             halves = t.randint(0, 1 << 32, (2, n), dtype=t.int64, generator=g, device=self.dev)
@@ -89,10 +90,6 @@ def _below(bits: DeviceBits, t: int, n: int):
     return out
 
 
-def _cpu_src():
-    return cpu.BitSource(None)
-
-
 def _bernoulli_exp(bits: DeviceBits, x_hat, x_exact, words=None):
     """Bernoulli(exp(-x)) per entry (the CPU sampler's ``_bernoulli_exp`` on the device): U with
     the top 53 bits of ``words`` against the float64 estimate exp(-x_hat); entries within the
@@ -105,7 +102,7 @@ def _bernoulli_exp(bits: DeviceBits, x_hat, x_exact, words=None):
     out = u < p
     close = torch.nonzero((u - p).abs_() < p * cpu._REL_MARGIN + (cpu._ABS_MARGIN + 2.0**-54)).flatten()
     if len(close):
-        src = _cpu_src()
+        src = cpu.BitSource(None)
         rs = r[close].cpu().tolist()
         settled = [cpu._exact_bernoulli_exp(x_exact(int(i)), prefix, 53, src) for i, prefix in zip(close.cpu().tolist(), rs)]
         out[close] = torch.tensor(settled, dtype=torch.bool, device=out.device)
@@ -123,7 +120,7 @@ def _geometric_e1(bits: DeviceBits, n: int):
     out = torch.nan_to_num(a, neginf=0.0).to(torch.int64)
     unsure = torch.nonzero(a != b).flatten()
     if len(unsure):
-        src = _cpu_src()
+        src = cpu.BitSource(None)
         settled = [cpu._exact_floor_neglog(prefix, 53, src) for prefix in r[unsure].cpu().tolist()]
         out[unsure] = torch.tensor(settled, dtype=torch.int64, device=out.device)
     return out
@@ -154,7 +151,7 @@ def discrete_gaussian_on_device(bits: DeviceBits, sigma2: float, n: int):
     """n exact draws of the discrete Gaussian of variance parameter ``sigma2`` (CKS Algorithm 3)."""
     torch = bits.torch
     s = Fraction(sigma2)
-    t = cpu.math.isqrt(cpu.math.floor(s)) + 1
+    t = math.isqrt(math.floor(s)) + 1
     q = sigma2 / t
     parts, need = [], n
     while need > 0:
@@ -188,3 +185,18 @@ def lattice_gaussian_on_device(value, sensitivity: float, noise_multiplier: floa
         j = min(i + BLOCK, n)
         r[i:j] += discrete_gaussian_on_device(bits, lat.sigma2, j - i)
     return (r.to(torch.float64) * lat.grid).reshape(value.shape)
+
+
+def release(value: np.ndarray, sensitivity: float, noise_multiplier: float, symmetric: bool, bits: DeviceBits) -> np.ndarray:
+    """The ledger's release of ``value`` (float64, on the CPU) with its noise drawn on the bits'
+    device: :func:`lattice_gaussian_on_device`; with ``symmetric``, of the upper triangles of
+    the last two axes, cut and mirrored on the device in the order of
+    :mod:`fedpriv.privacy.symmetric`."""
+    torch = bits.torch
+    t = torch.tensor(value, dtype=torch.float64, device=bits.dev)
+    if not symmetric:
+        return lattice_gaussian_on_device(t, sensitivity, noise_multiplier, bits).cpu().numpy()
+    d = t.shape[-1]
+    iu = torch.triu_indices(d, d, device=bits.dev)  # row by row, as numpy's
+    noised = lattice_gaussian_on_device(t[..., iu[0], iu[1]], sensitivity, noise_multiplier, bits)
+    return noised[..., torch.as_tensor(triangle_positions(d), device=bits.dev)].cpu().numpy()

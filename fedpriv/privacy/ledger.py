@@ -30,7 +30,7 @@ from ..util.threads import map_chunks
 from . import selection as mech
 from .records import Release, RepeatAndSelect, records_from_list
 from .sampling import lattice_gaussian
-from .symmetric import from_upper, triangle_positions, upper
+from .symmetric import from_upper, upper
 
 def _secure_uniform(n: int) -> np.ndarray:
     """n uniforms in (0, 1] with 53 random bits each, from the operating system's CSPRNG."""
@@ -376,42 +376,32 @@ class PrivacyLedger:
         floating-point safe: the lattice discrete Gaussian of :func:`fedpriv.privacy.sampling.lattice_gaussian`
         from this ledger's generator (reproducible) or the OS's. Symmetric releases noise the
         upper triangles and mirror the released triangles (post-processing)."""
-        on_device = self._device_draw(sensitivity, noise_multiplier, symmetric)
-        if on_device is not None:
-            return on_device(np.asarray(value, dtype=np.float64))
-        if symmetric:
-            d = value.shape[-1]
-            return from_upper(lattice_gaussian(upper(np.asarray(value, dtype=np.float64)), sensitivity, noise_multiplier, self._rng), d)
-        return lattice_gaussian(np.asarray(value, dtype=np.float64), sensitivity, noise_multiplier, self._rng)
+        value = np.asarray(value, dtype=np.float64)
+        bits = self._bits_for_device()
+        if bits is not None:
+            from .device_sampling import release
 
-    def _device_draw(self, sensitivity: float, noise_multiplier: float, symmetric: bool):
-        """On a torch device (:func:`fedpriv.util.device.use`) and without a seed: a function that
-        draws the lattice noise there (:mod:`fedpriv.privacy.device_sampling`, keyed with 128 bits
-        of OS entropy on this ledger's first device draw), the symmetric triangles cut and
-        mirrored there too; None otherwise (the CPU path, which a seeded ledger always takes:
-        its noise is the same on every device)."""
+            return release(value, sensitivity, noise_multiplier, symmetric, bits)
+        if symmetric:
+            return from_upper(lattice_gaussian(upper(value), sensitivity, noise_multiplier, self._rng), value.shape[-1])
+        return lattice_gaussian(value, sensitivity, noise_multiplier, self._rng)
+
+    def _bits_for_device(self):
+        """On a torch device (:func:`fedpriv.util.device.use`) and without a seed: this ledger's
+        random bits there (:class:`fedpriv.privacy.device_sampling.DeviceBits`, keyed with OS
+        entropy on its first draw on that device); None otherwise: the CPU path, which a seeded
+        ledger always takes, so its noise is the same on every device."""
         from ..util import device
 
         dev = device.torch_device()
         if dev is None or self._rng is not None:
             return None
-        from . import device_sampling
-
         bits = self.__dict__.get("_device_bits")
         if bits is None or bits.dev != dev:
-            bits = self.__dict__["_device_bits"] = device_sampling.DeviceBits(device.torch_device_module(), dev)
-        torch = bits.torch
+            from .device_sampling import DeviceBits
 
-        def draw(v: np.ndarray) -> np.ndarray:
-            t = torch.tensor(v, dtype=torch.float64, device=dev)
-            if not symmetric:
-                return device_sampling.lattice_gaussian_on_device(t, sensitivity, noise_multiplier, bits).cpu().numpy()
-            d = t.shape[-1]
-            iu = torch.triu_indices(d, d, device=dev)  # row by row, as numpy's (the triangle's coordinates)
-            noised = device_sampling.lattice_gaussian_on_device(t[..., iu[0], iu[1]], sensitivity, noise_multiplier, bits)
-            return noised[..., torch.as_tensor(triangle_positions(d), device=dev)].cpu().numpy()
-
-        return draw
+            bits = self.__dict__["_device_bits"] = DeviceBits(device.torch_device_module(), dev)
+        return bits
 
     # ------------------------------------------------------------------ output
     def to_list(self) -> list[dict]:

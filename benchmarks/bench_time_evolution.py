@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from fedpriv.algorithms.als import ALSConfig
+from fedpriv.algorithms.options import EncoderDPSGDOptions, SSPOptions
 from fedpriv.data.interactions import Interactions
 from fedpriv.data.splits import random_split
 from fedpriv.data.synthetic import make_mf
@@ -68,9 +69,9 @@ def main(argv: list[str] | None = None) -> dict:
     test = split.test.subset(np.isin(np.arange(len(split.test)), keep))
     data_seconds = time.perf_counter() - t
 
-    common = {"rank": args.rank, "features": args.features, "mu": 0.25, "bias_share": 0.5}
-    ssp_cfg = ALSConfig(**common, steps=args.ssp_steps, ssp_steps=200, ssp_lr=0.05, rating_clip=1.0, reg_item_private=10.0)
-    sgd_cfg = ALSConfig(**common, steps=args.dpsgd_rounds, sgd_sampling_rate=args.sampling_rate, sgd_clip=1.0, encoder_sgd_lr=0.01)
+    common = {"rank": args.rank, "mu": 0.25, "bias_share": 0.5}
+    ssp_cfg = ALSConfig(**common, steps=args.ssp_steps, rating_clip=1.0, reg_item_private=10.0, options=SSPOptions(features=args.features, ssp_steps=200, ssp_lr=0.05))
+    sgd_cfg = ALSConfig(**common, steps=args.dpsgd_rounds, options=EncoderDPSGDOptions(features=args.features, sgd_sampling_rate=args.sampling_rate, sgd_clip=1.0, encoder_sgd_lr=0.01))
     ssp = curve("am-ssp", split, test, syn.item_features, ssp_cfg, args.epsilon, 1, float("inf"))
     sgd = curve("am-dpsgd", split, test, syn.item_features, sgd_cfg, args.epsilon, args.eval_every, args.dpsgd_seconds)
 

@@ -452,7 +452,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.broken_noise_factor > 0:
         raise SystemExit("--broken-noise-factor must be > 0")
     overrides = {**AUDIT_OVERRIDES, **parse_overrides(args.set)}
-    cfg = als.ALSConfig.from_overrides(overrides)
+    from fedpriv.algorithms import registry
+
+    def config_of(alg):  # the keys this algorithm reads, as written (its own in its options)
+        return als.ALSConfig.as_written({k: v for k, v in overrides.items() if registry.readers(k) is None or alg in registry.readers(k)}, alg)
+
     ds = load_spec(parse_data_spec(args.data))
 
     results: dict = {}
@@ -461,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, (alg, eps) in enumerate((a, e) for a in args.algorithms for e in args.epsilon):
         ts = time.perf_counter()
         entries = audit_setting(
-            alg, eps, ds, cfg, trials=args.trials, delta=args.delta, alpha=args.alpha,
+            alg, eps, ds, config_of(alg), trials=args.trials, delta=args.delta, alpha=args.alpha,
             broken_noise_factor=args.broken_noise_factor, seed=args.seed + 100 * i, secure=args.secure_noise,
             releases=tuple(args.releases) if args.releases else None,
         )

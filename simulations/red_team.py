@@ -92,6 +92,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedpriv.algorithms import als, dpsgd  # noqa: E402
+from fedpriv.algorithms.options import JSON_KEYS, DPSGDOptions  # noqa: E402
 from fedpriv.algorithms.shards import shard_users  # noqa: E402
 from fedpriv.data.export import write_interactions_ml100k, write_ml100k  # noqa: E402
 from fedpriv.data.loaders import load_dataset  # noqa: E402
@@ -200,7 +201,8 @@ def neighbour_config(entry: str) -> tuple[str, als.ALSConfig]:
         extra[key.strip()] = value.strip() if eq else "true"
     spec = registry.get(algorithm)
     if not spec.fixed:
-        return algorithm, als.ALSConfig.from_overrides({**RENUMBERING_BASE, **extra})
+        base = {k: v for k, v in RENUMBERING_BASE.items() if registry.readers(k) is None or algorithm in registry.readers(k)}
+        return algorithm, als.ALSConfig.as_written({**base, **extra}, algorithm)
     own = dict(spec.defaults)
     base = {k: v for k, v in RENUMBERING_BASE.items() if k not in own and (registry.readers(k) is None or algorithm in registry.readers(k))}
     return algorithm, als.ALSConfig.from_overrides({**base, **extra}, algorithm)
@@ -291,7 +293,7 @@ def _old_hash(seed: int, a: np.ndarray) -> np.ndarray:
 
 def sample_inference(ds, candidates: list[int], rounds: int, q: float, epsilon: float, noise_seed: int | None = None) -> dict:
     train = random_split(ds.interactions).train
-    cfg = als.ALSConfig(rank=3, steps=rounds, sgd_sampling_rate=q)
+    cfg = als.ALSConfig(rank=3, steps=rounds, options=DPSGDOptions(sgd_sampling_rate=q))
     secrets = RunSecrets(noise_seed)  # the run's secrets: the harness holds them to know the truth
     res = train_inprocess("dpsgd", train, cfg, rating_range=ds.rating_range, epsilon=epsilon, progress=False, secrets=secrets)
     shard = shard_users(train, keys=user_keys(secrets.client_key(), train.user_ids))
@@ -794,7 +796,7 @@ def red_team(data: str, *, algorithm: str = "adadpals", epsilon: float = 1.0, no
         pub = published_run(algorithm, ds, epsilon, noise_seed, users_per_node)
         candidates = published_integers(pub, small_seeds)
         train = random_split(ds.interactions).train
-        cfg = als.ALSConfig.from_overrides({k: v for k, v in pub["metrics"]["config"].items() if k in als.ALSConfig.__dataclass_fields__})
+        cfg = als.ALSConfig.from_dict({k: v for k, v in pub["metrics"]["config"].items() if k in als.ALSConfig.__dataclass_fields__ or k in JSON_KEYS}, algorithm)
         report = {
             "data": data,
             "algorithm": algorithm,

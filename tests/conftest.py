@@ -121,6 +121,16 @@ def keyed_shard(inter, users=None, seed: int = 0):
     return shard_users(inter, users, user_keys(RunSecrets(seed).client_key(), inter.user_ids))
 
 
+def als_config(algorithm: str, **values):
+    """An ALSConfig as written for ``algorithm`` (no algorithm defaults, no rule): the shared
+    keys as fields, the algorithm's own keys (DP-SGD, the encoder family) in its options; the
+    own keys of other algorithms are left out, so one set of values serves every algorithm."""
+    from fedpriv.algorithms import registry
+    from fedpriv.algorithms.als import ALSConfig
+
+    return ALSConfig.as_written({k: v for k, v in values.items() if registry.readers(k) is None or algorithm in registry.readers(k)}, algorithm)
+
+
 def load_script(name: str):
     """A script of ``simulations/`` loaded as a module (scripts are not a package)."""
     import importlib.util

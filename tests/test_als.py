@@ -81,8 +81,8 @@ def test_keys_an_algorithm_does_not_read_are_errors_that_name_the_field():
         assert info.value.field == key
     # the keys each algorithm does read stay accepted
     assert ALSConfig.from_overrides({"k": "10"}, "dpals-uniform").k == 10
-    assert ALSConfig.from_overrides({"ssp_lr": "0.2", "mu": "0.25"}, "am-ssp").ssp_lr == 0.2
-    assert ALSConfig.from_overrides({"sgd_clip": "0.5", "encoder_sgd_lr": "0.1"}, "am-dpsgd").sgd_clip == 0.5
+    assert ALSConfig.from_overrides({"ssp_lr": "0.2", "mu": "0.25"}, "am-ssp").options.ssp_lr == 0.2
+    assert ALSConfig.from_overrides({"sgd_clip": "0.5", "encoder_sgd_lr": "0.1"}, "am-dpsgd").options.sgd_clip == 0.5
 
 
 def test_dpals_uniform_lives_in_its_own_module():

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from conftest import als_config
 from engine_agreement import assert_same_as_inprocess
 
 from fedpriv.algorithms.als import ALSConfig
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.flower  # Flower's engine: scripts/test.sh runs these o
 def test_flower_and_inprocess_engines_agree(tmp_path, algorithm, n_users, users_per_node):
     syn = make_mf(n_users, 60, n_users * 25, seed=4)
     split = random_split(syn.interactions, seed=1234)
-    cfg = ALSConfig(rank=3, steps=2, sgd_sampling_rate=0.5)
+    cfg = als_config(algorithm, rank=3, steps=2, sgd_sampling_rate=0.5)
     # the engines agree under the reproducible-noise option (one noise seed for both)
     job = FlowerJob(algorithm, 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), tmp_path, users_per_node=users_per_node, secrets=RunSecrets(31))
     res = simulate(job, num_nodes=20)

@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import als_config
 
 from fedpriv.algorithms.als import ALGORITHMS
 from fedpriv.errors import PrivacyError
@@ -100,7 +101,7 @@ def test_every_algorithm_draws_noise_only_through_the_ledger(small_mf, guarded_r
     from fedpriv.algorithms.als import ALSConfig, plan_releases
     from fedpriv.engine.inprocess import train_inprocess
 
-    cfg = ALSConfig(rank=3, steps=2, ssp_steps=5, ssp_resamples=3 if algorithm == "am-ssp1" else 0)
+    cfg = als_config(algorithm, rank=3, steps=2, ssp_steps=5, ssp_resamples=3 if algorithm == "am-ssp1" else 0)
     from fedpriv.algorithms import registry
 
     eps = 2.0 if registry.get(algorithm).private else None  # als and ease: non-private references

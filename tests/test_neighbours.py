@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import als_config
 from neighbour_data import neighbouring_ml100k, synthetic_ratings
 
 from fedpriv.algorithms import als, pam, registry
@@ -48,7 +49,7 @@ def _removable(raw) -> list[int]:
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_removing_a_renumbered_user_moves_each_release_within_its_sensitivity(tmp_path, raw, algorithm):
-    cfg = als.ALSConfig(rank=3, steps=2, k=8, sgd_sampling_rate=0.5, ssp_steps=3, init_scale=1.0)
+    cfg = als_config(algorithm, rank=3, steps=2, k=8, sgd_sampling_rate=0.5, ssp_steps=3, init_scale=1.0)
     worst = {}
     for n, user in enumerate(_removable(raw)):
         d, d_prime = _neighbours(tmp_path / str(n), raw, user)

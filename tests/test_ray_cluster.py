@@ -140,7 +140,7 @@ def small_job():
 
     syn = make_mf(20, 60, 20 * 25, seed=4)
     split = random_split(syn.interactions, seed=1234)
-    cfg = ALSConfig(rank=3, steps=2, sgd_sampling_rate=0.5)
+    cfg = ALSConfig(rank=3, steps=2)  # adadpals (it reads no sampling rate)
     return split, cfg
 
 

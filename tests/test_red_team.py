@@ -85,4 +85,5 @@ def test_neighbour_entries():
     assert rt.neighbour_config("adadpals+defaults=noise-aware")[1].defaults == "noise-aware"
     alg, cfg = rt.neighbour_config("bias")
     assert alg == "bias" and cfg.rank == 0 and cfg.defaults == "noise-aware"
+    assert rt.neighbour_config("dpsgd")[1].options.sgd_sampling_rate == 0.2  # the base's own key, in dpsgd's options
     assert {"bias", "adadpals+bias_stage"} <= set(rt.NEIGHBOUR_ALGORITHMS)

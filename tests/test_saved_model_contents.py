@@ -17,6 +17,7 @@ import pytest
 
 import fedpriv
 from fedpriv.algorithms.config import Aggregation, ALSConfig
+from fedpriv.algorithms.options import JSON_KEYS
 from fedpriv.cli import main
 from fedpriv.run.model import Model
 
@@ -27,7 +28,7 @@ TOP_KEYS = {
     "item_ids", "item_names", "epsilon_spent", "delta", "info",
 }  # fmt: skip
 INFO_KEYS = {"algorithm", "dataset", "engine", "epsilon"}
-CONFIG_KEYS = {f.name for f in dataclasses.fields(ALSConfig)} - {"aggregation"} | set(Aggregation.KEYS)  # the public hyperparameters and the engine options
+CONFIG_KEYS = {f.name for f in dataclasses.fields(ALSConfig)} - {"aggregation"} | set(Aggregation.KEYS) | set(JSON_KEYS)  # the public hyperparameters, the engine options, the flat keys of DP-SGD and the encoder family
 # counts_hat / item_support: the released (noised) item counts and the bias stage's weight sums,
 # the popularity the ranking reads (issue 33)
 ARRAYS = {"item_factors", "item_bias", "item_ids", "encoder_params", "counts_hat", "item_support"}

@@ -66,7 +66,7 @@ def test_sampled_releases_are_planned_unsampled_in_secure_mode():
     central = ALSConfig.from_overrides({"aggregation": "central"}, "dpsgd")
     sec = ALSConfig.from_overrides({"aggregation": "secure"}, "dpsgd")
     grad = {p.name: p for p in plan_releases("dpsgd", central, False)}["dpsgd_grad"]
-    assert grad.sampling_rate == central.sgd_sampling_rate
+    assert grad.sampling_rate == central.options.sgd_sampling_rate
     assert {p.name: p for p in plan_releases("dpsgd", sec, False)}["dpsgd_grad"].sampling_rate is None
 
 

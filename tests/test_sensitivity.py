@@ -26,6 +26,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from flwr.app import Array
+from conftest import als_config
 
 from fedpriv.algorithms import als, protocol, registry
 from fedpriv.algorithms.encoder import FeatureTable
@@ -238,7 +239,8 @@ def adversaries(draw):
 
 @st.composite
 def configs(draw):
-    return als.ALSConfig(
+    """Values for every key (each algorithm's config takes those it reads: conftest.als_config)."""
+    return dict(
         rank=draw(st.sampled_from([2, 3])),
         steps=draw(st.sampled_from([1, 3])),
         user_clip=draw(st.sampled_from([0.3, 1.5, 4.0])),
@@ -267,10 +269,11 @@ def configs(draw):
 
 @pytest.mark.parametrize("algorithm", PRIVATE)
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(adv=adversaries(), cfg=configs(), implicit=st.booleans(), position=st.sampled_from([0, 5, N_USERS - 1]), users_per_shard=st.sampled_from([None, 4]), seed=st.integers(0, 2**16))
-def test_one_adversarial_user_moves_each_release_by_at_most_its_sensitivity(algorithm, adv, cfg, implicit, position, users_per_shard, seed):
+@given(adv=adversaries(), values=configs(), implicit=st.booleans(), position=st.sampled_from([0, 5, N_USERS - 1]), users_per_shard=st.sampled_from([None, 4]), seed=st.integers(0, 2**16))
+def test_one_adversarial_user_moves_each_release_by_at_most_its_sensitivity(algorithm, adv, values, implicit, position, users_per_shard, seed):
     """0, 1 or 10 ratings at the range ends or at +-1e6, possibly on items with thousands of
     public features; every release of the plan moves by at most its declared sensitivity."""
+    cfg = als_config(algorithm, **values)
     n, ratings, pool = adv
     implicit = implicit and algorithm != "am-ssp-convex"  # the logistic model needs explicit ratings
     rng = np.random.default_rng(seed)
@@ -303,7 +306,7 @@ def test_every_planned_release_has_a_pre_noise_computation():
     for algorithm in PRIVATE:
         for implicit in (False, True):
             for gravity in (0.0, 0.5):
-                cfg = als.ALSConfig(gravity=gravity, steps=2, ssp_steps=3)
+                cfg = als_config(algorithm, gravity=gravity, steps=2, ssp_steps=3)
                 plan = als.plan_releases(algorithm, cfg, implicit)
                 assert plan, algorithm
                 for p in plan:
@@ -328,8 +331,8 @@ def big_catalogue():
 def test_a_user_with_1e5_ratings_moves_each_release_by_at_most_its_sensitivity(algorithm, big_catalogue):
     inter, adv, feats = big_catalogue
     assert inter.user_counts()[adv] == BIG
-    cfg = als.ALSConfig(
-        rank=3, user_clip=1.5, rating_clip=2.0, beta=3.0, weight_mode="normalize", k=50, user_bias=False, gravity=0.5,
+    cfg = als_config(
+        algorithm, rank=3, user_clip=1.5, rating_clip=2.0, beta=3.0, weight_mode="normalize", k=50, user_bias=False, gravity=0.5,
         sgd_clip=0.7, sgd_sampling_rate=1.0, features="genre,year,id", ssp_steps=2, newton_steps=2,
     )
     state, table = public_state(algorithm, cfg, inter, feats)
@@ -452,7 +455,7 @@ def test_codec_accepts_a_genuine_adversarial_node_and_rejects_non_finite_or_infl
     """A node holding only the adversarial user: its genuine replies pass the server's bound
     check (declared n_users = 1); the same replies with a non-finite entry or inflated values
     are rejected, for every release and contribution kind (stats, convex, gradient, flat)."""
-    cfg = als.ALSConfig(rank=3, user_clip=1.5, rating_clip=2.0, beta=2.0, weight_mode="normalize", gravity=gravity, sgd_clip=0.7, sgd_sampling_rate=1.0, features="tag,id", ssp_steps=2, newton_steps=2)
+    cfg = als_config(algorithm, rank=3, user_clip=1.5, rating_clip=2.0, beta=2.0, weight_mode="normalize", gravity=gravity, sgd_clip=0.7, sgd_sampling_rate=1.0, features="tag,id", ssp_steps=2, newton_steps=2)
     rng = np.random.default_rng(3)
     inter = with_adversary(rng, N_USERS, N_ITEMS, 0, np.arange(20), np.where(np.arange(20) % 2, 1e6, -1e6))
     state, table = public_state(algorithm, cfg, inter, FEATURES)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import keyed_shard, adversarial_interactions
+from conftest import als_config, keyed_shard, adversarial_interactions
 from fedpriv.algorithms import als, registry, ssp
 from fedpriv.algorithms.encoder import FeatureTable, ItemEncoder, per_user_clipped_gradient
 from fedpriv.algorithms.kernels import project_psd, solve_spd, upper
@@ -46,7 +46,7 @@ def test_feature_table_pads_bags_and_rejects_unknown_fields(small_mf):
 def test_encoder_gradient_from_noised_statistics_touches_only_active_feature_rows(small_mf):
     """Noise is on the statistics, not on the gradient: the gradient of a mini-batch of items
     is zero on every embedding row whose feature no item of the batch has."""
-    cfg = als.ALSConfig(rank=3, features="genre,year,id")
+    cfg = als_config("am-ssp", rank=3, features="genre,year,id")
     inter = small_mf.interactions
     state, server = _state("am-ssp", inter, cfg, small_mf.item_features)
     parts = als.client_item_stats(keyed_shard(inter), state)
@@ -96,7 +96,7 @@ def test_id_only_encoder_reaches_the_item_solve():
     A = np.einsum("nki,nkj->nij", X, X) + rng.normal(scale=0.3, size=(n, d, d))
     A = 0.5 * (A + A.transpose(0, 2, 1))
     b = rng.normal(size=(n, d))
-    cfg = als.ALSConfig(rank=2, item_bias=True, features="id", ssp_steps=3000, ssp_lr=0.01, reg_item_private=1.0)
+    cfg = als_config("am-ssp", rank=2, item_bias=True, features="id", ssp_steps=3000, ssp_lr=0.01, reg_item_private=1.0)
     state = als.PublicState(algorithm="am-ssp", config=cfg, n_items=n, n_users=100, rating_range=(1.0, 5.0))
     server = ssp.init_server(state, None)
     server.ssp_update([(A, b, None)])
@@ -136,7 +136,7 @@ def test_one_user_moves_the_convex_statistics_by_at_most_their_sensitivity(n_rat
 
     inter = adversarial_interactions(np.random.default_rng(seed), 20, 120, 600, n_ratings, rating)
     feats = make_mf(20, inter.n_items, 600, seed=1).item_features
-    cfg = als.ALSConfig(rank=3, user_clip=1.5, beta=2.0, features="genre,year")
+    cfg = als_config("am-ssp-convex", rank=3, user_clip=1.5, beta=2.0, features="genre,year")
     state, _ = _state("am-ssp-convex", inter, cfg, feats)
     state.item_factors = state.item_factors * 30  # large embeddings: users hit the clip
     full = ssp.client_convex_stats(keyed_shard(inter), state)
@@ -157,7 +157,7 @@ def test_am_dpsgd_user_gradient_is_clipped(n_ratings, rating, seed):
     items = rng.choice(120, size=n_ratings, replace=False)
     inter = Interactions(np.zeros(n_ratings, int), items, np.full(n_ratings, rating), 1, 120)
     feats = make_mf(20, 120, 600, seed=1).item_features
-    cfg = als.ALSConfig(rank=3, sgd_clip=0.7, sgd_sampling_rate=1.0, features="genre,year,id")
+    cfg = als_config("am-dpsgd", rank=3, sgd_clip=0.7, sgd_sampling_rate=1.0, features="genre,year,id")
     state, server = _state("am-dpsgd", inter, cfg, feats)
     g = protocol.client_step(keyed_shard(inter), state, 0, server.encoder.table)
     assert g.shape == (server.encoder.n_params(),) and 0 < np.linalg.norm(g) <= 0.7 * (1 + 1e-6)
@@ -167,7 +167,7 @@ def test_am_dpsgd_user_gradient_is_clipped(n_ratings, rating, seed):
 def test_ssp_resampling_is_accounted_per_draw(small_mf, algorithm, resamples, count):
     from fedpriv.engine.inprocess import train_inprocess
 
-    cfg = als.ALSConfig(rank=2, steps=2, ssp_steps=6, ssp_resamples=resamples)
+    cfg = als_config(algorithm, rank=2, steps=2, ssp_steps=6, ssp_resamples=resamples)
     res = train_inprocess(algorithm, small_mf.interactions, cfg, rating_range=(1, 5), epsilon=3.0, item_features=small_mf.item_features, progress=False)
     counts = {r.name: r.count for r in res.ledger.releases}
     assert counts["item_stats_A"] == counts["item_stats_b"] == count
@@ -229,7 +229,7 @@ def test_flower_and_inprocess_agree_for_encoder_algorithms(tmp_path, algorithm):
 
     syn = make_mf(200, 60, 5000, seed=4)
     split = random_split(syn.interactions, seed=1234)
-    cfg = als.ALSConfig(rank=3, steps=2, sgd_sampling_rate=0.5, ssp_steps=20, features="genre,year,id")
+    cfg = als_config(algorithm, rank=3, steps=2, sgd_sampling_rate=0.5, ssp_steps=20, features="genre,year,id")
     job = FlowerJob(algorithm, 4.0, 1e-5, cfg, split.train, split.valid, split.test, (1.0, 5.0), tmp_path, users_per_node=10, item_features=syn.item_features, secrets=RunSecrets(31))
     res = simulate(job, num_nodes=20)
     ref = train_inprocess(algorithm, split.train, cfg, rating_range=(1.0, 5.0), epsilon=4.0, users_per_shard=10, item_features=syn.item_features, progress=False, secrets=RunSecrets(31))
@@ -277,11 +277,11 @@ def test_ssp_convex_on_a_quadratic_loss_equals_ssp2(small_mf):
     """For the squared loss the convex statistics are H_j = A_j and g_j = A_j e0_j - b_j at the
     current outputs e0: the convex update's model equals the SSP2 objective up to a constant,
     so both servers follow the same trajectory."""
-    cfg = als.ALSConfig(rank=3, features="genre,year,id", ssp_steps=60, ssp_lr=0.05, reg_item_private=0.5)
+    values = dict(rank=3, features="genre,year,id", ssp_steps=60, ssp_lr=0.05, reg_item_private=0.5)
     inter = small_mf.interactions
     servers = []
     for algorithm in ("am-ssp", "am-ssp-convex"):
-        state, server = _state(algorithm, inter, cfg, small_mf.item_features)
+        state, server = _state(algorithm, inter, als_config(algorithm, **values), small_mf.item_features)
         servers.append((state, server))
     (s1, ssp2), (s2, convex) = servers
     assert np.array_equal(ssp2.encoder.outputs(), convex.encoder.outputs())  # same public init
@@ -305,7 +305,7 @@ def test_each_variant_is_accounted_like_its_closed_form(small_mf, algorithm):
     from fedpriv.privacy.accounting import gaussian_epsilon_closed_form, zcdp_rho
     from fedpriv.privacy.ledger import Release
 
-    cfg = als.ALSConfig(rank=2, steps=3, ssp_steps=4, sgd_sampling_rate=0.2)
+    cfg = als_config(algorithm, rank=2, steps=3, ssp_steps=4, sgd_sampling_rate=0.2)
     res = train_inprocess(algorithm, small_mf.interactions, cfg, rating_range=(1, 5), epsilon=2.0, item_features=small_mf.item_features, progress=False)
     planned = {p.name: p.count for p in als.plan_releases(algorithm, cfg, implicit=False)}
     assert {r.name: r.count for r in res.ledger.releases} == planned

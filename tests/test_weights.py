@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from conftest import keyed_shard, adversarial_interactions
 from fedpriv.algorithms import als
 from fedpriv.algorithms.kernels import upper
+from fedpriv.algorithms.options import DPSGDOptions
 from fedpriv.data.interactions import Interactions
 from fedpriv.errors import ConfigError
 from fedpriv.data.ids import mix_uniform
@@ -139,7 +140,7 @@ def test_dpsgd_user_gradient_is_clipped(n_ratings, rating, seed):
     rng = np.random.default_rng(seed)
     items = rng.choice(400, size=n_ratings, replace=False)
     inter = Interactions(np.zeros(n_ratings, int), items, np.full(n_ratings, rating), 1, 400)
-    cfg = als.ALSConfig(rank=3, sgd_clip=0.7, sgd_sampling_rate=1.0)
+    cfg = als.ALSConfig(rank=3, options=DPSGDOptions(sgd_clip=0.7, sgd_sampling_rate=1.0))
     state = _state("dpsgd", inter, cfg)
     g = dpsgd.client_gradient(keyed_shard(inter), state, round_index=0)
     assert np.linalg.norm(g.b) <= 0.7 * (1 + 1e-9)

@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from ..privacy.clipping import clip_rows, clip_values
 from ..privacy.ledger import PrivacyLedger, public_gaussian
 from ..privacy.weights import adaptive_omega, uniform_user_weights
-from . import registry
+from . import options, registry
 from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
 from .kernels import project_psd, project_psd_solve, segment_stats, solve_spd
 from .shards import UserShard
@@ -167,7 +167,8 @@ def calibrate_plan(algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: floa
         # once (as for SSP2), then pinned, so that its noise does not grow with the resampling
         import dataclasses
 
-        once = calibrate(plan_releases(algorithm, dataclasses.replace(cfg, ssp_resamples=1), implicit), epsilon, delta, integer_orders=secure).multipliers
+        once_cfg = dataclasses.replace(cfg, options=dataclasses.replace(options.of(cfg, options.SSPOptions), ssp_resamples=1))
+        once = calibrate(plan_releases(algorithm, once_cfg, implicit), epsilon, delta, integer_orders=secure).multipliers
         return calibrate(plan, epsilon, delta, pinned={"users": once["users"]}, integer_orders=secure).multipliers
     return calibrate(plan, epsilon, delta, integer_orders=secure).multipliers
 
@@ -193,8 +194,8 @@ registry.register_release("item_stats_b", lambda cfg, rr: math.sqrt(cfg.beta) * 
 registry.register_release("gravity", lambda cfg, rr: cfg.user_clip**2)
 registry.register_release("item_stats_H", lambda cfg, rr: math.sqrt(cfg.beta) * cfg.user_clip**2 / 4.0)  # logistic: d2l <= 1/4
 registry.register_release("item_stats_g", lambda cfg, rr: math.sqrt(cfg.beta) * cfg.user_clip)  # logistic: |dl| <= 1
-registry.register_release("dpsgd_grad", lambda cfg, rr: cfg.sgd_clip)
-registry.register_release("encoder_grad", lambda cfg, rr: cfg.sgd_clip)
+registry.register_release("dpsgd_grad", lambda cfg, rr: options.of(cfg, options.Sampled).sgd_clip)
+registry.register_release("encoder_grad", lambda cfg, rr: options.of(cfg, options.Sampled).sgd_clip)
 
 
 # ---------------------------------------------------------------------------- client side

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from ..errors import ConfigError, did_you_mean
 from . import registry
+from .options import JSON_KEYS, is_flat
 
 
 def _coerce(key: str, raw, typ):
@@ -47,15 +48,16 @@ def _own_options(spec) -> set[str]:
     return {f.name for f in fields(spec.options)} if spec.options is not None else set()
 
 
-def _parse(cls, overrides: dict):
+def _parse(cls, overrides: dict, also: frozenset = frozenset()):
     """An instance of the dataclass ``cls`` with ``overrides`` parsed strictly into its fields
-    (the engine keys into its :class:`Aggregation`, when it has one)."""
+    (the engine keys into its :class:`Aggregation`, when it has one); ``also``: keys parsed
+    elsewhere (an algorithm's own options), named among the known ones in an error."""
     overrides, engine = _split_engine(cls, overrides)
     known = {f.name for f in fields(cls)} - {"aggregation"}
     cfg = cls()
     for key, raw in overrides.items():
         if key not in known:
-            shown = sorted((known | (set(Aggregation.KEYS) if engine is not None else set())) - {"given", "options"})  # filled by the parser, never set by hand
+            shown = sorted((known | also | (set(Aggregation.KEYS) if engine is not None else set())) - {"given", "options"})  # filled by the parser, never set by hand
             raise ConfigError(f"unknown key (known: {', '.join(shown)}){did_you_mean(key, shown)}", field=key)
         setattr(cfg, key, _coerce(key, raw, type(getattr(cfg, key))))
     if engine is not None:
@@ -131,9 +133,19 @@ def _engine_dict(cfg) -> dict:
     return out
 
 
+def _check_reads(overrides: dict, algorithm: str) -> None:
+    """A key only other algorithms read is a ConfigError naming it and its readers."""
+    for key in overrides:
+        readers = registry.readers(key)
+        if readers is not None and algorithm not in readers:
+            raise ConfigError(f"{algorithm} does not use this key (it is read by {', '.join(readers)})", field=key)
+
+
 @dataclass
 class ALSConfig:
-    """Hyperparameters of the ALS family (every field can be set with ``--set key=value``)."""
+    """Hyperparameters the ALS family shares (every field can be set with ``--set key=value``);
+    an algorithm's own keys are its spec's options dataclass, held in ``options`` (DP-SGD and
+    the encoder family: :mod:`fedpriv.algorithms.options`; topk: its own module's)."""
 
     rank: int = 8
     steps: int = 3
@@ -175,22 +187,6 @@ class ALSConfig:
     init_scale: float = 0.1
     eval_k: int = 20
     seed: int = 1234  # public seed: initialisations only (noise and users' choices come from secret randomness)
-    # federated DP-SGD baseline (algorithm 'dpsgd'): one round per step
-    sgd_lr: float = 0.5
-    sgd_sampling_rate: float = 0.1
-    sgd_clip: float = 1.0
-    sgd_weight_decay: float = 1e-3
-    # public-feature encoder algorithms (am-ssp, am-ssp1, am-ssp-convex, am-dpsgd)
-    features: str = "genre,year"  # public feature fields of the encoder; "id" adds the item id
-    enc_hidden: int = 0  # embedding width per field (0: the output dimension)
-    ssp_steps: int = 200  # server gradient steps per alternating step (T)
-    ssp_lr: float = 0.05  # Adam learning rate of the server steps
-    ssp_batch_items: int = 0  # items per server step (Alg. 5 mini-batch; 0: all items)
-    ssp_resamples: int = 0  # independent noise draws per step (0: am-ssp 1, am-ssp1 ssp_steps)
-    enc_weight_decay: float = 0.0  # L2 on the encoder parameters (public regulariser)
-    convex_threshold: float = 3.5  # am-ssp-convex: label 1 when rating >= threshold
-    newton_steps: int = 5  # am-ssp-convex: Newton steps of the local logistic user solve
-    encoder_sgd_lr: float = 0.01  # am-dpsgd: Adam learning rate on the noised gradient
     # engine options (aggregation, secure_dropout, secure_collusion), apart from the hyperparameters
     aggregation: Aggregation = field(default_factory=Aggregation)
     # the algorithm's own typed options (an instance of its spec's ``options`` dataclass), or None
@@ -201,10 +197,7 @@ class ALSConfig:
         """A validated config from ``key=value`` overrides; with ``algorithm``, a key that
         algorithm does not read (:func:`fedpriv.algorithms.registry.readers`) is an error naming it."""
         if algorithm is not None:
-            for key in overrides:
-                readers = registry.readers(key)
-                if readers is not None and algorithm not in readers:
-                    raise ConfigError(f"{algorithm} does not use this key (it is read by {', '.join(readers)})", field=key)
+            _check_reads(overrides, algorithm)
             spec = registry.get(algorithm)
             for key in spec.fixed:
                 if key in overrides and str(overrides[key]) != dict(spec.defaults)[key]:
@@ -213,9 +206,24 @@ class ALSConfig:
             overrides = {**dict(spec.defaults), **overrides, "given": given}
             own = _own_options(spec)
             options = _parse(spec.options, {k: overrides.pop(k) for k in list(overrides) if k in own}) if spec.options is not None else None
-        cfg = _parse(cls, overrides)
+        cfg = _parse(cls, overrides, registry.get(algorithm).option_keys if algorithm is not None else frozenset())
         if algorithm is not None:
             cfg.options = options
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def as_written(cls, overrides: dict, algorithm: str) -> "ALSConfig":
+        """The config exactly as written for ``algorithm``: the shared keys on the fields'
+        defaults (not the algorithm's defaults, no noise-aware rule unless ``defaults`` says so,
+        nothing recorded as given), its own keys in its options; validated. A key the algorithm
+        does not read is a ConfigError naming it (the harnesses that replay a fixed config:
+        the red team, the audit)."""
+        _check_reads(overrides, algorithm)
+        spec = registry.get(algorithm)
+        cfg = _parse(cls, {k: v for k, v in overrides.items() if k not in spec.option_keys}, spec.option_keys)
+        if spec.options is not None:
+            cfg.options = _parse(spec.options, {k: v for k, v in overrides.items() if k in spec.option_keys})
         cfg.validate()
         return cfg
 
@@ -224,12 +232,12 @@ class ALSConfig:
             raise ConfigError(f"must be >= 0 (0: no factors, the bias model), got {self.rank}", field="rank")
         if not (self.steps > 0 or (self.steps == 0 and self.bias_stage)):
             raise ConfigError(f"must be > 0 (0 only with bias_stage: the bias model alone), got {self.steps}", field="steps")
-        positive = ("user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap", "ssp_steps", "ssp_lr", "newton_steps", "encoder_sgd_lr")
+        positive = ("user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap")
         for name in positive:
             v = getattr(self, name)
             if not (v > 0) or (isinstance(v, float) and math.isnan(v)):
                 raise ConfigError(f"must be > 0, got {v}", field=name)
-        for name in ("reg_user", "reg_item", "reg_item_private", "reg_noise_units", "gravity", "psd_floor", "mu", "init_scale", "sgd_lr", "sgd_weight_decay", "enc_weight_decay", "enc_hidden", "ssp_batch_items", "ssp_resamples", "bias_ridge_units", "factor_floor"):
+        for name in ("reg_user", "reg_item", "reg_item_private", "reg_noise_units", "gravity", "psd_floor", "mu", "init_scale", "bias_ridge_units", "factor_floor"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
@@ -239,14 +247,6 @@ class ALSConfig:
                 raise ConfigError(f"must be in (0, 1), got {v}", field=name)
         if self.share_users + self.share_mean + self.share_counts >= 1:
             raise ConfigError("share_users + share_mean + share_counts must be < 1", field="share_counts")
-        if not (0 < self.sgd_sampling_rate <= 1):
-            raise ConfigError(f"must be in (0, 1], got {self.sgd_sampling_rate}", field="sgd_sampling_rate")
-        if not (self.sgd_clip > 0 and math.isfinite(self.sgd_clip)):
-            raise ConfigError(f"must be a finite number > 0, got {self.sgd_clip}", field="sgd_clip")
-        if not math.isfinite(self.convex_threshold):
-            raise ConfigError(f"must be finite, got {self.convex_threshold}", field="convex_threshold")
-        if not [f for f in self.features.replace(";", ",").split(",") if f.strip()]:
-            raise ConfigError("name at least one field (e.g. genre,year or id)", field="features")
         self.aggregation.validate()
         if self.defaults not in ("fixed", "noise-aware"):
             raise ConfigError(f"must be 'fixed' or 'noise-aware', got {self.defaults!r}", field="defaults")
@@ -257,25 +257,41 @@ class ALSConfig:
 
     def to_dict(self) -> dict:
         """The config as JSON values (``given`` as its sorted, comma-joined keys; the engine
-        options under their keys)."""
-        d = _engine_dict(self)
+        options under their keys). The options of DP-SGD and the encoder family are written flat
+        under :data:`fedpriv.algorithms.options.JSON_KEYS` after ``seed`` (defaults for an
+        algorithm without them), so the JSON is the same for every algorithm; another
+        algorithm's own options (topk) go under "options"."""
+        d: dict = {}
+        opts = self.options
+        flat = opts is not None and is_flat(type(opts))
+        for key, value in _engine_dict(self).items():
+            if key == "options":
+                if opts is not None and not flat:
+                    d["options"] = value
+                continue
+            d[key] = value
+            if key == "seed":
+                d.update({k: getattr(opts, k, default) if flat else default for k, default in JSON_KEYS.items()})
         d["given"] = ",".join(sorted(self.given))
-        if self.options is None:
-            del d["options"]  # the built-in algorithms have none: their JSON stays as it was
         return d
 
     @classmethod
     def from_dict(cls, d: dict, algorithm: str | None = None) -> "ALSConfig":
         """The config of :meth:`to_dict` (a saved model, a broadcast state), every field typed;
-        the algorithm's own options come back as its spec's dataclass."""
+        the algorithm's own options come back as its spec's dataclass (from the flat keys for
+        DP-SGD and the encoder family; the flat keys of an algorithm that has no such option
+        hold defaults and are dropped)."""
         d = dict(d)
-        options = d.pop("options", None)
+        nested = d.pop("options", None)
+        flat = {k: d.pop(k) for k in list(d) if k in JSON_KEYS}
         cfg = _parse(cls, d)
-        if options is not None:
-            spec = registry.get(algorithm) if algorithm is not None else None
+        spec = registry.get(algorithm) if algorithm is not None else None
+        if spec is not None and spec.options is not None and is_flat(spec.options):
+            cfg.options = _parse(spec.options, {k: v for k, v in flat.items() if k in spec.option_keys})
+        elif nested is not None:
             if spec is None or spec.options is None:
-                raise ConfigError(f"options {sorted(options)} belong to no algorithm's config (algorithm: {algorithm!r})", field="options")
-            cfg.options = _parse(spec.options, options)
+                raise ConfigError(f"options {sorted(nested)} belong to no algorithm's config (algorithm: {algorithm!r})", field="options")
+            cfg.options = _parse(spec.options, nested)
         return cfg
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import PURPOSE_DPSGD_SAMPLE, require_keys, user_uniform
 from . import als
+from .options import DPSGDOptions, Sampled, of
 from .shards import UserShard, sub_shard
 
 RELEASE = "dpsgd_grad"
@@ -37,7 +38,7 @@ def sampled_users(shard: UserShard, state: als.PublicState, round_index: int) ->
     """Poisson sample of the shard's users for one round (boolean per local user): each user's
     own coin, from its secret key and the round."""
     u = user_uniform(require_keys(shard), PURPOSE_DPSGD_SAMPLE, np.uint64(round_index))
-    return u < state.config.sgd_sampling_rate
+    return u < of(state.config, Sampled).sgd_sampling_rate
 
 
 def client_gradient(shard: UserShard, state: als.PublicState, round_index: int) -> als.ItemStats:
@@ -61,7 +62,7 @@ def client_gradient(shard: UserShard, state: als.PublicState, round_index: int) 
     # per-user gradient norm^2 = 4 |X_j|^2 sum_i r_ij^2
     sq = np.bincount(rows, weights=r * r, minlength=sub.n_users)
     norm = 2.0 * np.linalg.norm(X, axis=1) * np.sqrt(sq)
-    scale = np.minimum(1.0, cfg.sgd_clip / np.maximum(norm, 1e-12))
+    scale = np.minimum(1.0, of(cfg, DPSGDOptions).sgd_clip / np.maximum(norm, 1e-12))
     coef = -2.0 * r * scale[rows]
     keep = coef != 0
     ids, inv = np.unique(sub.items[keep], return_inverse=True)
@@ -78,20 +79,20 @@ def sum_gradients(parts: list[als.ItemStats], n_items: int, d1: int) -> np.ndarr
 
 
 def release_gradient(G: np.ndarray, state: als.PublicState, ledger: PrivacyLedger) -> np.ndarray:
-    cfg = state.config
+    opts = of(state.config, DPSGDOptions)
     return ledger.gaussian(
         RELEASE,
         G,
-        sensitivity=cfg.sgd_clip,
+        sensitivity=opts.sgd_clip,
         noise_multiplier=state.multipliers[RELEASE],
-        sampling_rate=cfg.sgd_sampling_rate,
+        sampling_rate=opts.sgd_sampling_rate,
     )
 
 
 def server_update(G_noisy: np.ndarray, state: als.PublicState) -> None:
-    cfg = state.config
+    opts = of(state.config, DPSGDOptions)
     th = theta(state)
-    expected = max(cfg.sgd_sampling_rate * state.n_users, 1.0)
-    th = th - cfg.sgd_lr * (G_noisy / expected + cfg.sgd_weight_decay * th)
+    expected = max(opts.sgd_sampling_rate * state.n_users, 1.0)
+    th = th - opts.sgd_lr * (G_noisy / expected + opts.sgd_weight_decay * th)
     state.item_factors = th[:, :-1].astype(np.float32)
     state.item_bias = th[:, -1]

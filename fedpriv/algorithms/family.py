@@ -11,6 +11,7 @@ import numpy as np
 from ..privacy.randomness import PURPOSE_ITEM_SUBSET, require_keys, user_uniform
 from ..privacy.weights import clip_user_weights, sampled_user_weights
 from . import registry, typed
+from .options import ConvexOptions, DPSGDOptions, EncoderDPSGDOptions, SSPOptions
 from .releases import convex_releases, gradient_releases, ssp1_releases, ssp1_resamples, ssp2_releases, ssp2_resamples
 
 
@@ -61,8 +62,6 @@ def _ials_scores(shard, state, candidates) -> np.ndarray:
 
 
 _ADAPTIVE_KEYS = ("mu", "beta_bar_ratio", "weight_mode")
-_ENCODER_KEYS = ("features", "enc_hidden", "enc_weight_decay")
-_SSP_KEYS = ("ssp_steps", "ssp_lr", "ssp_batch_items")
 _ADAPTIVE = dict(needs_counts=True, needs_user_count=True, adaptive=True)
 for _spec in (
     registry.AlgorithmSpec("als", unit_rating_weights, private=False, needs_counts=True, keys=("reg_item",), summary="non-private weighted-lambda ALS", typed=typed.ALS),
@@ -76,7 +75,7 @@ for _spec in (
         "dpsgd",
         unit_rating_weights,
         needs_user_count=True,
-        keys=("sgd_lr", "sgd_weight_decay", "sgd_sampling_rate", "sgd_clip"),
+        options=DPSGDOptions,
         summary="federated DP-SGD baseline",
         step=_STEPS + "DPSGD",
         step_releases=gradient_releases("dpsgd_grad"),
@@ -89,7 +88,8 @@ for _spec in (
         registry.AlgorithmSpec(
             name,
             adaptive_rating_weights,
-            keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "ssp_resamples"),
+            keys=_ADAPTIVE_KEYS,
+            options=SSPOptions,
             summary=f"{variant} with a public-feature encoder",
             step=_STEPS + "SSP",
             step_releases=releases,
@@ -106,7 +106,8 @@ for _spec in (
     registry.AlgorithmSpec(
         "am-ssp-convex",
         adaptive_rating_weights,
-        keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, *_SSP_KEYS, "convex_threshold", "newton_steps"),
+        keys=_ADAPTIVE_KEYS,
+        options=ConvexOptions,
         summary="logistic SSP with a public-feature encoder",
         step=_STEPS + "CONVEX",
         step_releases=convex_releases,
@@ -119,7 +120,8 @@ for _spec in (
     registry.AlgorithmSpec(
         "am-dpsgd",
         adaptive_rating_weights,
-        keys=(*_ADAPTIVE_KEYS, *_ENCODER_KEYS, "sgd_sampling_rate", "sgd_clip", "encoder_sgd_lr"),
+        keys=_ADAPTIVE_KEYS,
+        options=EncoderDPSGDOptions,
         summary="AM-DPSGD baseline with a public-feature encoder",
         step=_STEPS + "ENCODER_DPSGD",
         step_releases=gradient_releases("encoder_grad"),

@@ -5,6 +5,7 @@ Light: no torch, no dp-accounting."""
 from __future__ import annotations
 
 from ..privacy.records import PlannedRelease
+from .options import Sampled, SSPOptions, of
 
 
 def stats_releases(cfg, share: float, noisings: int = 1) -> list[PlannedRelease]:
@@ -19,12 +20,13 @@ def stats_releases(cfg, share: float, noisings: int = 1) -> list[PlannedRelease]
 
 def ssp2_resamples(cfg) -> int:
     """SSP2: the statistics are noised once per step (unless ``ssp_resamples`` says otherwise)."""
-    return cfg.ssp_resamples or 1
+    return of(cfg, SSPOptions).ssp_resamples or 1
 
 
 def ssp1_resamples(cfg) -> int:
     """SSP1: a fresh noising for every server gradient step."""
-    return cfg.ssp_resamples or cfg.ssp_steps
+    opts = of(cfg, SSPOptions)
+    return opts.ssp_resamples or opts.ssp_steps
 
 
 def ssp2_releases(cfg, share: float) -> list[PlannedRelease]:
@@ -44,6 +46,6 @@ def gradient_releases(name: str):
     """One Poisson-subsampled clipped-gradient sum per step."""
 
     def releases(cfg, share: float) -> list[PlannedRelease]:
-        return [PlannedRelease(name, cfg.steps, share, cfg.sgd_sampling_rate)]
+        return [PlannedRelease(name, cfg.steps, share, of(cfg, Sampled).sgd_sampling_rate)]
 
     return releases

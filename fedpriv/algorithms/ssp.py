@@ -30,6 +30,7 @@ from ..privacy.ledger import PrivacyLedger
 from . import als
 from .encoder import FeatureTable, ItemEncoder, parse_fields, per_user_clipped_gradient
 from .kernels import project_psd
+from .options import EncoderDPSGDOptions, EncoderOptions, Sampled, ServerSteps, of
 from .shards import UserShard, sub_shard
 from .ssp_client import _sigmoid, client_convex_stats, item_outputs, labels, logistic_user_vectors  # noqa: F401 - the client side, re-exported
 
@@ -41,12 +42,12 @@ def out_dim(cfg: als.ALSConfig) -> int:
 
 
 def feature_table(features, n_items: int, cfg: als.ALSConfig) -> FeatureTable:
-    return FeatureTable.build(features, n_items, parse_fields(cfg.features))
+    return FeatureTable.build(features, n_items, parse_fields(of(cfg, EncoderOptions).features))
 
 
 def build_encoder(table: FeatureTable, cfg: als.ALSConfig) -> ItemEncoder:
     d = out_dim(cfg)
-    return ItemEncoder(table, d, cfg.enc_hidden or d, seed=cfg.seed, init_scale=cfg.init_scale)
+    return ItemEncoder(table, d, of(cfg, EncoderOptions).enc_hidden or d, seed=cfg.seed, init_scale=cfg.init_scale)
 
 
 def ssp_objective(E: torch.Tensor, A: torch.Tensor, b: torch.Tensor, reg: float, G: torch.Tensor | None = None) -> torch.Tensor:
@@ -71,8 +72,8 @@ class EncoderServer:
         # there; the initialisation is drawn on the CPU first, so it is the same on every device
         self.dev = device.torch_device() or torch.device("cpu")
         self.encoder = build_encoder(table, cfg).to(self.dev)
-        lr = cfg.encoder_sgd_lr if state.spec.clients_need_encoder else cfg.ssp_lr
-        self.opt = torch.optim.Adam(self.encoder.parameters(), lr=lr, weight_decay=cfg.enc_weight_decay)
+        lr = of(cfg, EncoderDPSGDOptions).encoder_sgd_lr if state.spec.clients_need_encoder else of(cfg, ServerSteps).ssp_lr
+        self.opt = torch.optim.Adam(self.encoder.parameters(), lr=lr, weight_decay=of(cfg, EncoderOptions).enc_weight_decay)
         self.steps_done = 0
 
     def publish(self) -> None:
@@ -89,9 +90,10 @@ class EncoderServer:
 
     def _batches(self, step: int):
         cfg, n = self.state.config, self.state.n_items
+        opts = of(cfg, ServerSteps)
         gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + step)  # public randomness
-        size = cfg.ssp_batch_items if 0 < cfg.ssp_batch_items < n else n
-        for _ in range(cfg.ssp_steps):
+        size = opts.ssp_batch_items if 0 < opts.ssp_batch_items < n else n
+        for _ in range(opts.ssp_steps):
             yield None if size == n else torch.randperm(n, generator=gen)[:size].to(self.dev)
 
     def _fit(self, loss_of) -> None:
@@ -111,7 +113,7 @@ class EncoderServer:
         """SSP item update from R noised copies of (A, b, gravity); step t uses copy t R / T."""
         cfg = self.state.config
         reg = cfg.reg_item_private
-        T, R = cfg.ssp_steps, len(copies)
+        T, R = of(cfg, ServerSteps).ssp_steps, len(copies)
         tens = []
         for A, b, g in copies:
             A = torch.from_numpy(project_psd(A, cfg.psd_floor)).to(self.dev)
@@ -147,8 +149,7 @@ class EncoderServer:
     def sgd_update(self, G_noisy: np.ndarray) -> None:
         """One Adam step on the noised, summed per-user gradient, normalised by the expected
         number of sampled users."""
-        cfg = self.state.config
-        expected = max(cfg.sgd_sampling_rate * self.state.n_users, 1.0)
+        expected = max(of(self.state.config, Sampled).sgd_sampling_rate * self.state.n_users, 1.0)
         flat = torch.from_numpy(np.asarray(G_noisy / expected, dtype=np.float32)).to(self.dev)
         self.opt.zero_grad(set_to_none=True)
         offset = 0
@@ -191,7 +192,7 @@ def release_encoder_gradient(G: np.ndarray, state: als.PublicState, ledger: Priv
         G,
         sensitivity=als.sensitivity("encoder_grad", cfg, state.rating_range),
         noise_multiplier=state.multipliers["encoder_grad"],
-        sampling_rate=cfg.sgd_sampling_rate,
+        sampling_rate=of(cfg, Sampled).sgd_sampling_rate,
     )
 
 
@@ -226,6 +227,6 @@ def client_encoder_gradient(shard: UserShard, state: als.PublicState, round_inde
     user_items[rows, pos] = items
     user_grads = np.zeros((sub.n_users, L, X.shape[1]), dtype=np.float32)
     user_grads[rows, pos] = grads
-    total, _ = per_user_clipped_gradient(encoder, user_items, user_grads, cfg.sgd_clip)
+    total, _ = per_user_clipped_gradient(encoder, user_items, user_grads, of(cfg, Sampled).sgd_clip)
     return total
 

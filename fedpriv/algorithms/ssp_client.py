@@ -8,6 +8,7 @@ import numpy as np
 
 from . import als
 from .kernels import segment_stats, solve_spd
+from .options import ConvexOptions, of
 from .shards import UserShard
 
 
@@ -21,7 +22,7 @@ def item_outputs(state: als.PublicState) -> np.ndarray:
 
 
 def labels(shard: UserShard, state: als.PublicState) -> np.ndarray:
-    return (shard.ratings >= state.config.convex_threshold).astype(np.float64)
+    return (shard.ratings >= of(state.config, ConvexOptions).convex_threshold).astype(np.float64)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -41,7 +42,7 @@ def logistic_user_vectors(shard: UserShard, state: als.PublicState) -> np.ndarra
     reg = cfg.reg_user * (np.maximum(n, 1.0) if cfg.weighted_reg else 1.0)
     U = np.zeros((shard.n_users, d))
     Vr = V[items]
-    for _ in range(cfg.newton_steps):
+    for _ in range(of(cfg, ConvexOptions).newton_steps):
         p = _sigmoid(np.einsum("nd,nd->n", U[rows], Vr) + ib[items])
         H = segment_stats(V, items, shard.indptr, weights=p * (1 - p)).A
         grad = np.zeros((shard.n_users, d))

@@ -19,6 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from ..algorithms import als
 from ..algorithms.kernels import from_upper, upper
+from ..algorithms.options import Sampled, of
 
 
 class RejectedReply(ValueError):
@@ -134,7 +135,7 @@ def decode_gradient(content: RecordDict, state: als.PublicState, dim: int, max_u
     g = checked_array(arrays, "grad", 2, "f")
     if g.shape != (len(ids), dim):
         raise RejectedReply(f"malformed: gradient shape {g.shape} for {len(ids)} items of dimension {dim}")
-    check_norm("gradient", g, n * state.config.sgd_clip)
+    check_norm("gradient", g, n * of(state.config, Sampled).sgd_clip)
     return als.ItemStats(item_ids=ids.astype(np.int64), A=np.zeros((0, 0, 0), np.float32), b=g)
 
 

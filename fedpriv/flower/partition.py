@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..algorithms.options import EncoderOptions, of
 from ..algorithms.shards import UserShard, shard_users, user_block
 from ..data.interactions import Interactions
 from .node_secrets import write_raw_ids
@@ -99,7 +100,7 @@ def node_feature_table(node_config, broadcast_dir: str, cfg):
     else read from the folder the server broadcasts (simulation)."""
     own = node_config.get("data-dir") if node_config is not None else None
     if own and (Path(own) / "public" / "item_features.npz").is_file():
-        return _own_feature_table(str(Path(own) / "public"), str(cfg.features))
+        return _own_feature_table(str(Path(own) / "public"), str(of(cfg, EncoderOptions).features))
     return load_feature_table(broadcast_dir)
 
 

@@ -113,6 +113,34 @@ def test_each_kernel_matches_the_cpu_back_end(dev):
         assert np.allclose(x, y, rtol=1e-3, atol=1e-3), np.max(np.abs(x - y))
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+def test_the_fused_user_solve_equals_the_sums_then_the_solves(dev):
+    """segment_solve (the users' local least squares; on a device the Gram blocks stay there)
+    against segment_stats then solve_spd on the same device and on the CPU, with the gravity
+    term and a user whose system the float32 Cholesky rejects (no ratings, zero ridge: the
+    float64 fallback gives 0)."""
+    rng = np.random.default_rng(1)
+    n_src, d, n_seg = 120, 5, 60
+    V = rng.normal(size=(n_src, d)).astype(np.float32)
+    counts = rng.integers(1, 25, n_seg)
+    counts[4], counts[9] = 0, 400  # no ratings; one segment over the piece length
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    index, y = rng.integers(0, n_src, indptr[-1]), rng.normal(size=indptr[-1])
+    reg = np.where(np.arange(n_seg) == 4, 0.0, 0.1 * np.maximum(counts, 1))
+    gravity = (0.3 * V.T.astype(np.float64) @ V).astype(np.float32)
+    for extra in (None, gravity):
+        def composed():
+            st = kernels.segment_stats(V, index, indptr, targets=y)
+            return kernels.solve_spd(st.A if extra is None else st.A + extra, st.b, reg)
+
+        cpu = composed()
+        with device.use(dev):
+            fused, ref = kernels.segment_solve(V, index, indptr, y, reg, extra), composed()
+        assert np.all(np.isfinite(fused)) and np.array_equal(fused[4], np.zeros(d))  # the fallback's minimum-norm solution
+        assert np.array_equal(fused, ref)  # the same float32 sums and solves, without the round trip
+        assert np.allclose(fused, cpu, rtol=1e-4, atol=1e-5)
+
+
 def test_the_device_is_checked_and_scoped():
     with pytest.raises(ConfigError) as e:
         with device.use("tpu"):
@@ -147,8 +175,8 @@ def test_the_flower_server_computes_on_its_device_with_the_same_ledger(tmp_path,
     from fedpriv.testing.local_grid import LocalGrid
 
     calls = []
-    real = device_kernels.solve_on_device
-    monkeypatch.setattr(device_kernels, "solve_on_device", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = device_kernels._cholesky  # the device's solves: solve_on_device and the fused user solve
+    monkeypatch.setattr(device_kernels, "_cholesky", lambda *a, **k: calls.append(1) or real(*a, **k))
     plan = Job("adadpals", DATA, epsilon=5.0, noise_seed=4, params={"rank": 4, "steps": 2, "defaults": "fixed"}).prepare()
     runs, counts = {}, {}
     for name in (None, "torch:cpu"):

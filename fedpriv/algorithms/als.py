@@ -37,7 +37,7 @@ from ..privacy.ledger import PrivacyLedger, public_gaussian
 from ..privacy.weights import adaptive_omega, uniform_user_weights
 from . import options, registry
 from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
-from .kernels import project_psd, project_psd_solve, segment_stats, solve_spd
+from .kernels import project_psd, project_psd_solve, segment_solve, segment_stats, solve_spd
 from .shards import UserShard
 
 if TYPE_CHECKING:
@@ -319,13 +319,9 @@ def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int 
     for u0 in range(0, shard.n_users, step):
         u1 = min(u0 + step, shard.n_users)
         s, e = shard.indptr[u0], shard.indptr[u1]
-        stats = segment_stats(V, shard.items[s:e], shard.indptr[u0 : u1 + 1] - s, targets=y[s:e])
-        A = stats.A
-        if gravity is not None:
-            A = A + gravity.astype(np.float32)
         n = counts[u0:u1].astype(np.float64)
         reg = cfg.reg_user * (np.maximum(n, 1.0) if cfg.weighted_reg else 1.0)
-        U[u0:u1] = solve_spd(A, stats.b, reg, overwrite_a=True)  # A: this chunk's own scratch
+        U[u0:u1] = segment_solve(V, shard.items[s:e], shard.indptr[u0 : u1 + 1] - s, y[s:e], reg, gravity)
     return U
 
 

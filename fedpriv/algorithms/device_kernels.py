@@ -26,6 +26,12 @@ def _t(torch, x, dev, dtype=None):
 def stats_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: bool, has_weights: bool):
     """(A, b, c) of every segment from the packing ``plan`` of :func:`kernels._plan` and the
     padded inputs of :func:`kernels._padded_inputs`."""
+    G3 = _gram_on_device(torch, dev, plan, padded, d, n_seg, has_targets, has_weights).cpu().numpy()
+    return G3[:, :d, :d], G3[:, :d, d], G3[:, d, d]
+
+
+def _gram_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: bool, has_weights: bool):
+    """The (n_seg, d + 1, d + 1) Gram blocks [A b; b^T c] of every segment, on the device."""
     F, idx, sw, ty = (_t(torch, x, dev) for x in padded)
     slots = _t(torch, plan.slots, dev)
     width = d + 1
@@ -39,22 +45,46 @@ def stats_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: b
             X.mul_(sw.index_select(0, ent)[:, None])
         Xb = X.view(pieces, L, width)
         G.index_add_(0, _t(torch, segs, dev), torch.bmm(Xb.transpose(1, 2), Xb).view(pieces, -1))
-    G3 = G.view(n_seg, width, width).cpu().numpy()
-    return G3[:, :d, :d], G3[:, :d, d], G3[:, d, d]
+    return G.view(n_seg, width, width)
 
 
 def solve_on_device(torch, dev, A, b, reg) -> np.ndarray:
     """x_s = (A_s + reg_s I)^-1 b_s: float32 Cholesky on the device; the systems it rejects are
     returned as NaN rows for the caller's float64 least-squares fallback."""
-    n = len(A)
-    At = _t(torch, A, dev, torch.float32)
+    return _cholesky(torch, dev, _t(torch, A, dev, torch.float32), _t(torch, b, dev, torch.float32), reg).cpu().numpy()
+
+
+def _cholesky(torch, dev, At, bt, reg):
+    """The float64 solutions of (At + reg I) x = bt on the device (At is overwritten); NaN rows
+    for the systems the float32 Cholesky rejects."""
+    n = len(At)
     At.diagonal(dim1=-2, dim2=-1).add_(_t(torch, np.broadcast_to(np.asarray(reg, dtype=np.float32), (n,)), dev)[:, None])
-    bt = _t(torch, b, dev, torch.float32)[..., None]
     L, info = torch.linalg.cholesky_ex(At)
-    x = torch.cholesky_solve(bt, L)[..., 0].to(torch.float64)
+    x = torch.cholesky_solve(bt[..., None], L)[..., 0].to(torch.float64)
     bad = (info != 0) | ~torch.isfinite(x).all(dim=-1)
     x[bad] = float("nan")
-    return x.cpu().numpy()
+    return x
+
+
+def stats_solve_on_device(torch, dev, plan, padded, d: int, n_seg: int, reg, extra=None):
+    """The solutions x_s = (A_s + extra + reg_s I)^-1 b_s of every segment's statistics (with
+    targets), the Gram blocks never leaving the device; and, for the systems the float32
+    Cholesky rejects (NaN rows of x), their (A_s + extra, b_s) for the float64 fallback."""
+    G = _gram_on_device(torch, dev, plan, padded, d, n_seg, True, False)
+    extra_t = _t(torch, extra, dev, torch.float32) if extra is not None else None
+    At = G[:, :d, :d].contiguous()  # the solves' scratch (G keeps the sums for the fallback)
+    if extra_t is not None:
+        At += extra_t
+    bt = G[:, :d, d].contiguous()
+    x = _cholesky(torch, dev, At, bt, reg)
+    bad = torch.isnan(x).any(dim=-1)
+    x = x.cpu().numpy()
+    if not bad.any():
+        return x, None
+    A_bad = G[bad][:, :d, :d]
+    if extra_t is not None:
+        A_bad = A_bad + extra_t
+    return x, (bad.cpu().numpy(), A_bad.cpu().numpy(), bt[bad].cpu().numpy())
 
 
 #: cuSOLVER's batched eigensolver (syevjBatched) takes matrices up to 32 x 32; above, torch

@@ -185,6 +185,31 @@ def _segment_stats_device(dev, factors, index, indptr, weights, targets) -> Segm
     return SegmentStats(A=A, b=b, c=c)
 
 
+def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, targets: np.ndarray, reg, extra: np.ndarray | None = None) -> np.ndarray:
+    """x_s = (A_s + extra + reg_s I)^-1 b_s for the statistics of :func:`segment_stats` (unit
+    weights, ``targets``): the users' local least squares. The same as ``solve_spd(A + extra,
+    b, reg)``; on a device the Gram blocks stay there between the sums and the solves (no
+    round trip through the host), and only the systems the float32 Cholesky rejects come back
+    for the float64 fallback."""
+    dev = device.torch_device()
+    d = factors.shape[1]
+    if dev is None or d == 0 or len(indptr) < 2:
+        stats = segment_stats(factors, index, indptr, targets=targets)
+        A = stats.A if extra is None else stats.A + extra.astype(np.float32)
+        return solve_spd(A, stats.b, reg, overwrite_a=True)  # A: this call's own scratch
+    from . import device_kernels
+
+    indptr = np.ascontiguousarray(indptr, dtype=np.int64)
+    _check_entries(len(index), indptr, None, targets, None)
+    _check_sources(index, len(factors), None, None, targets)
+    plan = _plan(indptr, d + 1, _DEVICE_BLOCK_FLOATS if dev.type == "cuda" else _BLOCK_FLOATS)
+    x, rejected = device_kernels.stats_solve_on_device(device.torch_device_module(), dev, plan, _padded_inputs(factors, index, None, targets), d, len(indptr) - 1, reg, extra)
+    if rejected is not None:  # the float64 least-squares fallback, on the CPU (as solve_spd's)
+        bad, A_bad, b_bad = rejected
+        x[bad] = _solve_spd_numpy(A_bad, b_bad, np.broadcast_to(np.asarray(reg, dtype=np.float64), (len(x),))[bad])
+    return x
+
+
 def _check_entries(n: int, indptr: np.ndarray, weights, targets, order) -> None:
     if len(indptr) == 0 or indptr[0] != 0 or indptr[-1] != n or (len(indptr) > 1 and np.any(indptr[1:] < indptr[:-1])):
         raise ValueError(f"segment_stats: indptr must rise from 0 to the {n} entries")

@@ -206,8 +206,13 @@ def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, ta
     x, rejected = device_kernels.stats_solve_on_device(device.torch_device_module(), dev, plan, _padded_inputs(factors, index, None, targets), d, len(indptr) - 1, reg, extra)
     if rejected is not None:  # the float64 least-squares fallback, on the CPU (as solve_spd's)
         bad, A_bad, b_bad = rejected
-        x[bad] = _solve_spd_numpy(A_bad, b_bad, np.broadcast_to(np.asarray(reg, dtype=np.float64), (len(x),))[bad])
+        x[bad] = _solve_spd_numpy(A_bad, b_bad, _reg_of(reg, len(x))[bad])
     return x
+
+
+def _reg_of(reg, n: int) -> np.ndarray:
+    """The ridge of each of ``n`` systems (a scalar or one per system), float64."""
+    return np.broadcast_to(np.asarray(reg, dtype=np.float64), (n,))
 
 
 def _check_entries(n: int, indptr: np.ndarray, weights, targets, order) -> None:
@@ -362,7 +367,7 @@ def solve_spd(A: np.ndarray, b: np.ndarray, reg: np.ndarray | float, *, overwrit
         x = device_kernels.solve_on_device(device.torch_device_module(), dev, A, b, reg)
         bad = ~np.isfinite(x).all(axis=-1)
         if bad.any():  # the float64 least-squares fallback, on the CPU
-            x[bad] = _solve_spd_numpy(np.asarray(A)[bad], np.asarray(b)[bad], np.broadcast_to(np.asarray(reg, dtype=np.float64), (len(A),))[bad])
+            x[bad] = _solve_spd_numpy(np.asarray(A)[bad], np.asarray(b)[bad], _reg_of(reg, len(A))[bad])
         return x
     torch = _loaded_torch()
     if len(A) <= _SMALL_SYSTEMS or torch is None:  # a node's users: numpy, without torch's per-op overhead

@@ -10,7 +10,9 @@ Prints one JSON object:
 - ``adadpals_step`` (first d; ``adadpals_steps``: one per ``--step-dims``): one cold and three steady alternating steps (client update and
   statistics, noised release, server solve; ``steady_step`` is the median of the three) and
   the peak resident memory of the process after them (generation included: the steps run
-  before the kernel measurements);
+  before the kernel measurements); on a device, each step's ``to_device_mb`` and ``to_host_mb``:
+  the megabytes the device path copied to the device and back (``fedpriv.util.device.transfers``;
+  0 on the CPU);
 - ``engine_steps``: the in-process engine's own per-step seconds (``train_inprocess``, the
   whole protocol: pre-processing releases, shards, transport), ``--steps`` steps;
 - ``kernel`` per d: the statistics kernel's GFLOP/s against sgemm (interleaved timings):
@@ -141,6 +143,7 @@ def adadpals_step_seconds(inter, d: int, steady: int = 3) -> dict:
     shard = shard_users(inter)
     steps = []
     for _ in range(1 + steady):
+        moved = dict(device.transfers)
         t0 = time.perf_counter()
         part = als.client_item_stats(shard, state)
         t1 = time.perf_counter()
@@ -148,8 +151,10 @@ def adadpals_step_seconds(inter, d: int, steady: int = 3) -> dict:
         A, b, g = als.release_item_stats(A, b, g, state, ledger)
         t2 = time.perf_counter()
         als.server_item_update(A, b, g, state)
+        _sync()
         t3 = time.perf_counter()
-        steps.append({"client_seconds": t1 - t0, "release_seconds": t2 - t1, "server_seconds": t3 - t2, "step_seconds": t3 - t0})
+        steps.append({"client_seconds": t1 - t0, "release_seconds": t2 - t1, "server_seconds": t3 - t2, "step_seconds": t3 - t0,
+                      **{f"{k}_mb": (device.transfers[k] - moved.get(k, 0)) / 2**20 for k in ("to_device", "to_host")}})
     later = sorted(steps[1:], key=lambda x: x["step_seconds"])
     return {"first_step": steps[0], "steady_step": later[len(later) // 2], "steady_step_seconds": [x["step_seconds"] for x in steps[1:]],
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

@@ -141,6 +141,74 @@ def test_the_fused_user_solve_equals_the_sums_then_the_solves(dev):
         assert np.allclose(fused, cpu, rtol=1e-4, atol=1e-5)
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a = np.array(a)
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_a_shards_read_only_index_arrays_stay_on_the_device_between_calls(dev):
+    """The device path copies a read-only index array (a shard's) to the device once and keeps
+    it; per call only the factors, weights and targets travel (float32). The positive control:
+    the same arrays, writeable, are copied on every call. The sums are the same either way."""
+    rng = np.random.default_rng(2)
+    n_src, d, n_seg, n = 50, 4, 30, 20_000
+    F = rng.normal(size=(n_src, d)).astype(np.float32)
+    indptr = np.concatenate([[0], np.sort(rng.integers(0, n, n_seg - 1)), [n]])
+    index, order = rng.integers(0, n_src, n), rng.permutation(n)
+    w, y = rng.uniform(0, 1, n), rng.normal(size=n)
+    ref = kernels.segment_stats(F, index, indptr, w, y, order=order)
+    index_bytes = 2 * n * 8  # the int64 index and order
+
+    def moved(idx, o):
+        before = device.transfers["to_device"]
+        with device.use(dev):
+            got = kernels.segment_stats(F, idx, indptr, w, y, order=o)
+        assert np.allclose(got.A, ref.A, rtol=1e-4, atol=1e-3) and np.allclose(got.b, ref.b, rtol=1e-4, atol=1e-3)
+        return device.transfers["to_device"] - before
+
+    fixed_index, fixed_order = _read_only(index), _read_only(order)
+    first, second = moved(fixed_index, fixed_order), moved(fixed_index, fixed_order)
+    assert first - second >= index_bytes  # the second call found both on the device
+    assert second <= F.nbytes + 2 * 4 * n + 4096  # the factors, the float32 weights and targets (and the plan's first copy: none)
+    writeable = [moved(index, order) for _ in range(2)]
+    assert min(writeable) - second >= index_bytes  # copied every time
+    view = fixed_index[: indptr[10]]  # a view of read-only memory is kept too
+    with device.use(dev):
+        for _ in range(2):
+            kernels.segment_stats(F, view, indptr[:11])
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_out_of_range_entries_are_errors_on_the_device_path_too(dev):
+    """The device path checks its index and order bounds (once for a kept array) and raises
+    what the CPU back ends raise."""
+    F = np.ones((10, 4), np.float32)
+    indptr = np.array([0, 2, 5])
+    with device.use(dev):
+        for bad in (10, -1):
+            for make in (np.array, _read_only):
+                for _ in range(2):  # the second call of a read-only array reads the kept bounds
+                    with pytest.raises(IndexError, match="index holds entries outside"):
+                        kernels.segment_stats(F, make([0, 1, 2, bad, 3]), indptr, weights=np.ones(5))
+                    with pytest.raises(IndexError, match="index holds entries outside"):
+                        kernels.segment_solve(F, make([0, 1, 2, bad, 3]), indptr, np.ones(5), 0.1)
+        with pytest.raises(IndexError, match="order holds entries outside"):
+            kernels.segment_stats(F, np.arange(5), indptr, weights=np.ones(5), order=_read_only([0, 1, 2, 3, 5]))
+
+
+def test_a_shards_index_arrays_are_its_own_and_read_only():
+    from fedpriv.algorithms.shards import UserShard
+
+    items = np.array([3, 1, 2, 1], np.int32)
+    shard = UserShard(np.arange(2), np.array([0, 2, 4]), items, np.ones(4, np.float32))
+    items[0] = 0  # the caller's array stays the caller's
+    assert shard.items[0] == 3
+    for a in (shard.items, shard.by_item_order, shard.by_item_local_users, shard.local_user_of_rating):
+        assert not a.flags.writeable
+
+
 def test_the_device_is_checked_and_scoped():
     with pytest.raises(ConfigError) as e:
         with device.use("tpu"):
@@ -273,3 +341,37 @@ def test_am_dpsgd_clients_take_their_per_user_gradients_on_the_device(dev, monke
     fedpriv.train("am-dpsgd", data, epsilon=5.0, second_opinion=False, rank=2, steps=1, defaults="fixed", engine_options={"device": dev})
     assert seen, "the clients' gradient was never taken"
     assert set(seen) == {"cpu" if dev == "torch:cpu" else "cuda"}
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_a_release_noised_on_the_device_is_solved_there_without_a_copy_back(dev):
+    """The ledger's device noise returns a read-only release and keeps its device copy; the
+    server's solve of it copies nothing to the device, and gives the solve of a writeable copy
+    of the same release (the positive control, which is copied). The kept copy goes with the
+    release."""
+    import gc
+
+    from fedpriv.privacy.ledger import PrivacyLedger
+
+    rng = np.random.default_rng(3)
+    n, d = 40, 5
+    A = rng.normal(size=(n, d, d))
+    A = A @ A.transpose(0, 2, 1)
+    b = rng.normal(size=(n, d))
+    with device.use(dev):
+        led = PrivacyLedger()
+        released = led.gaussian("A", A, sensitivity=1.0, noise_multiplier=2.0, symmetric=True)
+        assert not released.flags.writeable and np.array_equal(released, np.swapaxes(released, 1, 2))
+        before = device.transfers["to_device"]
+        x = kernels.project_psd_solve(released, b, 0.1, 0.5)
+        kept_bytes = device.transfers["to_device"] - before
+        before = device.transfers["to_device"]
+        y = kernels.project_psd_solve(np.array(released), b, 0.1, 0.5)
+        copied_bytes = device.transfers["to_device"] - before
+    assert np.array_equal(x, y)
+    assert copied_bytes - kept_bytes >= A.nbytes // 2  # the writeable copy crossed (as float32), the release did not
+    assert kept_bytes <= b.nbytes
+    kept = len(device._kept)
+    del released
+    gc.collect()
+    assert len(device._kept) == kept - 1

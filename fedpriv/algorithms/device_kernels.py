@@ -5,38 +5,126 @@ ends: segment Gram matrices by the CPU path's cached packing (segments cut into 
 by size class into padded blocks, one batched GEMM per block, accumulated per segment with
 ``index_add_``), batched Cholesky solves, and eigenvalue clipping. Inputs are copied to the
 device and results back to numpy per call, so every caller, and the ledger that noises the
-results on the CPU, is unchanged. Only :mod:`fedpriv.algorithms.kernels` calls these."""
+results on the CPU, is unchanged. Only :mod:`fedpriv.algorithms.kernels` calls these.
+
+What does not change from one call to the next stays on the device (:func:`resident`): the
+packing of a segment layout, and the read-only index arrays of a shard (its ratings' items,
+users and item order). Per call only the factors and the per-entry weights and targets travel,
+as float32; the weights' square roots, the targets' and weights' gathers into segment order, and
+the padding are computed on the device. :data:`fedpriv.util.device.transfers` counts the bytes
+that cross."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..util import device
+from ..util.device import transfers
+
 
 def _t(torch, x, dev, dtype=None):
-    """``x`` as a contiguous tensor on ``dev``. A strided view (the A of :func:`stats_on_device`'s
-    (d + 1)-wide Gram blocks) is made contiguous by torch: numpy's strided copy of 70,000
-    blocks of 32 x 32 floats took 1.27 s on the CI machine, torch's 0.21 s."""
+    """``x`` as a contiguous tensor on ``dev``, this call's own. A read-only array with a kept
+    device copy (:func:`fedpriv.util.device.kept`: a release the ledger noised on the device) is
+    copied there, not from the host. A strided view (the A of :func:`stats_on_device`'s (d +
+    1)-wide Gram blocks) is made contiguous by torch: numpy's strided copy of 70,000 blocks of 32
+    x 32 floats took 1.27 s on the CI machine, torch's 0.21 s."""
     x = np.asarray(x)
+    on_device = device.kept(x, dev)
+    if on_device is not None:
+        return on_device.to(dtype=dtype or on_device.dtype, copy=True)
     if not x.flags.writeable or any(s < 0 for s in x.strides):  # torch takes neither a read-only array nor negative strides
         x = x.copy()
     t = torch.from_numpy(x).contiguous()
+    transfers["to_device"] += t.numel() * t.element_size()
     return t.to(device=dev, dtype=dtype) if dtype is not None else t.to(dev)
+
+
+def _host(t) -> np.ndarray:
+    """A device tensor as a numpy array on the host (counted in :data:`fedpriv.util.device.transfers`)."""
+    transfers["to_host"] += t.numel() * t.element_size()
+    return t.cpu().numpy()
+
+
+def resident(torch, dev, arr: np.ndarray, pad: int | None = None):
+    """The integer array ``arr`` as an int64 tensor on ``dev`` (with ``pad`` appended), and its
+    (min, max). An array whose memory is read-only (a shard's index arrays, and views of them)
+    is copied once and kept while it lives (:func:`fedpriv.util.device.keep`); another is copied
+    on every call. The tensor is shared: the caller must not write to it."""
+    arr = np.asarray(arr)
+    hit = device.kept(arr, dev, ("index", pad))
+    if hit is not None:
+        return hit
+    t = torch.from_numpy(np.array(arr, dtype=np.int64))
+    transfers["to_device"] += t.numel() * 8
+    t = t.to(dev)
+    bounds = (int(t.min()), int(t.max())) if t.numel() else (0, -1)
+    if pad is not None:
+        t = torch.cat([t, torch.tensor([pad], dtype=torch.int64, device=dev)])
+    device.keep(arr, dev, (t, bounds), ("index", pad))
+    return t, bounds
+
+
+def _plan_tensors(torch, dev, plan):
+    """The packing ``plan``'s slots and per-block segments on ``dev``, copied once per plan."""
+    key = str(dev)
+    got = plan.resident.get(key)
+    if got is None:
+        got = plan.resident[key] = (_t(torch, plan.slots, dev), [_t(torch, segs, dev) for _, _, _, segs in plan.blocks])
+    return got
+
+
+def _per_entry(torch, dev, values, order_t, n: int, sqrt: bool):
+    """Per-entry values as float32 on the device in segment order, with the padding slot's 0
+    appended (``sqrt``: the square roots of the weights, negative ones counting as 0)."""
+    v = _t(torch, np.asarray(values, dtype=np.float32), dev)
+    if order_t is not None:
+        v = v.index_select(0, order_t)
+    out = torch.zeros(n + 1, dtype=torch.float32, device=dev)
+    out[:n] = torch.sqrt(torch.clamp(v, min=0.0)) if sqrt else v
+    return out
+
+
+def device_inputs(torch, dev, factors, index, weights, targets, order):
+    """The padded inputs of :func:`kernels._padded_inputs` built on the device: the source table
+    with a spare column and a zero row, the source row of every entry (resident), and the
+    per-entry square-root weights and targets in segment order (``order``: read at ``order[r]``
+    for entry r, resident). Raises IndexError for an index or order outside its range."""
+    n_src, d = factors.shape
+    n = len(index)
+    F = torch.zeros((n_src + 1, d + 1), dtype=torch.float32, device=dev)
+    F[:n_src, :d] = _t(torch, factors, dev, torch.float32)
+    idx, (lo, hi) = resident(torch, dev, index, pad=n_src)
+    if n and (lo < 0 or hi >= n_src):
+        raise IndexError(f"segment_stats: index holds entries outside 0..{n_src - 1}")
+    order_t = None
+    if order is not None:
+        order_t, (lo, hi) = resident(torch, dev, order)
+        size = len(weights if weights is not None else targets if targets is not None else index)
+        if n and (lo < 0 or hi >= size):
+            raise IndexError(f"segment_stats: order holds entries outside 0..{size - 1}")
+    if weights is not None:
+        sw = _per_entry(torch, dev, weights, order_t, n, True)
+    else:
+        sw = torch.ones(n + 1, dtype=torch.float32, device=dev)
+        sw[n] = 0.0
+    ty = _per_entry(torch, dev, targets, order_t, n, False) if targets is not None else torch.zeros(n + 1, dtype=torch.float32, device=dev)
+    return F, idx, sw, ty
 
 
 def stats_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: bool, has_weights: bool):
     """(A, b, c) of every segment from the packing ``plan`` of :func:`kernels._plan` and the
-    padded inputs of :func:`kernels._padded_inputs`."""
-    G3 = _gram_on_device(torch, dev, plan, padded, d, n_seg, has_targets, has_weights).cpu().numpy()
+    padded inputs of :func:`device_inputs`."""
+    G3 = _host(_gram_on_device(torch, dev, plan, padded, d, n_seg, has_targets, has_weights))
     return G3[:, :d, :d], G3[:, :d, d], G3[:, d, d]
 
 
 def _gram_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: bool, has_weights: bool):
     """The (n_seg, d + 1, d + 1) Gram blocks [A b; b^T c] of every segment, on the device."""
-    F, idx, sw, ty = (_t(torch, x, dev) for x in padded)
-    slots = _t(torch, plan.slots, dev)
+    F, idx, sw, ty = padded
+    slots, segs_t = _plan_tensors(torch, dev, plan)
     width = d + 1
     G = torch.zeros((n_seg, width * width), dtype=torch.float32, device=dev)
-    for offset, pieces, L, segs in plan.blocks:
+    for (offset, pieces, L, _), segs in zip(plan.blocks, segs_t):
         ent = slots[offset : offset + pieces * L]
         X = F.index_select(0, idx.index_select(0, ent))
         if has_targets:
@@ -44,14 +132,14 @@ def _gram_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: b
         if has_weights:
             X.mul_(sw.index_select(0, ent)[:, None])
         Xb = X.view(pieces, L, width)
-        G.index_add_(0, _t(torch, segs, dev), torch.bmm(Xb.transpose(1, 2), Xb).view(pieces, -1))
+        G.index_add_(0, segs, torch.bmm(Xb.transpose(1, 2), Xb).view(pieces, -1))
     return G.view(n_seg, width, width)
 
 
 def solve_on_device(torch, dev, A, b, reg) -> np.ndarray:
     """x_s = (A_s + reg_s I)^-1 b_s: float32 Cholesky on the device; the systems it rejects are
     returned as NaN rows for the caller's float64 least-squares fallback."""
-    return _cholesky(torch, dev, _t(torch, A, dev, torch.float32), _t(torch, b, dev, torch.float32), reg).cpu().numpy()
+    return _host(_cholesky(torch, dev, _t(torch, A, dev, torch.float32), _t(torch, b, dev, torch.float32), reg))
 
 
 def _cholesky(torch, dev, At, bt, reg):
@@ -78,13 +166,13 @@ def stats_solve_on_device(torch, dev, plan, padded, d: int, n_seg: int, reg, ext
     bt = G[:, :d, d].contiguous()
     x = _cholesky(torch, dev, At, bt, reg)
     bad = torch.isnan(x).any(dim=-1)
-    x = x.cpu().numpy()
+    x = _host(x)
     if not bad.any():
         return x, None
     A_bad = G[bad][:, :d, :d]
     if extra_t is not None:
         A_bad = A_bad + extra_t
-    return x, (bad.cpu().numpy(), A_bad.cpu().numpy(), bt[bad].cpu().numpy())
+    return x, (_host(bad), _host(A_bad), _host(bt[bad]))
 
 
 #: cuSOLVER's batched eigensolver (syevjBatched) takes matrices up to 32 x 32; above, torch
@@ -125,7 +213,7 @@ def psd_on_device(torch, dev, A, floor: float) -> np.ndarray:
     if outside.any():
         evals, evecs = _eigh(torch, At[outside])
         At[outside] = (evecs * torch.clamp(evals, min=floor)[..., None, :]) @ evecs.transpose(-1, -2)
-    return At.cpu().numpy()
+    return _host(At)
 
 
 def psd_solve_on_device(torch, dev, A, b, floor: float, reg: float) -> np.ndarray:
@@ -141,9 +229,9 @@ def psd_solve_on_device(torch, dev, A, b, floor: float, reg: float) -> np.ndarra
         evals, evecs = _eigh(torch, At[outside])
         coef = (evecs.transpose(-1, -2) @ bt[outside][..., None])[..., 0] / (torch.clamp(evals, min=floor) + reg)
         x[outside] = (evecs @ coef[..., None])[..., 0]
-    return x.to(torch.float64).cpu().numpy()
+    return _host(x.to(torch.float64))
 
 
 def inverse_on_device(torch, dev, M: np.ndarray) -> np.ndarray:
     """The inverse of one (symmetric positive definite) matrix, in float64 on the device."""
-    return torch.linalg.inv(_t(torch, M, dev, torch.float64)).cpu().numpy()
+    return _host(torch.linalg.inv(_t(torch, M, dev, torch.float64)))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -86,6 +86,7 @@ class _Plan:
 
     slots: np.ndarray
     blocks: tuple
+    resident: dict = field(default_factory=dict, compare=False, repr=False)  # device name -> its copies (device_kernels)
 
 
 _plans: OrderedDict = OrderedDict()
@@ -134,6 +135,8 @@ def segment_stats(
     indptr = np.ascontiguousarray(indptr, dtype=np.int64)
     _check_entries(n, indptr, weights, targets, order)
     dev = device.torch_device()  # the GPU path (fedpriv.util.device) replaces the CPU back ends
+    if dev is not None and factors.shape[1] > 0 and len(indptr) > 1:
+        return _segment_stats_device(dev, factors, index, indptr, weights, targets, order)
     lib = native.library() if dev is None else None
     if lib is not None and factors.shape[1] > 0 and len(indptr) > 1:
         return _segment_stats_native(lib, factors, index, indptr, weights, targets, order)
@@ -141,8 +144,6 @@ def segment_stats(
     if order is not None:
         weights = None if weights is None else np.asarray(weights)[order]
         targets = None if targets is None else np.asarray(targets)[order]
-    if dev is not None and factors.shape[1] > 0 and len(indptr) > 1:
-        return _segment_stats_device(dev, factors, index, indptr, weights, targets)
     if n <= _SMALL_ENTRIES:  # one user's or a few users' ratings: numpy beats torch's op overhead
         return _segment_stats_small(factors, index, indptr, weights, targets)
     torch = _loaded_torch()
@@ -175,13 +176,18 @@ def segment_stats(
     return SegmentStats(A=G3[:, :d, :d], b=G3[:, :d, d], c=G3[:, d, d])
 
 
-def _segment_stats_device(dev, factors, index, indptr, weights, targets) -> SegmentStats:
-    """:func:`segment_stats` on a device, from per-entry weights and targets in segment order."""
+def _device_plan(dev, indptr: np.ndarray, d: int) -> _Plan:
+    """The packing of ``indptr`` for the device path (larger blocks on a GPU)."""
+    return _plan(indptr, d + 1, _DEVICE_BLOCK_FLOATS if dev.type == "cuda" else _BLOCK_FLOATS)
+
+
+def _segment_stats_device(dev, factors, index, indptr, weights, targets, order) -> SegmentStats:
+    """:func:`segment_stats` on a device (the inputs built there: device_kernels.device_inputs)."""
     from . import device_kernels
 
-    d = factors.shape[1]
-    padded = _padded_inputs(factors, index, weights, targets)
-    A, b, c = device_kernels.stats_on_device(device.torch_device_module(), dev, _plan(indptr, d + 1, _DEVICE_BLOCK_FLOATS if dev.type == "cuda" else _BLOCK_FLOATS), padded, d, len(indptr) - 1, targets is not None, weights is not None)
+    torch, d = device.torch_device_module(), factors.shape[1]
+    padded = device_kernels.device_inputs(torch, dev, factors, index, weights, targets, order)
+    A, b, c = device_kernels.stats_on_device(torch, dev, _device_plan(dev, indptr, d), padded, d, len(indptr) - 1, targets is not None, weights is not None)
     return SegmentStats(A=A, b=b, c=c)
 
 
@@ -201,9 +207,9 @@ def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, ta
 
     indptr = np.ascontiguousarray(indptr, dtype=np.int64)
     _check_entries(len(index), indptr, None, targets, None)
-    _check_sources(index, len(factors), None, None, targets)
-    plan = _plan(indptr, d + 1, _DEVICE_BLOCK_FLOATS if dev.type == "cuda" else _BLOCK_FLOATS)
-    x, rejected = device_kernels.stats_solve_on_device(device.torch_device_module(), dev, plan, _padded_inputs(factors, index, None, targets), d, len(indptr) - 1, reg, extra)
+    torch = device.torch_device_module()
+    padded = device_kernels.device_inputs(torch, dev, factors, index, None, targets, None)
+    x, rejected = device_kernels.stats_solve_on_device(torch, dev, _device_plan(dev, indptr, d), padded, d, len(indptr) - 1, reg, extra)
     if rejected is not None:  # the float64 least-squares fallback, on the CPU (as solve_spd's)
         bad, A_bad, b_bad = rejected
         x[bad] = _solve_spd_numpy(A_bad, b_bad, _reg_of(reg, len(x))[bad])
@@ -391,7 +397,9 @@ def solve_spd(A: np.ndarray, b: np.ndarray, reg: np.ndarray | float, *, overwrit
     map_chunks(part, n, min_chunk=max(256, (1 << 24) // max(1, At.shape[-1]) ** 3))  # small systems: threads cost more than they save
     if bad.any():
         Ab = At[bad].to(torch.float64)
-        x[bad] = torch.linalg.lstsq(Ab, bt[bad].to(torch.float64)).solution[..., 0]
+        # numpy's driver (SVD, the minimum-norm solution): the default gelsy returned zeros for
+        # a rank-1 system after some other tests had run in the same process
+        x[bad] = torch.linalg.lstsq(Ab, bt[bad].to(torch.float64), driver="gelsd").solution[..., 0]
     return x.numpy()
 
 

@@ -24,6 +24,11 @@ class UserShard:
     # user id), the source of the user's own random choices; None for shards that make none
     user_keys: np.ndarray | None = None
 
+    def __post_init__(self) -> None:
+        # the shard's own read-only copy: index arrays that cannot change are kept on a device
+        # from one step to the next (fedpriv.algorithms.device_kernels.resident)
+        self.items = _read_only(np.array(self.items, dtype=np.int32))
+
     @property
     def n_users(self) -> int:
         return len(self.user_ids)
@@ -34,7 +39,7 @@ class UserShard:
 
     @cached_property
     def local_user_of_rating(self) -> np.ndarray:
-        return np.repeat(np.arange(self.n_users, dtype=np.int64), np.diff(self.indptr))
+        return _read_only(np.repeat(np.arange(self.n_users, dtype=np.int64), np.diff(self.indptr)))
 
     @cached_property
     def global_user_of_rating(self) -> np.ndarray:
@@ -45,17 +50,17 @@ class UserShard:
         """Permutation of the shard's ratings that groups them by item (stable)."""
         n = len(self.items)
         if n >= 1 << 32:
-            return np.argsort(self.items, kind="stable")
+            return _read_only(np.argsort(self.items, kind="stable"))
         # sort (item, position) pairs packed in one int64: numpy's vectorised sort of unique keys
         # is stable by construction and 7x faster than a stable argsort of the int32 items
         key = (self.items.astype(np.int64) << 32) | np.arange(n, dtype=np.int64)
         key.sort()
-        return key & 0xFFFFFFFF
+        return _read_only(key & 0xFFFFFFFF)
 
     @cached_property
     def by_item_local_users(self) -> np.ndarray:
         """Local user index of each rating, in ``by_item_order``."""
-        return self.local_user_of_rating[self.by_item_order]
+        return _read_only(self.local_user_of_rating[self.by_item_order])
 
     @cached_property
     def item_groups(self) -> tuple[np.ndarray, np.ndarray]:
@@ -67,6 +72,11 @@ class UserShard:
         indptr = np.zeros(len(present) + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
         return present, indptr
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 def shard_users(inter: Interactions, users: np.ndarray | None = None, keys: np.ndarray | None = None) -> UserShard:

@@ -35,6 +35,8 @@ import numpy as np
 from . import sampling as cpu
 from .sampling import Lattice, lattice_for
 from .symmetric import triangle_positions
+from ..util import device
+from ..util.device import transfers
 
 #: samples drawn per block on the device (temporaries of about 12 words of 8 bytes each)
 BLOCK = 1 << 22
@@ -191,12 +193,23 @@ def release(value: np.ndarray, sensitivity: float, noise_multiplier: float, symm
     """The ledger's release of ``value`` (float64, on the CPU) with its noise drawn on the bits'
     device: :func:`lattice_gaussian_on_device`; with ``symmetric``, of the upper triangles of
     the last two axes, cut and mirrored on the device in the order of
-    :mod:`fedpriv.privacy.symmetric`."""
+    :mod:`fedpriv.privacy.symmetric`. The copies count in :data:`fedpriv.util.device.transfers`.
+
+    The release comes back read-only, its device copy kept (:func:`fedpriv.util.device.keep`):
+    the server's solve reads it there instead of copying it back to the device."""
     torch = bits.torch
     t = torch.tensor(value, dtype=torch.float64, device=bits.dev)
+    transfers["to_device"] += t.numel() * 8
     if not symmetric:
-        return lattice_gaussian_on_device(t, sensitivity, noise_multiplier, bits).cpu().numpy()
-    d = t.shape[-1]
-    iu = torch.triu_indices(d, d, device=bits.dev)  # row by row, as numpy's
-    noised = lattice_gaussian_on_device(t[..., iu[0], iu[1]], sensitivity, noise_multiplier, bits)
-    return noised[..., torch.as_tensor(triangle_positions(d), device=bits.dev)].cpu().numpy()
+        out = lattice_gaussian_on_device(t, sensitivity, noise_multiplier, bits)
+    else:
+        d = t.shape[-1]
+        iu = torch.triu_indices(d, d, device=bits.dev)  # row by row, as numpy's
+        noised = lattice_gaussian_on_device(t[..., iu[0], iu[1]], sensitivity, noise_multiplier, bits)
+        out = noised[..., torch.as_tensor(triangle_positions(d), device=bits.dev)]
+    host = np.empty(tuple(out.shape), dtype=np.float64)
+    torch.from_numpy(host).copy_(out)
+    transfers["to_host"] += host.nbytes
+    host.flags.writeable = False  # read-only: its device copy is kept for the server's solve
+    device.keep(host, bits.dev, out)
+    return host

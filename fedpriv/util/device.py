@@ -19,10 +19,17 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import weakref
+from collections import Counter, OrderedDict
 
 from ..errors import ConfigError
 
 _local = threading.local()
+
+#: bytes the device path copied to a device ("to_device") and back to the host ("to_host")
+#: since the process started: the statistics kernels and the ledger's device noise count theirs
+#: (a benchmark reads the difference over a step)
+transfers: Counter = Counter()
 
 
 def checked(name: str) -> str:
@@ -71,3 +78,61 @@ def torch_device():
     if name == "cpu":
         return None
     return torch_device_module().device("cpu" if name == "torch:cpu" else name)
+
+
+# ---------------------------------------------------------------------------- kept copies
+#: read-only host arrays whose copy on a device is kept (the last _KEPT_ENTRIES): a shard's index
+#: arrays between steps, and a release the ledger's device noise produced, for the server's solve
+_KEPT_ENTRIES = 16
+_kept: OrderedDict = OrderedDict()
+
+
+def _root(arr) -> object | None:
+    """The array owning ``arr``'s memory when that memory is read-only (it cannot change while
+    it lives), else None."""
+    import numpy as np
+
+    root = arr
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if root.base is not None or root.flags.writeable or arr.flags.writeable:
+        return None
+    return root
+
+
+def _key(arr, root, dev, tag) -> tuple:
+    offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    return (id(root), offset, arr.shape, arr.strides, arr.dtype.str, str(dev), tag)
+
+
+def kept(arr, dev, tag=None):
+    """The kept device copy of the read-only array ``arr`` on ``dev`` (with what was kept beside
+    it), or None. The caller must not write to the tensor."""
+    root = _root(arr)
+    if root is None:
+        return None
+    key = _key(arr, root, dev, tag)
+    hit = _kept.get(key)
+    if hit is None or hit[0]() is not root:
+        return None
+    _kept.move_to_end(key)
+    return hit[1]
+
+
+def keep(arr, dev, copy, tag=None) -> None:
+    """Remember ``copy`` (a tensor on ``dev``, and whatever goes with it) as the device copy of
+    ``arr``, when ``arr``'s memory is read-only; else nothing. The copy is dropped when ``arr``
+    dies, or when later arrays push it out."""
+    root = _root(arr)
+    if root is None:
+        return
+    key = _key(arr, root, dev, tag)
+
+    def gone(ref, key=key) -> None:  # the array died: free its device copy now
+        entry = _kept.get(key)
+        if entry is not None and entry[0] is ref:
+            _kept.pop(key, None)
+
+    _kept[key] = (weakref.ref(root, gone), copy)
+    while len(_kept) > _KEPT_ENTRIES:
+        _kept.popitem(last=False)

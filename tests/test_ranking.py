@@ -196,3 +196,26 @@ def test_the_private_bias_model_ranks_by_its_released_popularity():
         popular = result.report.get("references")["popular_recall"]
     assert "released popularity" in result.report.get("ranking")["score"]
     assert min(recalls) >= popular, (recalls, popular)
+
+
+@pytest.mark.parametrize("with_torch", [False, True], ids=["numpy", "torch"])
+def test_top_k_lists_are_the_stable_sort_ties_to_the_lower_item(monkeypatch, with_torch):
+    """The evaluation's top-k lists (fedpriv.algorithms.metrics.top_k) on both back ends equal
+    the first k of a stable descending sort (the rule of Model.recommend), with many ties (small
+    integer scores, excluded items at -inf) and k above the number of items."""
+    import sys
+
+    from fedpriv.algorithms.metrics import top_k
+
+    if with_torch:
+        import torch  # noqa: F401 - top_k uses torch where it is loaded
+    else:
+        monkeypatch.delitem(sys.modules, "torch", raising=False)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        rows, n, k = int(rng.integers(1, 20)), int(rng.integers(1, 60)), int(rng.integers(1, 15))
+        S = rng.integers(0, 5, (rows, n)).astype(float)
+        S[rng.random(S.shape) < 0.2] = -np.inf
+        assert np.array_equal(top_k(S, k), np.argsort(-S, axis=1, kind="stable")[:, : min(k, n)])
+    S = rng.normal(size=(4, 1000))
+    assert np.array_equal(top_k(S, 10), np.argsort(-S, axis=1)[:, :10])

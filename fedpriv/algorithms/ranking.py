@@ -29,6 +29,7 @@ import numpy as np
 
 from ..util.threads import thread_count
 from . import als
+from .metrics import top_k
 from .shards import UserShard, shard_users, sub_shard
 
 #: weight of the standardized predicted rating against the standardized released popularity:
@@ -130,13 +131,11 @@ def _scored(scores_of, history: UserShard, target: UserShard, threshold: float):
 
 
 def _lists_and_sums(scores: np.ndarray, sub_t: UserShard, n_items: int, k: int, threshold: float) -> dict:
-    """The top-k lists of ``scores`` and their sums (numpy only: it releases the GIL, so
-    chunks of users run on a thread pool, :func:`_evaluate`)."""
+    """The top-k lists of ``scores`` and their sums (numpy, and torch's ``topk`` where torch is
+    loaded: both release the GIL, so chunks of users run on a thread pool, :func:`_evaluate`)."""
     out = _empty(n_items)
     kk = min(k, n_items)
-    top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
-    order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1, kind="stable")
-    top = np.take_along_axis(top, order, axis=1)
+    top = top_k(scores, kk)
     rel = np.zeros((len(scores), n_items), dtype=bool)
     mask = sub_t.ratings >= threshold
     rel[sub_t.local_user_of_rating[mask], sub_t.items[mask]] = True

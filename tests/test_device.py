@@ -22,6 +22,7 @@ RUNS = [
     ("adadpals", dict(rank=8, steps=3, defaults="fixed")),
     ("topk", dict(topk_items=120)),
     ("topk-lowrank", dict(topk_items=120)),
+    ("dpsgd", dict(rank=4, steps=2, defaults="fixed")),  # its clients' clipped gradient rows on the device
 ]
 #: the encoder family: its server fit (the encoder's parameters, Adam) runs on the device; on
 #: torch's CPU device that is the CPU, so those cases are in the slow suite
@@ -375,3 +376,33 @@ def test_a_release_noised_on_the_device_is_solved_there_without_a_copy_back(dev)
     del released
     gc.collect()
     assert len(device._kept) == kept - 1
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_dpsgd_clients_clipped_gradient_rows_are_the_cpus_on_the_device(dev, monkeypatch):
+    """Federated DP-SGD's client sum (kernels.clipped_gradient_rows) on the device: the same
+    items and gradient rows as the CPU's, with users whose gradients are clipped, one under the
+    clip and one with zero residuals; the device kernel ran (the counter), and on the CPU it
+    does not (the positive control)."""
+    from fedpriv.algorithms import device_kernels
+
+    rng = np.random.default_rng(4)
+    n_users, n_items, d1 = 40, 30, 5
+    X = np.hstack([rng.normal(size=(n_users, d1 - 1)), np.ones((n_users, 1))])
+    theta = rng.normal(size=(n_items, d1))
+    rows = np.sort(rng.integers(0, n_users, 600))
+    items = rng.integers(0, n_items, 600)
+    y = rng.normal(size=600) * 3
+    y[rows == 5] = np.einsum("nd,nd->n", X[rows[rows == 5]], theta[items[rows == 5]])  # user 5: zero residuals
+    calls = []
+    real = device_kernels.gradient_rows_on_device
+    monkeypatch.setattr(device_kernels, "gradient_rows_on_device", lambda *a: calls.append(1) or real(*a))
+    for clip in (0.5, 1e6):
+        ids, G = kernels.clipped_gradient_rows(X, theta, rows, items, y, clip)
+        assert not calls
+        with device.use(dev):
+            ids_d, G_d = kernels.clipped_gradient_rows(X, theta, rows, items, y, clip)
+        assert len(calls) == 1
+        calls.clear()
+        assert np.array_equal(ids, ids_d) and G_d.dtype == np.float64
+        assert np.allclose(G_d, G, rtol=1e-10, atol=1e-12)

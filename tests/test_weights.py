@@ -145,3 +145,37 @@ def test_dpsgd_user_gradient_is_clipped(n_ratings, rating, seed):
     g = dpsgd.client_gradient(keyed_shard(inter), state, round_index=0)
     assert np.linalg.norm(g.b) <= 0.7 * (1 + 1e-9)
     assert len(g.item_ids) <= n_ratings
+
+
+@pytest.mark.parametrize("algorithm", ["adadpals", "dpals-tail"])
+def test_a_shard_keeps_its_rating_weights_while_their_inputs_hold(algorithm, monkeypatch):
+    """client_rating_weights computes a shard's weights once per run: a later step gets the same
+    read-only array without running the rule; new released counts, a new omega or another
+    configuration compute them again (the positive controls), and the kept weights always
+    equal the rule's."""
+    import dataclasses
+
+    from fedpriv.algorithms import registry
+
+    inter = adversarial_interactions(np.random.default_rng(1), 30, 200, 900, 40, 5.0)
+    state = _state(algorithm, inter, als.ALSConfig(rank=3, k=5))
+    shard = keyed_shard(inter)
+    spec = registry.get(algorithm)
+    calls = []
+    counted = dataclasses.replace(spec, rating_weights=lambda sh, st_: calls.append(1) or spec.rating_weights(sh, st_))
+    monkeypatch.setattr(registry, "get", lambda name: counted if name == algorithm else spec)
+
+    def fresh():
+        return spec.rating_weights(shard, state)
+
+    w1 = als.client_rating_weights(shard, state)
+    w2 = als.client_rating_weights(shard, state)
+    assert w2 is w1 and len(calls) == 1 and not w1.flags.writeable
+    assert np.array_equal(w1, fresh())
+    state.counts_hat = state.counts_hat + 7.0  # new released counts (and, for adadpals, a new omega)
+    als.server_weights(state)
+    w3 = als.client_rating_weights(shard, state)
+    assert len(calls) == 2 and np.array_equal(w3, fresh())
+    state.config = dataclasses.replace(state.config, beta=state.config.beta / 2)
+    w4 = als.client_rating_weights(shard, state)
+    assert len(calls) == 3 and np.array_equal(w4, fresh())

@@ -25,6 +25,8 @@ with sum_i w_ij^2 <= beta:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -334,8 +336,29 @@ def split_user_vectors(U: np.ndarray, state: PublicState) -> tuple[np.ndarray, n
 
 def client_rating_weights(shard: UserShard, state: PublicState) -> np.ndarray:
     """Per-rating weights with sum_i w_ij^2 <= beta for every user: the algorithm's own rule
-    (:attr:`fedpriv.algorithms.registry.AlgorithmSpec.rating_weights`)."""
-    return registry.get(state.algorithm).rating_weights(shard, state)
+    (:attr:`fedpriv.algorithms.registry.AlgorithmSpec.rating_weights`).
+
+    A rule reads the shard, the configuration, the released counts and omega, all fixed for a
+    run: the shard keeps the last weights with a digest of those inputs and returns them,
+    read-only, while the digest holds (every step of a run after the first; on a device their
+    prepared copy stays there too, :func:`fedpriv.util.device.kept`)."""
+    key = _weights_key(state)
+    memo = shard.__dict__.get("_rating_weights")
+    if memo is not None and memo[0] == key:
+        return memo[1]
+    w = np.array(registry.get(state.algorithm).rating_weights(shard, state), dtype=np.float64)
+    w.flags.writeable = False
+    shard.__dict__["_rating_weights"] = (key, w)
+    return w
+
+
+def _weights_key(state: PublicState) -> bytes:
+    """A digest of what a rating-weight rule reads besides the shard."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps([state.algorithm, state.config.to_dict()], sort_keys=True, default=str).encode())
+    for arr in (state.omega, state.counts_hat):
+        h.update(b"-" if arr is None else np.ascontiguousarray(arr, dtype=np.float64).tobytes() + b"|")
+    return h.digest()
 
 
 @dataclass

@@ -9,9 +9,9 @@ results on the CPU, is unchanged. Only :mod:`fedpriv.algorithms.kernels` calls t
 
 What does not change from one call to the next stays on the device (:func:`resident`): the
 packing of a segment layout, and the read-only index arrays of a shard (its ratings' items,
-users and item order). Per call only the factors and the per-entry weights and targets travel,
-as float32; the weights' square roots, the targets' and weights' gathers into segment order, and
-the padding are computed on the device. :data:`fedpriv.util.device.transfers` counts the bytes
+users and item order), and its rating weights, fixed for a run. Per call only the factors and
+the per-entry targets travel, as float32; the weights' square roots, the gathers into segment
+order, and the padding are computed on the device. :data:`fedpriv.util.device.transfers` counts the bytes
 that cross."""
 
 from __future__ import annotations
@@ -73,14 +73,22 @@ def _plan_tensors(torch, dev, plan):
     return got
 
 
-def _per_entry(torch, dev, values, order_t, n: int, sqrt: bool):
+def _per_entry(torch, dev, values, order, order_t, n: int, sqrt: bool):
     """Per-entry values as float32 on the device in segment order, with the padding slot's 0
-    appended (``sqrt``: the square roots of the weights, negative ones counting as 0)."""
+    appended (``sqrt``: the square roots of the weights, negative ones counting as 0). Kept on
+    the device for read-only ``values`` (a shard's rating weights, fixed for a run). Shared:
+    the caller must not write to it."""
+    values = np.asarray(values)
+    tag = ("entries", sqrt, n, None if order is None else (np.asarray(order).__array_interface__["data"][0], len(order)))
+    hit = device.kept(values, dev, tag)
+    if hit is not None:
+        return hit
     v = _t(torch, np.asarray(values, dtype=np.float32), dev)
     if order_t is not None:
         v = v.index_select(0, order_t)
     out = torch.zeros(n + 1, dtype=torch.float32, device=dev)
     out[:n] = torch.sqrt(torch.clamp(v, min=0.0)) if sqrt else v
+    device.keep(values, dev, out, tag)
     return out
 
 
@@ -103,11 +111,11 @@ def device_inputs(torch, dev, factors, index, weights, targets, order):
         if n and (lo < 0 or hi >= size):
             raise IndexError(f"segment_stats: order holds entries outside 0..{size - 1}")
     if weights is not None:
-        sw = _per_entry(torch, dev, weights, order_t, n, True)
+        sw = _per_entry(torch, dev, weights, order, order_t, n, True)
     else:
         sw = torch.ones(n + 1, dtype=torch.float32, device=dev)
         sw[n] = 0.0
-    ty = _per_entry(torch, dev, targets, order_t, n, False) if targets is not None else torch.zeros(n + 1, dtype=torch.float32, device=dev)
+    ty = _per_entry(torch, dev, targets, order, order_t, n, False) if targets is not None else torch.zeros(n + 1, dtype=torch.float32, device=dev)
     return F, idx, sw, ty
 
 
@@ -173,6 +181,23 @@ def stats_solve_on_device(torch, dev, plan, padded, d: int, n_seg: int, reg, ext
     if extra_t is not None:
         A_bad = A_bad + extra_t
     return x, (_host(bad), _host(A_bad), _host(bt[bad]))
+
+
+def gradient_rows_on_device(torch, dev, X, theta, rows, items, y, clip: float):
+    """:func:`kernels.clipped_gradient_rows` on the device, in float64: the residuals, the
+    users' norms and clipping, and the per-item sums (``index_add_``)."""
+    Xt, th = _t(torch, X, dev, torch.float64), _t(torch, theta, dev, torch.float64)
+    rt, it = _t(torch, rows, dev, torch.int64), _t(torch, items, dev, torch.int64)
+    Xr = Xt.index_select(0, rt)
+    r = _t(torch, y, dev, torch.float64) - (Xr * th.index_select(0, it)).sum(dim=1)
+    sq = torch.zeros(len(Xt), dtype=torch.float64, device=dev).index_add_(0, rt, r * r)
+    norm = 2.0 * torch.linalg.vector_norm(Xt, dim=1) * torch.sqrt(sq)
+    scale = torch.clamp(clip / torch.clamp(norm, min=1e-12), max=1.0)
+    coef = -2.0 * r * scale.index_select(0, rt)
+    keep = coef != 0
+    ids = torch.unique(it[keep])
+    full = torch.zeros((len(th), Xt.shape[1]), dtype=torch.float64, device=dev).index_add_(0, it[keep], Xr[keep] * coef[keep, None])
+    return _host(ids).astype(np.int64), _host(full.index_select(0, ids))
 
 
 #: cuSOLVER's batched eigensolver (syevjBatched) takes matrices up to 32 x 32; above, torch

@@ -22,6 +22,7 @@ import numpy as np
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import PURPOSE_DPSGD_SAMPLE, require_keys, user_uniform
 from . import als
+from .kernels import clipped_gradient_rows
 from .options import DPSGDOptions, Sampled, of
 from .shards import UserShard, sub_shard
 
@@ -54,21 +55,11 @@ def client_gradient(shard: UserShard, state: als.PublicState, round_index: int) 
         return als.ItemStats(item_ids=np.zeros(0, np.int64), A=np.zeros((0, 0, 0), np.float32), b=np.zeros((0, d1)))
     sub = sub_shard(shard, take)  # only the sampled users solve their vectors
     U, ubias = als.split_user_vectors(als.client_user_vectors(sub, state), state)
-    th = theta(state)
     rows = sub.local_user_of_rating
     y = sub.ratings.astype(np.float64) - state.mean - ubias[rows]
     X = np.hstack([U, np.ones((len(U), 1))])  # d(pred)/d(theta_i) = [u_j, 1]
-    r = y - np.einsum("nd,nd->n", X[rows], th[sub.items])
-    # per-user gradient norm^2 = 4 |X_j|^2 sum_i r_ij^2
-    sq = np.bincount(rows, weights=r * r, minlength=sub.n_users)
-    norm = 2.0 * np.linalg.norm(X, axis=1) * np.sqrt(sq)
-    scale = np.minimum(1.0, of(cfg, DPSGDOptions).sgd_clip / np.maximum(norm, 1e-12))
-    coef = -2.0 * r * scale[rows]
-    keep = coef != 0
-    ids, inv = np.unique(sub.items[keep], return_inverse=True)
-    G = X[rows[keep]] * coef[keep, None]
-    out = np.stack([np.bincount(inv, weights=G[:, k], minlength=len(ids)) for k in range(d1)], axis=1) if len(ids) else np.zeros((0, d1))
-    return als.ItemStats(item_ids=ids.astype(np.int64), A=np.zeros((0, 0, 0), np.float32), b=out)
+    ids, out = clipped_gradient_rows(X, theta(state), rows, sub.items, y, of(cfg, DPSGDOptions).sgd_clip)
+    return als.ItemStats(item_ids=ids, A=np.zeros((0, 0, 0), np.float32), b=out)
 
 
 def sum_gradients(parts: list[als.ItemStats], n_items: int, d1: int) -> np.ndarray:

@@ -216,6 +216,32 @@ def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, ta
     return x
 
 
+def clipped_gradient_rows(X: np.ndarray, theta: np.ndarray, rows: np.ndarray, items: np.ndarray, y: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
+    """Federated DP-SGD's client sum: every user's squared-error gradient with respect to the
+    item parameters ``theta`` (n_items, d + 1), clipped to L2 norm ``clip``, summed over the
+    users. ``X``: (n_users, d + 1) user rows [u_j, 1]; per rating: its user's row in ``X``
+    (``rows``), its item and target ``y``. A user's gradient has norm 2 |X_j| sqrt(sum_i
+    r_ij^2) (r: residuals), so clipping scales its residuals. Returns (item ids touched,
+    (k, d + 1) gradient rows), in float64; on a device the per-rating products and sums run
+    there."""
+    dev = device.torch_device()
+    if dev is not None and len(rows):
+        from . import device_kernels
+
+        return device_kernels.gradient_rows_on_device(device.torch_device_module(), dev, X, theta, rows, items, y, clip)
+    d1 = X.shape[1]
+    r = y - np.einsum("nd,nd->n", X[rows], theta[items])
+    sq = np.bincount(rows, weights=r * r, minlength=len(X))
+    norm = 2.0 * np.linalg.norm(X, axis=1) * np.sqrt(sq)
+    scale = np.minimum(1.0, clip / np.maximum(norm, 1e-12))
+    coef = -2.0 * r * scale[rows]
+    keep = coef != 0
+    ids, inv = np.unique(items[keep], return_inverse=True)
+    G = X[rows[keep]] * coef[keep, None]
+    out = np.stack([np.bincount(inv, weights=G[:, k], minlength=len(ids)) for k in range(d1)], axis=1) if len(ids) else np.zeros((0, d1))
+    return ids.astype(np.int64), out
+
+
 def _reg_of(reg, n: int) -> np.ndarray:
     """The ridge of each of ``n`` systems (a scalar or one per system), float64."""
     return np.broadcast_to(np.asarray(reg, dtype=np.float64), (n,))

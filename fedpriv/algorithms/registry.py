@@ -34,7 +34,8 @@ class AlgorithmSpec:
 
     ``rating_weights(shard, state)``: the per-rating weights of a shard's users, with
     sum_i w_ij^2 <= beta for every user (computed on the client, from public values and the
-    user's own secret randomness). ``keys``: the configuration keys that only some algorithms
+    user's own secret randomness). It reads only the shard, the configuration, the released
+    counts and omega: a shard keeps its weights for the run (:func:`fedpriv.algorithms.als.client_rating_weights`). ``keys``: the configuration keys that only some algorithms
     read and this one does (any other algorithm refuses them). ``step_releases(cfg, share)``:
     the releases of one alternating step, ``share`` being the step's part of the budget.
     ``contribution``: 'stats' (per-item A, b), 'convex' (per-item H, g), 'gradient' (item

@@ -205,8 +205,8 @@ def test_a_shards_index_arrays_are_its_own_and_read_only():
     items = np.array([3, 1, 2, 1], np.int32)
     shard = UserShard(np.arange(2), np.array([0, 2, 4]), items, np.ones(4, np.float32))
     items[0] = 0  # the caller's array stays the caller's
-    assert shard.items[0] == 3
-    for a in (shard.items, shard.by_item_order, shard.by_item_local_users, shard.local_user_of_rating):
+    assert shard.items[0] == 3 and shard.items.dtype == np.int32 and shard.ratings.dtype == np.float32
+    for a in (shard.items, shard.ratings, shard.by_item_order, shard.by_item_local_users, shard.local_user_of_rating):
         assert not a.flags.writeable
 
 
@@ -406,3 +406,44 @@ def test_dpsgd_clients_clipped_gradient_rows_are_the_cpus_on_the_device(dev, mon
         calls.clear()
         assert np.array_equal(ids, ids_d) and G_d.dtype == np.float64
         assert np.allclose(G_d, G, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_targets_made_on_the_device_are_the_hosts(dev):
+    """kernels.Targets (ratings less the mean, less per-item and per-user terms, clipped) made
+    on the device give exactly the sums and solves of the same targets made on the host and
+    passed as an array; the shard's ratings stay on the device between calls (the positive
+    control: a writeable copy of them is copied each time); a bad term index is an error."""
+    rng = np.random.default_rng(5)
+    n_src, d, n_seg, n = 60, 4, 25, 3000
+    F = rng.normal(size=(n_src, d)).astype(np.float32)
+    indptr = np.concatenate([[0], np.sort(rng.integers(0, n, n_seg - 1)), [n]])
+    index, order = _read_only(rng.integers(0, n_src, n)), _read_only(rng.permutation(n))
+    ratings = _read_only(rng.integers(1, 6, n).astype(np.float32))
+    items, users = _read_only(rng.integers(0, 40, n)), _read_only(rng.integers(0, n_seg, n))
+    item_bias, user_bias = rng.normal(size=40), rng.normal(size=n_seg) * 3
+    ratings_copy = np.array(ratings)
+    for implicit in (False, True):
+        base = None if implicit else ratings
+        y = kernels.Targets(n, base, 0.0 if implicit else 3.5).minus(item_bias, items).minus(user_bias, users).clipped(1.2)
+        host = y.values()
+        assert np.max(np.abs(host)) <= 1.2 and len(np.unique(host)) > 10
+        with device.use(dev):
+            a = kernels.segment_stats(F, index, indptr, weights=np.ones(n), targets=y, order=order)
+            b = kernels.segment_stats(F, index, indptr, weights=np.ones(n), targets=host, order=order)
+            x = kernels.segment_solve(F, index, indptr, y, 0.3)
+            x_host = kernels.segment_solve(F, index, indptr, host, 0.3)
+        assert np.array_equal(a.A, b.A) and np.array_equal(a.b, b.b) and np.array_equal(a.c, b.c)
+        assert np.array_equal(x, x_host)
+        assert np.allclose(x, kernels.segment_solve(F, index, indptr, y, 0.3), rtol=1e-4, atol=1e-5)  # the CPU back end
+    with device.use(dev):
+        kept = lambda r: kernels.segment_stats(F, index, indptr, targets=kernels.Targets(n, r, 3.5), order=order)  # noqa: E731
+        kept(ratings)
+        before = device.transfers["to_device"]
+        kept(ratings)
+        kept_bytes = device.transfers["to_device"] - before
+        before = device.transfers["to_device"]
+        kept(ratings_copy)
+        assert device.transfers["to_device"] - before - kept_bytes >= ratings.nbytes
+        with pytest.raises(IndexError, match="targets: index holds entries outside"):
+            kernels.segment_stats(F, index, indptr, targets=kernels.Targets(n, ratings, 3.5).minus(item_bias[:30], items))

@@ -39,7 +39,7 @@ from ..privacy.ledger import PrivacyLedger, public_gaussian
 from ..privacy.weights import adaptive_omega, uniform_user_weights
 from . import options, registry
 from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
-from .kernels import project_psd, project_psd_solve, segment_solve, segment_stats, solve_spd
+from .kernels import Targets, project_psd, project_psd_solve, segment_solve, segment_stats, solve_spd
 from .shards import UserShard
 
 if TYPE_CHECKING:
@@ -269,9 +269,18 @@ def client_vector(kind: str, shard: UserShard, state: PublicState) -> np.ndarray
 def client_targets(shard: UserShard, state: PublicState, *, minus_item_bias: bool = True) -> np.ndarray:
     """Ratings minus the released mean (implicit data: mean 0) and, for the user solve, minus
     the item biases (the item solve re-estimates them, unless the bias stage fixed them)."""
-    y = np.ones(shard.n_ratings) if state.spec.implicit_targets else shard.ratings.astype(np.float64) - state.mean
+    return client_target_terms(shard, state, minus_item_bias=minus_item_bias).values()
+
+
+def client_target_terms(shard: UserShard, state: PublicState, *, minus_item_bias: bool = True) -> Targets:
+    """:func:`client_targets` as a :class:`~fedpriv.algorithms.kernels.Targets`: the kernels
+    make the values where they compute (on a device, from the shard's ratings kept there)."""
+    if state.spec.implicit_targets:
+        y = Targets(shard.n_ratings)
+    else:
+        y = Targets(shard.n_ratings, shard.ratings, float(state.mean))
     if (minus_item_bias or state.config.bias_stage) and state.item_bias is not None:
-        y = y - state.item_bias[shard.items]
+        y = y.minus(state.item_bias, shard.items)
     return y
 
 
@@ -303,9 +312,10 @@ def user_design(state: PublicState) -> np.ndarray:
     return V
 
 
-def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int = 1 << 27, *, targets: np.ndarray | None = None) -> np.ndarray:
+def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int = 1 << 27, *, targets: np.ndarray | Targets | None = None) -> np.ndarray:
     """Exact local least squares for every user of the shard (never released). ``targets``:
-    :func:`client_targets` of the shard when the caller has them already.
+    :func:`client_targets` of the shard (or their :func:`client_target_terms`) when the caller
+    has them already.
 
     Returns (n_users, d) factors, or (n_users, d + 1) with the user's bias last when
     ``user_bias`` is on.
@@ -313,7 +323,7 @@ def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int 
     cfg = state.config
     V = user_design(state)
     d = V.shape[1]
-    y = client_targets(shard, state) if targets is None else targets
+    y = client_target_terms(shard, state) if targets is None else targets
     U = np.zeros((shard.n_users, d), dtype=np.float64)
     gravity = cfg.gravity * (V.T.astype(np.float64) @ V) if cfg.gravity > 0 else None
     step = max(1, chunk_floats // ((d + 1) ** 2))
@@ -374,13 +384,13 @@ class ItemStats:
 def client_item_stats(shard: UserShard, state: PublicState) -> ItemStats:
     """Local user update followed by the shard's clipped, weighted per-item statistics."""
     cfg = state.config
-    y = client_targets(shard, state, minus_item_bias=False)
-    y_user = y - state.item_bias[shard.items] if (not cfg.bias_stage and state.item_bias is not None) else y
+    y = client_target_terms(shard, state, minus_item_bias=False)
+    y_user = y.minus(state.item_bias, shard.items) if (not cfg.bias_stage and state.item_bias is not None) else y
     U, bias = split_user_vectors(client_user_vectors(shard, state, targets=y_user), state)
-    y = y - bias[shard.local_user_of_rating]
+    y = y.minus(bias, shard.local_user_of_rating)
     U = released_user_vectors(U, state)
     if state.private:
-        y = clip_values(y, cfg.rating_clip)
+        y = y.clipped(cfg.rating_clip)
     w = client_rating_weights(shard, state)
     order = shard.by_item_order
     item_ids, indptr = shard.item_groups

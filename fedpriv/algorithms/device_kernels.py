@@ -92,6 +92,44 @@ def _per_entry(torch, dev, values, order, order_t, n: int, sqrt: bool):
     return out
 
 
+def _values(torch, dev, arr):
+    """A float array as a float64 tensor on ``dev``: kept there when read-only (a shard's
+    ratings), else copied. Shared: the caller must not write to it."""
+    arr = np.asarray(arr)
+    hit = device.kept(arr, dev, "float64")
+    if hit is not None:
+        return hit
+    t = _t(torch, arr, dev, torch.float64)
+    device.keep(arr, dev, t, "float64")
+    return t
+
+
+def _targets_on_device(torch, dev, targets, order_t, n: int):
+    """A :class:`kernels.Targets` made on the device as :meth:`kernels.Targets.values` makes it
+    on the host (float64, the same operations in the same order), then float32 in segment
+    order with the padding slot's 0."""
+    if targets.base is None:
+        y = torch.ones(n, dtype=torch.float64, device=dev)
+    else:
+        y = _values(torch, dev, targets.base) - targets.shift
+    for table, index in targets.terms:
+        table = np.asarray(table)
+        idx, (lo, hi) = resident(torch, dev, index)
+        if n and (lo < 0 or hi >= len(table)):
+            raise IndexError(f"targets: index holds entries outside 0..{len(table) - 1}")
+        y = y - _t(torch, table, dev, torch.float64).index_select(0, idx)
+    if targets.clip is not None:  # fedpriv.privacy.clipping.clip_values
+        y = torch.where(torch.isfinite(y), y, torch.zeros((), dtype=y.dtype, device=dev))
+        if np.isfinite(targets.clip):
+            y = torch.clamp(y, -targets.clip, targets.clip)
+    y = y.to(torch.float32)
+    if order_t is not None:
+        y = y.index_select(0, order_t)
+    out = torch.zeros(n + 1, dtype=torch.float32, device=dev)
+    out[:n] = y
+    return out
+
+
 def device_inputs(torch, dev, factors, index, weights, targets, order):
     """The padded inputs of :func:`kernels._padded_inputs` built on the device: the source table
     with a spare column and a zero row, the source row of every entry (resident), and the
@@ -115,7 +153,12 @@ def device_inputs(torch, dev, factors, index, weights, targets, order):
     else:
         sw = torch.ones(n + 1, dtype=torch.float32, device=dev)
         sw[n] = 0.0
-    ty = _per_entry(torch, dev, targets, order, order_t, n, False) if targets is not None else torch.zeros(n + 1, dtype=torch.float32, device=dev)
+    if targets is None:
+        ty = torch.zeros(n + 1, dtype=torch.float32, device=dev)
+    elif hasattr(targets, "terms"):  # a kernels.Targets: made here
+        ty = _targets_on_device(torch, dev, targets, order_t, n)
+    else:
+        ty = _per_entry(torch, dev, targets, order, order_t, n, False)
     return F, idx, sw, ty
 
 

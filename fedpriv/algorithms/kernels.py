@@ -67,6 +67,57 @@ class SegmentStats:
     c: np.ndarray  # (n_segments,) float32
 
 
+@dataclass(frozen=True)
+class Targets:
+    """Per-entry targets given by how they are made, so that each back end makes them where it
+    computes (on a device: from the shard's arrays kept there, no per-entry copy):
+
+        y_r = clip(base_r - shift - sum_k table_k[index_k[r]])
+
+    ``base``: per entry (None: ones); ``terms``: (table, per-entry index) pairs subtracted in
+    order; ``clip``: :func:`fedpriv.privacy.clipping.clip_values`'s bound (None: no clipping).
+    :meth:`values` is the float64 array on the host; a device makes the same float64 values
+    (IEEE subtraction, the same order), then both go to float32 as an array would."""
+
+    n: int
+    base: np.ndarray | None = None
+    shift: float = 0.0
+    terms: tuple = ()
+    clip: float | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def minus(self, table: np.ndarray, index: np.ndarray) -> Targets:
+        """These targets less ``table[index[r]]``."""
+        return Targets(self.n, self.base, self.shift, (*self.terms, (table, index)), self.clip)
+
+    def clipped(self, bound: float) -> Targets:
+        if self.clip is not None:
+            raise ValueError("Targets: clipped twice")
+        return Targets(self.n, self.base, self.shift, self.terms, bound)
+
+    def __getitem__(self, sl: slice) -> Targets:
+        """Entries ``sl`` (a slice with step 1)."""
+        start, stop, _ = sl.indices(self.n)
+        cut = lambda a: a[start:stop]  # noqa: E731
+        return Targets(max(0, stop - start), None if self.base is None else cut(self.base), self.shift,
+                       tuple((t, cut(i)) for t, i in self.terms), self.clip)
+
+    def values(self) -> np.ndarray:
+        from ..privacy.clipping import clip_values
+
+        y = np.ones(self.n) if self.base is None else self.base.astype(np.float64) - self.shift
+        for table, index in self.terms:
+            y = y - np.asarray(table)[index]
+        return y if self.clip is None else clip_values(y, self.clip)
+
+
+def _host_targets(targets):
+    """An array of targets (a :class:`Targets` made on the host)."""
+    return targets.values() if isinstance(targets, Targets) else targets
+
+
 def _pieces(indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cut segments into pieces of at most _PIECE entries: (segment, start, length) per piece."""
     counts = np.diff(indptr)
@@ -120,16 +171,16 @@ def segment_stats(
     index: np.ndarray,
     indptr: np.ndarray,
     weights: np.ndarray | None = None,
-    targets: np.ndarray | None = None,
+    targets: np.ndarray | Targets | None = None,
     *,
     order: np.ndarray | None = None,
 ) -> SegmentStats:
     """Weighted Gram matrices per segment (see module docstring).
 
     ``factors``: (n_src, d); ``index``: (N,) source row of each entry, grouped by segment with
-    ``indptr`` (n_segments + 1,); ``weights``/``targets``: per entry (default 1 / 0), read at
-    ``order[r]`` for entry r when ``order`` (N,) is given (saves gathering them into segment
-    order first), else at r.
+    ``indptr`` (n_segments + 1,); ``weights``/``targets``: per entry (default 1 / 0; targets
+    may be a :class:`Targets`), read at ``order[r]`` for entry r when ``order`` (N,) is given
+    (saves gathering them into segment order first), else at r.
     """
     n = len(index)
     indptr = np.ascontiguousarray(indptr, dtype=np.int64)
@@ -137,6 +188,7 @@ def segment_stats(
     dev = device.torch_device()  # the GPU path (fedpriv.util.device) replaces the CPU back ends
     if dev is not None and factors.shape[1] > 0 and len(indptr) > 1:
         return _segment_stats_device(dev, factors, index, indptr, weights, targets, order)
+    targets = _host_targets(targets)
     lib = native.library() if dev is None else None
     if lib is not None and factors.shape[1] > 0 and len(indptr) > 1:
         return _segment_stats_native(lib, factors, index, indptr, weights, targets, order)
@@ -191,7 +243,7 @@ def _segment_stats_device(dev, factors, index, indptr, weights, targets, order) 
     return SegmentStats(A=A, b=b, c=c)
 
 
-def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, targets: np.ndarray, reg, extra: np.ndarray | None = None) -> np.ndarray:
+def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, targets: np.ndarray | Targets, reg, extra: np.ndarray | None = None) -> np.ndarray:
     """x_s = (A_s + extra + reg_s I)^-1 b_s for the statistics of :func:`segment_stats` (unit
     weights, ``targets``): the users' local least squares. The same as ``solve_spd(A + extra,
     b, reg)``; on a device the Gram blocks stay there between the sums and the solves (no
@@ -200,7 +252,7 @@ def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, ta
     dev = device.torch_device()
     d = factors.shape[1]
     if dev is None or d == 0 or len(indptr) < 2:
-        stats = segment_stats(factors, index, indptr, targets=targets)
+        stats = segment_stats(factors, index, indptr, targets=_host_targets(targets))
         A = stats.A if extra is None else stats.A + extra.astype(np.float32)
         return solve_spd(A, stats.b, reg, overwrite_a=True)  # A: this call's own scratch
     from . import device_kernels

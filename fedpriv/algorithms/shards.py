@@ -25,9 +25,10 @@ class UserShard:
     user_keys: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        # the shard's own read-only copy: index arrays that cannot change are kept on a device
-        # from one step to the next (fedpriv.algorithms.device_kernels.resident)
-        self.items = _read_only(np.array(self.items, dtype=np.int32))
+        # the shard's own read-only copies: arrays that cannot change are kept on a device from
+        # one step to the next (fedpriv.util.device.keep)
+        self.items = _read_only(np.array(self.items))
+        self.ratings = _read_only(np.array(self.ratings))
 
     @property
     def n_users(self) -> int:

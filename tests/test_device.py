@@ -447,3 +447,40 @@ def test_targets_made_on_the_device_are_the_hosts(dev):
         assert device.transfers["to_device"] - before - kept_bytes >= ratings.nbytes
         with pytest.raises(IndexError, match="targets: index holds entries outside"):
             kernels.segment_stats(F, index, indptr, targets=kernels.Targets(n, ratings, 3.5).minus(item_bias[:30], items))
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_item_sums_made_on_the_device_are_the_hosts_and_go_to_the_noise_without_a_copy(dev):
+    """The shards' item statistics summed on the device (kernels.sum_rows, as sum_item_stats
+    does) equal the host's float64 sums exactly; the ledger's device noise reads them there
+    (nothing is copied to the device), and checks their finiteness there: a non-finite sum is
+    refused on the device path as on the host (the positive control of the check)."""
+    from fedpriv.errors import PrivacyError
+    from fedpriv.privacy.ledger import PrivacyLedger
+
+    rng = np.random.default_rng(6)
+    n_items, d = 30, 4
+    pieces = [(np.sort(rng.choice(n_items, 12, replace=False)), rng.normal(size=(12, d, d)).astype(np.float32)) for _ in range(3)]
+    host = kernels.sum_rows((n_items, d, d), pieces)
+    with device.use(dev):
+        on_device = kernels.sum_rows((n_items, d, d), pieces)
+        assert np.array_equal(on_device, host) and not on_device.flags.writeable
+        led = PrivacyLedger()
+        before = device.transfers["to_device"]
+        led.gaussian("A", on_device, sensitivity=1.0, noise_multiplier=2.0)
+        assert device.transfers["to_device"] == before  # read where it was summed
+        bad = [(pieces[0][0], np.where(np.arange(12)[:, None, None] == 3, np.inf, pieces[0][1]))]
+        with pytest.raises(PrivacyError, match="non-finite"):
+            led.gaussian("B", kernels.sum_rows((n_items, d, d), bad), sensitivity=1.0, noise_multiplier=2.0)
+    assert [r.name for r in led.releases] == ["A"]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_a_non_private_run_on_the_device_is_the_cpu_runs(data, dev):
+    """Without noise the device's sums go straight to the server's solve (read where they were
+    made): the model and metrics are the CPU run's to float32 rounding."""
+    cpu = fedpriv.train("als", data, rank=4, steps=2)
+    gpu = fedpriv.train("als", data, rank=4, steps=2, engine_options={"device": dev})
+    a, b = gpu.model.state.item_factors, cpu.model.state.item_factors
+    assert np.max(np.abs(a - b)) <= 1e-4 * max(np.max(np.abs(b)), 1.0)
+    assert gpu.metrics["test_rmse"] == pytest.approx(cpu.metrics["test_rmse"], rel=1e-5)

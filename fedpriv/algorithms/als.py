@@ -39,7 +39,7 @@ from ..privacy.ledger import PrivacyLedger, public_gaussian
 from ..privacy.weights import adaptive_omega, uniform_user_weights
 from . import options, registry
 from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
-from .kernels import Targets, project_psd, project_psd_solve, segment_solve, segment_stats, solve_spd
+from .kernels import Targets, project_psd, project_psd_solve, segment_solve, segment_stats, solve_spd, sum_rows
 from .shards import UserShard
 
 if TYPE_CHECKING:
@@ -401,12 +401,12 @@ def client_item_stats(shard: UserShard, state: PublicState) -> ItemStats:
 
 # ---------------------------------------------------------------------------- aggregator
 def sum_item_stats(parts: list[ItemStats], n_items: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    A = np.zeros((n_items, d, d), dtype=np.float64)
-    b = np.zeros((n_items, d), dtype=np.float64)
+    """The float64 sums of the parts' item statistics (on a device, made there:
+    :func:`fedpriv.algorithms.kernels.sum_rows`)."""
+    A = sum_rows((n_items, d, d), [(p.item_ids, p.A) for p in parts])
+    b = sum_rows((n_items, d), [(p.item_ids, p.b) for p in parts])
     g = None
     for p in parts:
-        A[p.item_ids] += p.A
-        b[p.item_ids] += p.b
         if p.gravity is not None:
             g = p.gravity.astype(np.float64) if g is None else g + p.gravity
     return A, b, g

@@ -45,6 +45,18 @@ def _host(t) -> np.ndarray:
     return t.cpu().numpy()
 
 
+def kept_host(torch, t) -> np.ndarray:
+    """A device tensor as a read-only numpy array that owns its memory, the tensor kept as its
+    device copy (:func:`fedpriv.util.device.keep`): a later kernel, or the ledger, reads it
+    there instead of copying it back."""
+    host = np.empty(tuple(t.shape), dtype=torch.empty((), dtype=t.dtype).numpy().dtype)
+    torch.from_numpy(host).copy_(t)
+    transfers["to_host"] += host.nbytes
+    host.flags.writeable = False
+    device.keep(host, t.device, t)
+    return host
+
+
 def resident(torch, dev, arr: np.ndarray, pad: int | None = None):
     """The integer array ``arr`` as an int64 tensor on ``dev`` (with ``pad`` appended), and its
     (min, max). An array whose memory is read-only (a shard's index arrays, and views of them)
@@ -165,8 +177,22 @@ def device_inputs(torch, dev, factors, index, weights, targets, order):
 def stats_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: bool, has_weights: bool):
     """(A, b, c) of every segment from the packing ``plan`` of :func:`kernels._plan` and the
     padded inputs of :func:`device_inputs`."""
-    G3 = _host(_gram_on_device(torch, dev, plan, padded, d, n_seg, has_targets, has_weights))
-    return G3[:, :d, :d], G3[:, :d, d], G3[:, d, d]
+    G = _gram_on_device(torch, dev, plan, padded, d, n_seg, has_targets, has_weights)
+    G3 = kept_host(torch, G)
+    A, b = G3[:, :d, :d], G3[:, :d, d]
+    device.keep(A, dev, G[:, :d, :d])  # the statistics' sums read them on the device
+    device.keep(b, dev, G[:, :d, d])
+    return A, b, G3[:, d, d]
+
+
+def sum_rows_on_device(torch, dev, shape: tuple, pieces) -> np.ndarray:
+    """:func:`kernels.sum_rows` on the device: float64 sums there (the pieces' kept copies are
+    read where they have one), returned read-only with the sums kept on the device."""
+    out = torch.zeros(shape, dtype=torch.float64, device=dev)
+    for ids, values in pieces:
+        if len(ids):
+            out.index_add_(0, _t(torch, ids, dev, torch.int64), _t(torch, values, dev, torch.float64))
+    return kept_host(torch, out)
 
 
 def _gram_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: bool, has_weights: bool):

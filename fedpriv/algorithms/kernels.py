@@ -268,6 +268,23 @@ def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, ta
     return x
 
 
+def sum_rows(shape: tuple, pieces) -> np.ndarray:
+    """The float64 array of ``shape`` holding, at rows ``ids``, the sum of the pieces'
+    ``values`` ((ids, values) pairs; the ids of a piece are distinct), added piece by piece. On a
+    device the sums are made there, from the pieces' kept copies where they have one (a shard's
+    item statistics), and come back read-only with their device copy kept for the ledger's noise:
+    the same numbers (float64 additions in the same order)."""
+    dev = device.torch_device()
+    if dev is not None:
+        from . import device_kernels
+
+        return device_kernels.sum_rows_on_device(device.torch_device_module(), dev, tuple(shape), pieces)
+    out = np.zeros(shape, dtype=np.float64)
+    for ids, values in pieces:
+        out[ids] += values
+    return out
+
+
 def clipped_gradient_rows(X: np.ndarray, theta: np.ndarray, rows: np.ndarray, items: np.ndarray, y: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
     """Federated DP-SGD's client sum: every user's squared-error gradient with respect to the
     item parameters ``theta`` (n_items, d + 1), clipped to L2 norm ``clip``, summed over the

@@ -193,13 +193,16 @@ def release(value: np.ndarray, sensitivity: float, noise_multiplier: float, symm
     """The ledger's release of ``value`` (float64, on the CPU) with its noise drawn on the bits'
     device: :func:`lattice_gaussian_on_device`; with ``symmetric``, of the upper triangles of
     the last two axes, cut and mirrored on the device in the order of
-    :mod:`fedpriv.privacy.symmetric`. The copies count in :data:`fedpriv.util.device.transfers`.
+    :mod:`fedpriv.privacy.symmetric`. A value with a kept device copy (sums made on the
+    device) is read there. The copies count in :data:`fedpriv.util.device.transfers`.
 
     The release comes back read-only, its device copy kept (:func:`fedpriv.util.device.keep`):
     the server's solve reads it there instead of copying it back to the device."""
     torch = bits.torch
-    t = torch.tensor(value, dtype=torch.float64, device=bits.dev)
-    transfers["to_device"] += t.numel() * 8
+    t = device.kept(value, bits.dev)  # sums made on the device: read there (never written)
+    if t is None or t.dtype != torch.float64:
+        t = torch.tensor(value, dtype=torch.float64, device=bits.dev)
+        transfers["to_device"] += t.numel() * 8
     if not symmetric:
         out = lattice_gaussian_on_device(t, sensitivity, noise_multiplier, bits)
     else:

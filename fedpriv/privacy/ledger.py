@@ -64,6 +64,19 @@ def _positive(name: str, what: str, value: float) -> None:
         raise PrivacyError(f"release {name!r}: {what} must be finite and > 0, got {value}")
 
 
+def _all_finite(value: np.ndarray) -> bool:
+    """Whether every entry of ``value`` is finite: checked on the device where the value has a
+    kept device copy there (:func:`fedpriv.util.device.kept`: sums made on the device)."""
+    from ..util import device
+
+    dev = device.torch_device()
+    if dev is not None:
+        t = device.kept(value, dev)
+        if t is not None:
+            return bool(device.torch_device_module().isfinite(t).all())
+    return bool(np.all(np.isfinite(value)))
+
+
 @dataclass
 class PrivacyLedger:
     """Draws the noise of every release and records it.
@@ -196,7 +209,7 @@ class PrivacyLedger:
         _positive(name, "noise multiplier", noise_multiplier)
         if sampling_rate is not None and not (0 < sampling_rate <= 1):
             raise PrivacyError(f"release {name!r}: sampling rate must be in (0, 1], got {sampling_rate}")
-        if not np.all(np.isfinite(value)):
+        if not _all_finite(value):
             raise PrivacyError(f"release {name!r}: the value to release has non-finite entries")
         std = float(noise_multiplier * sensitivity)
         if symmetric:

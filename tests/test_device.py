@@ -484,3 +484,20 @@ def test_a_non_private_run_on_the_device_is_the_cpu_runs(data, dev):
     a, b = gpu.model.state.item_factors, cpu.model.state.item_factors
     assert np.max(np.abs(a - b)) <= 1e-4 * max(np.max(np.abs(b)), 1.0)
     assert gpu.metrics["test_rmse"] == pytest.approx(cpu.metrics["test_rmse"], rel=1e-5)
+
+
+def test_a_kept_copy_is_found_under_either_name_of_its_gpu():
+    """torch names the current GPU "cuda" where a run asks for it and "cuda:N" on the tensors
+    it makes there: a copy kept under one name is found under the other (on a machine without
+    a GPU the names are compared as if GPU 0 were current)."""
+    import torch
+
+    a = np.arange(5.0)
+    a.flags.writeable = False
+    marker = object()
+    device.keep(a, torch.device("cuda:0") if not _cuda() else torch.device(f"cuda:{torch.cuda.current_device()}"), marker)
+    assert device.kept(a, torch.device("cuda")) is marker
+    assert device.kept(a, torch.device("cpu")) is None
+    b = np.arange(5.0)  # writeable: never kept
+    device.keep(b, torch.device("cpu"), marker)
+    assert device.kept(b, torch.device("cpu")) is None

@@ -53,7 +53,7 @@ def kept_host(torch, t) -> np.ndarray:
     torch.from_numpy(host).copy_(t)
     transfers["to_host"] += host.nbytes
     host.flags.writeable = False
-    device.keep(host, t.device, t)
+    device.keep(host, t.device, t)  # keyed by one name per device (fedpriv.util.device._device_name)
     return host
 
 

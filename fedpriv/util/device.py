@@ -100,9 +100,19 @@ def _root(arr) -> object | None:
     return root
 
 
+def _device_name(dev) -> str:
+    """``dev`` by one name: torch calls the current GPU "cuda" where it is asked for and
+    "cuda:N" on the tensors it makes there."""
+    name = str(dev)
+    if name == "cuda":
+        torch = torch_device_module()
+        name = f"cuda:{torch.cuda.current_device() if torch.cuda.is_available() else 0}"
+    return name
+
+
 def _key(arr, root, dev, tag) -> tuple:
     offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    return (id(root), offset, arr.shape, arr.strides, arr.dtype.str, str(dev), tag)
+    return (id(root), offset, arr.shape, arr.strides, arr.dtype.str, _device_name(dev), tag)
 
 
 def kept(arr, dev, tag=None):

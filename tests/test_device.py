@@ -501,3 +501,23 @@ def test_a_kept_copy_is_found_under_either_name_of_its_gpu():
     b = np.arange(5.0)  # writeable: never kept
     device.keep(b, torch.device("cpu"), marker)
     assert device.kept(b, torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_kept_weights_are_read_in_the_order_they_were_kept_for(dev):
+    """Read-only weights are kept on the device in the order they were prepared for; another
+    order (a new array, read-only or not) prepares them again, so the sums are always those
+    of the order given."""
+    rng = np.random.default_rng(7)
+    n_src, d, n_seg, n = 20, 3, 8, 500
+    F = rng.normal(size=(n_src, d)).astype(np.float32)
+    indptr = np.concatenate([[0], np.sort(rng.integers(0, n, n_seg - 1)), [n]])
+    index = _read_only(rng.integers(0, n_src, n))
+    w = _read_only(rng.uniform(0, 1, n))
+    for make in (_read_only, np.array):
+        for seed in range(3):
+            order = make(np.random.default_rng(seed).permutation(n))
+            ref = kernels.segment_stats(F, index, indptr, weights=w, order=order)
+            with device.use(dev):
+                got = kernels.segment_stats(F, index, indptr, weights=w, order=order)
+            assert np.allclose(got.A, ref.A, rtol=1e-4, atol=1e-4)

@@ -16,6 +16,8 @@ that cross."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ..util import device
@@ -88,19 +90,24 @@ def _plan_tensors(torch, dev, plan):
 def _per_entry(torch, dev, values, order, order_t, n: int, sqrt: bool):
     """Per-entry values as float32 on the device in segment order, with the padding slot's 0
     appended (``sqrt``: the square roots of the weights, negative ones counting as 0). Kept on
-    the device for read-only ``values`` (a shard's rating weights, fixed for a run). Shared:
-    the caller must not write to it."""
+    the device for read-only ``values`` in a read-only ``order`` (a shard's rating weights,
+    fixed for a run, in its item order), checked to be that very order. Shared: the caller must
+    not write to it."""
     values = np.asarray(values)
-    tag = ("entries", sqrt, n, None if order is None else (np.asarray(order).__array_interface__["data"][0], len(order)))
-    hit = device.kept(values, dev, tag)
-    if hit is not None:
-        return hit
+    order = None if order is None else np.asarray(order)
+    order_root = None if order is None else device._root(order)
+    keep = order is None or order_root is not None  # an order that may change: nothing kept
+    tag = ("entries", sqrt, n, None if order is None else (order.__array_interface__["data"][0], order.shape, order.strides))
+    hit = device.kept(values, dev, tag) if keep else None
+    if hit is not None and (order is None or hit[1]() is order_root):
+        return hit[0]
     v = _t(torch, np.asarray(values, dtype=np.float32), dev)
     if order_t is not None:
         v = v.index_select(0, order_t)
     out = torch.zeros(n + 1, dtype=torch.float32, device=dev)
     out[:n] = torch.sqrt(torch.clamp(v, min=0.0)) if sqrt else v
-    device.keep(values, dev, out, tag)
+    if keep:
+        device.keep(values, dev, (out, weakref.ref(order_root) if order is not None else None), tag)
     return out
 
 

@@ -129,21 +129,31 @@ def test_stop_signals_raise_stopped_and_let_the_cleanup_finish():
 
 @pytest.mark.flower
 def test_ctrl_c_on_the_main_job_script_stops_everything_with_one_line():
-    """`bash scripts/run.sh` interrupted mid-round as a terminal's Ctrl-C does (SIGINT to its
-    whole process group): exit 130, one line, no traceback, and no process left under the
-    project's FLWR_HOME (SuperLink, SuperExec, simulation, Ray)."""
+    """`bash scripts/run.sh` interrupted mid-run as a terminal's Ctrl-C does (SIGINT to its
+    whole process group), once the simulation is writing into the run's own folder: exit 130,
+    one line, no traceback, and no process left under the project's FLWR_HOME (SuperLink,
+    SuperExec, simulation, Ray).
+
+    The signal is sent as soon as the run's processes and its folder are seen, not at a log
+    line: `flwr run --stream` may deliver the rounds' lines late, and the default run (the bias
+    model, five rounds) can end within the time that checking its processes takes."""
     home = ROOT / ".flwr"
     proc = subprocess.Popen(["bash", "scripts/run.sh"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     proc.stderr = proc.stdout  # one stream: _wait_for_line reads it
     try:
-        lines, reader = _wait_for_line(proc, "[fedpriv] round", 400)
-        running = pids_with_env("FLWR_HOME", str(home))
-        assert running, "the run's processes carry the project's FLWR_HOME"  # the oracle's positive control
-        run_tmp = {_environ(pid).get("TMPDIR") for pid in running} - {None}
-        assert len(run_tmp) == 1 and Path(next(iter(run_tmp))).name.startswith("fedpriv-run."), run_tmp
+        lines, reader = _wait_for_line(proc, "", 400)  # the reader thread, from the first line on
+        deadline = time.monotonic() + 400
+        while True:  # the oracle's positive controls: the run's processes carry the project's FLWR_HOME, and write into their own folder
+            running = pids_with_env("FLWR_HOME", str(home))
+            run_tmp = {_environ(pid).get("TMPDIR") for pid in running} - {None}
+            if len(run_tmp) == 1 and Path(next(iter(run_tmp))).is_dir() and any(Path(next(iter(run_tmp))).iterdir()):
+                break
+            assert proc.poll() is None, f"the run ended before its processes and folder were seen:\n{''.join(lines)[-3000:]}"
+            assert time.monotonic() < deadline, f"no process of the run wrote into its folder:\n{''.join(lines)[-3000:]}"
+            time.sleep(0.05)
         run_tmp = Path(next(iter(run_tmp)))
-        assert run_tmp.is_dir() and any(run_tmp.iterdir()), "the run writes into its own folder"  # its positive control
+        assert run_tmp.name.startswith("fedpriv-run."), run_tmp
         os.killpg(proc.pid, signal.SIGINT)
         code = proc.wait(timeout=30)
         reader.join(timeout=10)

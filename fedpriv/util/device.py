@@ -83,7 +83,7 @@ def torch_device():
 # ---------------------------------------------------------------------------- kept copies
 #: read-only host arrays whose copy on a device is kept (the last _KEPT_ENTRIES): a shard's index
 #: arrays between steps, and a release the ledger's device noise produced, for the server's solve
-_KEPT_ENTRIES = 32
+_KEPT_ENTRIES = 64  # a shard keeps about 7, 3 more per chunk of its user solve (5 chunks at the MSD shape), a step 6
 _kept: OrderedDict = OrderedDict()
 
 

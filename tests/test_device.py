@@ -486,7 +486,7 @@ def test_a_non_private_run_on_the_device_is_the_cpu_runs(data, dev):
     assert gpu.metrics["test_rmse"] == pytest.approx(cpu.metrics["test_rmse"], rel=1e-5)
 
 
-def test_a_kept_copy_is_found_under_either_name_of_its_gpu():
+def test_a_kept_copy_is_found_under_either_cuda_name_of_its_gpu():  # "cuda" in the name: gpu_check.sh runs it on the GPU
     """torch names the current GPU "cuda" where a run asks for it and "cuda:N" on the tensors
     it makes there: a copy kept under one name is found under the other (on a machine without
     a GPU the names are compared as if GPU 0 were current)."""

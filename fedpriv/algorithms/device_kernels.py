@@ -3,16 +3,18 @@
 The same sums and solves as :mod:`fedpriv.algorithms.kernels`, in float32 like its CPU back
 ends: segment Gram matrices by the CPU path's cached packing (segments cut into pieces, packed
 by size class into padded blocks, one batched GEMM per block, accumulated per segment with
-``index_add_``), batched Cholesky solves, and eigenvalue clipping. Inputs are copied to the
-device and results back to numpy per call, so every caller, and the ledger that noises the
-results on the CPU, is unchanged. Only :mod:`fedpriv.algorithms.kernels` calls these.
+``index_add_``), batched Cholesky solves, and eigenvalue clipping. Only
+:mod:`fedpriv.algorithms.kernels` calls these; they take and return numpy arrays, so every
+caller is unchanged.
 
-What does not change from one call to the next stays on the device (:func:`resident`): the
-packing of a segment layout, and the read-only index arrays of a shard (its ratings' items,
-users and item order), and its rating weights, fixed for a run. Per call only the factors and
-the per-entry targets travel, as float32; the weights' square roots, the gathers into segment
-order, and the padding are computed on the device. :data:`fedpriv.util.device.transfers` counts the bytes
-that cross."""
+What does not change from one call to the next stays on the device: the packing of a segment
+layout, and a shard's read-only arrays (its ratings, their items, users and item order, and its
+rating weights, fixed for a run), kept by :func:`fedpriv.util.device.keep` while they live. The
+client's targets (:class:`kernels.Targets`), the weights' square roots, the gathers into
+segment order and the padding are made on the device. Results come back read-only with their
+device copy kept where a later step reads them (the item statistics, their sums, and the
+release the ledger noises on the device), so that reader copies nothing to the device.
+:data:`fedpriv.util.device.transfers` counts the bytes that cross."""
 
 from __future__ import annotations
 
@@ -47,35 +49,23 @@ def _host(t) -> np.ndarray:
     return t.cpu().numpy()
 
 
-def kept_host(torch, t) -> np.ndarray:
-    """A device tensor as a read-only numpy array that owns its memory, the tensor kept as its
-    device copy (:func:`fedpriv.util.device.keep`): a later kernel, or the ledger, reads it
-    there instead of copying it back."""
-    host = np.empty(tuple(t.shape), dtype=torch.empty((), dtype=t.dtype).numpy().dtype)
-    torch.from_numpy(host).copy_(t)
-    transfers["to_host"] += host.nbytes
-    host.flags.writeable = False
-    device.keep(host, t.device, t)  # keyed by one name per device (fedpriv.util.device._device_name)
-    return host
-
-
 def resident(torch, dev, arr: np.ndarray, pad: int | None = None):
     """The integer array ``arr`` as an int64 tensor on ``dev`` (with ``pad`` appended), and its
     (min, max). An array whose memory is read-only (a shard's index arrays, and views of them)
     is copied once and kept while it lives (:func:`fedpriv.util.device.keep`); another is copied
     on every call. The tensor is shared: the caller must not write to it."""
     arr = np.asarray(arr)
-    hit = device.kept(arr, dev, ("index", pad))
-    if hit is not None:
-        return hit
-    t = torch.from_numpy(np.array(arr, dtype=np.int64))
-    transfers["to_device"] += t.numel() * 8
-    t = t.to(dev)
-    bounds = (int(t.min()), int(t.max())) if t.numel() else (0, -1)
-    if pad is not None:
-        t = torch.cat([t, torch.tensor([pad], dtype=torch.int64, device=dev)])
-    device.keep(arr, dev, (t, bounds), ("index", pad))
-    return t, bounds
+
+    def make():
+        t = torch.from_numpy(np.array(arr, dtype=np.int64))
+        transfers["to_device"] += t.numel() * 8
+        t = t.to(dev)
+        bounds = (int(t.min()), int(t.max())) if t.numel() else (0, -1)
+        if pad is not None:
+            t = torch.cat([t, torch.tensor([pad], dtype=torch.int64, device=dev)])
+        return t, bounds
+
+    return device.kept_or_make(arr, dev, ("index", pad), make)
 
 
 def _plan_tensors(torch, dev, plan):
@@ -95,7 +85,7 @@ def _per_entry(torch, dev, values, order, order_t, n: int, sqrt: bool):
     not write to it."""
     values = np.asarray(values)
     order = None if order is None else np.asarray(order)
-    order_root = None if order is None else device._root(order)
+    order_root = None if order is None else device.read_only_root(order)
     keep = order is None or order_root is not None  # an order that may change: nothing kept
     tag = ("entries", sqrt, n, None if order is None else (order.__array_interface__["data"][0], order.shape, order.strides))
     hit = device.kept(values, dev, tag) if keep else None
@@ -115,12 +105,7 @@ def _values(torch, dev, arr):
     """A float array as a float64 tensor on ``dev``: kept there when read-only (a shard's
     ratings), else copied. Shared: the caller must not write to it."""
     arr = np.asarray(arr)
-    hit = device.kept(arr, dev, "float64")
-    if hit is not None:
-        return hit
-    t = _t(torch, arr, dev, torch.float64)
-    device.keep(arr, dev, t, "float64")
-    return t
+    return device.kept_or_make(arr, dev, "float64", lambda: _t(torch, arr, dev, torch.float64))
 
 
 def _targets_on_device(torch, dev, targets, order_t, n: int):
@@ -185,7 +170,7 @@ def stats_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: b
     """(A, b, c) of every segment from the packing ``plan`` of :func:`kernels._plan` and the
     padded inputs of :func:`device_inputs`."""
     G = _gram_on_device(torch, dev, plan, padded, d, n_seg, has_targets, has_weights)
-    G3 = kept_host(torch, G)
+    G3 = device.to_host_kept(G, dev)
     A, b = G3[:, :d, :d], G3[:, :d, d]
     device.keep(A, dev, G[:, :d, :d])  # the statistics' sums read them on the device
     device.keep(b, dev, G[:, :d, d])
@@ -199,7 +184,7 @@ def sum_rows_on_device(torch, dev, shape: tuple, pieces) -> np.ndarray:
     for ids, values in pieces:
         if len(ids):
             out.index_add_(0, _t(torch, ids, dev, torch.int64), _t(torch, values, dev, torch.float64))
-    return kept_host(torch, out)
+    return device.to_host_kept(out, dev)
 
 
 def _gram_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: bool, has_weights: bool):

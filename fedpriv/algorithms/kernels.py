@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..privacy.clipping import clip_values
 from ..privacy.symmetric import from_upper, upper  # noqa: F401 - the wire format of d x d blocks
 from ..util import device
 from ..util.threads import map_chunks, thread_count
@@ -105,8 +106,6 @@ class Targets:
                        tuple((t, cut(i)) for t, i in self.terms), self.clip)
 
     def values(self) -> np.ndarray:
-        from ..privacy.clipping import clip_values
-
         y = np.ones(self.n) if self.base is None else self.base.astype(np.float64) - self.shift
         for table, index in self.terms:
             y = y - np.asarray(table)[index]
@@ -252,7 +251,7 @@ def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, ta
     dev = device.torch_device()
     d = factors.shape[1]
     if dev is None or d == 0 or len(indptr) < 2:
-        stats = segment_stats(factors, index, indptr, targets=_host_targets(targets))
+        stats = segment_stats(factors, index, indptr, targets=targets)
         A = stats.A if extra is None else stats.A + extra.astype(np.float32)
         return solve_spd(A, stats.b, reg, overwrite_a=True)  # A: this call's own scratch
     from . import device_kernels

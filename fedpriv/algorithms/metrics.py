@@ -6,6 +6,8 @@ the same number of items; bucket 0 is the tail, the last bucket the head.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 
@@ -15,8 +17,6 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     :meth:`fedpriv.run.model.Model.recommend`'s stable sort. torch's ``topk`` selects where this
     process has loaded torch (about 10x faster than numpy's ``argpartition`` on rows of 20,000
     scores), else numpy; both then settle the ties at the boundary by the rule."""
-    import sys
-
     scores = np.asarray(scores, dtype=np.float64)
     rows, n = scores.shape
     kk = min(k, n)

@@ -9,6 +9,7 @@ from functools import cached_property
 import numpy as np
 
 from ..data.interactions import Interactions
+from ..util.device import read_only_root
 
 
 @dataclass
@@ -27,8 +28,8 @@ class UserShard:
     def __post_init__(self) -> None:
         # the shard's own read-only copies: arrays that cannot change are kept on a device from
         # one step to the next (fedpriv.util.device.keep)
-        self.items = _read_only(np.array(self.items))
-        self.ratings = _read_only(np.array(self.ratings))
+        self.items = _fixed(self.items)
+        self.ratings = _fixed(self.ratings)
 
     @property
     def n_users(self) -> int:
@@ -80,6 +81,13 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _fixed(a) -> np.ndarray:
+    """``a`` itself when its memory is read-only (it cannot change: this module's constructors
+    hand in such fresh arrays), else a read-only copy (a caller's array stays the caller's)."""
+    a = np.asarray(a)
+    return a if read_only_root(a) is not None else _read_only(np.array(a))
+
+
 def shard_users(inter: Interactions, users: np.ndarray | None = None, keys: np.ndarray | None = None) -> UserShard:
     """One shard holding ``users`` (default: every user id of the interactions); ``keys``: the
     secret keys of every user of ``inter`` (indexed by dense id), sliced to the shard's users."""
@@ -95,7 +103,7 @@ def shard_users(inter: Interactions, users: np.ndarray | None = None, keys: np.n
     pos = np.repeat(starts - indptr[:-1], counts) + np.arange(indptr[-1])
     items, ratings = csr.indices[pos], csr.data[pos]
     return UserShard(
-        user_ids=users, indptr=indptr, items=np.asarray(items, np.int32), ratings=np.asarray(ratings, np.float32),
+        user_ids=users, indptr=indptr, items=_read_only(np.asarray(items, np.int32)), ratings=_read_only(np.asarray(ratings, np.float32)),  # fresh: kept as they are
         user_keys=None if keys is None else np.asarray(keys, dtype=np.uint64)[users],
     )
 
@@ -107,7 +115,7 @@ def sub_shard(shard: UserShard, keep: np.ndarray) -> UserShard:
     sel = np.repeat(keep, lengths)
     indptr = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(shard.indptr.dtype)
     keys = None if shard.user_keys is None else shard.user_keys[keep]
-    return UserShard(shard.user_ids[keep], indptr, shard.items[sel], shard.ratings[sel], keys)
+    return UserShard(shard.user_ids[keep], indptr, _read_only(shard.items[sel]), _read_only(shard.ratings[sel]), keys)
 
 
 def user_block(index: int, size: int, n_users: int) -> np.ndarray:

@@ -210,9 +210,4 @@ def release(value: np.ndarray, sensitivity: float, noise_multiplier: float, symm
         iu = torch.triu_indices(d, d, device=bits.dev)  # row by row, as numpy's
         noised = lattice_gaussian_on_device(t[..., iu[0], iu[1]], sensitivity, noise_multiplier, bits)
         out = noised[..., torch.as_tensor(triangle_positions(d), device=bits.dev)]
-    host = np.empty(tuple(out.shape), dtype=np.float64)
-    torch.from_numpy(host).copy_(out)
-    transfers["to_host"] += host.nbytes
-    host.flags.writeable = False  # read-only: its device copy is kept for the server's solve
-    device.keep(host, bits.dev, out)
-    return host
+    return device.to_host_kept(out, bits.dev)  # read-only: its device copy is kept for the server's solve

@@ -87,7 +87,7 @@ _KEPT_ENTRIES = 64  # a shard keeps about 7, 3 more per chunk of its user solve 
 _kept: OrderedDict = OrderedDict()
 
 
-def _root(arr) -> object | None:
+def read_only_root(arr) -> object | None:
     """The array owning ``arr``'s memory when that memory is read-only (it cannot change while
     it lives), else None."""
     import numpy as np
@@ -118,7 +118,7 @@ def _key(arr, root, dev, tag) -> tuple:
 def kept(arr, dev, tag=None):
     """The kept device copy of the read-only array ``arr`` on ``dev`` (with what was kept beside
     it), or None. The caller must not write to the tensor."""
-    root = _root(arr)
+    root = read_only_root(arr)
     if root is None:
         return None
     key = _key(arr, root, dev, tag)
@@ -133,7 +133,7 @@ def keep(arr, dev, copy, tag=None) -> None:
     """Remember ``copy`` (a tensor on ``dev``, and whatever goes with it) as the device copy of
     ``arr``, when ``arr``'s memory is read-only; else nothing. The copy is dropped when ``arr``
     dies, or when later arrays push it out."""
-    root = _root(arr)
+    root = read_only_root(arr)
     if root is None:
         return
     key = _key(arr, root, dev, tag)
@@ -146,3 +146,28 @@ def keep(arr, dev, copy, tag=None) -> None:
     _kept[key] = (weakref.ref(root, gone), copy)
     while len(_kept) > _KEPT_ENTRIES:
         _kept.popitem(last=False)
+
+
+def kept_or_make(arr, dev, tag, make):
+    """The kept device copy of ``arr`` under ``tag``, else ``make()``, kept for the next call
+    (when ``arr``'s memory is read-only). Shared: the caller must not write to it."""
+    hit = kept(arr, dev, tag)
+    if hit is None:
+        hit = make()
+        keep(arr, dev, hit, tag)
+    return hit
+
+
+def to_host_kept(t, dev):
+    """The device tensor ``t`` as a read-only numpy array that owns its memory, ``t`` kept as
+    its device copy on ``dev``: the next reader (a kernel, the ledger) reads it there instead
+    of copying it back. Counted in :data:`transfers`."""
+    import numpy as np
+
+    torch = torch_device_module()
+    host = np.empty(tuple(t.shape), dtype=torch.empty((), dtype=t.dtype).numpy().dtype)
+    torch.from_numpy(host).copy_(t)
+    transfers["to_host"] += host.nbytes
+    host.flags.writeable = False
+    keep(host, dev, t)
+    return host

@@ -1,9 +1,23 @@
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
+def pytest_configure(config):
+    """A SIGTERM (a stopped `bash scripts/test.sh`, a CI timeout) takes pytest's Ctrl-C path: the
+    running test's clean-up stops what it started (a deployment's SuperLink, SuperNodes and
+    apps) instead of the process dying with them still running."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -146,9 +146,11 @@ def adadpals_step_seconds(inter, d: int, steady: int = 3) -> dict:
         moved = dict(device.transfers)
         t0 = time.perf_counter()
         part = als.client_item_stats(shard, state)
+        _sync()  # the statistics stay on the device: wait for them, so each phase gets its own time
         t1 = time.perf_counter()
         A, b, g = als.sum_item_stats([part], state.n_items, part.A.shape[-1])
         A, b, g = als.release_item_stats(A, b, g, state, ledger)
+        _sync()
         t2 = time.perf_counter()
         als.server_item_update(A, b, g, state)
         _sync()

@@ -521,3 +521,149 @@ def test_kept_weights_are_read_in_the_order_they_were_kept_for(dev):
             with device.use(dev):
                 got = kernels.segment_stats(F, index, indptr, weights=w, order=order)
             assert np.allclose(got.A, ref.A, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_a_device_array_reads_as_a_read_only_numpy_array_copied_once(dev):
+    """What a device kernel leaves on the device reads as a numpy array wherever host code reads
+    it: its shape, dtype and length copy nothing; an integer-and-slice index copies only that
+    part; the whole crosses once, read-only, and is not copied again; numpy's operators and
+    functions give the host array's results; a change of dtype stays on the device."""
+    import torch
+
+    with device.use(dev):
+        tdev = device.torch_device()
+        values = np.arange(2 * 3 * 4, dtype=np.float64).reshape(2, 3, 4)
+        x = device.DeviceArray(torch.from_numpy(values.copy()).to(tdev), tdev)
+        before = device.transfers["to_host"]
+        assert (x.shape, x.dtype, len(x), x.ndim, x.size) == ((2, 3, 4), np.float64, 2, 3, 24)
+        assert device.transfers["to_host"] == before
+        assert np.array_equal(x[:, -1, -1], values[:, -1, -1])
+        assert device.transfers["to_host"] - before == 2 * 8  # the two entries asked for
+        y = x.astype(np.float32)
+        assert isinstance(y, device.DeviceArray) and y.dtype == np.float32 and x.astype(np.float64, copy=False) is x
+        assert device.transfers["to_host"] - before == 2 * 8
+        host = np.asarray(x)
+        assert np.array_equal(host, values) and not host.flags.writeable
+        with pytest.raises(ValueError):
+            host[0, 0, 0] = 1.0
+        assert device.transfers["to_host"] - before == 2 * 8 + values.nbytes
+        assert np.array_equal(x + 1, values + 1) and np.array_equal(values - x, 0 * values)
+        assert float(np.sum(x)) == x.sum() == values.sum() and np.array_equal(x.T, values.T)
+        assert np.array_equal(np.concatenate([x, x]), np.concatenate([values, values]))
+        assert device.transfers["to_host"] - before == 2 * 8 + values.nbytes  # the host copy, read again
+        assert device.kept(x, tdev) is x.tensor and device.kept(host, tdev) is x.tensor
+
+
+def _adadpals_step_state(inter, d: int, steps: int = 2):
+    from fedpriv.algorithms import als
+    from fedpriv.engine.inprocess import new_state
+    from fedpriv.privacy.weights import adaptive_omega
+
+    cfg = als.ALSConfig(rank=d, steps=steps)
+    state, ledger = new_state("adadpals", cfg, inter, (1.0, 5.0), False, 5.0, 1e-5)
+    state.mean = 3.5
+    state.counts_hat = inter.item_counts().astype(np.float64)
+    state.omega = adaptive_omega(state.counts_hat, cfg.mu, inter.n_users, cfg.beta)
+    als.server_init(state)
+    return state, ledger
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_an_adadpals_step_keeps_its_item_side_on_the_device(dev):
+    """A private AdaDPALS step on the device: the shard's item statistics, their sums, the
+    ledger's noise and the server's solve stay there; what crosses to the host is of the users'
+    and the items' factors' size (the user solves, the item factors), far below one copy of the
+    item statistics. The positive control: a host read of the release moves those statistics."""
+    from fedpriv.algorithms import als
+    from fedpriv.algorithms.shards import shard_users
+    from fedpriv.data.synthetic import make_mf
+
+    inter = make_mf(300, 2000, 20_000, seed=1).interactions  # many items: the statistics dominate
+    d = 16
+    stats_bytes = inter.n_items * (d + 1) ** 2 * 4  # one float32 copy of the item statistics
+    with device.use(dev):
+        state, ledger = _adadpals_step_state(inter, d)
+        shard = shard_users(inter)
+        als.server_item_update(*als.release_item_stats(*als.sum_item_stats([als.client_item_stats(shard, state)], state.n_items, d + 1), state, ledger), state)
+        before = device.transfers["to_host"]
+        part = als.client_item_stats(shard, state)
+        A, b, g = als.release_item_stats(*als.sum_item_stats([part], state.n_items, d + 1), state, ledger)
+        als.server_item_update(A, b, g, state)
+        moved = device.transfers["to_host"] - before
+        assert isinstance(A, device.DeviceArray) and isinstance(part.A, device.DeviceArray)
+        assert isinstance(state.item_factors, np.ndarray) and state.item_factors.shape == (inter.n_items, d)
+        assert moved <= 8 * inter.n_users * (d + 2) + 8 * inter.n_items * (d + 2) < stats_bytes
+        before = device.transfers["to_host"]
+        np.asarray(A)
+        assert device.transfers["to_host"] - before >= 2 * stats_bytes  # float64: the control crosses
+    assert [(r.name, r.count) for r in ledger.releases] == [("item_stats_A", 2), ("item_stats_b", 2)]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_nothing_a_run_keeps_is_left_on_the_device(data, dev):
+    """The device's arrays stay inside a step: a trained model's state and its saved form
+    hold numpy arrays only (a DeviceArray in the state would tie the model to the device)."""
+    import dataclasses
+
+    res = fedpriv.train("adadpals", data, rank=4, steps=2, defaults="fixed", epsilon=5.0, engine_options={"device": dev})
+    state = res.model.state
+    kinds = {f.name: type(getattr(state, f.name)) for f in dataclasses.fields(state)}
+    assert not [k for k, t in kinds.items() if t is device.DeviceArray]
+    assert isinstance(state.item_factors, np.ndarray)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_the_encoder_servers_projected_release_is_read_on_the_device(dev):
+    """AM-SSP's server fit reads the projected release where the projection left it
+    (device.as_tensor copies nothing to the device); the control, the same values from the
+    host, is copied. Both give the host projection's values."""
+    import torch
+
+    rng = np.random.default_rng(8)
+    A = rng.normal(size=(50, 6, 6))
+    A = A + np.swapaxes(A, 1, 2)  # symmetric, indefinite: the projection clips
+    host = kernels.project_psd(A, 0.1)
+    with device.use(dev):
+        tdev = device.torch_device()
+        projected = kernels.project_psd(A, 0.1)
+        before = device.transfers["to_device"]
+        t = device.as_tensor(projected, tdev, torch.float32)
+        assert device.transfers["to_device"] == before
+        u = device.as_tensor(np.array(projected), tdev, torch.float32)
+        assert device.transfers["to_device"] - before == A.size * 4
+    assert np.allclose(t.cpu().numpy(), host, atol=1e-4) and np.array_equal(t.cpu().numpy(), u.cpu().numpy())
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_a_steady_step_in_many_user_chunks_copies_no_packing_again(dev, monkeypatch):
+    """A shard whose user solve runs in many chunks (d = 128 at the ML-10M shape: 9; at the MSD
+    shape: 72) has a packing per chunk: all stay cached with their device copies, and the item
+    factors the chunks share are copied once, so a steady step copies only factors to the
+    device. The control: with the packings dropped before the step, their slots cross again."""
+    from fedpriv.algorithms import als
+    from fedpriv.algorithms.shards import shard_users
+    from fedpriv.data.synthetic import make_mf
+
+    inter = make_mf(600, 150, 12_000, seed=2).interactions
+    d = 6
+    monkeypatch.setattr(als, "USER_CHUNK_FLOATS", 40 * (d + 2) ** 2)  # 40 users a chunk: 15 chunks
+    # the users' rows; per chunk, two item-long vectors (the targets' bias tables); the item
+    # factors once (not once per chunk: 15 copies of them would exceed this)
+    factor_bytes = 8 * inter.n_users * (d + 2) + 8 * 2 * 15 * inter.n_items
+
+    def step(state, ledger, shard):
+        before = device.transfers["to_device"]
+        part = als.client_item_stats(shard, state)
+        als.server_item_update(*als.release_item_stats(*als.sum_item_stats([part], state.n_items, d + 1), state, ledger), state)
+        return device.transfers["to_device"] - before
+
+    with device.use(dev):
+        state, ledger = _adadpals_step_state(inter, d, steps=3)
+        shard = shard_users(inter)
+        step(state, ledger, shard)
+        steady = step(state, ledger, shard)
+        kernels._plans.clear()
+        rebuilt = step(state, ledger, shard)
+    assert steady <= factor_bytes
+    assert rebuilt - steady >= 8 * 2 * len(inter)  # the slots of the chunks' and the items' packings

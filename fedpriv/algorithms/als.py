@@ -312,7 +312,11 @@ def user_design(state: PublicState) -> np.ndarray:
     return V
 
 
-def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int = 1 << 27, *, targets: np.ndarray | Targets | None = None) -> np.ndarray:
+#: the users' solves run in chunks of users whose Gram blocks hold at most this many floats
+USER_CHUNK_FLOATS = 1 << 27
+
+
+def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int | None = None, *, targets: np.ndarray | Targets | None = None) -> np.ndarray:
     """Exact local least squares for every user of the shard (never released). ``targets``:
     :func:`client_targets` of the shard (or their :func:`client_target_terms`) when the caller
     has them already.
@@ -326,8 +330,11 @@ def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int 
     y = client_target_terms(shard, state) if targets is None else targets
     U = np.zeros((shard.n_users, d), dtype=np.float64)
     gravity = cfg.gravity * (V.T.astype(np.float64) @ V) if cfg.gravity > 0 else None
-    step = max(1, chunk_floats // ((d + 1) ** 2))
+    step = max(1, (chunk_floats or USER_CHUNK_FLOATS) // ((d + 1) ** 2))
     counts = np.diff(shard.indptr)
+    if step < shard.n_users:  # several chunks: one read-only copy, which a device copies once
+        V = np.array(V)
+        V.flags.writeable = False
     for u0 in range(0, shard.n_users, step):
         u1 = min(u0 + step, shard.n_users)
         s, e = shard.indptr[u0], shard.indptr[u1]

@@ -4,16 +4,17 @@ The same sums and solves as :mod:`fedpriv.algorithms.kernels`, in float32 like i
 ends: segment Gram matrices by the CPU path's cached packing (segments cut into pieces, packed
 by size class into padded blocks, one batched GEMM per block, accumulated per segment with
 ``index_add_``), batched Cholesky solves, and eigenvalue clipping. Only
-:mod:`fedpriv.algorithms.kernels` calls these; they take and return numpy arrays, so every
-caller is unchanged.
+:mod:`fedpriv.algorithms.kernels` calls these; they take numpy arrays (or DeviceArrays) and
+return numpy arrays or DeviceArrays, which read as numpy arrays, so every caller is unchanged.
 
 What does not change from one call to the next stays on the device: the packing of a segment
 layout, and a shard's read-only arrays (its ratings, their items, users and item order, and its
 rating weights, fixed for a run), kept by :func:`fedpriv.util.device.keep` while they live. The
 client's targets (:class:`kernels.Targets`), the weights' square roots, the gathers into
-segment order and the padding are made on the device. Results come back read-only with their
-device copy kept where a later step reads them (the item statistics, their sums, and the
-release the ledger noises on the device), so that reader copies nothing to the device.
+segment order and the padding are made on the device. The item side of a step stays there:
+the item statistics and their sums are :class:`fedpriv.util.device.DeviceArray` s, which the
+ledger's device noise reads and leaves there too, and the server's solve reads the release
+where it is; the solves' results (user and item factors) come back to the host.
 :data:`fedpriv.util.device.transfers` counts the bytes that cross."""
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ def _t(torch, x, dev, dtype=None):
     copied there, not from the host. A strided view (the A of :func:`stats_on_device`'s (d +
     1)-wide Gram blocks) is made contiguous by torch: numpy's strided copy of 70,000 blocks of 32
     x 32 floats took 1.27 s on the CI machine, torch's 0.21 s."""
-    x = np.asarray(x)
-    on_device = device.kept(x, dev)
+    on_device = device.kept(x, dev)  # a DeviceArray on dev, or a read-only array kept there
+    if on_device is None and not isinstance(x, device.DeviceArray):
+        x = np.asarray(x)
+        on_device = device.kept(x, dev)
     if on_device is not None:
         return on_device.to(dtype=dtype or on_device.dtype, copy=True)
+    x = np.asarray(x)
     if not x.flags.writeable or any(s < 0 for s in x.strides):  # torch takes neither a read-only array nor negative strides
         x = x.copy()
     t = torch.from_numpy(x).contiguous()
@@ -141,8 +145,13 @@ def device_inputs(torch, dev, factors, index, weights, targets, order):
     for entry r, resident). Raises IndexError for an index or order outside its range."""
     n_src, d = factors.shape
     n = len(index)
-    F = torch.zeros((n_src + 1, d + 1), dtype=torch.float32, device=dev)
-    F[:n_src, :d] = _t(torch, factors, dev, torch.float32)
+
+    def padded_factors():
+        F = torch.zeros((n_src + 1, d + 1), dtype=torch.float32, device=dev)
+        F[:n_src, :d] = _t(torch, factors, dev, torch.float32)
+        return F
+
+    F = device.kept_or_make(factors, dev, "padded", padded_factors)  # kept for read-only factors (the item factors of a user solve in chunks)
     idx, (lo, hi) = resident(torch, dev, index, pad=n_src)
     if n and (lo < 0 or hi >= n_src):
         raise IndexError(f"segment_stats: index holds entries outside 0..{n_src - 1}")
@@ -170,21 +179,17 @@ def stats_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: b
     """(A, b, c) of every segment from the packing ``plan`` of :func:`kernels._plan` and the
     padded inputs of :func:`device_inputs`."""
     G = _gram_on_device(torch, dev, plan, padded, d, n_seg, has_targets, has_weights)
-    G3 = device.to_host_kept(G, dev)
-    A, b = G3[:, :d, :d], G3[:, :d, d]
-    device.keep(A, dev, G[:, :d, :d])  # the statistics' sums read them on the device
-    device.keep(b, dev, G[:, :d, d])
-    return A, b, G3[:, d, d]
+    return device.DeviceArray(G[:, :d, :d], dev), device.DeviceArray(G[:, :d, d], dev), device.DeviceArray(G[:, d, d], dev)
 
 
-def sum_rows_on_device(torch, dev, shape: tuple, pieces) -> np.ndarray:
-    """:func:`kernels.sum_rows` on the device: float64 sums there (the pieces' kept copies are
-    read where they have one), returned read-only with the sums kept on the device."""
+def sum_rows_on_device(torch, dev, shape: tuple, pieces) -> device.DeviceArray:
+    """:func:`kernels.sum_rows` on the device: float64 sums there (pieces on the device are read
+    there), left there for the ledger's noise."""
     out = torch.zeros(shape, dtype=torch.float64, device=dev)
     for ids, values in pieces:
         if len(ids):
             out.index_add_(0, _t(torch, ids, dev, torch.int64), _t(torch, values, dev, torch.float64))
-    return device.to_host_kept(out, dev)
+    return device.DeviceArray(out, dev)
 
 
 def _gram_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: bool, has_weights: bool):
@@ -291,7 +296,7 @@ def _symmetric(torch, dev, A):
     return 0.5 * (At + At.transpose(-1, -2))
 
 
-def psd_on_device(torch, dev, A, floor: float) -> np.ndarray:
+def psd_on_device(torch, dev, A, floor: float) -> device.DeviceArray:
     """Eigenvalue clipping at ``floor`` of the matrices not already above it (a Cholesky test)."""
     At = _symmetric(torch, dev, A)
     d = At.shape[-1]
@@ -299,7 +304,7 @@ def psd_on_device(torch, dev, A, floor: float) -> np.ndarray:
     if outside.any():
         evals, evecs = _eigh(torch, At[outside])
         At[outside] = (evecs * torch.clamp(evals, min=floor)[..., None, :]) @ evecs.transpose(-1, -2)
-    return _host(At)
+    return device.DeviceArray(At, dev)  # the encoder server's fit reads it on the device
 
 
 def psd_solve_on_device(torch, dev, A, b, floor: float, reg: float) -> np.ndarray:

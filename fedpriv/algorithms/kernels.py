@@ -52,7 +52,12 @@ _PIECE = 512
 _SMALL_ENTRIES = 2048  # below this many entries, segment_stats runs in numpy
 _SMALL_SYSTEMS = 16  # solve_spd of at most this many systems runs in numpy
 _DEVICE_BLOCK_FLOATS = 1 << 25  # on a GPU: blocks of up to 128 MB (fewer, larger batched GEMMs)
-_PLAN_CACHE_SIZE = 8
+# the packings kept: every layout of a step must stay (a shard's item groups and each chunk of
+# its user solve: 10 at the ML-10M shape with d = 128, 73 at the MSD shape), else each step
+# builds them again and a device copies their slots again (170 MB per step at ML-10M, d = 128,
+# when 8 were kept); bounded by their slots (8 bytes each: 1 GB at most) and their number
+_PLAN_CACHE_SLOTS = 1 << 27
+_PLAN_CACHE_SIZE = 512
 _NATIVE_THREADED_FLOATS = 1 << 18  # the native kernel splits inputs of at least this many gathered floats over the threads
 
 
@@ -160,8 +165,9 @@ def _plan(indptr: np.ndarray, width: int, block_floats: int = _BLOCK_FLOATS) -> 
         offset += len(ent)
     plan = _Plan(np.concatenate(slots) if slots else np.zeros(0, np.int64), tuple(blocks))
     _plans[key] = plan
-    while len(_plans) > _PLAN_CACHE_SIZE:
-        _plans.popitem(last=False)
+    total = sum(len(p.slots) for p in _plans.values())
+    while len(_plans) > 1 and (len(_plans) > _PLAN_CACHE_SIZE or total > _PLAN_CACHE_SLOTS):
+        total -= len(_plans.popitem(last=False)[1].slots)
     return plan
 
 
@@ -270,8 +276,8 @@ def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, ta
 def sum_rows(shape: tuple, pieces) -> np.ndarray:
     """The float64 array of ``shape`` holding, at rows ``ids``, the sum of the pieces'
     ``values`` ((ids, values) pairs; the ids of a piece are distinct), added piece by piece. On a
-    device the sums are made there, from the pieces' kept copies where they have one (a shard's
-    item statistics), and come back read-only with their device copy kept for the ledger's noise:
+    device the sums are made there, reading the pieces there where they are (a shard's item
+    statistics), and stay there for the ledger's noise (a :class:`fedpriv.util.device.DeviceArray`):
     the same numbers (float64 additions in the same order)."""
     dev = device.torch_device()
     if dev is not None:

@@ -27,6 +27,7 @@ import torch
 
 from ..errors import ConfigError
 from ..privacy.ledger import PrivacyLedger
+from ..util import device
 from . import als
 from .encoder import FeatureTable, ItemEncoder, parse_fields, per_user_clipped_gradient
 from .kernels import project_psd
@@ -64,8 +65,6 @@ class EncoderServer:
     its outputs (public state only ever holds post-processed values)."""
 
     def __init__(self, state: als.PublicState, table: FeatureTable):
-        from ..util import device
-
         cfg = state.config
         self.state = state
         # the device path (fedpriv.util.device): the encoder's parameters and its fits live
@@ -116,9 +115,10 @@ class EncoderServer:
         T, R = of(cfg, ServerSteps).ssp_steps, len(copies)
         tens = []
         for A, b, g in copies:
-            A = torch.from_numpy(project_psd(A, cfg.psd_floor)).to(self.dev)
-            b = torch.from_numpy(np.asarray(b, dtype=np.float32)).to(self.dev)
-            G = torch.from_numpy(project_psd(g[None], 0.0)[0]).to(self.dev) * cfg.gravity if g is not None else None
+            # a release on the device (fedpriv.util.device.DeviceArray) is read there
+            A = device.as_tensor(project_psd(A, cfg.psd_floor), self.dev, torch.float32)
+            b = device.as_tensor(b, self.dev, torch.float32)
+            G = device.as_tensor(project_psd(g[None], 0.0)[0], self.dev, torch.float32) * cfg.gravity if g is not None else None
             tens.append((A, b, G))
 
         def loss_of(t, items, E):
@@ -135,8 +135,8 @@ class EncoderServer:
         cfg = self.state.config
         reg = cfg.reg_item_private
         E0 = torch.from_numpy(item_outputs(self.state).astype(np.float32)).to(self.dev)
-        Ht = torch.from_numpy(project_psd(H, cfg.psd_floor)).to(self.dev)
-        gt = torch.from_numpy(np.asarray(g, dtype=np.float32)).to(self.dev)
+        Ht = device.as_tensor(project_psd(H, cfg.psd_floor), self.dev, torch.float32)
+        gt = device.as_tensor(g, self.dev, torch.float32)
 
         def loss_of(t, items, E):
             e0, h, gg = (E0, Ht, gt) if items is None else (E0[items], Ht[items], gt[items])

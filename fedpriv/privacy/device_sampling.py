@@ -189,20 +189,23 @@ def lattice_gaussian_on_device(value, sensitivity: float, noise_multiplier: floa
     return (r.to(torch.float64) * lat.grid).reshape(value.shape)
 
 
-def release(value: np.ndarray, sensitivity: float, noise_multiplier: float, symmetric: bool, bits: DeviceBits) -> np.ndarray:
-    """The ledger's release of ``value`` (float64, on the CPU) with its noise drawn on the bits'
-    device: :func:`lattice_gaussian_on_device`; with ``symmetric``, of the upper triangles of
-    the last two axes, cut and mirrored on the device in the order of
-    :mod:`fedpriv.privacy.symmetric`. A value with a kept device copy (sums made on the
-    device) is read there. The copies count in :data:`fedpriv.util.device.transfers`.
+def release(value, sensitivity: float, noise_multiplier: float, symmetric: bool, bits: DeviceBits) -> device.DeviceArray:
+    """The ledger's release of ``value`` (in float64) with its noise drawn on the bits' device:
+    :func:`lattice_gaussian_on_device`; with ``symmetric``, of the upper triangles of the last
+    two axes, cut and mirrored on the device in the order of :mod:`fedpriv.privacy.symmetric`.
+    A value already on the device (a :class:`fedpriv.util.device.DeviceArray`: sums made there,
+    or a read-only array with a kept copy) is read there; another is copied there (counted in
+    :data:`fedpriv.util.device.transfers`).
 
-    The release comes back read-only, its device copy kept (:func:`fedpriv.util.device.keep`):
-    the server's solve reads it there instead of copying it back to the device."""
+    The release is where its value was: the release of a DeviceArray is one (the server's
+    solve reads it there, host code that reads it copies it back once); that of a host array
+    is a read-only host array with its device copy kept (:func:`fedpriv.util.device.to_host_kept`)."""
     torch = bits.torch
     t = device.kept(value, bits.dev)  # sums made on the device: read there (never written)
-    if t is None or t.dtype != torch.float64:
-        t = torch.tensor(value, dtype=torch.float64, device=bits.dev)
+    if t is None:
+        t = torch.tensor(np.asarray(value), dtype=torch.float64, device=bits.dev)
         transfers["to_device"] += t.numel() * 8
+    t = t.to(torch.float64)
     if not symmetric:
         out = lattice_gaussian_on_device(t, sensitivity, noise_multiplier, bits)
     else:
@@ -210,4 +213,6 @@ def release(value: np.ndarray, sensitivity: float, noise_multiplier: float, symm
         iu = torch.triu_indices(d, d, device=bits.dev)  # row by row, as numpy's
         noised = lattice_gaussian_on_device(t[..., iu[0], iu[1]], sensitivity, noise_multiplier, bits)
         out = noised[..., torch.as_tensor(triangle_positions(d), device=bits.dev)]
-    return device.to_host_kept(out, bits.dev)  # read-only: its device copy is kept for the server's solve
+    if isinstance(value, device.DeviceArray):
+        return device.DeviceArray(out, bits.dev)  # left on the device for the server's solve
+    return device.to_host_kept(out, bits.dev)

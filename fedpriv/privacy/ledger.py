@@ -64,6 +64,14 @@ def _positive(name: str, what: str, value: float) -> None:
         raise PrivacyError(f"release {name!r}: {what} must be finite and > 0, got {value}")
 
 
+def _array(value):
+    """``value`` as an array: a :class:`fedpriv.util.device.DeviceArray` (sums made on a device)
+    as it is, with no copy to the host; anything else through ``np.asarray``."""
+    from ..util.device import DeviceArray
+
+    return value if isinstance(value, DeviceArray) else np.asarray(value)
+
+
 def _all_finite(value: np.ndarray) -> bool:
     """Whether every entry of ``value`` is finite: checked on the device where the value has a
     kept device copy there (:func:`fedpriv.util.device.kept`: sums made on the device)."""
@@ -204,7 +212,7 @@ class PrivacyLedger:
         ``groups=G`` marks a release made once per disjoint group of users, G groups in turn (each
         user contributes to one of every G such releases): accounted as ceil(count / G) releases.
         """
-        value = np.asarray(value)
+        value = _array(value)
         _positive(name, "sensitivity", sensitivity)
         _positive(name, "noise multiplier", noise_multiplier)
         if sampling_rate is not None and not (0 < sampling_rate <= 1):
@@ -389,12 +397,12 @@ class PrivacyLedger:
         floating-point safe: the lattice discrete Gaussian of :func:`fedpriv.privacy.sampling.lattice_gaussian`
         from this ledger's generator (reproducible) or the OS's. Symmetric releases noise the
         upper triangles and mirror the released triangles (post-processing)."""
-        value = np.asarray(value, dtype=np.float64)
         bits = self._bits_for_device()
-        if bits is not None:
+        if bits is not None:  # a value on the device (a DeviceArray) is noised there and stays there
             from .device_sampling import release
 
             return release(value, sensitivity, noise_multiplier, symmetric, bits)
+        value = np.asarray(value, dtype=np.float64)
         if symmetric:
             return from_upper(lattice_gaussian(upper(value), sensitivity, noise_multiplier, self._rng), value.shape[-1])
         return lattice_gaussian(value, sensitivity, noise_multiplier, self._rng)

@@ -22,6 +22,9 @@ import threading
 import weakref
 from collections import Counter, OrderedDict
 
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
 from ..errors import ConfigError
 
 _local = threading.local()
@@ -83,15 +86,13 @@ def torch_device():
 # ---------------------------------------------------------------------------- kept copies
 #: read-only host arrays whose copy on a device is kept (the last _KEPT_ENTRIES): a shard's index
 #: arrays between steps, and a release the ledger's device noise produced, for the server's solve
-_KEPT_ENTRIES = 64  # a shard keeps about 7, 3 more per chunk of its user solve (5 chunks at the MSD shape), a step 6
+_KEPT_ENTRIES = 512  # a shard keeps about 7, 3 more per chunk of its user solve (5 chunks at the MSD shape with d = 32, 72 with d = 128), a step 6
 _kept: OrderedDict = OrderedDict()
 
 
 def read_only_root(arr) -> object | None:
     """The array owning ``arr``'s memory when that memory is read-only (it cannot change while
     it lives), else None."""
-    import numpy as np
-
     root = arr
     while isinstance(root.base, np.ndarray):
         root = root.base
@@ -117,7 +118,10 @@ def _key(arr, root, dev, tag) -> tuple:
 
 def kept(arr, dev, tag=None):
     """The kept device copy of the read-only array ``arr`` on ``dev`` (with what was kept beside
-    it), or None. The caller must not write to the tensor."""
+    it), or None: for a :class:`DeviceArray` on ``dev``, its tensor. The caller must not write to
+    the tensor."""
+    if isinstance(arr, DeviceArray):
+        return arr.tensor if tag is None and _device_name(arr.device) == _device_name(dev) else None
     root = read_only_root(arr)
     if root is None:
         return None
@@ -132,7 +136,9 @@ def kept(arr, dev, tag=None):
 def keep(arr, dev, copy, tag=None) -> None:
     """Remember ``copy`` (a tensor on ``dev``, and whatever goes with it) as the device copy of
     ``arr``, when ``arr``'s memory is read-only; else nothing. The copy is dropped when ``arr``
-    dies, or when later arrays push it out."""
+    dies, or when later arrays push it out. A :class:`DeviceArray` is its own device copy."""
+    if isinstance(arr, DeviceArray):
+        return
     root = read_only_root(arr)
     if root is None:
         return
@@ -158,16 +164,145 @@ def kept_or_make(arr, dev, tag, make):
     return hit
 
 
-def to_host_kept(t, dev):
-    """The device tensor ``t`` as a read-only numpy array that owns its memory, ``t`` kept as
-    its device copy on ``dev``: the next reader (a kernel, the ledger) reads it there instead
-    of copying it back. Counted in :data:`transfers`."""
-    import numpy as np
+class DeviceArray(NDArrayOperatorsMixin):
+    """A read-only array whose values live on a device: what a device kernel or the ledger's
+    device noise returns where the next reader may be on the device too (a shard's item
+    statistics, their sums, a release). A device kernel reads its tensor where it is
+    (:func:`kept`), so the item side of a step goes from the client's statistics to the
+    server's solve without leaving the device.
 
+    Host code reads it as a numpy array: ``np.asarray``, numpy's functions and operators, and
+    ndarray attributes (``x.sum()``, ``x.tolist()``) copy it to the host once (counted in
+    :data:`transfers`), read-only, and keep that copy; indexing with integers and slices copies
+    only the part asked for. ``shape``, ``dtype``, ``ndim``, ``size`` and ``len`` copy nothing.
+    The caller must not write to its tensor."""
+
+    __array_priority__ = 100
+
+    def __init__(self, tensor, dev):
+        self.tensor, self.device = tensor, dev
+        self._host = None
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.tensor.shape)
+
+    @property
+    def dtype(self):
+        return np.dtype(str(self.tensor.dtype).removeprefix("torch."))
+
+    @property
+    def ndim(self) -> int:
+        return self.tensor.dim()
+
+    @property
+    def size(self) -> int:
+        return self.tensor.numel()
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+    def __len__(self) -> int:
+        return len(self.tensor)
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, device={_device_name(self.device)!r})"
+
+    def host(self):
+        """The values as a read-only numpy array that owns its memory (copied on the first call),
+        with the tensor kept as its device copy (:func:`keep`)."""
+        if self._host is None:
+            self._host = to_host_kept(self.tensor, self.device)
+        return self._host
+
+    def __array__(self, dtype=None, copy=None):
+        h = self.host()
+        if dtype is not None and h.dtype != dtype:
+            if copy is False:
+                raise ValueError(f"{self!r} as {np.dtype(dtype)}: a change of dtype needs a copy")
+            return h.astype(dtype)
+        return h.copy() if copy else h
+
+    def astype(self, dtype, copy: bool = True):
+        """The values in ``dtype``, on the device (``copy=False``: itself when already in it)."""
+        dtype = np.dtype(dtype)
+        if not copy and dtype == self.dtype:
+            return self
+        torch = torch_device_module()
+        return DeviceArray(self.tensor.to(torch.from_numpy(np.empty(0, dtype=dtype)).dtype, copy=True), self.device)
+
+    def __getitem__(self, key):
+        basic = all(k is None or k is Ellipsis or isinstance(k, int) or (isinstance(k, slice) and (k.step or 1) > 0)
+                    for k in (key if isinstance(key, tuple) else (key,)))
+        if not basic or self._host is not None:
+            return self.host()[key]
+        return _copy_to_host(self.tensor[key])
+
+    def __float__(self) -> float:
+        return float(self.host())
+
+    def __int__(self) -> int:
+        return int(self.host())
+
+    def __bool__(self) -> bool:
+        return bool(self.host())
+
+    def __getattr__(self, name: str):  # the ndarray attributes not defined here: on the host copy
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.host(), name)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        out = kwargs.get("out")
+        if out is not None:
+            kwargs["out"] = tuple(_on_host(x) for x in out)
+        return getattr(ufunc, method)(*(_on_host(x) for x in inputs), **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return func(*_on_host(args), **_on_host(kwargs))
+
+
+def _on_host(x):
+    """``x`` with every :class:`DeviceArray` in it (in lists, tuples, dicts) as its host copy."""
+    if isinstance(x, DeviceArray):
+        return x.host()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_on_host(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _on_host(v) for k, v in x.items()}
+    return x
+
+
+def _copy_to_host(t):
+    """The tensor ``t`` as a new read-only numpy array (counted in :data:`transfers`)."""
     torch = torch_device_module()
     host = np.empty(tuple(t.shape), dtype=torch.empty((), dtype=t.dtype).numpy().dtype)
     torch.from_numpy(host).copy_(t)
     transfers["to_host"] += host.nbytes
     host.flags.writeable = False
+    return host
+
+
+def to_host_kept(t, dev):
+    """The device tensor ``t`` as a read-only numpy array that owns its memory, ``t`` kept as
+    its device copy on ``dev`` (a device kernel that reads the array reads ``t``). Counted in
+    :data:`transfers`."""
+    host = _copy_to_host(t)
     keep(host, dev, t)
     return host
+
+
+def as_tensor(x, dev, dtype=None):
+    """``x`` as a tensor on the torch device ``dev`` (in ``dtype``): a :class:`DeviceArray`
+    there is read where it is (its own tensor, or a converted copy on the device), anything else
+    is copied from the host (counted in :data:`transfers`). The caller must not write to it."""
+    torch = torch_device_module()
+    on_device = kept(x, dev)
+    if on_device is None:
+        host = np.ascontiguousarray(x)
+        if not host.flags.writeable:
+            host = host.copy()
+        on_device = torch.from_numpy(host)
+        transfers["to_device"] += host.nbytes
+    return on_device.to(device=dev, dtype=dtype)

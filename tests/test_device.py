@@ -556,25 +556,25 @@ def test_a_device_array_reads_as_a_read_only_numpy_array_copied_once(dev):
 
 
 def _adadpals_step_state(inter, d: int, steps: int = 2):
+    """A private AdaDPALS state ready for its steps, its setup releases taken as exact (the
+    steps' transfers are measured, not the setup's), and its ledger."""
     from fedpriv.algorithms import als
     from fedpriv.engine.inprocess import new_state
-    from fedpriv.privacy.weights import adaptive_omega
 
-    cfg = als.ALSConfig(rank=d, steps=steps)
-    state, ledger = new_state("adadpals", cfg, inter, (1.0, 5.0), False, 5.0, 1e-5)
-    state.mean = 3.5
-    state.counts_hat = inter.item_counts().astype(np.float64)
-    state.omega = adaptive_omega(state.counts_hat, cfg.mu, inter.n_users, cfg.beta)
+    state, ledger = new_state("adadpals", als.ALSConfig(rank=d, steps=steps), inter, (1.0, 5.0), False, 5.0, 1e-5)
+    state.mean, state.n_users, state.counts_hat = 3.5, inter.n_users, inter.item_counts().astype(np.float64)
+    als.server_weights(state)  # the server's own rule, from those counts
     als.server_init(state)
     return state, ledger
 
 
 @pytest.mark.parametrize("dev", DEVICES)
 def test_an_adadpals_step_keeps_its_item_side_on_the_device(dev):
-    """A private AdaDPALS step on the device: the shard's item statistics, their sums, the
-    ledger's noise and the server's solve stay there; what crosses to the host is of the users'
-    and the items' factors' size (the user solves, the item factors), far below one copy of the
-    item statistics. The positive control: a host read of the release moves those statistics."""
+    """A private AdaDPALS step on the device: the users' solves, their clipped rows, the shard's
+    item statistics, their sums, the ledger's noise and the server's solve stay there. What
+    crosses to the host is the item solve's result; what crosses to the device is the item
+    factors and a few item-long vectors (the targets' bias terms). The positive control: a host
+    read of the release moves the statistics."""
     from fedpriv.algorithms import als
     from fedpriv.algorithms.shards import shard_users
     from fedpriv.data.synthetic import make_mf
@@ -586,14 +586,15 @@ def test_an_adadpals_step_keeps_its_item_side_on_the_device(dev):
         state, ledger = _adadpals_step_state(inter, d)
         shard = shard_users(inter)
         als.server_item_update(*als.release_item_stats(*als.sum_item_stats([als.client_item_stats(shard, state)], state.n_items, d + 1), state, ledger), state)
-        before = device.transfers["to_host"]
+        before, sent = device.transfers["to_host"], device.transfers["to_device"]
         part = als.client_item_stats(shard, state)
         A, b, g = als.release_item_stats(*als.sum_item_stats([part], state.n_items, d + 1), state, ledger)
         als.server_item_update(A, b, g, state)
-        moved = device.transfers["to_host"] - before
+        moved, sent = device.transfers["to_host"] - before, device.transfers["to_device"] - sent
         assert isinstance(A, device.DeviceArray) and isinstance(part.A, device.DeviceArray)
         assert isinstance(state.item_factors, np.ndarray) and state.item_factors.shape == (inter.n_items, d)
-        assert moved <= 8 * inter.n_users * (d + 2) + 8 * inter.n_items * (d + 2) < stats_bytes
+        assert moved <= 8 * inter.n_items * (d + 1) < stats_bytes  # the server's item solve, nothing else
+        assert sent <= 4 * inter.n_items * d + 8 * 4 * inter.n_items  # the item factors, a few item-long vectors: nothing per user or per rating
         before = device.transfers["to_host"]
         np.asarray(A)
         assert device.transfers["to_host"] - before >= 2 * stats_bytes  # float64: the control crosses
@@ -667,3 +668,35 @@ def test_a_steady_step_in_many_user_chunks_copies_no_packing_again(dev, monkeypa
         rebuilt = step(state, ledger, shard)
     assert steady <= factor_bytes
     assert rebuilt - steady >= 8 * 2 * len(inter)  # the slots of the chunks' and the items' packings
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_users_rows_clipped_on_the_device_are_the_hosts(dev):
+    """The users' rows as they enter the item statistics (kernels.released_rows: clipping, the
+    bias column), made on the device from rows solved there, equal the host's
+    (privacy.clipping.clip_rows) to float64 rounding: non-finite rows become zero, long rows are
+    scaled to the bound, short rows are kept. A row stack made of pieces on the device stays
+    there."""
+    import torch
+
+    rng = np.random.default_rng(9)
+    U = rng.normal(size=(40, 5)) * rng.uniform(0.1, 3.0, size=(40, 1))
+    U[3, 2] = np.nan
+    U[7, 0] = np.inf
+    host = kernels.released_rows(U, 1.5, 0.7)
+    with device.use(dev):
+        tdev = device.torch_device()
+        pieces = [device.DeviceArray(torch.from_numpy(U[:25].copy()).to(tdev), tdev), device.DeviceArray(torch.from_numpy(U[25:].copy()).to(tdev), tdev)]
+        stacked = kernels.stack_rows(pieces, 5)
+        assert isinstance(stacked, device.DeviceArray)
+        got = kernels.released_rows(stacked, 1.5, 0.7)
+        assert isinstance(got, device.DeviceArray) and got.shape == (40, 6)
+        unclipped = np.asarray(kernels.released_rows(stacked, None, None))
+    got = np.asarray(got)
+    assert np.allclose(got, host, rtol=1e-12, atol=1e-15)
+    assert np.all(got[[3, 7], :5] == 0.0) and np.all(got[:, 5] == 0.7)
+    assert np.max(np.linalg.norm(got[:, :5], axis=1)) <= 1.5 * (1 + 1e-12)
+    finite = np.isfinite(U).all(axis=1)
+    short = finite & (np.linalg.norm(np.where(finite[:, None], U, 0.0), axis=1) <= 1.5)
+    assert short.any() and (finite & ~short).any() and np.array_equal(got[short, :5], U[short])  # short rows as they were
+    assert np.array_equal(np.nan_to_num(unclipped[~np.isfinite(U).all(axis=1)], nan=1.0), np.zeros((2, 5)))

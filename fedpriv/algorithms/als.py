@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import ConfigError
-from ..privacy.clipping import clip_rows, clip_values
+from ..privacy.clipping import clip_values
 from ..privacy.ledger import PrivacyLedger, public_gaussian
 from ..privacy.weights import adaptive_omega, uniform_user_weights
 from . import options, registry
 from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
-from .kernels import Targets, project_psd, project_psd_solve, segment_solve, segment_stats, solve_spd, sum_rows
+from .kernels import Targets, project_psd, project_psd_solve, released_rows, segment_solve, segment_stats, solve_spd, stack_rows, sum_rows
 from .shards import UserShard
 
 if TYPE_CHECKING:
@@ -297,11 +297,7 @@ def released_user_vectors(U: np.ndarray, state: PublicState) -> np.ndarray:
     vector, with its fixed bias coordinate, has norm <= user_clip."""
     cfg = state.config
     kappa = bias_coordinate(state)
-    if state.private:
-        U = clip_rows(U, math.sqrt(cfg.user_clip**2 - kappa**2))
-    if item_bias_coordinate(cfg):
-        U = np.hstack([U, np.full((len(U), 1), kappa)])
-    return U
+    return released_rows(U, math.sqrt(cfg.user_clip**2 - kappa**2) if state.private else None, kappa if item_bias_coordinate(cfg) else None)
 
 
 def user_design(state: PublicState) -> np.ndarray:
@@ -322,13 +318,14 @@ def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int 
     has them already.
 
     Returns (n_users, d) factors, or (n_users, d + 1) with the user's bias last when
-    ``user_bias`` is on.
+    ``user_bias`` is on, in float64; on a device, left there (a
+    :class:`fedpriv.util.device.DeviceArray`, which host code reads as a numpy array).
     """
     cfg = state.config
     V = user_design(state)
     d = V.shape[1]
     y = client_target_terms(shard, state) if targets is None else targets
-    U = np.zeros((shard.n_users, d), dtype=np.float64)
+    pieces = []
     gravity = cfg.gravity * (V.T.astype(np.float64) @ V) if cfg.gravity > 0 else None
     step = max(1, (chunk_floats or USER_CHUNK_FLOATS) // ((d + 1) ** 2))
     counts = np.diff(shard.indptr)
@@ -340,8 +337,8 @@ def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int 
         s, e = shard.indptr[u0], shard.indptr[u1]
         n = counts[u0:u1].astype(np.float64)
         reg = cfg.reg_user * (np.maximum(n, 1.0) if cfg.weighted_reg else 1.0)
-        U[u0:u1] = segment_solve(V, shard.items[s:e], shard.indptr[u0 : u1 + 1] - s, y[s:e], reg, gravity)
-    return U
+        pieces.append(segment_solve(V, shard.items[s:e], shard.indptr[u0 : u1 + 1] - s, y[s:e], reg, gravity))
+    return stack_rows(pieces, d)  # on a device, left there (a DeviceArray) for the item statistics
 
 
 def split_user_vectors(U: np.ndarray, state: PublicState) -> tuple[np.ndarray, np.ndarray]:

@@ -121,7 +121,7 @@ def _targets_on_device(torch, dev, targets, order_t, n: int):
     else:
         y = _values(torch, dev, targets.base) - targets.shift
     for table, index in targets.terms:
-        table = np.asarray(table)
+        table = table if isinstance(table, device.DeviceArray) else np.asarray(table)  # a user bias solved on the device is read there
         idx, (lo, hi) = resident(torch, dev, index)
         if n and (lo < 0 or hi >= len(table)):
             raise IndexError(f"targets: index holds entries outside 0..{len(table) - 1}")
@@ -230,8 +230,9 @@ def _cholesky(torch, dev, At, bt, reg):
 
 def stats_solve_on_device(torch, dev, plan, padded, d: int, n_seg: int, reg, extra=None):
     """The solutions x_s = (A_s + extra + reg_s I)^-1 b_s of every segment's statistics (with
-    targets), the Gram blocks never leaving the device; and, for the systems the float32
-    Cholesky rejects (NaN rows of x), their (A_s + extra, b_s) for the float64 fallback."""
+    targets), a float64 tensor on the device (the Gram blocks never leave it); and, for the
+    systems the float32 Cholesky rejects (NaN rows of x), their rows and (A_s + extra, b_s) on
+    the host for the float64 fallback (:func:`set_rows_on_device` puts its solutions in x)."""
     G = _gram_on_device(torch, dev, plan, padded, d, n_seg, True, False)
     extra_t = _t(torch, extra, dev, torch.float32) if extra is not None else None
     At = G[:, :d, :d].contiguous()  # the solves' scratch (G keeps the sums for the fallback)
@@ -240,13 +241,38 @@ def stats_solve_on_device(torch, dev, plan, padded, d: int, n_seg: int, reg, ext
     bt = G[:, :d, d].contiguous()
     x = _cholesky(torch, dev, At, bt, reg)
     bad = torch.isnan(x).any(dim=-1)
-    x = _host(x)
     if not bad.any():
         return x, None
     A_bad = G[bad][:, :d, :d]
     if extra_t is not None:
         A_bad = A_bad + extra_t
     return x, (_host(bad), _host(A_bad), _host(bt[bad]))
+
+
+def set_rows_on_device(torch, dev, x, rows: np.ndarray, values: np.ndarray):
+    """``x`` (a tensor on the device) with the rows where ``rows`` (a host mask) is set replaced
+    by ``values`` (host)."""
+    x[_t(torch, rows, dev)] = _t(torch, values, dev, x.dtype)
+    return x
+
+
+def stack_rows_on_device(torch, dev, pieces: list) -> device.DeviceArray:
+    """The DeviceArrays ``pieces`` one after another (rows), on the device, in float64."""
+    return device.DeviceArray(torch.cat([_t(torch, p, dev, torch.float64) for p in pieces]), dev)
+
+
+def released_rows_on_device(torch, dev, U, max_norm: float | None, column: float | None) -> device.DeviceArray:
+    """:func:`kernels.released_rows` on the device, in float64: the rows with a non-finite
+    entry zeroed, each row scaled to L2 norm at most ``max_norm``
+    (:func:`fedpriv.privacy.clipping.clip_rows`'s formula), then a column of ``column``."""
+    x = _t(torch, U, dev, torch.float64)
+    x = torch.where(torch.isfinite(x).all(dim=-1, keepdim=True), x, torch.zeros((), dtype=x.dtype, device=dev))
+    if max_norm is not None and np.isfinite(max_norm):
+        norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        x = x * torch.clamp(max_norm / torch.clamp(norms, min=1e-30), max=1.0)
+    if column is not None:
+        x = torch.cat([x, torch.full((len(x), 1), float(column), dtype=x.dtype, device=dev)], dim=1)
+    return device.DeviceArray(x, dev)
 
 
 def gradient_rows_on_device(torch, dev, X, theta, rows, items, y, clip: float):

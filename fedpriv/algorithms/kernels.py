@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..privacy.clipping import clip_values
+from ..privacy.clipping import clip_rows, clip_values
 from ..privacy.symmetric import from_upper, upper  # noqa: F401 - the wire format of d x d blocks
 from ..util import device
 from ..util.threads import map_chunks, thread_count
@@ -269,8 +269,36 @@ def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, ta
     x, rejected = device_kernels.stats_solve_on_device(torch, dev, _device_plan(dev, indptr, d), padded, d, len(indptr) - 1, reg, extra)
     if rejected is not None:  # the float64 least-squares fallback, on the CPU (as solve_spd's)
         bad, A_bad, b_bad = rejected
-        x[bad] = _solve_spd_numpy(A_bad, b_bad, _reg_of(reg, len(x))[bad])
-    return x
+        x = device_kernels.set_rows_on_device(torch, dev, x, bad, _solve_spd_numpy(A_bad, b_bad, _reg_of(reg, len(x))[bad]))
+    return device.DeviceArray(x, dev)  # the users' rows stay on the device for their item statistics
+
+
+def stack_rows(pieces: list, width: int):
+    """The row blocks ``pieces`` one after another, in float64 ((0, width) for none): on the
+    device where they all are (:class:`fedpriv.util.device.DeviceArray` s), else on the host."""
+    if pieces and all(isinstance(p, device.DeviceArray) for p in pieces):
+        from . import device_kernels
+
+        return device_kernels.stack_rows_on_device(device.torch_device_module(), pieces[0].device, pieces)
+    if not pieces:
+        return np.zeros((0, width))
+    return np.concatenate([np.asarray(p, dtype=np.float64) for p in pieces])
+
+
+def released_rows(U, max_norm: float | None, column: float | None):
+    """The rows of ``U`` as they enter a release: clipped to L2 norm ``max_norm``
+    (:func:`fedpriv.privacy.clipping.clip_rows`; None: not clipped), then with a last column
+    of ``column`` (None: none). Where ``U`` is on the device (a DeviceArray), there, in
+    float64 (the same formula)."""
+    if isinstance(U, device.DeviceArray):
+        from . import device_kernels
+
+        return device_kernels.released_rows_on_device(device.torch_device_module(), U.device, U, max_norm, column)
+    if max_norm is not None:
+        U = clip_rows(U, max_norm)
+    if column is not None:
+        U = np.hstack([U, np.full((len(U), 1), column)])
+    return U
 
 
 def sum_rows(shape: tuple, pieces) -> np.ndarray:

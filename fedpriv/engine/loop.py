@@ -174,6 +174,7 @@ def train_rounds(transport: Transport, aggregator: CentralAggregator | SecureAgg
         release = aggregator.run(kind, transport, state, step, family.group(state, step))
         ta = time.perf_counter()
         family.server_step(release, state, server)
+        release = None  # on a device, its memory is free for the next step's statistics
         te = time.perf_counter()
         client = aggregator.client_seconds
         hooks.timings.append({"client_seconds": client, "aggregate_seconds": ta - ts - client, "server_seconds": te - ta})

@@ -173,9 +173,10 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     Host code reads it as a numpy array: ``np.asarray``, numpy's functions and operators, and
     ndarray attributes (``x.sum()``, ``x.tolist()``) copy it to the host once (counted in
-    :data:`transfers`), read-only, and keep that copy; indexing with integers and slices copies
-    only the part asked for. ``shape``, ``dtype``, ``ndim``, ``size`` and ``len`` copy nothing.
-    The caller must not write to its tensor."""
+    :data:`transfers`), read-only, and keep that copy. Indexing with integers and slices gives
+    the part as a DeviceArray (copied alone where it is read). ``shape``, ``dtype``, ``ndim``,
+    ``size``, ``len`` and ``astype`` copy nothing to the host. The caller must not write to its
+    tensor."""
 
     __array_priority__ = 100
 
@@ -233,11 +234,19 @@ class DeviceArray(NDArrayOperatorsMixin):
         return DeviceArray(self.tensor.to(torch.from_numpy(np.empty(0, dtype=dtype)).dtype, copy=True), self.device)
 
     def __getitem__(self, key):
+        """Integers and slices (the basic indexes torch takes): the part, still on the device
+        (copied alone where host code reads it); any other index reads the host copy."""
         basic = all(k is None or k is Ellipsis or isinstance(k, int) or (isinstance(k, slice) and (k.step or 1) > 0)
                     for k in (key if isinstance(key, tuple) else (key,)))
         if not basic or self._host is not None:
             return self.host()[key]
-        return _copy_to_host(self.tensor[key])
+        return DeviceArray(self.tensor[key], self.device)
+
+    def __iter__(self):
+        return iter(self.host())
+
+    def __format__(self, spec: str) -> str:
+        return format(self.host(), spec) if self.ndim else format(self.host().item(), spec)
 
     def __float__(self) -> float:
         return float(self.host())

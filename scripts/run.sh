@@ -34,10 +34,17 @@ export TMPDIR="$RUN_TMP" RAY_TMPDIR="$RUN_TMP"
 # `flwr run` leaves its local SuperLink running, and a stopped `flwr run` leaves the whole run:
 # stop every process started under this FLWR_HOME, found by PID through the FLWR_HOME in its
 # environment (SuperLink, SuperExec, simulation, Ray: fedpriv.util.processes, standard library only)
+# Flower installs the app by copying it file by file into $FLWR_HOME/apps/<app>.<hash>, and a
+# later run of the same code reuses any folder of that name: a stop during the copy left a
+# half-installed app (no pyproject.toml) that every later run failed on. The installed apps are
+# a cache: removed once this run's processes are gone, and before it starts unless another run
+# under this FLWR_HOME is using them.
 stop_flower() {
     .venv/bin/python -c 'import sys; from fedpriv.util.processes import pids_with_env, stop_all; stop_all(lambda: pids_with_env("FLWR_HOME", sys.argv[1]), 2.0)' "$FLWR_HOME" || true
-    rm -rf "$RUN_TMP"  # after the processes that wrote there are gone
+    rm -rf "$RUN_TMP" "$FLWR_HOME/apps"  # after the processes that wrote there are gone
 }
+.venv/bin/python -c 'import sys; from fedpriv.util.processes import pids_with_env; sys.exit(1 if pids_with_env("FLWR_HOME", sys.argv[1]) else 0)' "$FLWR_HOME" \
+    && rm -rf "$FLWR_HOME/apps"
 FLWR_PID=""
 on_signal() {  # $1: the signal's name, $2: its number
     trap '' INT TERM HUP

@@ -131,13 +131,19 @@ def test_stop_signals_raise_stopped_and_let_the_cleanup_finish():
 def test_ctrl_c_on_the_main_job_script_stops_everything_with_one_line():
     """`bash scripts/run.sh` interrupted mid-run as a terminal's Ctrl-C does (SIGINT to its
     whole process group), once the simulation is writing into the run's own folder: exit 130,
-    one line, no traceback, and no process left under the project's FLWR_HOME (SuperLink,
-    SuperExec, simulation, Ray).
+    one line, no traceback, no process left under the project's FLWR_HOME (SuperLink,
+    SuperExec, simulation, Ray), and no installed app (a half-installed one, planted before the
+    run as an interrupted install leaves it, is gone too).
 
     The signal is sent as soon as the run's processes and its folder are seen, not at a log
     line: `flwr run --stream` may deliver the rounds' lines late, and the default run (the bias
     model, five rounds) can end within the time that checking its processes takes."""
     home = ROOT / ".flwr"
+    # a half-installed app, as a stop during Flower's file-by-file install of the app leaves it
+    # (flwr reuses a folder of the app's name, so every later run of the same code failed on it)
+    partial = home / "apps" / "fedpriv.fedpriv.0.1.0.0123abcd"
+    (partial / "fedpriv").mkdir(parents=True, exist_ok=True)
+    (partial / "LICENSE").write_text("half-installed\n")
     proc = subprocess.Popen(["bash", "scripts/run.sh"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     proc.stderr = proc.stdout  # one stream: _wait_for_line reads it
@@ -170,6 +176,7 @@ def test_ctrl_c_on_the_main_job_script_stops_everything_with_one_line():
     assert code == 130, text[-3000:]
     assert left == []
     assert not run_tmp.exists(), f"the run's temporary folder is left: {sorted(p.name for p in run_tmp.iterdir())}"
+    assert not (home / "apps").exists(), f"installed apps are left: {sorted(p.name for p in (home / 'apps').iterdir())}"
     assert "Traceback" not in text, text[-3000:]
     assert text.rstrip().splitlines()[-1].startswith("run.sh: stopped by SIGINT"), text[-500:]
 

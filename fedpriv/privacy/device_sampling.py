@@ -36,7 +36,6 @@ from . import sampling as cpu
 from .sampling import Lattice, lattice_for
 from .symmetric import triangle_positions
 from ..util import device
-from ..util.device import transfers
 
 #: samples drawn per block on the device (temporaries of about 12 words of 8 bytes each)
 BLOCK = 1 << 22
@@ -201,11 +200,7 @@ def release(value, sensitivity: float, noise_multiplier: float, symmetric: bool,
     solve reads it there, host code that reads it copies it back once); that of a host array
     is a read-only host array with its device copy kept (:func:`fedpriv.util.device.to_host_kept`)."""
     torch = bits.torch
-    t = device.kept(value, bits.dev)  # sums made on the device: read there (never written)
-    if t is None:
-        t = torch.tensor(np.asarray(value), dtype=torch.float64, device=bits.dev)
-        transfers["to_device"] += t.numel() * 8
-    t = t.to(torch.float64)
+    t = device.as_tensor(value, bits.dev, torch.float64)  # sums made on the device: read there (never written)
     if not symmetric:
         out = lattice_gaussian_on_device(t, sensitivity, noise_multiplier, bits)
     else:

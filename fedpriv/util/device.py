@@ -178,8 +178,6 @@ class DeviceArray(NDArrayOperatorsMixin):
     ``size``, ``len`` and ``astype`` copy nothing to the host. The caller must not write to its
     tensor."""
 
-    __array_priority__ = 100
-
     def __init__(self, tensor, dev):
         self.tensor, self.device = tensor, dev
         self._host = None
@@ -190,7 +188,7 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     @property
     def dtype(self):
-        return np.dtype(str(self.tensor.dtype).removeprefix("torch."))
+        return _numpy_dtype(self.tensor.dtype)
 
     @property
     def ndim(self) -> int:
@@ -283,35 +281,38 @@ def _on_host(x):
     return x
 
 
-def _copy_to_host(t):
-    """The tensor ``t`` as a new read-only numpy array (counted in :data:`transfers`)."""
-    torch = torch_device_module()
-    host = np.empty(tuple(t.shape), dtype=torch.empty((), dtype=t.dtype).numpy().dtype)
-    torch.from_numpy(host).copy_(t)
-    transfers["to_host"] += host.nbytes
-    host.flags.writeable = False
-    return host
+def _numpy_dtype(torch_dtype) -> np.dtype:
+    return np.dtype(str(torch_dtype).removeprefix("torch."))
 
 
 def to_host_kept(t, dev):
     """The device tensor ``t`` as a read-only numpy array that owns its memory, ``t`` kept as
     its device copy on ``dev`` (a device kernel that reads the array reads ``t``). Counted in
     :data:`transfers`."""
-    host = _copy_to_host(t)
+    host = np.empty(tuple(t.shape), dtype=_numpy_dtype(t.dtype))
+    torch_device_module().from_numpy(host).copy_(t)
+    transfers["to_host"] += host.nbytes
+    host.flags.writeable = False
     keep(host, dev, t)
     return host
 
 
-def as_tensor(x, dev, dtype=None):
-    """``x`` as a tensor on the torch device ``dev`` (in ``dtype``): a :class:`DeviceArray`
-    there is read where it is (its own tensor, or a converted copy on the device), anything else
-    is copied from the host (counted in :data:`transfers`). The caller must not write to it."""
+def as_tensor(x, dev, dtype=None, *, own: bool = False):
+    """``x`` as a tensor on the torch device ``dev`` (in ``dtype``). A :class:`DeviceArray` on
+    ``dev``, or a read-only array with a kept copy there (:func:`kept`), is read where it is;
+    anything else is copied from the host, contiguous (counted in :data:`transfers`). ``own``: a
+    copy of what is on the device, the caller's to write to; else shared (a converted copy for
+    another dtype): the caller must not write to it."""
     torch = torch_device_module()
     on_device = kept(x, dev)
-    if on_device is None:
-        host = np.ascontiguousarray(x)
-        if not host.flags.writeable:
-            host = host.copy()
-        on_device = torch.from_numpy(host)
-        transfers["to_device"] += host.nbytes
-    return on_device.to(device=dev, dtype=dtype)
+    if on_device is None and not isinstance(x, DeviceArray):
+        x = np.asarray(x)
+        on_device = kept(x, dev)
+    if on_device is not None:
+        return on_device.to(dtype=dtype or on_device.dtype, copy=own)
+    x = np.asarray(x)
+    if not x.flags.writeable or any(s < 0 for s in x.strides):  # torch takes neither a read-only array nor negative strides
+        x = x.copy()
+    t = torch.from_numpy(x).contiguous()
+    transfers["to_device"] += t.numel() * t.element_size()
+    return t.to(device=dev, dtype=dtype)

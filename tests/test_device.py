@@ -700,3 +700,22 @@ def test_users_rows_clipped_on_the_device_are_the_hosts(dev):
     short = finite & (np.linalg.norm(np.where(finite[:, None], U, 0.0), axis=1) <= 1.5)
     assert short.any() and (finite & ~short).any() and np.array_equal(got[short, :5], U[short])  # short rows as they were
     assert np.array_equal(np.nan_to_num(unclipped[~np.isfinite(U).all(axis=1)], nan=1.0), np.zeros((2, 5)))
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_the_device_solves_leave_their_inputs_as_they_were(dev):
+    """solve_spd does not write to the caller's A (overwrite_a is False by default) on any
+    device: on torch's CPU device the copy to the "device" used to share the caller's memory,
+    and the solve added its ridge to the caller's diagonal. The CPU back end is the control."""
+    rng = np.random.default_rng(10)
+    A = rng.normal(size=(40, 4, 4)).astype(np.float32)
+    A = A @ A.transpose(0, 2, 1)
+    b = rng.normal(size=(40, 4)).astype(np.float32)
+    A0, b0 = A.copy(), b.copy()
+    x_cpu = kernels.solve_spd(A, b, 0.5)
+    assert np.array_equal(A, A0)
+    with device.use(dev):
+        x = kernels.solve_spd(A, b, 0.5)
+        kernels.project_psd_solve(A, b, 0.1, 0.5)
+    assert np.array_equal(A, A0) and np.array_equal(b, b0)
+    assert np.allclose(x, x_cpu, rtol=1e-4, atol=1e-5)

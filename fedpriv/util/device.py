@@ -311,8 +311,10 @@ def as_tensor(x, dev, dtype=None, *, own: bool = False):
     if on_device is not None:
         return on_device.to(dtype=dtype or on_device.dtype, copy=own)
     x = np.asarray(x)
-    if not x.flags.writeable or any(s < 0 for s in x.strides):  # torch takes neither a read-only array nor negative strides
-        x = x.copy()
-    t = torch.from_numpy(x).contiguous()
+    copied = not x.flags.writeable or any(s < 0 for s in x.strides)  # torch takes neither a read-only array nor negative strides
+    t = torch.from_numpy(x.copy() if copied else x)
+    if not t.is_contiguous():
+        t, copied = t.contiguous(), True
     transfers["to_device"] += t.numel() * t.element_size()
-    return t.to(device=dev, dtype=dtype)
+    # own: on torch's CPU device, .to() alone would hand back the caller's own host memory
+    return t.to(device=dev, dtype=dtype, copy=own and not copied)

@@ -26,6 +26,10 @@ Prints one JSON object:
   (:mod:`fedpriv.privacy.device_sampling`, keyed with 128 bits of OS entropy), the values'
   copies to the device and back included, as the ledger makes them; its ratio is to
   ``float_os``. ``device_sampler_only_seconds``: the draws alone, values already there;
+  ``device_sampler_block``: what one block of the device sampler asks of the device (at the
+  step's largest noise), counted on any device, GPU or not: torch ops (kernel launches),
+  ``host_waits`` (ops whose result size depends on the data, or that copy to the host: each
+  makes the host wait for the device) and the GB the ops read and write;
 - ``opendp``: OpenDP's exact discrete Gaussian (``make_gaussian`` on i64 vectors) per coordinate,
   when OpenDP is installed (it is not a dependency: null otherwise).
 """
@@ -122,6 +126,40 @@ def _device_timings(values: dict, sens: dict, z: dict, name: str, repeats: int) 
         return _best(with_copies, repeats), _best(draws_only, repeats)
 
 
+def _block_profile(name: str, sigma2: float) -> dict:
+    """Ops, host waits and bytes of one block of :func:`device_sampling.discrete_gaussian_on_device`
+    on ``name``, counted at torch's dispatch (no timing: the same counts on a GPU and on the CPU)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from fedpriv.privacy import device_sampling
+    from fedpriv.util import device
+
+    sized_by_data = {"aten.nonzero.default", "aten.masked_select.default", "aten._local_scalar_dense.default"}
+
+    class Count(TorchDispatchMode):
+        ops = waits = touched = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            tensors = [x for x in tree_flatten((args, kwargs, out))[0] if isinstance(x, torch.Tensor)]
+            self.ops += 1
+            if str(func) != "aten.empty.memory_format":  # an allocation: no traffic
+                self.touched += sum(x.numel() * x.element_size() for x in tensors)
+            bool_index = str(func) == "aten.index.Tensor" and any(x is not None and x.dtype == torch.bool for x in args[1])
+            to_host = isinstance(out, torch.Tensor) and out.device.type == "cpu" and any(x.device.type != "cpu" for x in tensors)
+            self.waits += str(func) in sized_by_data or bool_index or to_host
+            return out
+
+    with device.use(name):
+        bits = device_sampling.DeviceBits(torch, device.torch_device())
+        device_sampling.discrete_gaussian_on_device(bits, sigma2, 1000)  # the generators made
+        with Count() as c:
+            device_sampling.discrete_gaussian_on_device(bits, sigma2, device_sampling.BLOCK)
+    return {"samples": device_sampling.BLOCK, "sigma2": sigma2, "ops": c.ops, "host_waits": c.waits, "gb_touched": c.touched / 1e9}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="ML-1M size instead of ML-10M")
@@ -175,6 +213,8 @@ def main() -> None:
     }
     if args.device:
         timings["lattice_device"], out["device_sampler_only_seconds"] = _device_timings(values, sens, z, args.device, args.repeats)
+        largest = max(values, key=lambda k: values[k].size)
+        out["device_sampler_block"] = _block_profile(args.device, sampling.lattice_for(sens[largest], z[largest], values[largest].size).sigma2)
     base = {"lattice_device": "float_os", "float_os": "float_os", "float_seeded": "float_seeded", "lattice_os": "float_os",
             "lattice_os_one_thread": "float_os", "lattice_seeded": "float_seeded"}
     out["coordinates"] = n

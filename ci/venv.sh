@@ -19,7 +19,7 @@ PY=${PYTHON:-python3}
 pin() { sed -n "s/^$1==//p" "$constraints" | head -n1; }
 torch_version=$(pin torch)
 [ -n "$torch_version" ] || { echo "$constraints pins no torch" >&2; exit 2; }
-[ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+"$venv/bin/python" -c "import pip" 2>/dev/null || "$PY" -m venv --clear "$venv"  # none yet, or half-made by a stop
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 use="$constraints"
 if [ "$relock" = --relock ]; then

@@ -10,24 +10,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-# torch from the CPU wheel first (a plain `pip install torch` may pull a multi-GB CUDA build), then
-# fedpriv within the versions CI tests (ci/constraints-oldest.txt; any version in the declared
-# ranges works)
-CONSTRAINTS=()
-[ -f ci/constraints-oldest.txt ] && CONSTRAINTS=(-c ci/constraints-oldest.txt)
-.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install --quiet --disable-pip-version-check "${CONSTRAINTS[@]}" torch
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "${CONSTRAINTS[@]}" -e .
-
+. scripts/steps.sh  # step / stop_step: a stop reaches the step running (venv, pip, flwr run)
 # offline, quiet Flower with a project-local home (flwr starts flower-superlink from PATH)
 export PATH="$PWD/.venv/bin:$PATH" FLWR_HOME="$PWD/.flwr" FLWR_TELEMETRY_ENABLED=0 \
     FLWR_DISABLE_UPDATE_CHECK=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
     RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0
-mkdir -p "$FLWR_HOME"
 OUT="$PWD/runs/default"
-# the run's own temporary folder (every process it starts writes there: the job's copy of the
-# node data, Ray's session files), removed with the run however it ends; short enough for
-# Ray's socket paths (fedpriv.ops.launcher.RAY_TMPDIR_MAX)
+# the run's own temporary folder (every process it starts writes there: pip's builds, the job's
+# copy of the node data, Ray's session files), removed with the run however it ends; short
+# enough for Ray's socket paths (fedpriv.ops.launcher.RAY_TMPDIR_MAX)
 RUN_TMP=$(mktemp -d /tmp/fedpriv-run.XXXXXX)
 export TMPDIR="$RUN_TMP" RAY_TMPDIR="$RUN_TMP"
 
@@ -39,17 +30,18 @@ export TMPDIR="$RUN_TMP" RAY_TMPDIR="$RUN_TMP"
 # half-installed app (no pyproject.toml) that every later run failed on. The installed apps are
 # a cache: removed once this run's processes are gone, and before it starts unless another run
 # under this FLWR_HOME is using them.
+FLOWER=0  # set once the Flower run starts
 stop_flower() {
-    .venv/bin/python -c 'import sys; from fedpriv.util.processes import pids_with_env, stop_all; stop_all(lambda: pids_with_env("FLWR_HOME", sys.argv[1]), 2.0)' "$FLWR_HOME" || true
-    rm -rf "$RUN_TMP" "$FLWR_HOME/apps"  # after the processes that wrote there are gone
+    if [ "$FLOWER" = 1 ]; then
+        .venv/bin/python -c 'import sys; from fedpriv.util.processes import pids_with_env, stop_all; stop_all(lambda: pids_with_env("FLWR_HOME", sys.argv[1]), 2.0)' "$FLWR_HOME" || true
+        rm -rf "$FLWR_HOME/apps"  # after the processes that wrote there are gone
+    fi
+    rm -rf "$RUN_TMP"
 }
-.venv/bin/python -c 'import sys; from fedpriv.util.processes import pids_with_env; sys.exit(1 if pids_with_env("FLWR_HOME", sys.argv[1]) else 0)' "$FLWR_HOME" \
-    && rm -rf "$FLWR_HOME/apps"
-FLWR_PID=""
 on_signal() {  # $1: the signal's name, $2: its number
     trap '' INT TERM HUP
     trap - EXIT
-    [ -n "$FLWR_PID" ] && kill -TERM -- "-$FLWR_PID" 2>/dev/null
+    stop_step TERM 10  # pip (and what it built with), or `flwr run`
     stop_flower
     echo "run.sh: stopped by SIG$1: the run and every process it started are stopped" >&2
     exit $((128 + $2))
@@ -59,16 +51,26 @@ trap 'on_signal TERM 15' TERM
 trap 'on_signal HUP 1' HUP
 trap stop_flower EXIT
 
+# the environment: a venv that a stop left half-made (python, no pip) is made again
+.venv/bin/python -c "import pip" 2>/dev/null || step "$PY" -m venv --clear .venv
+# torch from the CPU wheel first (a plain `pip install torch` may pull a multi-GB CUDA build), then
+# fedpriv within the versions CI tests (ci/constraints-oldest.txt; any version in the declared
+# ranges works)
+CONSTRAINTS=()
+[ -f ci/constraints-oldest.txt ] && CONSTRAINTS=(-c ci/constraints-oldest.txt)
+.venv/bin/python -c "import torch" 2>/dev/null || step .venv/bin/python -m pip install --quiet --disable-pip-version-check "${CONSTRAINTS[@]}" torch
+step .venv/bin/python -m pip install --quiet --disable-pip-version-check "${CONSTRAINTS[@]}" -e .
+
+mkdir -p "$FLWR_HOME"
+.venv/bin/python -c 'import sys; from fedpriv.util.processes import pids_with_env; sys.exit(1 if pids_with_env("FLWR_HOME", sys.argv[1]) else 0)' "$FLWR_HOME" \
+    && rm -rf "$FLWR_HOME/apps"
 STARTED="$FLWR_HOME/run-started"
 touch "$STARTED"
-# its own session: a Ctrl-C reaches this script alone, which stops the run cleanly
-setsid flwr run . --stream --federation-config "num-supernodes=20" --run-config "out='$OUT' $*" &
-FLWR_PID=$!
+FLOWER=1
 set +e
-wait "$FLWR_PID"
+step flwr run . --stream --federation-config "num-supernodes=20" --run-config "out='$OUT' $*"
 code=$?
 set -e
-FLWR_PID=""
 if [ "$code" -ne 0 ] || [ ! "$OUT/metrics.json" -nt "$STARTED" ]; then
     echo "run.sh: the run failed (flwr run exited $code) and wrote no new $OUT/metrics.json; see its output above" >&2
     exit 1

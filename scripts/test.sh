@@ -26,7 +26,20 @@
 # `bash ci/venv.sh .venv-newest ci/constraints-newest.txt && .venv-newest/bin/python -m pytest ...`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash ci/venv.sh .venv ci/constraints-oldest.txt
+# Ctrl-C, SIGTERM and SIGHUP stop the step running with SIGTERM (pip; pytest, which takes its
+# Ctrl-C path on it (tests/conftest.py), so the tests' own clean-ups run) and wait for it, then
+# exit 128 + n with one line
+. scripts/steps.sh
+on_signal() {  # $1: the signal's name, $2: its number
+    trap '' INT TERM HUP
+    stop_step TERM 120
+    echo "test.sh: stopped by SIG$1: the step running and every process it started are stopped" >&2
+    exit $((128 + $2))
+}
+trap 'on_signal INT 2' INT
+trap 'on_signal TERM 15' TERM
+trap 'on_signal HUP 1' HUP
+step bash ci/venv.sh .venv ci/constraints-oldest.txt
 # The report's screenshot tests need a headless browser: Debian's chromium. As root with apt (CI),
 # install it and require it; elsewhere those tests skip when no browser is found.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -72,7 +85,7 @@ if [ "$#" -gt 0 ]; then
 fi
 suite() { echo "== $1 (${2}: $("$2/bin/python" -c 'import importlib.metadata as m; print("flwr", m.version("flwr"))'))" >&2; }
 suite "default suite" .venv
-.venv/bin/python -m pytest -q -m "not deployment and not experiments and not flower and not slow" --durations=15
+step .venv/bin/python -m pytest -q -m "not deployment and not experiments and not flower and not slow" --durations=15
 # the deployment tests that run on Flower 1.39's gRPC-rere Fleet API (the others on 1.42's HTTP);
 # --all runs every one on both
 ON_OLDEST=(tests/test_deploy.py tests/test_hostnet.py tests/test_ray_cluster.py tests/test_ray_two_hosts.py)
@@ -82,18 +95,18 @@ WALKTHROUGHS=("tests/test_doc_snippets.py::test_shell_block[docs/how-to/deployme
               "tests/test_doc_snippets.py::test_shell_block[docker/README.md#7]")
 if [ "$ALL" = 1 ]; then
     suite "slow suite (the default suite's slowest tests: tests/conftest.py SLOW_TESTS)" .venv
-    .venv/bin/python -m pytest -q -m "slow and not deployment and not experiments and not flower"
+    step .venv/bin/python -m pytest -q -m "slow and not deployment and not experiments and not flower"
     suite "experiments suite" .venv
-    .venv/bin/python -m pytest -q -m experiments
+    step .venv/bin/python -m pytest -q -m experiments
     suite "deployment suite on gRPC-rere, without Docker" .venv
-    .venv/bin/python -m pytest -q -m "deployment and not experiments" --ignore=tests/test_docker.py --durations=10
+    step .venv/bin/python -m pytest -q -m "deployment and not experiments" --ignore=tests/test_docker.py --durations=10
 else
     suite "deployment suite on gRPC-rere: loopback deployments, Runtime API attack, Ray clusters" .venv
-    .venv/bin/python -m pytest -q -m "deployment and not experiments" "${ON_OLDEST[@]}" --durations=10
+    step .venv/bin/python -m pytest -q -m "deployment and not experiments" "${ON_OLDEST[@]}" --durations=10
 fi
-bash ci/venv.sh .venv-newest ci/constraints-newest.txt
+step bash ci/venv.sh .venv-newest ci/constraints-newest.txt
 suite "pip install . beside the newest Flower" .venv-newest
-.venv-newest/bin/python -m pytest -q tests/test_packaging.py -k "pip_install_keeps_the_installed_flower or dependencies_are_ranges"
+step .venv-newest/bin/python -m pytest -q tests/test_packaging.py -k "pip_install_keeps_the_installed_flower or dependencies_are_ranges"
 if [ "$ALL" = 1 ]; then
     suite "Flower-engine tests and deployment suite (with Docker) on the HTTP Fleet API" .venv-newest
     exec .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments" --durations=10

@@ -187,3 +187,70 @@ def _environ(pid: int) -> dict:
     except OSError:
         return {}
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def _script_project(tmp_path: Path, script: str) -> Path:
+    """A copy of ``scripts/<script>`` and its helpers in a project of its own under ``tmp_path``,
+    whose first long step (``pip install`` for run.sh, ``ci/venv.sh`` for test.sh) is a stand-in
+    that records its PID in ``step.pid`` and sleeps: a stop during the script's setup, made
+    reproducible."""
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    for name in (script, "steps.sh"):
+        (project / "scripts" / name).write_text((ROOT / "scripts" / name).read_text())
+    pidfile = project / "step.pid"
+    bin_dir = project / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    python = bin_dir / "python"  # the real interpreter, but `-m pip install ...` sleeps
+    python.write_text(f'#!/bin/sh\ncase "$*" in\n  *"-m pip install"*) echo $$ > "{pidfile}"; exec sleep 300;;\nesac\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    (project / "ci").mkdir()
+    (project / "ci" / "venv.sh").write_text(f'echo $$ > "{pidfile}"\nexec sleep 300\n')
+    return project
+
+
+@pytest.mark.parametrize("script", ["run.sh", "test.sh"])
+@pytest.mark.parametrize("how", ["SIGTERM to the script", "Ctrl-C (SIGINT to its process group)", "SIGHUP to the script"])
+def test_a_stop_during_a_scripts_setup_stops_the_step_it_was_waiting_for(tmp_path, script, how):
+    """`bash scripts/run.sh` and `bash scripts/test.sh` stopped while they install (pip, the
+    venv script): the step they were waiting for is stopped too, the run's temporary folder is
+    gone, and the script exits 128 + n with one line. Before scripts/steps.sh, bash deferred the
+    script's trap until the step ended, and a signal to the script alone never reached the step,
+    so `pip install` (here a stand-in that sleeps) kept running after the script was gone."""
+    project = _script_project(tmp_path, script)
+    pidfile = project / "step.pid"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHON": sys.executable}
+    log = tmp_path / "output.txt"  # a file, not a pipe: a step left running would hold a pipe open
+    with log.open("w") as out:
+        proc = subprocess.Popen(["bash", f"scripts/{script}"], cwd=project, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    step_pid = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text().strip()):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"the script never reached its setup step:\n{log.read_text()}"
+            time.sleep(0.05)
+        step_pid = int(pidfile.read_text())
+        assert Path(f"/proc/{step_pid}").exists()  # the positive control: the step runs when the signal is sent
+        run_tmp = _environ(step_pid).get("TMPDIR") if script == "run.sh" else None
+        sig = {"SIGTERM": signal.SIGTERM, "Ctrl-C": signal.SIGINT, "SIGHUP": signal.SIGHUP}[how.split()[0]]
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        text = log.read_text()
+        if step_pid and Path(f"/proc/{step_pid}").exists():
+            os.kill(step_pid, signal.SIGKILL)
+            left = True
+        else:
+            left = False
+    assert not left, f"the setup step (PID {step_pid}) is still running after the script stopped:\n{text}"
+    assert code == 128 + sig, text
+    name = signal.Signals(sig).name
+    assert text.rstrip().splitlines()[-1].startswith(f"{script}: stopped by {name}"), text
+    if run_tmp is not None:  # run.sh's own temporary folder (pip builds there)
+        assert run_tmp.startswith("/tmp/fedpriv-run.") and not Path(run_tmp).exists(), run_tmp

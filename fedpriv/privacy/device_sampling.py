@@ -7,8 +7,7 @@ sampler (0.55 s per alternating step at the ML-20M shape on 16 cores).
 **Random bits.** :class:`DeviceBits`, one per ledger, on its first device draw:
 
 - on a GPU: four torch generators on the device (Philox4x32-10, a counter-based generator),
-  each keyed with 64 bits of ``os.urandom``; a word is the XOR of one 64-bit word of each
-  (every word built from two 32-bit draws). XOR-ing streams invites a meet-in-the-middle search
+  each keyed with 64 bits of ``os.urandom``; a word is the XOR of one 64-bit word of each. XOR-ing streams invites a meet-in-the-middle search
   (guess half of the keys, tabulate, match the other half): with four 64-bit keys that search
   costs 2**128. The generators advance across the ledger's releases, so no
   counter is reused within a run;
@@ -18,8 +17,14 @@ sampler (0.55 s per alternating step at the ML-20M shape on 16 cores).
 
 **Exactness.** Each Bernoulli(exp(-x)) and each floor(-ln U) is settled in float64 where the
 uniform's interval lies outside the error margin of the estimate (the margins of the CPU
-sampler). The rare entries inside it are copied to the CPU and settled there by the CPU
-sampler's exact decimal routines, their uniforms extended with fresh ``os.urandom`` bits.
+sampler). The rare tries with an entry inside it are copied to the CPU and made again there by
+the CPU sampler's exact decimal routines, their uniforms extended with fresh ``os.urandom`` bits.
+
+**Speed.** A GPU waits for the host whenever a result's size must be known (a compaction, a
+``nonzero``). Every decision of a batch of tries is made at once, as masks (:func:`_tries`), so a
+batch waits twice: to find the tries to settle, and to keep the accepted draws. U below t takes
+one word and no redraw loop. (Before, each step of a try compacted the survivors, and U's
+redraws looped about log2(n) times: some 30 waits per batch.)
 
 Only :meth:`fedpriv.privacy.ledger.PrivacyLedger.gaussian` calls this (the ledger stays the
 only noise source)."""
@@ -63,9 +68,8 @@ class DeviceBits:
         if not self.generators:  # the CPU path's secret bits (os.urandom)
             return t.from_numpy(cpu.BitSource(None).words(n).view(np.int64)).to(self.dev)
         out = None
-        for g in self.generators:
-            halves = t.randint(0, 1 << 32, (2, n), dtype=t.int64, generator=g, device=self.dev)
-            w = (halves[0] << 32) | halves[1]
+        for g in self.generators:  # random_ from the int64 minimum with no upper end: all 64 bits
+            w = t.empty(n, dtype=t.int64, device=self.dev).random_(-(1 << 63), None, generator=g)
             out = w if out is None else out.bitwise_xor_(w)
         return out
 
@@ -75,100 +79,96 @@ def _top53(words):
     return (words >> 11) & _MASK53
 
 
-def _below(bits: DeviceBits, t: int, n: int):
-    """n integers uniform in {0, ..., t - 1}, exactly: the low m bits of a word (2**m >= t),
-    redrawn while >= t (at most half are)."""
-    torch = bits.torch
-    m = max(1, (t - 1).bit_length())
-    if m > 62:  # the lattice's limits keep t below 2**41
-        raise ValueError(f"uniform below {t}: above the device sampler's range")
-    out = bits.words(n) & ((1 << m) - 1)
-    redo = torch.nonzero(out >= t).flatten()
-    while len(redo):
-        fresh = bits.words(len(redo)) & ((1 << m) - 1)
-        out[redo] = fresh
-        redo = redo[fresh >= t]
-    return out
+def _compare_exp(torch, r, x_hat):
+    """U < exp(-x) per entry, U uniform with the 53 bits ``r``, against the float64 estimate
+    exp(-x_hat) (the CPU sampler's ``_bernoulli_exp``): the decision, and where U's interval
+    lies within the estimate's error margin (those are settled exactly, :func:`_settle`)."""
+    u = r.to(torch.float64) * cpu._TWO53 + 2.0**-54  # the middle of U's interval: exact
+    p = torch.exp(-x_hat)
+    return u < p, (u - p).abs_() < p * cpu._REL_MARGIN + (cpu._ABS_MARGIN + 2.0**-54)
 
 
-def _bernoulli_exp(bits: DeviceBits, x_hat, x_exact, words=None):
-    """Bernoulli(exp(-x)) per entry (the CPU sampler's ``_bernoulli_exp`` on the device): U with
-    the top 53 bits of ``words`` against the float64 estimate exp(-x_hat); entries within the
-    margin settled exactly on the CPU with ``x_exact(i)``."""
-    torch = bits.torch
-    n = len(x_hat)
-    r = _top53(bits.words(n) if words is None else words)
-    u = r.to(torch.float64) * cpu._TWO53 + 2.0**-54
-    p = torch.exp(-x_hat.to(torch.float64))
-    out = u < p
-    close = torch.nonzero((u - p).abs_() < p * cpu._REL_MARGIN + (cpu._ABS_MARGIN + 2.0**-54)).flatten()
-    if len(close):
-        src = cpu.BitSource(None)
-        rs = r[close].cpu().tolist()
-        settled = [cpu._exact_bernoulli_exp(x_exact(int(i)), prefix, 53, src) for i, prefix in zip(close.cpu().tolist(), rs)]
-        out[close] = torch.tensor(settled, dtype=torch.bool, device=out.device)
-    return out
-
-
-def _geometric_e1(bits: DeviceBits, n: int):
-    """n draws of V with P(V >= v) = exp(-v): floor(-ln U) (the CPU sampler's ``_geometric_e1``)."""
-    torch = bits.torch
-    r = _top53(bits.words(n))
+def _floor_neglog(torch, r):
+    """floor(-ln U) per entry, U uniform with the 53 bits ``r`` (the CPU sampler's
+    ``_geometric_e1``): the value (0 where unsure), and where U's interval
+    [U, U + 2**-53) may reach two integers of -ln (settled exactly, :func:`_settle`)."""
     lo = r.to(torch.float64) * cpu._TWO53
     e = -torch.log(lo + 2.0**-54)
     reach = 2.0**-53 / lo + (e + 1.0) * cpu._REL_MARGIN  # inf where U's interval starts at 0
     a, b = torch.floor(e - reach), torch.floor(e + reach)
-    out = torch.nan_to_num(a, neginf=0.0).to(torch.int64)
-    unsure = torch.nonzero(a != b).flatten()
-    if len(unsure):
-        src = cpu.BitSource(None)
-        settled = [cpu._exact_floor_neglog(prefix, 53, src) for prefix in r[unsure].cpu().tolist()]
-        out[unsure] = torch.tensor(settled, dtype=torch.int64, device=out.device)
-    return out
+    return torch.nan_to_num(a, neginf=0.0).to(torch.int64), a != b
 
 
-def _discrete_laplace(bits: DeviceBits, t: int, attempts: int):
-    """The accepted draws of ``attempts`` tries of CKS Algorithm 2 (discrete Laplace of scale t)."""
+def _tries(bits: DeviceBits, t: int, s: Fraction, sigma2: float, n: int):
+    """``n`` tries of CKS Algorithm 3 over Algorithm 2, every decision of a try made at once
+    (no compaction between the steps, so no wait for the host): the proposals ``y`` and
+    whether each try gives a draw. One try, as the CPU sampler's ``discrete_laplace`` and
+    ``discrete_gaussian``: U uniform in {0, ..., t - 1}; kept with probability exp(-U / t);
+    X = U + t V, P(V >= v) = exp(-v); a random sign (refused when minus and X = 0); accepted
+    with probability exp(-(X - sigma2 / t)**2 / (2 sigma2)).
+
+    Each try takes four words: the first gives U (its low 63 bits modulo t; the try is refused
+    when they fall in the top part of the range that t does not divide, under 2**-22 of the
+    tries, which leaves U uniform in the tries that stay) and the sign (its top bit); the others
+    give the two Bernoulli's uniforms and V's. The rare tries with a comparison inside the float
+    estimate's margin are settled on the CPU (:func:`_settle`)."""
     torch = bits.torch
-    u = _below(bits, t, attempts)
-    w = bits.words(attempts)
-    u_cpu = None
+    w = bits.words(n)
+    minus = w < 0
+    w &= (1 << 63) - 1
+    limit = ((1 << 63) // t) * t  # 2**63 (beyond int64) where t is a power of two: nothing refused
+    in_range = w < limit if limit < (1 << 63) else torch.ones_like(minus)
+    u = torch.remainder(w, t)
+    del w
+    r1 = _top53(bits.words(n))
+    kept, close1 = _compare_exp(torch, r1, u.to(torch.float64) / t)
+    r2 = _top53(bits.words(n))
+    v, unsure2 = _floor_neglog(torch, r2)
+    x = u + t * v
+    del v
+    r3 = _top53(bits.words(n))
+    diff = x.to(torch.float64) - sigma2 / t
+    accepted, close3 = _compare_exp(torch, r3, diff * diff / (2.0 * sigma2))
+    del diff
+    y = torch.where(minus, -x, x)
+    accepted &= kept & in_range & ~(minus & (x == 0))
+    settle = torch.nonzero((close1 | unsure2 | close3) & in_range).flatten()  # the one wait: almost always empty
+    if len(settle):
+        _settle(bits, settle, u, minus, r1, r2, r3, t, s, y, accepted)
+    return y, accepted
 
-    def exact(i: int) -> Fraction:
-        nonlocal u_cpu
-        if u_cpu is None:
-            u_cpu = u.cpu()
-        return Fraction(int(u_cpu[i]), t)
 
-    keep = _bernoulli_exp(bits, u.to(torch.float64) / t, exact, words=w)
-    d = torch.nonzero(keep).flatten()
-    x = u[d] + t * _geometric_e1(bits, len(d))
-    minus = (w[d] & 1).bool()
-    ok = ~(minus & (x == 0))
-    return torch.where(minus, -x, x)[ok]
+def _settle(bits: DeviceBits, idx, u, minus, r1, r2, r3, t: int, s: Fraction, y, accepted) -> None:
+    """The tries ``idx`` made again on the CPU from the same bits, every comparison exact (the
+    CPU sampler's decimal routines, each uniform extended with fresh ``os.urandom`` bits while
+    undecided); their proposals and decisions written into ``y`` and ``accepted``."""
+    torch = bits.torch
+    src = cpu.BitSource(None)
+    ys, oks = [], []
+    for ui, neg, p1, p2, p3 in zip(*(a[idx].cpu().tolist() for a in (u, minus, r1, r2, r3))):
+        ok, yi = False, 0
+        if cpu._exact_bernoulli_exp(Fraction(ui, t), p1, 53, src):
+            xi = ui + t * cpu._exact_floor_neglog(p2, 53, src)
+            if not (neg and xi == 0):
+                yi = -xi if neg else xi
+                ok = cpu._exact_bernoulli_exp((xi * t - s) ** 2 / (2 * s * t * t), p3, 53, src)
+        ys.append(yi)
+        oks.append(ok)
+    y[idx] = torch.tensor(ys, dtype=y.dtype, device=y.device)
+    accepted[idx] = torch.tensor(oks, dtype=torch.bool, device=accepted.device)
 
 
 def discrete_gaussian_on_device(bits: DeviceBits, sigma2: float, n: int):
-    """n exact draws of the discrete Gaussian of variance parameter ``sigma2`` (CKS Algorithm 3)."""
+    """n exact draws of the discrete Gaussian of variance parameter ``sigma2`` (CKS Algorithm 3):
+    the accepted tries of :func:`_tries`, in order, in batches sized to give n at once (a
+    second batch where the first falls short). Two waits for the host per batch."""
     torch = bits.torch
     s = Fraction(sigma2)
     t = math.isqrt(math.floor(s)) + 1
-    q = sigma2 / t
     parts, need = [], n
     while need > 0:
-        y = _discrete_laplace(bits, t, int(need / cpu._YIELD * 1.02) + 32)
-        ay = y.abs()
-        diff = ay.to(torch.float64) - q
-        ay_cpu = None
-
-        def exact(i: int) -> Fraction:
-            nonlocal ay_cpu
-            if ay_cpu is None:
-                ay_cpu = ay.cpu()
-            return (int(ay_cpu[i]) * t - s) ** 2 / (2 * s * t * t)
-
-        c = _bernoulli_exp(bits, diff * diff / (2.0 * sigma2), exact)
-        got = y[c][:need]
+        y, accepted = _tries(bits, t, s, sigma2, int(need / cpu._YIELD * 1.02) + 32)
+        got = y[accepted][:need]
         parts.append(got)
         need -= len(got)
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=bits.dev)

@@ -29,7 +29,10 @@ Prints one JSON object:
   ``device_sampler_block``: what one block of the device sampler asks of the device (at the
   step's largest noise), counted on any device, GPU or not: torch ops (kernel launches),
   ``host_waits`` (ops whose result size depends on the data, or that copy to the host: each
-  makes the host wait for the device) and the GB the ops read and write;
+  makes the host wait for the device) and the GB the ops read and write, with the tries'
+  decisions eager (compiled, on a GPU, they are one kernel: about 270 bytes per try, the
+  random words' generation included, against about 1,600 eager); ``device_sampler_mode``:
+  whether the decisions ran compiled, and the draws' seconds with them eager;
 - ``opendp``: OpenDP's exact discrete Gaussian (``make_gaussian`` on i64 vectors) per coordinate,
   when OpenDP is installed (it is not a dependency: null otherwise).
 """
@@ -99,8 +102,9 @@ def _opendp_ns(n: int = 20_000) -> dict | None:
     return {"coordinates": n, "seconds": sec, "ns_per_coordinate": sec / n * 1e9}
 
 
-def _device_timings(values: dict, sens: dict, z: dict, name: str, repeats: int) -> tuple[float, float]:
-    """(seconds with the copies, as the ledger draws; seconds of the draws alone) on ``name``."""
+def _device_timings(values: dict, sens: dict, z: dict, name: str, repeats: int) -> tuple[float, float, dict]:
+    """(seconds with the copies, as the ledger draws; seconds of the draws alone; whether the
+    tries' decisions ran compiled, and the draws' seconds with them eager) on ``name``."""
     import torch
 
     from fedpriv.privacy import device_sampling
@@ -122,8 +126,16 @@ def _device_timings(values: dict, sens: dict, z: dict, name: str, repeats: int) 
                 device_sampling.lattice_gaussian_on_device(v, sens[k], z[k], bits)
             sync()
 
-        with_copies()  # warm-up
-        return _best(with_copies, repeats), _best(draws_only, repeats)
+        with_copies()  # warm-up (and, on a GPU, the compile of the tries' decisions)
+        timed = _best(with_copies, repeats), _best(draws_only, repeats)
+        compiled = device_sampling._decider(dev, len(bits.draws(1, 1))) is not device_sampling._decide
+        saved = device_sampling.COMPILE
+        device_sampling.COMPILE = set()
+        try:
+            eager = _best(draws_only, repeats)
+        finally:
+            device_sampling.COMPILE = saved
+        return (*timed, {"compiled": compiled, "eager_draws_only_seconds": eager})
 
 
 def _block_profile(name: str, sigma2: float) -> dict:
@@ -152,11 +164,16 @@ def _block_profile(name: str, sigma2: float) -> dict:
             self.waits += str(func) in sized_by_data or bool_index or to_host
             return out
 
-    with device.use(name):
-        bits = device_sampling.DeviceBits(torch, device.torch_device())
-        device_sampling.discrete_gaussian_on_device(bits, sigma2, 1000)  # the generators made
-        with Count() as c:
-            device_sampling.discrete_gaussian_on_device(bits, sigma2, device_sampling.BLOCK)
+    saved = device_sampling.COMPILE
+    device_sampling.COMPILE = set()  # the eager ops (a compiled kernel is not seen op by op)
+    try:
+        with device.use(name):
+            bits = device_sampling.DeviceBits(torch, device.torch_device())
+            device_sampling.discrete_gaussian_on_device(bits, sigma2, 1000)  # the generators made
+            with Count() as c:
+                device_sampling.discrete_gaussian_on_device(bits, sigma2, device_sampling.BLOCK)
+    finally:
+        device_sampling.COMPILE = saved
     return {"samples": device_sampling.BLOCK, "sigma2": sigma2, "ops": c.ops, "host_waits": c.waits, "gb_touched": c.touched / 1e9}
 
 
@@ -212,7 +229,7 @@ def main() -> None:
         "lattice_seeded": _best(lattice(np.random.Generator(np.random.PCG64(2))), args.repeats),
     }
     if args.device:
-        timings["lattice_device"], out["device_sampler_only_seconds"] = _device_timings(values, sens, z, args.device, args.repeats)
+        timings["lattice_device"], out["device_sampler_only_seconds"], out["device_sampler_mode"] = _device_timings(values, sens, z, args.device, args.repeats)
         largest = max(values, key=lambda k: values[k].size)
         out["device_sampler_block"] = _block_profile(args.device, sampling.lattice_for(sens[largest], z[largest], values[largest].size).sigma2)
     base = {"lattice_device": "float_os", "float_os": "float_os", "float_seeded": "float_seeded", "lattice_os": "float_os",

@@ -202,3 +202,31 @@ def test_a_copied_ledger_keys_its_own_device_generator():
     assert not np.array_equal(drawn[0], drawn[1]) and not np.array_equal(drawn[0], drawn[2]) and not np.array_equal(drawn[1], drawn[2])
     assert twins[0].releases == twins[1].releases == led.releases  # one release "x", drawn twice by each
     assert [r.count for r in led.releases] == [2]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit, imported by inductor
+def test_the_compiled_decisions_are_the_eager_ones_and_draw_the_law(monkeypatch):
+    """On a GPU the tries' decisions run compiled (torch.compile: one fused kernel), once they
+    agree with the eager ones on a check batch. Compiled here on the CPU (inductor's C++):
+    the same decisions on fresh words, for a small and a large variance, and the law of the
+    draws; a compiler that fails or disagrees leaves the eager version (the positive control:
+    a wrong compiled function is refused)."""
+    pytest.importorskip("torch._inductor")
+    monkeypatch.setattr(ds, "COMPILE", {"cpu"})
+    monkeypatch.setattr(ds, "_DECIDERS", {})
+    dev = torch.device("cpu")
+    bits = ds.DeviceBits(torch, dev, True)
+    decide = ds._decider(dev, 4)
+    assert decide is not ds._decide  # compiled, and it passed its check
+    for sigma2, n in ((2.0, 30_000), (1e12, 20_001)):
+        parts = bits.draws(4, n)
+        args = ds._scalars(torch, dev, math.isqrt(math.floor(sigma2)) + 1, sigma2)
+        got, want = decide(parts, *args), ds._decide(parts, *args)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert want[1].float().mean() > 0.4  # the positive control: most tries give draws
+    k = ds.discrete_gaussian_on_device(bits, 2.0, 200_000).numpy()
+    assert _pmf_z(k, 2.0) < 5.5
+    # a compiled function that disagrees is refused: the eager one is used
+    monkeypatch.setattr(ds, "_DECIDERS", {})
+    monkeypatch.setattr(torch, "compile", lambda f, **kw: (lambda parts, *a: (lambda y, acc, st: (y + 1, acc, st))(*f(parts, *a))))
+    assert ds._decider(dev, 4) is ds._decide

@@ -24,7 +24,11 @@ the CPU sampler's exact decimal routines, their uniforms extended with fresh ``o
 ``nonzero``). Every decision of a batch of tries is made at once, as masks (:func:`_tries`), so a
 batch waits twice: to find the tries to settle, and to keep the accepted draws. U below t takes
 one word and no redraw loop. (Before, each step of a try compacted the survivors, and U's
-redraws looped about log2(n) times: some 30 waits per batch.)
+redraws looped about log2(n) times: some 30 waits per batch.) On a GPU the decisions are
+compiled (``torch.compile``) into one kernel that reads the tries' random words once: about a
+sixth of the eager ops' memory traffic. The compiled version is used only after it has made
+the eager version's decisions on a check batch; a compiler that fails or disagrees leaves the
+eager ops (:data:`COMPILE`, :func:`_decider`).
 
 Only :meth:`fedpriv.privacy.ledger.PrivacyLedger.gaussian` calls this (the ledger stays the
 only noise source)."""
@@ -63,15 +67,24 @@ class DeviceBits:
                 g.manual_seed(int.from_bytes(os.urandom(self.SEED_BYTES), "little"))
                 self.generators.append(g)
 
-    def words(self, n: int):
+    def draws(self, k: int, n: int) -> list:
+        """(k, n) tensors of 64-bit words whose XOR is the uniform words: one per generator, or
+        one of ``os.urandom``'s words."""
         t = self.torch
         if not self.generators:  # the CPU path's secret bits (os.urandom)
-            return t.from_numpy(cpu.BitSource(None).words(n).view(np.int64)).to(self.dev)
-        out = None
-        for g in self.generators:  # random_ from the int64 minimum with no upper end: all 64 bits
-            w = t.empty(n, dtype=t.int64, device=self.dev).random_(-(1 << 63), None, generator=g)
-            out = w if out is None else out.bitwise_xor_(w)
-        return out
+            return [t.from_numpy(cpu.BitSource(None).words(k * n).view(np.int64).reshape(k, n)).to(self.dev)]
+        # random_ from the int64 minimum with no upper end: all 64 bits
+        return [t.empty((k, n), dtype=t.int64, device=self.dev).random_(-(1 << 63), None, generator=g) for g in self.generators]
+
+    def words(self, n: int):
+        return _xor(self.draws(1, n))[0]
+
+
+def _xor(parts: list):
+    w = parts[0]
+    for p in parts[1:]:
+        w = w ^ p
+    return w
 
 
 def _top53(words):
@@ -99,59 +112,109 @@ def _floor_neglog(torch, r):
     return torch.nan_to_num(a, neginf=0.0).to(torch.int64), a != b
 
 
-def _tries(bits: DeviceBits, t: int, s: Fraction, sigma2: float, n: int):
-    """``n`` tries of CKS Algorithm 3 over Algorithm 2, every decision of a try made at once
-    (no compaction between the steps, so no wait for the host): the proposals ``y`` and
-    whether each try gives a draw. One try, as the CPU sampler's ``discrete_laplace`` and
-    ``discrete_gaussian``: U uniform in {0, ..., t - 1}; kept with probability exp(-U / t);
-    X = U + t V, P(V >= v) = exp(-v); a random sign (refused when minus and X = 0); accepted
-    with probability exp(-(X - sigma2 / t)**2 / (2 sigma2)).
+def _decide(parts: list, t, last_in_range, q, two_sigma2):
+    """``n`` tries of CKS Algorithm 3 over Algorithm 2 from ``parts`` (:meth:`DeviceBits.draws`
+    of four words per try), every decision of a try made at once, elementwise (no compaction,
+    so no wait for the host, and one kernel when compiled): the proposals ``y``, whether each
+    try gives a draw, and the tries to settle exactly (:func:`_settle`). One try, as the CPU
+    sampler's ``discrete_laplace`` and ``discrete_gaussian``: U uniform in {0, ..., t - 1}; kept
+    with probability exp(-U / t); X = U + t V, P(V >= v) = exp(-v); a random sign (refused
+    when minus and X = 0); accepted with probability exp(-(X - q)**2 / (2 sigma2)), q = sigma2 / t.
 
-    Each try takes four words: the first gives U (its low 63 bits modulo t; the try is refused
-    when they fall in the top part of the range that t does not divide, under 2**-22 of the
+    The first word gives U (its low 63 bits modulo t; the try is refused when they are above
+    ``last_in_range``, the top of the largest multiple of t below 2**63: under 2**-22 of the
     tries, which leaves U uniform in the tries that stay) and the sign (its top bit); the others
-    give the two Bernoulli's uniforms and V's. The rare tries with a comparison inside the float
-    estimate's margin are settled on the CPU (:func:`_settle`)."""
-    torch = bits.torch
-    w = bits.words(n)
-    minus = w < 0
-    w &= (1 << 63) - 1
-    limit = ((1 << 63) // t) * t  # 2**63 (beyond int64) where t is a power of two: nothing refused
-    in_range = w < limit if limit < (1 << 63) else torch.ones_like(minus)
-    u = torch.remainder(w, t)
-    del w
-    r1 = _top53(bits.words(n))
-    kept, close1 = _compare_exp(torch, r1, u.to(torch.float64) / t)
-    r2 = _top53(bits.words(n))
-    v, unsure2 = _floor_neglog(torch, r2)
+    give the two Bernoulli's uniforms and V's. The numbers are 0-dimensional tensors (a compiled
+    version then serves every release)."""
+    import torch
+
+    w = _xor(parts)
+    w1 = w[0]
+    minus = w1 < 0
+    low = w1 & ((1 << 63) - 1)
+    in_range = low <= last_in_range
+    u = torch.remainder(low, t)
+    kept, close1 = _compare_exp(torch, _top53(w[1]), u.to(torch.float64) / t)
+    v, unsure2 = _floor_neglog(torch, _top53(w[2]))
     x = u + t * v
-    del v
-    r3 = _top53(bits.words(n))
-    diff = x.to(torch.float64) - sigma2 / t
-    accepted, close3 = _compare_exp(torch, r3, diff * diff / (2.0 * sigma2))
-    del diff
+    diff = x.to(torch.float64) - q
+    accepted, close3 = _compare_exp(torch, _top53(w[3]), diff * diff / two_sigma2)
     y = torch.where(minus, -x, x)
-    accepted &= kept & in_range & ~(minus & (x == 0))
-    settle = torch.nonzero((close1 | unsure2 | close3) & in_range).flatten()  # the one wait: almost always empty
-    if len(settle):
-        _settle(bits, settle, u, minus, r1, r2, r3, t, s, y, accepted)
+    accepted = accepted & kept & in_range & ~(minus & (x == 0))
+    return y, accepted, (close1 | unsure2 | close3) & in_range
+
+
+#: device types on which :func:`_decide` is compiled (``torch.compile``: one fused kernel, about
+#: a sixth of the eager ops' memory traffic), once it has agreed with the eager version on a
+#: check batch; elsewhere, or where compiling fails, it runs eagerly
+COMPILE = {"cuda"}
+_DECIDERS: dict = {}
+
+
+def _decider(dev, n_parts: int):
+    """:func:`_decide` for ``n_parts`` parts of bits, compiled for ``dev`` where :data:`COMPILE`
+    asks and it agrees with the eager version on a check batch (public bits, its results
+    discarded), else eager."""
+    if dev.type not in COMPILE:
+        return _decide
+    key = (dev.type, n_parts)
+    if key not in _DECIDERS:
+        import torch
+
+        _DECIDERS[key] = _decide
+        try:
+            compiled = torch.compile(_decide, dynamic=True)
+            g = torch.Generator(device=dev)
+            g.manual_seed(0)
+            for sigma2, n in ((2.0, 5000), (1e8, 7001)):
+                t = math.isqrt(math.floor(sigma2)) + 1
+                parts = [torch.empty((4, n), dtype=torch.int64, device=dev).random_(-(1 << 63), None, generator=g) for _ in range(n_parts)]
+                args = _scalars(torch, dev, t, sigma2)
+                if not all(torch.equal(a, b) for a, b in zip(compiled(parts, *args), _decide(parts, *args))):
+                    raise ValueError("the compiled decisions differ from the eager ones")
+            _DECIDERS[key] = compiled
+        except Exception as e:  # noqa: BLE001 - any failure of the compiler: the eager version
+            import logging
+
+            logging.getLogger(__name__).warning("device noise: not compiled on %s (%s: %s); drawing with eager ops", dev, type(e).__name__, e)
+    return _DECIDERS[key]
+
+
+def _scalars(torch, dev, t: int, sigma2: float) -> tuple:
+    """t, the top of the largest multiple of t below 2**63, sigma2 / t and 2 sigma2, as
+    0-dimensional tensors on ``dev``."""
+    last = ((1 << 63) // t) * t - 1
+    return (torch.tensor(t, device=dev), torch.tensor(last, device=dev), torch.tensor(sigma2 / t, dtype=torch.float64, device=dev),
+            torch.tensor(2.0 * sigma2, dtype=torch.float64, device=dev))
+
+
+def _tries(bits: DeviceBits, t: int, s: Fraction, sigma2: float, n: int):
+    """``n`` tries (:func:`_decide`): the proposals and whether each gives a draw, the rare tries
+    with a comparison inside the float estimate's margin settled on the CPU (:func:`_settle`)."""
+    torch = bits.torch
+    parts = bits.draws(4, n)
+    y, accepted, settle = _decider(bits.dev, len(parts))(parts, *_scalars(torch, bits.dev, t, sigma2))
+    idx = torch.nonzero(settle).flatten()  # the one wait: almost always empty
+    if len(idx):
+        _settle(bits, idx, parts, t, s, y, accepted)
     return y, accepted
 
 
-def _settle(bits: DeviceBits, idx, u, minus, r1, r2, r3, t: int, s: Fraction, y, accepted) -> None:
-    """The tries ``idx`` made again on the CPU from the same bits, every comparison exact (the
+def _settle(bits: DeviceBits, idx, parts: list, t: int, s: Fraction, y, accepted) -> None:
+    """The tries ``idx`` made again on the CPU from the same words, every comparison exact (the
     CPU sampler's decimal routines, each uniform extended with fresh ``os.urandom`` bits while
     undecided); their proposals and decisions written into ``y`` and ``accepted``."""
     torch = bits.torch
     src = cpu.BitSource(None)
     ys, oks = [], []
-    for ui, neg, p1, p2, p3 in zip(*(a[idx].cpu().tolist() for a in (u, minus, r1, r2, r3))):
+    for w1, w2, w3, w4 in _xor([p[:, idx] for p in parts]).t().cpu().tolist():
+        neg, ui = w1 < 0, (w1 & ((1 << 63) - 1)) % t
         ok, yi = False, 0
-        if cpu._exact_bernoulli_exp(Fraction(ui, t), p1, 53, src):
-            xi = ui + t * cpu._exact_floor_neglog(p2, 53, src)
+        if cpu._exact_bernoulli_exp(Fraction(ui, t), (w2 >> 11) & _MASK53, 53, src):
+            xi = ui + t * cpu._exact_floor_neglog((w3 >> 11) & _MASK53, 53, src)
             if not (neg and xi == 0):
                 yi = -xi if neg else xi
-                ok = cpu._exact_bernoulli_exp((xi * t - s) ** 2 / (2 * s * t * t), p3, 53, src)
+                ok = cpu._exact_bernoulli_exp((xi * t - s) ** 2 / (2 * s * t * t), (w4 >> 11) & _MASK53, 53, src)
         ys.append(yi)
         oks.append(ok)
     y[idx] = torch.tensor(ys, dtype=y.dtype, device=y.device)

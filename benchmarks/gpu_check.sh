@@ -55,7 +55,7 @@ FAILED=""
 
 { nvidia-smi; python -c "import torch, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0)); print('numpy', numpy.__version__)"; nproc; } > "$OUT/machine.txt" 2>&1
 part pytest_device 120 python -m pytest -q -p no:cacheprovider -rs -k "$TESTS" tests/test_device.py tests/test_device_noise.py
-part noise_cost 60 python benchmarks/noise_cost.py $NOISE --repeats 2 --no-opendp --device "$DEVICE"
+part noise_cost 90 python benchmarks/noise_cost.py $NOISE --repeats 2 --no-opendp --device "$DEVICE"
 part bench_kernel 120 python benchmarks/bench_kernel.py --device "$DEVICE" $BENCH
 part run_ml20m_adadpals 150 python benchmarks/gpu_cli.py adadpals --data "$ML20M" --epsilon 5 --device "$DEVICE" --out "$OUT/runs/ml20m-adadpals"
 part run_ml20m_topk 120 python benchmarks/gpu_cli.py topk --data "$ML20M" --epsilon 5 --device "$DEVICE" --out "$OUT/runs/ml20m-topk"

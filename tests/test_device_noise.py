@@ -230,3 +230,23 @@ def test_the_compiled_decisions_are_the_eager_ones_and_draw_the_law(monkeypatch)
     monkeypatch.setattr(ds, "_DECIDERS", {})
     monkeypatch.setattr(torch, "compile", lambda f, **kw: (lambda parts, *a: (lambda y, acc, st: (y + 1, acc, st))(*f(parts, *a))))
     assert ds._decider(dev, 4) is ds._decide
+
+
+@pytest.mark.parametrize("dev,generators", [
+    pytest.param("torch:cpu", None, id="torch:cpu"), pytest.param("torch:cpu", True, id="torch:cpu-generators"),
+    pytest.param("cuda", None, id="cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")),
+])
+def test_every_bit_of_the_device_words_is_a_fair_coin(dev, generators):
+    """The words the tries read use all 64 bits (the sign and U's low 63, the uniforms' top 53):
+    each bit is 1 half of the time, on the generators' full-range draws (``random_`` from the
+    int64 minimum) as on os.urandom's. The control: draws below 2**62 fail it."""
+    n = 200_000
+    bits = ds.DeviceBits(torch, _tdev(dev), generators)
+    words = ds._xor(bits.draws(3, n)).reshape(-1).cpu()
+
+    def worst_z(w):
+        ones = torch.stack([((w >> b) & 1).sum() for b in range(64)]).double()
+        return float(((ones - len(w) / 2) / math.sqrt(len(w) / 4)).abs().max())
+
+    assert worst_z(words) < 6
+    assert worst_z(torch.empty(3 * n, dtype=torch.int64).random_(0, 2**62)) > 100  # the top bits never set

@@ -76,9 +76,6 @@ class DeviceBits:
         # random_ from the int64 minimum with no upper end: all 64 bits
         return [t.empty((k, n), dtype=t.int64, device=self.dev).random_(-(1 << 63), None, generator=g) for g in self.generators]
 
-    def words(self, n: int):
-        return _xor(self.draws(1, n))[0]
-
 
 def _xor(parts: list):
     w = parts[0]

@@ -226,6 +226,13 @@ def test_the_compiled_decisions_are_the_eager_ones_and_draw_the_law(monkeypatch)
         assert want[1].float().mean() > 0.4  # the positive control: most tries give draws
     k = ds.discrete_gaussian_on_device(bits, 2.0, 200_000).numpy()
     assert _pmf_z(k, 2.0) < 5.5
+    # a compiled function that fails after its check (a recompile) gives way to the eager one, on the same words
+    def failing(parts, *a):
+        raise RuntimeError("recompile failed")
+
+    ds._DECIDERS[("cpu", 4)] = failing
+    k = ds.discrete_gaussian_on_device(bits, 2.0, 100_000).numpy()
+    assert ds._DECIDERS[("cpu", 4)] is ds._decide and _pmf_z(k, 2.0) < 5.5
     # a compiled function that disagrees is refused: the eager one is used
     monkeypatch.setattr(ds, "_DECIDERS", {})
     monkeypatch.setattr(torch, "compile", lambda f, **kw: (lambda parts, *a: (lambda y, acc, st: (y + 1, acc, st))(*f(parts, *a))))

@@ -171,10 +171,16 @@ def _decider(dev, n_parts: int):
                     raise ValueError("the compiled decisions differ from the eager ones")
             _DECIDERS[key] = compiled
         except Exception as e:  # noqa: BLE001 - any failure of the compiler: the eager version
-            import logging
-
-            logging.getLogger(__name__).warning("device noise: not compiled on %s (%s: %s); drawing with eager ops", dev, type(e).__name__, e)
+            _not_compiled(dev, n_parts, e)
     return _DECIDERS[key]
+
+
+def _not_compiled(dev, n_parts: int, error: Exception) -> None:
+    """From now on the eager version on ``dev``, with a warning naming why."""
+    import logging
+
+    _DECIDERS[(dev.type, n_parts)] = _decide
+    logging.getLogger(__name__).warning("device noise: not compiled on %s (%s: %s); drawing with eager ops", dev, type(error).__name__, error)
 
 
 def _scalars(torch, dev, t: int, sigma2: float) -> tuple:
@@ -190,7 +196,15 @@ def _tries(bits: DeviceBits, t: int, s: Fraction, sigma2: float, n: int):
     with a comparison inside the float estimate's margin settled on the CPU (:func:`_settle`)."""
     torch = bits.torch
     parts = bits.draws(4, n)
-    y, accepted, settle = _decider(bits.dev, len(parts))(parts, *_scalars(torch, bits.dev, t, sigma2))
+    args = (parts, *_scalars(torch, bits.dev, t, sigma2))
+    decide = _decider(bits.dev, len(parts))
+    try:
+        y, accepted, settle = decide(*args)
+    except Exception as e:  # noqa: BLE001 - a compiled version failing later (a recompile): eager, same words
+        if decide is _decide:
+            raise
+        _not_compiled(bits.dev, len(parts), e)
+        y, accepted, settle = _decide(*args)
     idx = torch.nonzero(settle).flatten()  # the one wait: almost always empty
     if len(idx):
         _settle(bits, idx, parts, t, s, y, accepted)

@@ -35,7 +35,6 @@ only noise source)."""
 
 from __future__ import annotations
 
-import math
 import os
 from fractions import Fraction
 
@@ -49,6 +48,7 @@ from ..util import device
 #: samples drawn per block on the device (temporaries of about 12 words of 8 bytes each)
 BLOCK = 1 << 22
 _MASK53 = (1 << 53) - 1
+_MASK63 = (1 << 63) - 1
 
 
 class DeviceBits:
@@ -85,7 +85,8 @@ def _xor(parts: list):
 
 
 def _top53(words):
-    """The top 53 bits of each word, as a non-negative int64."""
+    """The top 53 bits of each word, as a non-negative int64 (of a tensor's words, or of one
+    word as a Python int: the same bits)."""
     return (words >> 11) & _MASK53
 
 
@@ -128,7 +129,7 @@ def _decide(parts: list, t, last_in_range, q, two_sigma2):
     w = _xor(parts)
     w1 = w[0]
     minus = w1 < 0
-    low = w1 & ((1 << 63) - 1)
+    low = w1 & _MASK63
     in_range = low <= last_in_range
     u = torch.remainder(low, t)
     kept, close1 = _compare_exp(torch, _top53(w[1]), u.to(torch.float64) / t)
@@ -164,9 +165,8 @@ def _decider(dev, n_parts: int):
             g = torch.Generator(device=dev)
             g.manual_seed(0)
             for sigma2, n in ((2.0, 5000), (1e8, 7001)):
-                t = math.isqrt(math.floor(sigma2)) + 1
                 parts = [torch.empty((4, n), dtype=torch.int64, device=dev).random_(-(1 << 63), None, generator=g) for _ in range(n_parts)]
-                args = _scalars(torch, dev, t, sigma2)
+                args = _scalars(torch, dev, sigma2)
                 if not all(torch.equal(a, b) for a, b in zip(compiled(parts, *args), _decide(parts, *args))):
                     raise ValueError("the compiled decisions differ from the eager ones")
             _DECIDERS[key] = compiled
@@ -183,9 +183,11 @@ def _not_compiled(dev, n_parts: int, error: Exception) -> None:
     logging.getLogger(__name__).warning("device noise: not compiled on %s (%s: %s); drawing with eager ops", dev, type(error).__name__, error)
 
 
-def _scalars(torch, dev, t: int, sigma2: float) -> tuple:
-    """t, the top of the largest multiple of t below 2**63, sigma2 / t and 2 sigma2, as
-    0-dimensional tensors on ``dev``."""
+def _scalars(torch, dev, sigma2: float) -> tuple:
+    """t (:func:`fedpriv.privacy.sampling.laplace_scale`), the top of the largest multiple of t
+    below 2**63, sigma2 / t and 2 sigma2: :func:`_decide`'s numbers, as 0-dimensional tensors on
+    ``dev``."""
+    t = cpu.laplace_scale(sigma2)
     last = ((1 << 63) // t) * t - 1
     return (torch.tensor(t, device=dev), torch.tensor(last, device=dev), torch.tensor(sigma2 / t, dtype=torch.float64, device=dev),
             torch.tensor(2.0 * sigma2, dtype=torch.float64, device=dev))
@@ -196,7 +198,7 @@ def _tries(bits: DeviceBits, t: int, s: Fraction, sigma2: float, n: int):
     with a comparison inside the float estimate's margin settled on the CPU (:func:`_settle`)."""
     torch = bits.torch
     parts = bits.draws(4, n)
-    args = (parts, *_scalars(torch, bits.dev, t, sigma2))
+    args = (parts, *_scalars(torch, bits.dev, sigma2))
     decide = _decider(bits.dev, len(parts))
     try:
         y, accepted, settle = decide(*args)
@@ -219,13 +221,13 @@ def _settle(bits: DeviceBits, idx, parts: list, t: int, s: Fraction, y, accepted
     src = cpu.BitSource(None)
     ys, oks = [], []
     for w1, w2, w3, w4 in _xor([p[:, idx] for p in parts]).t().cpu().tolist():
-        neg, ui = w1 < 0, (w1 & ((1 << 63) - 1)) % t
+        neg, ui = w1 < 0, (w1 & _MASK63) % t  # as _decide reads them (Python ints: the same bits)
         ok, yi = False, 0
-        if cpu._exact_bernoulli_exp(Fraction(ui, t), (w2 >> 11) & _MASK53, 53, src):
-            xi = ui + t * cpu._exact_floor_neglog((w3 >> 11) & _MASK53, 53, src)
+        if cpu._exact_bernoulli_exp(Fraction(ui, t), _top53(w2), 53, src):
+            xi = ui + t * cpu._exact_floor_neglog(_top53(w3), 53, src)
             if not (neg and xi == 0):
                 yi = -xi if neg else xi
-                ok = cpu._exact_bernoulli_exp((xi * t - s) ** 2 / (2 * s * t * t), (w4 >> 11) & _MASK53, 53, src)
+                ok = cpu._exact_bernoulli_exp((xi * t - s) ** 2 / (2 * s * t * t), _top53(w4), 53, src)
         ys.append(yi)
         oks.append(ok)
     y[idx] = torch.tensor(ys, dtype=y.dtype, device=y.device)
@@ -238,7 +240,7 @@ def discrete_gaussian_on_device(bits: DeviceBits, sigma2: float, n: int):
     second batch where the first falls short). Two waits for the host per batch."""
     torch = bits.torch
     s = Fraction(sigma2)
-    t = math.isqrt(math.floor(s)) + 1
+    t = cpu.laplace_scale(sigma2)
     parts, need = [], n
     while need > 0:
         y, accepted = _tries(bits, t, s, sigma2, int(need / cpu._YIELD * 1.02) + 32)

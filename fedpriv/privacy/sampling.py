@@ -215,6 +215,12 @@ def discrete_laplace(src: BitSource, t: int, attempts: int) -> np.ndarray:
 _YIELD = 0.45
 
 
+def laplace_scale(sigma2: float) -> int:
+    """The scale t = floor(sqrt(sigma2)) + 1 of the discrete Laplace proposals of CKS
+    Algorithm 3, exactly (the integer square root of the floor of the exact rational)."""
+    return math.isqrt(math.floor(Fraction(sigma2))) + 1
+
+
 def discrete_gaussian(src: BitSource, sigma2: float, n: int) -> np.ndarray:
     """n exact draws of the discrete Gaussian P(y) proportional to exp(-y^2 / (2 sigma2)) on the
     integers, ``sigma2`` a positive float taken as the exact rational it represents (Canonne,
@@ -224,7 +230,7 @@ def discrete_gaussian(src: BitSource, sigma2: float, n: int) -> np.ndarray:
     if not (math.isfinite(sigma2) and sigma2 > 0):
         raise PrivacyError(f"the discrete Gaussian needs a finite variance > 0, got {sigma2}")
     s = Fraction(sigma2)
-    t = math.isqrt(math.floor(s)) + 1
+    t = laplace_scale(sigma2)
     q = sigma2 / t
     parts, need = [], n
     while need > 0:

@@ -40,6 +40,7 @@ Prints one JSON object:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -128,14 +129,22 @@ def _device_timings(values: dict, sens: dict, z: dict, name: str, repeats: int) 
 
         with_copies()  # warm-up (and, on a GPU, the compile of the tries' decisions)
         timed = _best(with_copies, repeats), _best(draws_only, repeats)
-        compiled = device_sampling._decider(dev, len(bits.draws(1, 1))) is not device_sampling._decide
-        saved = device_sampling.COMPILE
-        device_sampling.COMPILE = set()
-        try:
+        compiled = device_sampling._decider(dev, max(1, len(bits.generators))) is not device_sampling._decide
+        with _eager_decisions():
             eager = _best(draws_only, repeats)
-        finally:
-            device_sampling.COMPILE = saved
         return (*timed, {"compiled": compiled, "eager_draws_only_seconds": eager})
+
+
+@contextlib.contextmanager
+def _eager_decisions():
+    """The device sampler's tries decided by eager torch ops, not compiled, on every device."""
+    from fedpriv.privacy import device_sampling
+
+    saved, device_sampling.COMPILE = device_sampling.COMPILE, set()
+    try:
+        yield
+    finally:
+        device_sampling.COMPILE = saved
 
 
 def _block_profile(name: str, sigma2: float) -> dict:
@@ -164,16 +173,11 @@ def _block_profile(name: str, sigma2: float) -> dict:
             self.waits += str(func) in sized_by_data or bool_index or to_host
             return out
 
-    saved = device_sampling.COMPILE
-    device_sampling.COMPILE = set()  # the eager ops (a compiled kernel is not seen op by op)
-    try:
-        with device.use(name):
-            bits = device_sampling.DeviceBits(torch, device.torch_device())
-            device_sampling.discrete_gaussian_on_device(bits, sigma2, 1000)  # the generators made
-            with Count() as c:
-                device_sampling.discrete_gaussian_on_device(bits, sigma2, device_sampling.BLOCK)
-    finally:
-        device_sampling.COMPILE = saved
+    with _eager_decisions(), device.use(name):  # eager: a compiled kernel is not seen op by op
+        bits = device_sampling.DeviceBits(torch, device.torch_device())
+        device_sampling.discrete_gaussian_on_device(bits, sigma2, 1000)  # the generators made
+        with Count() as c:
+            device_sampling.discrete_gaussian_on_device(bits, sigma2, device_sampling.BLOCK)
     return {"samples": device_sampling.BLOCK, "sigma2": sigma2, "ops": c.ops, "host_waits": c.waits, "gb_touched": c.touched / 1e9}
 
 

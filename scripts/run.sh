@@ -38,17 +38,7 @@ stop_flower() {
     fi
     rm -rf "$RUN_TMP"
 }
-on_signal() {  # $1: the signal's name, $2: its number
-    trap '' INT TERM HUP
-    trap - EXIT
-    stop_step TERM 10  # pip (and what it built with), or `flwr run`
-    stop_flower
-    echo "run.sh: stopped by SIG$1: the run and every process it started are stopped" >&2
-    exit $((128 + $2))
-}
-trap 'on_signal INT 2' INT
-trap 'on_signal TERM 15' TERM
-trap 'on_signal HUP 1' HUP
+stop_on_signals run.sh 10 stop_flower  # the step: pip (and what it built with), or `flwr run`
 trap stop_flower EXIT
 
 # the environment: a venv that a stop left half-made (python, no pip) is made again

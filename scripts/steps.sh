@@ -7,6 +7,9 @@
 #   step CMD ARGS...        runs CMD in its own session and returns its exit status
 #   stop_step SIGNAL SECS   (in a trap) sends SIGNAL to the running step's process group, waits
 #                           for the whole group to end, and SIGKILLs what is left after SECS
+#   stop_on_signals NAME SECS [CLEANUP]
+#                           on Ctrl-C, SIGTERM and SIGHUP: stop_step TERM SECS, run CLEANUP,
+#                           print "NAME: stopped by SIG...", exit 128 + n (no EXIT trap after)
 #
 # bash starts an asynchronous command with SIGINT and SIGQUIT ignored, and an ignored signal stays
 # ignored through exec (Python then installs no KeyboardInterrupt handler, a bash script can trap
@@ -39,4 +42,20 @@ stop_step() {
         sleep 0.1
     done
     wait "$group" 2>/dev/null || true
+}
+
+stop_on_signals() {
+    STOP_NAME=$1 STOP_SECS=$2 STOP_CLEANUP=${3:-}
+    trap '_stopped INT 2' INT
+    trap '_stopped TERM 15' TERM
+    trap '_stopped HUP 1' HUP
+}
+
+_stopped() {  # $1: the signal's name, $2: its number
+    trap '' INT TERM HUP
+    trap - EXIT
+    stop_step TERM "$STOP_SECS"
+    [ -z "$STOP_CLEANUP" ] || "$STOP_CLEANUP"
+    echo "$STOP_NAME: stopped by SIG$1: every process it started is stopped" >&2
+    exit $((128 + $2))
 }

@@ -30,15 +30,7 @@ cd "$(dirname "$0")/.."
 # Ctrl-C path on it (tests/conftest.py), so the tests' own clean-ups run) and wait for it, then
 # exit 128 + n with one line
 . scripts/steps.sh
-on_signal() {  # $1: the signal's name, $2: its number
-    trap '' INT TERM HUP
-    stop_step TERM 120
-    echo "test.sh: stopped by SIG$1: the step running and every process it started are stopped" >&2
-    exit $((128 + $2))
-}
-trap 'on_signal INT 2' INT
-trap 'on_signal TERM 15' TERM
-trap 'on_signal HUP 1' HUP
+stop_on_signals test.sh 120
 step bash ci/venv.sh .venv ci/constraints-oldest.txt
 # The report's screenshot tests need a headless browser: Debian's chromium. As root with apt (CI),
 # install it and require it; elsewhere those tests skip when no browser is found.

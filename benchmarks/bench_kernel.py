@@ -23,6 +23,11 @@ Prints one JSON object:
   executes about 5/8 of the GEMM-equivalent count. ``torch_path_seconds``: the same sums on the
   torch path (``FEDPRIV_NATIVE=0``), and ``bmm_ceiling_ratio``: torch.bmm alone on pre-gathered
   blocks of that path's shape (pieces of 512 rows of d + 1 floats), the bound of the torch design.
+- ``clipping`` per d (on a device): the server's clipped solve of the items' noised
+  (d + 1) x (d + 1) statistics, by the matrix sign's Newton iteration (``sign_seconds``, the
+  default on a GPU above 32 x 32) and by an eigendecomposition (``eigh_seconds``: a CUDA batch
+  above 32 x 32 goes to the CPU's threads), and ``max_rel_diff`` between their solutions
+  (mostly the float32 eigendecomposition's own error: the sign iteration runs in float64).
 - ``native``: whether the native kernel ran (and why not), and its vector width in floats.
 - ``device``: where the steps and the kernel ran (``--device``: ``cpu``, ``cuda``, ``torch:cpu``).
   On a device every figure includes the device path's copies (inputs in, results out per
@@ -42,7 +47,7 @@ import time
 import numpy as np
 import torch
 
-from fedpriv.algorithms import als, native
+from fedpriv.algorithms import als, kernels, native
 from fedpriv.algorithms.kernels import gram_flops, segment_stats
 from fedpriv.algorithms.shards import shard_users
 from fedpriv.data.synthetic import make_mf
@@ -162,6 +167,43 @@ def adadpals_step_seconds(inter, d: int, steady: int = 3) -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def clipping(n: int, d: int, repeats: int = 2) -> dict | None:
+    """The server's clipped solve of ``n`` indefinite (d + 1) x (d + 1) statistics on the device
+    (``kernels.project_psd_solve``), by the matrix sign's Newton iteration and by eigh (above 32 x
+    32 a CUDA batch is decomposed on the CPU's threads): seconds of each, copies included, and
+    how far apart their solutions are. None on the CPU back end (it decomposes on the CPU)."""
+    from fedpriv.algorithms import device_kernels
+
+    dev = device.torch_device()
+    if dev is None:
+        return None
+    rng = np.random.default_rng(1)
+    m = d + 1
+    G = rng.normal(size=(n, m, 8)).astype(np.float32)
+    noise = rng.normal(size=(n, m, m)).astype(np.float32)
+    A = G @ G.transpose(0, 2, 1) * np.logspace(0, 3, n, dtype=np.float32)[:, None, None] + 3 * (noise + noise.transpose(0, 2, 1))
+    b = rng.normal(size=(n, m))
+    out = {"d": d, "matrices": n, "size": m}
+    saved = device_kernels.SIGN_ITERATION
+    try:
+        for name, routes in (("sign", saved | {dev.type}), ("eigh", set())):
+            device_kernels.SIGN_ITERATION = routes
+            x = kernels.project_psd_solve(A, b, 0.0, 1.0)  # warm: the first call loads the solvers
+            best = float("inf")
+            for _ in range(repeats):
+                _sync()
+                t0 = time.perf_counter()
+                kernels.project_psd_solve(A, b, 0.0, 1.0)
+                _sync()
+                best = min(best, time.perf_counter() - t0)
+            out[f"{name}_seconds"], out[name] = best, x
+    finally:
+        device_kernels.SIGN_ITERATION = saved
+    out["max_rel_diff"] = float(np.max(np.abs(out.pop("sign") - out.pop("eigh"))) / np.max(np.abs(x)))
+    out["sign_on_by_default"] = dev.type in saved
+    return out
+
+
 def engine_steps(inter, d: int, steps: int) -> dict:
     """The in-process engine's per-step seconds on the whole protocol (AdaDPALS at epsilon 5)."""
     cfg = als.ALSConfig(rank=d, steps=steps)
@@ -213,6 +255,7 @@ def run(args) -> None:
     out["adadpals_step"] = out["adadpals_steps"][0]
     out["engine_steps"] = engine_steps(inter, d0, cfg["steps"])
     out["kernel"] = [kernel_vs_sgemm(inter, d) for d in cfg["dims"]]
+    out["clipping"] = [c for c in (clipping(inter.n_items, d) for d in sorted({*cfg["dims"], *(args.step_dims or [])})) if c is not None]
     if args.device.startswith("cuda"):
         out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     print(json.dumps(out, indent=2))

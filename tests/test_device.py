@@ -719,3 +719,83 @@ def test_the_device_solves_leave_their_inputs_as_they_were(dev):
         kernels.project_psd_solve(A, b, 0.1, 0.5)
     assert np.array_equal(A, A0) and np.array_equal(b, b0)
     assert np.allclose(x, x_cpu, rtol=1e-4, atol=1e-5)
+
+
+def _indefinite(rng, n: int, d: int) -> np.ndarray:
+    """Noised Gram matrices: indefinite, their scales spread over six decades (float32)."""
+    G = rng.normal(size=(n, d, 2 * d))
+    A = G @ G.transpose(0, 2, 1) * np.logspace(-3, 3, n)[:, None, None]
+    N = rng.normal(size=(n, d, d)) * 5
+    return (A + (N + N.transpose(0, 2, 1)) / 2).astype(np.float32)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("d", [33, 129])
+def test_clipping_by_the_matrix_sign_is_the_eigendecompositions(dev, d, monkeypatch):
+    """Above cuSOLVER's batched size (d + 1 = 33 at rank 32) a GPU clips the noised statistics
+    by the matrix sign's Newton iteration (device_kernels._sign) in place of an eigendecomposition
+    on the CPU. Run here on the device path with the CPU added: no matrix is decomposed, and
+    the projection and the fused solve equal the CPU back end's (eigh) to float32 rounding. A
+    singular matrix, where the inverse fails, is decomposed instead."""
+    from fedpriv.algorithms import device_kernels
+
+    monkeypatch.setattr(device_kernels, "SIGN_ITERATION", {"cpu", "cuda"})
+    rng = np.random.default_rng(11)
+    n = 40
+    A = _indefinite(rng, n, d)
+    A[5] = 0.0  # at floor 0: singular, outside (Cholesky fails), and the inverse fails
+    A[6] = np.eye(d) * 4.0  # inside: solved as it is
+    b = rng.normal(size=(n, d))
+    ref_p, ref_x = kernels.project_psd(A, 0.0), kernels.project_psd_solve(A, b, 0.0, 0.5)
+    decomposed = []
+    eigh = device_kernels._eigh
+    monkeypatch.setattr(device_kernels, "_eigh", lambda torch, X: (decomposed.append(len(X)), eigh(torch, X))[1])
+    with device.use(dev):
+        p = np.asarray(kernels.project_psd(A, 0.0))
+        x = kernels.project_psd_solve(A, b, 0.0, 0.5)
+    assert decomposed == [1, 1]  # the singular matrix, once per call
+    scale = np.maximum(np.abs(ref_p).reshape(n, -1).max(axis=1), 1.0)
+    assert np.max(np.abs(p - ref_p).reshape(n, -1).max(axis=1) / scale) < 1e-5
+    assert np.max(np.abs(x - ref_x)) < 1e-5 * np.max(np.abs(ref_x))
+    assert np.all(np.linalg.eigvalsh(p.astype(np.float64)) >= -1e-5 * scale[:, None])
+
+
+def test_an_unconverged_sign_iteration_is_caught_and_decomposed(monkeypatch):
+    """The positive control of the convergence check: cut to 4 steps, the iteration has not
+    converged for most matrices, and its clipping would be wrong; each such matrix is reported
+    and decomposed, so the result still equals the eigendecomposition's."""
+    import torch
+
+    from fedpriv.algorithms import device_kernels
+
+    monkeypatch.setattr(device_kernels, "SIGN_ITERATION", {"cpu"})
+    monkeypatch.setattr(device_kernels, "_SIGN_STEPS", 4)
+    A = torch.from_numpy(_indefinite(np.random.default_rng(12), 30, 33))
+    S, ok = device_kernels._sign(torch, A.double())
+    B = A.double()
+    early = 0.5 * (B + S @ B)
+    exact = device_kernels._clip_by_eigh(torch, A, 0.0).double()
+    wrong = (early - exact).flatten(1).abs().max(dim=1).values > 1e-5 * exact.flatten(1).abs().max(dim=1).values
+    assert int((~ok).sum()) >= 20 and bool(wrong[~ok].any()) and not bool(wrong[ok].any())
+    clipped = device_kernels._clip(torch, A, 0.0)
+    assert torch.allclose(clipped, exact.float(), rtol=1e-4, atol=1e-4 * float(exact.abs().max()))
+
+
+def test_a_rank_40_run_clipped_by_the_matrix_sign_has_the_cpu_runs_ledger_and_model(data, monkeypatch):
+    """A whole private run at rank 40 (40 x 40 item statistics, every one indefinite after
+    its noise) with the sign iteration on the device path: the CPU run's ledger, and its
+    model and metrics to float32 rounding."""
+    from fedpriv.algorithms import device_kernels
+
+    monkeypatch.setattr(device_kernels, "SIGN_ITERATION", {"cpu"})
+    calls = []
+    sign = device_kernels._sign
+    monkeypatch.setattr(device_kernels, "_sign", lambda torch, B: (calls.append(len(B)), sign(torch, B))[1])
+    params = dict(rank=40, steps=2, defaults="fixed", epsilon=5.0, noise_seed=4, second_opinion=False)
+    cpu = fedpriv.train("adadpals", data, **params)
+    dev = fedpriv.train("adadpals", data, engine_options={"device": "torch:cpu"}, **params)
+    assert len(calls) == 2 and sum(calls) >= 2 * 150  # each step's server solve: most of the 200 items by the sign iteration
+    assert dev.ledger == cpu.ledger
+    a, b = _model(dev.model.state), _model(cpu.model.state)
+    assert np.max(np.abs(a - b)) <= 1e-4 * max(np.max(np.abs(b)), 1.0), np.max(np.abs(a - b))
+    assert dev.metrics["test_rmse"] == pytest.approx(cpu.metrics["test_rmse"], rel=1e-5)

@@ -285,6 +285,12 @@ def gradient_rows_on_device(torch, dev, X, theta, rows, items, y, clip: float):
 #: decomposes a CUDA batch one matrix after another: measured on an H100, 20,000 matrices of
 #: 33 x 33 took 13 s there against 1.7 s on the CPU (and 0.012 s at 32 x 32)
 _CUDA_BATCHED_EIGH = 32
+#: the device types whose clipping above that size takes the matrix sign function on the device
+#: (:func:`_sign`) instead of an eigendecomposition; elsewhere eigh decomposes them (on torch's CPU
+#: device it is faster; a test adds "cpu" to run this path everywhere)
+SIGN_ITERATION = {"cuda"}
+#: the sign iteration's most steps, and its matrices per pass (float64: 512 MB each at d = 128)
+_SIGN_STEPS, _SIGN_CHUNK_BYTES = 40, 1 << 29
 
 
 def _eigh(torch, X):
@@ -306,6 +312,97 @@ def _eigh(torch, X):
     return torch.linalg.eigh(X)
 
 
+def _sign(torch, B):
+    """The matrix sign function of a batch of symmetric float64 matrices, and which converged.
+
+    Newton's iteration X <- (mu X + (mu X)^-1) / 2 from X = B, with each matrix's own scaling
+    mu = sqrt(|X^-1|_F / |X|_F) (Higham, Functions of Matrices, 5.3), while the step is large:
+    its limit is Q diag(sign(lambda)) Q^T, so (B + sign(B) B) / 2 is B with its negative
+    eigenvalues set to 0 (B's eigenvalue clipping at 0), from batched inverses only. In float64 a
+    spread of 1e7 between B's largest and smallest eigenvalues takes about 10 steps. A matrix
+    whose inverse fails (B singular), whose entries are not finite, or that has not converged
+    after :data:`_SIGN_STEPS` steps is reported (the caller decomposes it instead). The host
+    waits once per check from the sixth step on."""
+    X, ok = B, torch.ones(len(B), dtype=torch.bool, device=B.device)
+    scale = torch.ones(len(B), 1, 1, dtype=B.dtype, device=B.device)
+    for step in range(1, _SIGN_STEPS + 1):
+        inv, info = torch.linalg.inv_ex(X)
+        ok &= info == 0
+        norm = X.flatten(1).norm(dim=1)[:, None, None]
+        mu = torch.where(scale > 0, torch.sqrt(inv.flatten(1).norm(dim=1)[:, None, None] / norm), 1.0)
+        nxt = 0.5 * (mu * X + inv / mu)
+        change = ((nxt - X).flatten(1).norm(dim=1) / nxt.flatten(1).norm(dim=1))[:, None, None]
+        ok &= torch.isfinite(change[:, 0, 0])
+        X = torch.where(ok[:, None, None], nxt, X)
+        scale = torch.where(change < 1e-2, 0.0, scale)  # near the limit: unscaled, quadratic
+        if step >= 6 and not bool((ok & (change[:, 0, 0] > 1e-13)).any()):
+            return X, ok & (change[:, 0, 0] <= 1e-13)
+    return X, ok & (change[:, 0, 0] <= 1e-13)
+
+
+def _by_sign(At) -> bool:
+    """Whether the clipping of the batch ``At`` takes the sign iteration (:data:`SIGN_ITERATION`)."""
+    return At.device.type in SIGN_ITERATION and At.shape[-1] > _CUDA_BATCHED_EIGH and len(At) > 1
+
+
+def _sign_clipped(torch, At, floor: float):
+    """Eigenvalue clipping at ``floor`` of the symmetric float32 batch ``At`` by :func:`_sign`, a
+    chunk at a time: yields (the chunk's slice, its clipped matrices in float64, which of them
+    converged). Float64 keeps the solves after it as accurate as the eigendecomposition's."""
+    d = At.shape[-1]
+    eye = torch.eye(d, dtype=torch.float64, device=At.device)
+    chunk = max(1, _SIGN_CHUNK_BYTES // (8 * d * d))
+    for lo in range(0, len(At), chunk):
+        sl = slice(lo, min(lo + chunk, len(At)))
+        B = At[sl].to(torch.float64) - floor * eye
+        S, ok = _sign(torch, B)
+        P = 0.5 * (B + S @ B)
+        yield sl, 0.5 * (P + P.transpose(-1, -2)) + floor * eye, ok
+
+
+def _clip_by_eigh(torch, At, floor: float):
+    evals, evecs = _eigh(torch, At)
+    return (evecs * torch.clamp(evals, min=floor)[..., None, :]) @ evecs.transpose(-1, -2)
+
+
+def _clipped_solve_by_eigh(torch, At, bt, floor: float, reg: float):
+    """x = Q diag(1 / (max(lambda, floor) + reg)) Q^T b, without rebuilding the clipped matrix."""
+    evals, evecs = _eigh(torch, At)
+    coef = (evecs.transpose(-1, -2) @ bt[..., None])[..., 0] / (torch.clamp(evals, min=floor) + reg)
+    return (evecs @ coef[..., None])[..., 0]
+
+
+def _clip(torch, At, floor: float):
+    """The symmetric float32 batch ``At`` with its eigenvalues below ``floor`` raised to it."""
+    if not _by_sign(At):
+        return _clip_by_eigh(torch, At, floor)
+    out = torch.empty_like(At)
+    for sl, P, ok in _sign_clipped(torch, At, floor):
+        out[sl] = P.to(torch.float32)
+        if not bool(ok.all()):  # singular or slow to converge (rare for noised matrices): decomposed
+            rows = torch.nonzero(~ok).flatten() + sl.start
+            out[rows] = _clip_by_eigh(torch, At[rows], floor)
+    return out
+
+
+def _clipped_solve(torch, At, bt, floor: float, reg: float):
+    """x = (clip(At, floor) + reg I)^-1 b for a symmetric float32 batch (floor + reg > 0): from
+    the eigendecomposition, or from the sign iteration's clipped matrices by a float64 Cholesky
+    solve."""
+    if not _by_sign(At):
+        return _clipped_solve_by_eigh(torch, At, bt, floor, reg)
+    x = torch.empty_like(bt)
+    eye = torch.eye(At.shape[-1], dtype=torch.float64, device=At.device)
+    for sl, P, ok in _sign_clipped(torch, At, floor):
+        L, info = torch.linalg.cholesky_ex(P + reg * eye)
+        x[sl] = torch.cholesky_solve(bt[sl].to(torch.float64)[..., None], L)[..., 0].to(x.dtype)
+        ok &= info == 0
+        if not bool(ok.all()):  # singular or slow to converge (rare for noised matrices): decomposed
+            rows = torch.nonzero(~ok).flatten() + sl.start
+            x[rows] = _clipped_solve_by_eigh(torch, At[rows], bt[rows], floor, reg)
+    return x
+
+
 def _symmetric(torch, dev, A):
     At = _t(torch, A, dev, torch.float32)
     return 0.5 * (At + At.transpose(-1, -2))
@@ -317,24 +414,22 @@ def psd_on_device(torch, dev, A, floor: float) -> device.DeviceArray:
     d = At.shape[-1]
     outside = torch.linalg.cholesky_ex(At - floor * torch.eye(d, device=dev))[1] != 0
     if outside.any():
-        evals, evecs = _eigh(torch, At[outside])
-        At[outside] = (evecs * torch.clamp(evals, min=floor)[..., None, :]) @ evecs.transpose(-1, -2)
+        At[outside] = _clip(torch, At[outside], floor)
     return device.DeviceArray(At, dev)  # the encoder server's fit reads it on the device
 
 
 def psd_solve_on_device(torch, dev, A, b, floor: float, reg: float) -> np.ndarray:
-    """``solve_spd(project_psd(A, floor), b, reg)`` in one pass (floor + reg > 0)."""
+    """``solve_spd(project_psd(A, floor), b, reg)`` in one pass (floor + reg > 0): the matrices
+    already above the floor are solved as they are, the others clipped (:func:`_clipped_solve`)."""
     At = _symmetric(torch, dev, A)
     d = At.shape[-1]
     bt = _t(torch, b, dev, torch.float32)
     eye = torch.eye(d, device=dev)
-    L, info = torch.linalg.cholesky_ex(At - floor * eye)
+    info = torch.linalg.cholesky_ex(At - floor * eye)[1]
     x = torch.cholesky_solve(bt[..., None], torch.linalg.cholesky_ex(At + reg * eye)[0])[..., 0]
     outside = info != 0
     if outside.any():
-        evals, evecs = _eigh(torch, At[outside])
-        coef = (evecs.transpose(-1, -2) @ bt[outside][..., None])[..., 0] / (torch.clamp(evals, min=floor) + reg)
-        x[outside] = (evecs @ coef[..., None])[..., 0]
+        x[outside] = _clipped_solve(torch, At[outside], bt[outside], floor, reg)
     return _host(x.to(torch.float64))
 
 

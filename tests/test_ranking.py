@@ -219,3 +219,49 @@ def test_top_k_lists_are_the_stable_sort_ties_to_the_lower_item(monkeypatch, wit
         assert np.array_equal(top_k(S, k), np.argsort(-S, axis=1, kind="stable")[:, : min(k, n)])
     S = rng.normal(size=(4, 1000))
     assert np.array_equal(top_k(S, 10), np.argsort(-S, axis=1)[:, :10])
+
+
+def test_a_shared_scores_lists_are_top_ks_with_the_users_training_items_excluded():
+    """The most-popular reference makes its lists from one score per item
+    (ranking.shared_score_lists), without a users x items matrix: they equal top_k's lists of
+    the broadcast scores with each user's training items at -inf, with many tied scores,
+    repeated ratings of an item, users without ratings and users who rated all but fewer
+    than k items (their lists end with rated items, by index, as top_k's tied -inf scores
+    do)."""
+    from fedpriv.algorithms.metrics import top_k
+    from fedpriv.algorithms.shards import UserShard
+
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        n_items, n_users, k = int(rng.integers(1, 40)), int(rng.integers(1, 12)), int(rng.integers(1, 12))
+        score = rng.integers(0, 4, n_items).astype(float) if trial % 2 else rng.normal(size=n_items)
+        per_user = rng.integers(0, n_items + 3, n_users)
+        per_user[0] = max(0, n_items - 1)  # rated nearly everything
+        items = np.concatenate([rng.choice(n_items, int(c), replace=c > n_items) for c in per_user]) if per_user.sum() else np.zeros(0, np.int64)
+        indptr = np.concatenate([[0], np.cumsum(per_user)])
+        shard = UserShard(np.arange(n_users), indptr, items.astype(np.int64), np.ones(len(items)))
+        S = np.broadcast_to(score, (n_users, n_items)).copy()
+        S[shard.local_user_of_rating, shard.items] = -np.inf
+        assert np.array_equal(ranking.shared_score_lists(score, shard, k), top_k(S, k)), trial
+
+
+def test_the_most_popular_reference_matches_a_direct_computation(run):
+    """popular_reference's metrics (its fast lists, its hits found by key) equal a user-by-user
+    computation of the most-popular list with each user's training items left out."""
+    plan, _ = run
+    train, test = plan.split.train, plan.split.test
+    counts = train.item_counts().astype(np.float64)
+    got = ranking.popular_reference(train, test, k=5, threshold=4.2)
+    recalls, ndcgs = [], []
+    for u in np.unique(test.users):
+        rel = set(test.items[(test.users == u) & (test.ratings >= 4.2)].tolist())
+        if not rel:
+            continue
+        seen = set(train.items[train.users == u].tolist())
+        order = [i for i in np.argsort(-counts, kind="stable") if i not in seen][:5]
+        hits = [1.0 if i in rel else 0.0 for i in order]
+        recalls.append(sum(hits) / min(5, len(rel)))
+        ndcgs.append(sum(h / math.log2(j + 2) for j, h in enumerate(hits)) / sum(1 / math.log2(j + 2) for j in range(min(5, len(rel)))))
+    assert got["users"] == len(recalls) > 0
+    assert got["recall"] == pytest.approx(float(np.mean(recalls)), rel=1e-12)
+    assert got["ndcg"] == pytest.approx(float(np.mean(ndcgs)), rel=1e-12)

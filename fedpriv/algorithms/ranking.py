@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..util.threads import thread_count
+from ..util.threads import one_thread_each, thread_count
 from . import als
 from .metrics import top_k
 from .shards import UserShard, shard_users, sub_shard
@@ -71,11 +71,17 @@ def popularity(state: als.PublicState) -> np.ndarray | None:
     return None
 
 
-def standardized(x: np.ndarray, axis: int | None = None) -> np.ndarray:
-    """``x`` minus its mean over ``axis``, over its standard deviation (floored at 1e-12)."""
-    mean = x.mean(axis=axis, keepdims=axis is not None)
-    std = x.std(axis=axis, keepdims=axis is not None)
-    return (x - mean) / np.maximum(std, 1e-12)
+def standardized(x: np.ndarray, axis: int | None = None, *, overwrite: bool = False) -> np.ndarray:
+    """``x`` minus its mean over ``axis``, over its standard deviation (floored at 1e-12): the
+    same arithmetic as numpy's ``std``, with one temporary (the users x items scores of an
+    evaluation chunk are large). ``overwrite``: a float64 ``x`` is the result's memory."""
+    keep = axis is not None
+    mean = x.mean(axis=axis, keepdims=keep)
+    centred = np.subtract(x, mean, out=x if overwrite and x.dtype == np.float64 else None)
+    n = centred.size if axis is None else centred.shape[axis]
+    std = np.sqrt(np.sum(np.square(centred), axis=axis, keepdims=keep) / n)
+    centred /= np.maximum(std, 1e-12)
+    return centred
 
 
 def popularity_prior(state: als.PublicState) -> np.ndarray | None:
@@ -89,18 +95,34 @@ def ranking_scores(shard: UserShard, state: als.PublicState, candidates: np.ndar
     """(n_users, k) ranking scores of the shard's users for the candidates (larger is better):
     standardized log-popularity plus ``blend`` times the standardized predicted rating (the
     predicted rating alone when the run released no popularity)."""
-    from .recommend import client_scores
+    return ranking_score_maker(shard, state, candidates, blend)()
+
+
+def ranking_score_maker(shard: UserShard, state: als.PublicState, candidates: np.ndarray, blend: float = RANK_BLEND):
+    """:func:`ranking_scores` in two parts: this call does what needs the model's kernels (the
+    user solves), the function it returns makes the dense scores with numpy alone (thread-safe:
+    the evaluation runs it on its pool, :func:`_evaluate`)."""
+    from .recommend import client_score_maker
 
     if state.spec.ranker is not None:  # an algorithm with a ranking of its own (topk, ease)
-        return state.spec.ranker(shard, state, candidates)
-    pred = client_scores(shard, state, candidates, clip=True)
+        ranked = state.spec.ranker(shard, state, candidates)
+        return lambda: ranked
+    make_pred = client_score_maker(shard, state, candidates, clip=True)
     prior = popularity_prior(state)
     if prior is None:
-        return pred
+        return make_pred
     prior = prior[candidates]
-    if len(candidates) < 2 or blend == 0:
-        return np.broadcast_to(prior, pred.shape).copy()
-    return prior[None, :] + blend * standardized(pred, axis=1)
+
+    def make() -> np.ndarray:
+        pred = make_pred()
+        if len(candidates) < 2 or blend == 0:
+            return np.broadcast_to(prior, pred.shape).copy()
+        scores = standardized(pred, axis=1, overwrite=True)  # pred is this call's own
+        scores *= blend
+        scores += prior[None, :]
+        return scores
+
+    return make
 
 
 def _empty(n_items: int) -> dict:
@@ -115,40 +137,96 @@ def _top_k_sums(scores_of, history: UserShard, target: UserShard, n_items: int, 
     return _empty(n_items) if prepared is None else _lists_and_sums(*prepared, n_items, k, threshold)
 
 
-def _scored(scores_of, history: UserShard, target: UserShard, threshold: float):
-    """(scores with training items at -inf, the relevant users' targets), or None: the part of
-    :func:`_top_k_sums` that calls the model (the statistics kernels)."""
+def _relevant(history: UserShard, target: UserShard, threshold: float):
+    """(history, target) of the users with a relevant target item, or None."""
     relevant = target.ratings >= threshold
     rel_users = np.unique(target.local_user_of_rating[relevant])
     if len(rel_users) == 0:
         return None
     keep = np.zeros(history.n_users, dtype=bool)
     keep[rel_users] = True
-    sub_h, sub_t = sub_shard(history, keep), sub_shard(target, keep)
-    scores = np.array(scores_of(sub_h), dtype=np.float64)
-    scores[sub_h.local_user_of_rating, sub_h.items] = -np.inf  # rated in training: not a candidate
-    return scores, sub_t
+    return sub_shard(history, keep), sub_shard(target, keep)
+
+
+def _scored(scores_of, history: UserShard, target: UserShard, threshold: float):
+    """(scores with training items at -inf, the relevant users' targets), or None: the part of
+    :func:`_top_k_sums` that calls the model (the statistics kernels)."""
+    subs = _relevant(history, target, threshold)
+    return None if subs is None else (_marked(scores_of(subs[0]), subs[0]), subs[1])
+
+
+def _marked(scores, history: UserShard) -> np.ndarray:
+    """``scores`` as float64 with each user's training items at -inf (copied unless they are
+    a float64 array of their own)."""
+    if not (isinstance(scores, np.ndarray) and scores.dtype == np.float64 and scores.base is None and scores.flags.writeable):
+        scores = np.array(scores, dtype=np.float64)
+    scores[history.local_user_of_rating, history.items] = -np.inf  # rated in training: not a candidate
+    return scores
+
+
+def _made_and_summed(make, history: UserShard, target: UserShard, n_items: int, k: int, threshold: float) -> dict:
+    """A chunk's dense scores (``make()``), their lists and sums: the pool's part of :func:`_evaluate`."""
+    return _lists_and_sums(_marked(make(), history), target, n_items, k, threshold)
 
 
 def _lists_and_sums(scores: np.ndarray, sub_t: UserShard, n_items: int, k: int, threshold: float) -> dict:
     """The top-k lists of ``scores`` and their sums (numpy, and torch's ``topk`` where torch is
     loaded: both release the GIL, so chunks of users run on a thread pool, :func:`_evaluate`)."""
+    return _sums(top_k(scores, min(k, n_items)), sub_t, n_items, threshold)
+
+
+def _sums(top: np.ndarray, sub_t: UserShard, n_items: int, threshold: float) -> dict:
+    """The sums of :func:`_top_k_sums` of the lists ``top`` (users x kk item indices, best
+    first): a hit is a listed item among the user's relevant targets (found by key, without a
+    users x items matrix)."""
     out = _empty(n_items)
-    kk = min(k, n_items)
-    top = top_k(scores, kk)
-    rel = np.zeros((len(scores), n_items), dtype=bool)
+    kk = top.shape[1]
     mask = sub_t.ratings >= threshold
-    rel[sub_t.local_user_of_rating[mask], sub_t.items[mask]] = True
-    hit = np.take_along_axis(rel, top, axis=1)
-    n_rel = rel.sum(axis=1)
+    rel_keys = np.unique(sub_t.local_user_of_rating[mask].astype(np.int64) * n_items + sub_t.items[mask])
+    n_rel = np.bincount(rel_keys // n_items, minlength=len(top))
+    keys = np.arange(len(top), dtype=np.int64)[:, None] * n_items + top
+    at = np.minimum(np.searchsorted(rel_keys, keys), max(len(rel_keys) - 1, 0))
+    hit = rel_keys[at] == keys if len(rel_keys) else np.zeros(keys.shape, dtype=bool)
     discount = 1.0 / np.log2(np.arange(2, kk + 2))
     ideal = np.cumsum(discount)[np.minimum(n_rel, kk) - 1]
-    out["users"] = float(len(scores))
+    out["users"] = float(len(top))
     out["recall"] = float(np.sum(hit.sum(axis=1) / np.minimum(n_rel, kk)))
     out["ndcg"] = float(np.sum((hit * discount).sum(axis=1) / ideal))
     out["hits"] = float(hit.sum())
     out["recommended"] = np.bincount(top.ravel(), minlength=n_items).astype(np.float64)
     return out
+
+
+def shared_score_lists(score: np.ndarray, history: UserShard, k: int) -> np.ndarray:
+    """:func:`fedpriv.algorithms.metrics.top_k`'s lists of one score per item shared by every
+    user (a popularity list), each user's training items excluded (at -inf), without making
+    the users x items scores: each user's list is the first k items of the score's order
+    (best first, ties to the lower item) that the user did not rate, then, where fewer are
+    left, the rated items by index (top_k's order of the tied -inf scores)."""
+    score = np.asarray(score, dtype=np.float64)
+    n, users = len(score), history.n_users
+    kk = min(k, n)
+    order = np.lexsort((np.arange(n), -score))
+    place = np.empty(n, dtype=np.int64)
+    place[order] = np.arange(n)
+    per_user = np.diff(history.indptr)
+    width = min(n, kk + int(per_user.max(initial=0)))  # every list lies in the first `width` places
+    rated = np.zeros((users, width), dtype=bool)
+    at = place[history.items]
+    near = at < width
+    rated[history.local_user_of_rating[near], at[near]] = True
+    free = ~rated
+    take = free & (np.cumsum(free, axis=1) <= kk)
+    short = take.sum(axis=1) < kk  # users who rated all but fewer than k items
+    top = np.empty((users, kk), dtype=np.int64)
+    rows, cols = np.nonzero(take[~short])
+    top[~short] = order[cols].reshape(-1, kk)
+    for u in np.flatnonzero(short):
+        mine = np.zeros(n, dtype=bool)
+        mine[history.items[history.indptr[u]:history.indptr[u + 1]]] = True
+        unrated = order[~mine[order]]
+        top[u] = np.concatenate([unrated, np.flatnonzero(mine)])[:kk]
+    return top
 
 
 def shard_ranking_sums(state: als.PublicState, history: UserShard, target: UserShard, k: int, threshold: float, blend: float = RANK_BLEND) -> dict:
@@ -171,11 +249,14 @@ def ranking_from_sums(sums: dict, item_counts: np.ndarray, k: int, threshold: fl
     return out
 
 
-def _evaluate(scores_of, train, test, n_items: int, k: int, threshold: float, chunk: int = 512) -> dict:
-    """The ranking metrics of ``scores_of(history shard)`` over the test users with a relevant
-    item, in chunks of users: each chunk is scored in this thread, and its lists and sums are
-    made on a thread pool while the next chunk is scored (at most one chunk per thread waits).
-    The sums are added in chunk order: the same numbers as one chunk after another."""
+def _evaluate(makers_of, train, test, n_items: int, k: int, threshold: float, chunk: int = 512, lists_of=None) -> dict:
+    """The ranking metrics over the test users with a relevant item, in chunks of users. This
+    thread does what needs the model's kernels (``makers_of(history shard)``, e.g. the user
+    solves of :func:`ranking_score_maker`); the function it returns makes the chunk's dense
+    scores on a thread pool, which then makes its lists and sums while this thread goes on (at
+    most one chunk per thread waits). ``lists_of(history shard)``: the chunk's top-k lists made
+    here directly, in place of scores. The sums are added in chunk order: the same numbers as
+    one chunk after another."""
     users = np.unique(test.users[test.ratings >= threshold])
     total = _empty(n_items)
 
@@ -184,13 +265,15 @@ def _evaluate(scores_of, train, test, n_items: int, k: int, threshold: float, ch
             total[key] = total[key] + sums[key]
 
     workers = min(thread_count(), max(1, len(users) // chunk))
-    with ThreadPoolExecutor(workers, thread_name_prefix="fedpriv-ranking") as pool:
+    with ThreadPoolExecutor(workers, thread_name_prefix="fedpriv-ranking", initializer=one_thread_each) as pool:
         waiting: deque = deque()
         for start in range(0, len(users), chunk):
             part = users[start:start + chunk]
-            prepared = _scored(scores_of, shard_users(train, part), shard_users(test, part), threshold)
-            if prepared is not None:
-                waiting.append(pool.submit(_lists_and_sums, *prepared, n_items, k, threshold))
+            subs = _relevant(shard_users(train, part), shard_users(test, part), threshold)
+            if subs is not None and lists_of is not None:
+                waiting.append(pool.submit(_sums, lists_of(subs[0]), subs[1], n_items, threshold))
+            elif subs is not None:
+                waiting.append(pool.submit(_made_and_summed, makers_of(subs[0]), *subs, n_items, k, threshold))
             while len(waiting) > workers:
                 add(waiting.popleft().result())
         while waiting:
@@ -203,10 +286,10 @@ def evaluate_ranking(state: als.PublicState, train, test, *, k: int = RANK_K, th
     chunks of users (a chunk scores every item)."""
     threshold = relevance_threshold(state.rating_range) if threshold is None else float(threshold)
     everything = np.arange(state.n_items)
-    return _evaluate(lambda h: ranking_scores(h, state, everything, blend), train, test, state.n_items, k, threshold)
+    return _evaluate(lambda h: ranking_score_maker(h, state, everything, blend), train, test, state.n_items, k, threshold)
 
 
 def popular_reference(train, test, *, k: int = RANK_K, threshold: float) -> dict:
     """The non-private most-popular list (training counts) on the same users: a reference."""
     counts = train.item_counts().astype(np.float64)
-    return _evaluate(lambda h: np.broadcast_to(counts, (h.n_users, len(counts))), train, test, len(counts), k, threshold)
+    return _evaluate(None, train, test, len(counts), k, threshold, lists_of=lambda h: shared_score_lists(counts, h, k))

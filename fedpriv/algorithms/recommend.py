@@ -129,18 +129,32 @@ def client_scores(shard: UserShard, state: als.PublicState, candidates: np.ndarr
     rating range (``clip=False``: as predicted, for ranking); the user vectors are solved
     locally (and clipped to ``user_clip``). The one scoring function of the ClientApp's private
     recommendation and of a saved model's :meth:`fedpriv.run.model.Model.recommend`."""
+    return client_score_maker(shard, state, candidates, user_clip, clip=clip)()
+
+
+def client_score_maker(shard: UserShard, state: als.PublicState, candidates: np.ndarray, user_clip: float | None = None, *, clip: bool = True):
+    """:func:`client_scores` in two parts: this call solves the user vectors (the statistics
+    kernels, on the run's device), and the function it returns makes the (n_users, k) scores
+    from them with numpy alone, so it may run on another thread (the evaluation's pool)."""
     if shard.n_users == 0:
-        return np.zeros((0, len(candidates)))
+        return lambda: np.zeros((0, len(candidates)))
     U = als.client_user_vectors(shard, state).astype(np.float64)
     if user_clip is not None:
         from ..privacy.clipping import clip_rows
 
         U = clip_rows(U, user_clip)
     V = als.user_design(state).astype(np.float64)[candidates]
-    pred = state.mean + U @ V.T
-    if state.item_bias is not None:
-        pred = pred + state.item_bias[candidates]
-    return np.clip(pred, *state.rating_range) if clip else pred
+    bias = None if state.item_bias is None else state.item_bias[candidates]
+    mean, bounds = state.mean, state.rating_range
+
+    def make() -> np.ndarray:
+        pred = U @ V.T  # then in place: the same sums as mean + U V^T + bias, without temporaries
+        pred += mean
+        if bias is not None:
+            pred += bias
+        return np.clip(pred, *bounds, out=pred) if clip else pred
+
+    return make
 
 
 def rated_mask(shard: UserShard, candidates: np.ndarray) -> np.ndarray:

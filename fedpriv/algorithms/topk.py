@@ -287,16 +287,20 @@ def scores(shard: UserShard, state: als.PublicState, candidates: np.ndarray) -> 
     from .ranking import popularity_prior, standardized
 
     prior = popularity_prior(state)
-    out = np.broadcast_to(prior if prior is not None else np.zeros(state.n_items), (shard.n_users, state.n_items)).copy()
+    row = prior if prior is not None else np.zeros(state.n_items)
     items = head(state)
     raw = _head_scores(shard, state, items)
-    if raw is not None:
-        out *= _options(state.config).topk_blend
-        out[:, items] += standardized(raw, axis=1)
+    if raw is not None:  # the per-item parts made once, on one row: the same sums as on every row
+        row = row * _options(state.config).topk_blend
         outside = np.ones(state.n_items, dtype=bool)
         outside[items] = False
-        out[:, outside] -= 1e6  # below every head item, in popularity order
-    return out[:, np.asarray(candidates, dtype=np.int64)]
+        row[outside] -= 1e6  # below every head item, in popularity order
+    candidates = np.asarray(candidates, dtype=np.int64)
+    every = len(candidates) == state.n_items and np.array_equal(candidates, np.arange(state.n_items))
+    out = np.broadcast_to(row, (shard.n_users, state.n_items)).copy()
+    if raw is not None:
+        out[:, items] += standardized(raw, axis=1, overwrite=True)
+    return out if every else out[:, candidates]
 
 
 def _head_scores(shard: UserShard, state: als.PublicState, items: np.ndarray) -> np.ndarray | None:

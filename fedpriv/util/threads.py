@@ -100,7 +100,7 @@ def configure(n: int | None = None) -> int:
     return n
 
 
-def _one_thread_each() -> None:
+def one_thread_each() -> None:
     """A pool thread runs its torch ops on one thread: with its own OpenMP team it would compete
     with the calling thread's team (measured: the main thread's kernels ran 1.7x slower after a
     pooled call had left teams behind)."""
@@ -122,6 +122,6 @@ def map_chunks(fn, n_items: int, min_chunk: int = 1024) -> list:
     if _pool is None or _pool_size < workers:
         if _pool is not None:
             _pool.shutdown(wait=False)
-        _pool = ThreadPoolExecutor(workers, thread_name_prefix="fedpriv-linalg", initializer=_one_thread_each)
+        _pool = ThreadPoolExecutor(workers, thread_name_prefix="fedpriv-linalg", initializer=one_thread_each)
         _pool_size = workers
     return list(_pool.map(fn, slices))

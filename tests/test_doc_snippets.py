@@ -89,6 +89,7 @@ SKIPPED: dict[str, Skip] = {
     "docs/how-to/deployment.md#3": Skip("728b62204b", "root and Docker (sudo docker/build-images.sh, docker-compose); tests/test_docker.py (deployment suite) runs these steps"),
     "docs/how-to/experiments.md#1": Skip("3268072ac7", "every shipped experiment config in full (hours on this machine); tests/test_experiments.py (experiments suite) runs every config with --quick and renders the report"),
     "docs/how-to/gpu.md#1": Skip("06e9819a6a", "needs a CUDA GPU (exits 2 naming --device without one); tests/test_device.py runs the same path on torch's CPU device everywhere and on CUDA where present"),
+    "docs/how-to/gpu.md#4": Skip("1affa8321e", "downloads wheels from the package index (network; the test's pip refuses) and runs the whole GPU check at the papers' shapes (needs a CUDA GPU); gpu.md#3 runs gpu_check.sh on torch's CPU device with small shapes"),
     "docs/how-to/ray-cluster.md#2": Skip("1d448f596f", "a Ray head on another host (10.0.0.5; network); tests/test_ray_cluster.py starts a head on loopback"),
     "docs/how-to/ray-cluster.md#3": Skip("18b77c0a95", "a Ray worker joining a head at 10.0.0.5 (network, a second host); tests/test_ray_two_hosts.py"),
     "docs/how-to/ray-cluster.md#4": Skip("87aa689d28", "a Ray cluster at 10.0.0.5 and a `job` from the page's text (network)"),

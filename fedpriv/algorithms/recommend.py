@@ -135,9 +135,10 @@ def client_scores(shard: UserShard, state: als.PublicState, candidates: np.ndarr
 def client_score_maker(shard: UserShard, state: als.PublicState, candidates: np.ndarray, user_clip: float | None = None, *, clip: bool = True):
     """:func:`client_scores` in two parts: this call solves the user vectors (the statistics
     kernels, on the run's device), and the function it returns makes the (n_users, k) scores
-    from them with numpy alone, so it may run on another thread (the evaluation's pool)."""
+    from them with numpy alone, so it may run on another thread (the evaluation's pool), in
+    memory of the caller's where given (``make(out)``)."""
     if shard.n_users == 0:
-        return lambda: np.zeros((0, len(candidates)))
+        return lambda out=None: np.zeros((0, len(candidates)))
     U = als.client_user_vectors(shard, state).astype(np.float64)
     if user_clip is not None:
         from ..privacy.clipping import clip_rows
@@ -147,8 +148,9 @@ def client_score_maker(shard: UserShard, state: als.PublicState, candidates: np.
     bias = None if state.item_bias is None else state.item_bias[candidates]
     mean, bounds = state.mean, state.rating_range
 
-    def make() -> np.ndarray:
-        pred = U @ V.T  # then in place: the same sums as mean + U V^T + bias, without temporaries
+    def make(out: np.ndarray | None = None) -> np.ndarray:
+        """The scores, in ``out`` (float64, (n_users, k)) where given."""
+        pred = np.matmul(U, V.T, out=out)  # then in place: the same sums as mean + U V^T + bias, without temporaries
         pred += mean
         if bias is not None:
             pred += bias

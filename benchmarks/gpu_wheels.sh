@@ -12,7 +12,7 @@ DIR=${1:?usage: gpu_wheels.sh DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PIP=${PIP:-$([ -x "$ROOT/.venv/bin/pip" ] && echo "$ROOT/.venv/bin/pip" || echo pip3)}
 mkdir -p "$DIR"
-# dp-accounting and tqdm: fedpriv's imports; pytest and its own: the CUDA tests
+# dp-accounting and tqdm: fedpriv's imports; pytest and its own (pygments since pytest 8.4): the CUDA tests
 "$PIP" download --quiet --no-deps --only-binary=:all: -c "$ROOT/ci/constraints-oldest.txt" -d "$DIR" \
-  dp-accounting tqdm pytest pluggy iniconfig packaging
+  dp-accounting tqdm pytest pluggy iniconfig packaging pygments
 ls "$DIR"

@@ -336,7 +336,7 @@ def _sign(torch, B):
         X = torch.where(ok[:, None, None], nxt, X)
         scale = torch.where(change < 1e-2, 0.0, scale)  # near the limit: unscaled, quadratic
         if step >= 6 and not bool((ok & (change[:, 0, 0] > 1e-13)).any()):
-            return X, ok & (change[:, 0, 0] <= 1e-13)
+            break
     return X, ok & (change[:, 0, 0] <= 1e-13)
 
 

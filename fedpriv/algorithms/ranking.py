@@ -245,7 +245,7 @@ def shared_score_lists(score: np.ndarray, history: UserShard, k: int) -> np.ndar
     take = free & (np.cumsum(free, axis=1) <= kk)
     short = take.sum(axis=1) < kk  # users who rated all but fewer than k items
     top = np.empty((users, kk), dtype=np.int64)
-    rows, cols = np.nonzero(take[~short])
+    cols = np.nonzero(take[~short])[1]  # row by row, each row's k places in order
     top[~short] = order[cols].reshape(-1, kk)
     for u in np.flatnonzero(short):
         mine = np.zeros(n, dtype=bool)

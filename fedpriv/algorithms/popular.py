@@ -45,5 +45,6 @@ SPEC = register(
         fixed=("rank", "steps"),
         typed=Popular,
         ranker=popularity_scores,
+        ranker_any_thread=True,
     )
 )

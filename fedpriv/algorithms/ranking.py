@@ -108,6 +108,8 @@ def ranking_score_maker(shard: UserShard, state: als.PublicState, candidates: np
     from .recommend import client_score_maker
 
     if state.spec.ranker is not None:  # an algorithm with a ranking of its own (topk, ease)
+        if state.spec.ranker_any_thread:  # all of it on the pool
+            return lambda out=None, scratch=None: state.spec.ranker(shard, state, candidates)
         ranked = state.spec.ranker(shard, state, candidates)
         return lambda out=None, scratch=None: ranked
     make_pred = client_score_maker(shard, state, candidates, clip=True)

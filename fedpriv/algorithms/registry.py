@@ -76,6 +76,9 @@ class AlgorithmSpec:
     # its own ranking score ``(shard, state, candidates) -> (users, candidates)`` for top-k lists
     # (fedpriv.algorithms.ranking.ranking_scores defers to it), else the family's blend
     ranker: Callable | None = None
+    # its ranker reads released values with numpy and scipy alone (never the device kernels, whose
+    # device is the calling thread's): the evaluation may then run it on its thread pool
+    ranker_any_thread: bool = False
     # its number of alternating steps for a config (default: ``steps``, none when ``setup_only``)
     n_steps: Callable | None = None
     # its own evaluation ``(protocol) -> Evaluation`` (fedpriv.algorithms.evaluations), else the

@@ -419,6 +419,7 @@ _COMMON = dict(
     contribution="parts",
     options=TopKOptions,
     ranker=scores,
+    ranker_any_thread=True,  # sparse products and numpy on released values
     n_steps=n_steps,
 )
 

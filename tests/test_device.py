@@ -760,6 +760,37 @@ def test_clipping_by_the_matrix_sign_is_the_eigendecompositions(dev, d, monkeypa
     assert np.all(np.linalg.eigvalsh(p.astype(np.float64)) >= -1e-5 * scale[:, None])
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("case", ["all inside", "all outside", "mixed"])
+def test_the_device_clipping_takes_each_branch_right(dev, case):
+    """project_psd and project_psd_solve on a device keep (or solve) the matrices above the
+    floor as they are and clip the others; the batch where none, all (the noised statistics'
+    usual case: no plain solve is made and the batch is not copied) or some are clipped each
+    equals the CPU back end's. The control: the clipped
+    solution differs from the plain solve of the same indefinite matrices."""
+    rng = np.random.default_rng(12)
+    n, d = 30, 6
+    G = rng.normal(size=(n, d, 2 * d))
+    pd_ = (G @ G.transpose(0, 2, 1) + np.eye(d)).astype(np.float32)
+    N = rng.normal(size=(n, d, d))
+    indefinite = (N + N.transpose(0, 2, 1)).astype(np.float32)
+    A = {"all inside": pd_, "all outside": indefinite, "mixed": np.where((np.arange(n) % 3 == 0)[:, None, None], pd_, indefinite)}[case]
+    b = rng.normal(size=(n, d))
+    outside = np.linalg.eigvalsh(A.astype(np.float64)).min(axis=1) < 0.1
+    assert outside.sum() == {"all inside": 0, "all outside": n, "mixed": n - n // 3}[case]
+    ref, ref_p = kernels.project_psd_solve(A, b, 0.1, 0.5), kernels.project_psd(A, 0.1)
+    with device.use(dev):
+        x = kernels.project_psd_solve(A, b, 0.1, 0.5)
+        p = np.asarray(kernels.project_psd(A, 0.1))
+    assert x.dtype == np.float64 and x.shape == (n, d)
+    assert np.allclose(x, ref, rtol=1e-4, atol=1e-4 * np.max(np.abs(ref)))
+    assert np.allclose(p, ref_p, rtol=1e-4, atol=1e-4 * np.max(np.abs(ref_p)))
+    assert np.array_equal(p[~outside], A[~outside])  # the matrices above the floor as they were
+    if outside.any():
+        plain = np.linalg.solve(A[outside].astype(np.float64) + 0.5 * np.eye(d), b[outside][..., None])[..., 0]
+        assert not np.allclose(x[outside], plain, rtol=1e-2, atol=1e-2)
+
+
 def test_an_unconverged_sign_iteration_is_caught_and_decomposed(monkeypatch):
     """The positive control of the convergence check: cut to 4 steps, the iteration has not
     converged for most matrices, and its clipping would be wrong; each such matrix is reported

@@ -413,7 +413,10 @@ def psd_on_device(torch, dev, A, floor: float) -> device.DeviceArray:
     At = _symmetric(torch, dev, A)
     d = At.shape[-1]
     outside = torch.linalg.cholesky_ex(At - floor * torch.eye(d, device=dev))[1] != 0
-    if outside.any():
+    n_out = int(outside.sum())
+    if n_out == len(At):  # after the noise, the usual case: the batch is clipped uncopied
+        At = _clip(torch, At, floor)
+    elif n_out:
         At[outside] = _clip(torch, At[outside], floor)
     return device.DeviceArray(At, dev)  # the encoder server's fit reads it on the device
 
@@ -425,12 +428,21 @@ def psd_solve_on_device(torch, dev, A, b, floor: float, reg: float) -> np.ndarra
     d = At.shape[-1]
     bt = _t(torch, b, dev, torch.float32)
     eye = torch.eye(d, device=dev)
-    info = torch.linalg.cholesky_ex(At - floor * eye)[1]
-    x = torch.cholesky_solve(bt[..., None], torch.linalg.cholesky_ex(At + reg * eye)[0])[..., 0]
-    outside = info != 0
-    if outside.any():
+    outside = torch.linalg.cholesky_ex(At - floor * eye)[1] != 0
+    n_out = int(outside.sum())
+    if n_out == 0:
+        x = _cholesky_solve(torch, At + reg * eye, bt)
+    elif n_out == len(At):  # after the noise, the usual case: every matrix is clipped, none copied
+        x = _clipped_solve(torch, At, bt, floor, reg)
+    else:
+        x, inside = torch.empty_like(bt), ~outside
+        x[inside] = _cholesky_solve(torch, At[inside] + reg * eye, bt[inside])
         x[outside] = _clipped_solve(torch, At[outside], bt[outside], floor, reg)
     return _host(x.to(torch.float64))
+
+
+def _cholesky_solve(torch, M, b):
+    return torch.cholesky_solve(b[..., None], torch.linalg.cholesky_ex(M)[0])[..., 0]
 
 
 def inverse_on_device(torch, dev, M: np.ndarray) -> np.ndarray:

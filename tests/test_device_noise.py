@@ -204,14 +204,35 @@ def test_a_copied_ledger_keys_its_own_device_generator():
     assert [r.count for r in led.releases] == [2]
 
 
+_COMPILE_PROBE: list = []
+
+
+def _cpu_compiler_error() -> str:
+    """Why torch.compile cannot build a function for the CPU on this machine ("" where it can):
+    inductor writes C++ and needs a working C++ compiler, which a machine may lack."""
+    if not _COMPILE_PROBE:
+        try:
+            import torch._inductor  # noqa: F401
+
+            f = torch.compile(lambda x: (x * 3 + 1) >> 1, dynamic=True)
+            if not torch.equal(f(torch.arange(9)), (torch.arange(9) * 3 + 1) >> 1):
+                raise ValueError("a compiled probe gave a wrong answer")
+            _COMPILE_PROBE.append("")
+        except Exception as e:  # noqa: BLE001 - any failure: the reason is the skip's
+            _COMPILE_PROBE.append(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
+    return _COMPILE_PROBE[0]
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit, imported by inductor
 def test_the_compiled_decisions_are_the_eager_ones_and_draw_the_law(monkeypatch):
     """On a GPU the tries' decisions run compiled (torch.compile: one fused kernel), once they
     agree with the eager ones on a check batch. Compiled here on the CPU (inductor's C++):
     the same decisions on fresh words, for a small and a large variance, and the law of the
-    draws; a compiler that fails or disagrees leaves the eager version (the positive control:
-    a wrong compiled function is refused)."""
-    pytest.importorskip("torch._inductor")
+    draws. Skipped, with the compiler's error, where torch.compile cannot build for the CPU
+    (no C++ compiler): the eager version then draws, tested below."""
+    reason = _cpu_compiler_error()
+    if reason:
+        pytest.skip(f"torch.compile cannot build for the CPU on this machine ({reason})")
     monkeypatch.setattr(ds, "COMPILE", {"cpu"})
     monkeypatch.setattr(ds, "_DECIDERS", {})
     dev = torch.device("cpu")
@@ -226,17 +247,47 @@ def test_the_compiled_decisions_are_the_eager_ones_and_draw_the_law(monkeypatch)
         assert want[1].float().mean() > 0.4  # the positive control: most tries give draws
     k = ds.discrete_gaussian_on_device(bits, 2.0, 200_000).numpy()
     assert _pmf_z(k, 2.0) < 5.5
-    # a compiled function that fails after its check (a recompile) gives way to the eager one, on the same words
+
+
+def test_a_decider_that_cannot_compile_fails_or_disagrees_gives_way_to_the_eager_one(monkeypatch, caplog):
+    """Where compiling is asked for (a GPU; here the CPU, switched on) and does not work, the
+    eager decisions draw, with the law: a compiler that fails (no C++ compiler, say) leaves the
+    eager version with a warning naming why; a compiled function that fails after its check (a
+    recompile) gives way on the same words; one that disagrees on the check batch is refused
+    (the positive control: it would shift every draw by one). None needs a working compiler."""
+    import logging
+
+    monkeypatch.setattr(ds, "COMPILE", {"cpu"})
+    monkeypatch.setattr(ds, "_DECIDERS", {})
+    dev = torch.device("cpu")
+    bits = ds.DeviceBits(torch, dev, True)
+
+    def no_compiler(f, **kw):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    with caplog.at_level(logging.WARNING, logger=ds.__name__):
+        assert ds._decider(dev, 4) is ds._decide
+    assert "not compiled on cpu" in caplog.text and "no C++ compiler found" in caplog.text
+    k = ds.discrete_gaussian_on_device(bits, 2.0, 100_000).numpy()
+    assert _pmf_z(k, 2.0) < 5.5
+
     def failing(parts, *a):
         raise RuntimeError("recompile failed")
 
     ds._DECIDERS[("cpu", 4)] = failing
     k = ds.discrete_gaussian_on_device(bits, 2.0, 100_000).numpy()
     assert ds._DECIDERS[("cpu", 4)] is ds._decide and _pmf_z(k, 2.0) < 5.5
-    # a compiled function that disagrees is refused: the eager one is used
+
+    def shifted(f, **kw):  # "compiles" to the eager function with every proposal moved by one
+        return lambda parts, *a: (lambda y, acc, st: (y + 1, acc, st))(*f(parts, *a))
+
     monkeypatch.setattr(ds, "_DECIDERS", {})
-    monkeypatch.setattr(torch, "compile", lambda f, **kw: (lambda parts, *a: (lambda y, acc, st: (y + 1, acc, st))(*f(parts, *a))))
+    monkeypatch.setattr(torch, "compile", shifted)
     assert ds._decider(dev, 4) is ds._decide
+    monkeypatch.setattr(ds, "_DECIDERS", {})
+    monkeypatch.setattr(torch, "compile", lambda f, **kw: lambda parts, *a: f(parts, *a))  # the control: one that agrees is taken
+    assert ds._decider(dev, 4) is not ds._decide
 
 
 @pytest.mark.parametrize("dev,generators", [

@@ -766,8 +766,8 @@ def test_the_device_clipping_takes_each_branch_right(dev, case):
     """project_psd and project_psd_solve on a device keep (or solve) the matrices above the
     floor as they are and clip the others; the batch where none, all (the noised statistics'
     usual case: no plain solve is made and the batch is not copied) or some are clipped each
-    equals the CPU back end's. The control: the clipped
-    solution differs from the plain solve of the same indefinite matrices."""
+    equals the CPU back end's. The control: the clipped solution differs from the plain solve
+    of the same indefinite matrices."""
     rng = np.random.default_rng(12)
     n, d = 30, 6
     G = rng.normal(size=(n, d, 2 * d))

@@ -8,6 +8,7 @@ identical across devices. Cases run on torch's CPU device everywhere and on CUDA
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -204,23 +205,19 @@ def test_a_copied_ledger_keys_its_own_device_generator():
     assert [r.count for r in led.releases] == [2]
 
 
-_COMPILE_PROBE: list = []
-
-
+@functools.cache
 def _cpu_compiler_error() -> str:
     """Why torch.compile cannot build a function for the CPU on this machine ("" where it can):
     inductor writes C++ and needs a working C++ compiler, which a machine may lack."""
-    if not _COMPILE_PROBE:
-        try:
-            import torch._inductor  # noqa: F401
+    try:
+        import torch._inductor  # noqa: F401
 
-            f = torch.compile(lambda x: (x * 3 + 1) >> 1, dynamic=True)
-            if not torch.equal(f(torch.arange(9)), (torch.arange(9) * 3 + 1) >> 1):
-                raise ValueError("a compiled probe gave a wrong answer")
-            _COMPILE_PROBE.append("")
-        except Exception as e:  # noqa: BLE001 - any failure: the reason is the skip's
-            _COMPILE_PROBE.append(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
-    return _COMPILE_PROBE[0]
+        f = torch.compile(lambda x: (x * 3 + 1) >> 1, dynamic=True)
+        if not torch.equal(f(torch.arange(9)), (torch.arange(9) * 3 + 1) >> 1):
+            raise ValueError("a compiled probe gave a wrong answer")
+        return ""
+    except Exception as e:  # noqa: BLE001 - any failure: the reason is the skip's
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit, imported by inductor

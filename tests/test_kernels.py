@@ -7,11 +7,17 @@ from fedpriv.algorithms.kernels import project_psd, segment_stats, solve_spd
 PATHS = ["native", "torch", "numpy"]
 
 
+@pytest.fixture(autouse=True)
+def _default_native_switch(monkeypatch):
+    """Each test starts from the default (native kernel on), whatever FEDPRIV_NATIVE the
+    caller's environment exports: the switch is the user's, and the tests set it themselves."""
+    monkeypatch.delenv("FEDPRIV_NATIVE", raising=False)
+
+
 def use_path(monkeypatch, path: str) -> None:
     """Route segment_stats to one back end: the native kernel, or (FEDPRIV_NATIVE=0) torch blocks
     or numpy."""
     if path == "native":
-        monkeypatch.delenv("FEDPRIV_NATIVE", raising=False)  # whatever the caller's environment says
         if native.library() is None:
             pytest.skip(f"native kernel unavailable: {native.unavailable_reason()}")
     else:
@@ -218,10 +224,8 @@ def _random_layout(rng, n_seg=300, n_src=2000, d=32, big=9000):
     return F, rng.integers(0, n_src, n), indptr, rng.random(n) - 0.2, rng.normal(size=n)  # some negative weights: clipped to 0
 
 
-def test_native_kernel_loads_where_a_compiler_exists(monkeypatch):
-    """The fast path is the one the benchmarks measure: it must not fall back silently here
-    (also where the suite runs with FEDPRIV_NATIVE=0 exported: the switch is the user's)."""
-    monkeypatch.delenv("FEDPRIV_NATIVE", raising=False)
+def test_native_kernel_loads_where_a_compiler_exists():
+    """The fast path is the one the benchmarks measure: it must not fall back silently here."""
     if native._compiler() is None:
         pytest.skip("no C compiler on this machine: the torch/numpy path runs")
     assert native.library() is not None, native.unavailable_reason()
@@ -270,7 +274,6 @@ def test_out_of_range_entries_are_errors_not_reads(monkeypatch, path):
 
 
 def test_without_a_compiler_the_fallback_computes_the_same_sums(monkeypatch):
-    monkeypatch.delenv("FEDPRIV_NATIVE", raising=False)
     monkeypatch.setattr(native, "_compiler", lambda: None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setattr(native, "_lib", None)
@@ -285,7 +288,6 @@ def test_without_a_compiler_the_fallback_computes_the_same_sums(monkeypatch):
 
 
 def test_a_failing_compiler_leaves_no_library_behind(monkeypatch, tmp_path):
-    monkeypatch.delenv("FEDPRIV_NATIVE", raising=False)
     monkeypatch.setenv("CC", "false")
     monkeypatch.setenv("FEDPRIV_NATIVE_CACHE", str(tmp_path))
     monkeypatch.setattr(native, "_tried", False)

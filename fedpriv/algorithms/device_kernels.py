@@ -208,8 +208,11 @@ def solve_on_device(torch, dev, A, b, reg) -> np.ndarray:
 def _cholesky(torch, dev, At, bt, reg):
     """The float64 solutions of (At + reg I) x = bt on the device (At is overwritten); NaN rows
     for the systems the float32 Cholesky rejects."""
-    n = len(At)
-    At.diagonal(dim1=-2, dim2=-1).add_(_t(torch, np.broadcast_to(np.asarray(reg, dtype=np.float32), (n,)), dev)[:, None])
+    diagonal = At.diagonal(dim1=-2, dim2=-1)
+    if np.ndim(reg) == 0:  # one ridge for all: nothing to copy to the device
+        diagonal.add_(float(np.float32(reg)))
+    else:
+        diagonal.add_(_t(torch, np.broadcast_to(np.asarray(reg, dtype=np.float32), (len(At),)), dev)[:, None])
     L, info = torch.linalg.cholesky_ex(At)
     x = torch.cholesky_solve(bt[..., None], L)[..., 0].to(torch.float64)
     bad = (info != 0) | ~torch.isfinite(x).all(dim=-1)
@@ -408,12 +411,16 @@ def _symmetric(torch, dev, A):
     return 0.5 * (At + At.transpose(-1, -2))
 
 
+def _below(torch, dev, At, floor: float):
+    """Which matrices of the batch are not above ``floor`` (a Cholesky test), and how many."""
+    outside = torch.linalg.cholesky_ex(At - floor * torch.eye(At.shape[-1], device=dev))[1] != 0
+    return outside, int(outside.sum())
+
+
 def psd_on_device(torch, dev, A, floor: float) -> device.DeviceArray:
     """Eigenvalue clipping at ``floor`` of the matrices not already above it (a Cholesky test)."""
     At = _symmetric(torch, dev, A)
-    d = At.shape[-1]
-    outside = torch.linalg.cholesky_ex(At - floor * torch.eye(d, device=dev))[1] != 0
-    n_out = int(outside.sum())
+    outside, n_out = _below(torch, dev, At, floor)
     if n_out == len(At):  # after the noise, the usual case: the batch is clipped uncopied
         At = _clip(torch, At, floor)
     elif n_out:
@@ -425,24 +432,17 @@ def psd_solve_on_device(torch, dev, A, b, floor: float, reg: float) -> np.ndarra
     """``solve_spd(project_psd(A, floor), b, reg)`` in one pass (floor + reg > 0): the matrices
     already above the floor are solved as they are, the others clipped (:func:`_clipped_solve`)."""
     At = _symmetric(torch, dev, A)
-    d = At.shape[-1]
     bt = _t(torch, b, dev, torch.float32)
-    eye = torch.eye(d, device=dev)
-    outside = torch.linalg.cholesky_ex(At - floor * eye)[1] != 0
-    n_out = int(outside.sum())
-    if n_out == 0:
-        x = _cholesky_solve(torch, At + reg * eye, bt)
+    outside, n_out = _below(torch, dev, At, floor)
+    if n_out == 0:  # A + reg I is positive definite (floor + reg > 0): no NaN row
+        x = _cholesky(torch, dev, At, bt, reg)
     elif n_out == len(At):  # after the noise, the usual case: every matrix is clipped, none copied
         x = _clipped_solve(torch, At, bt, floor, reg)
     else:
         x, inside = torch.empty_like(bt), ~outside
-        x[inside] = _cholesky_solve(torch, At[inside] + reg * eye, bt[inside])
+        x[inside] = _cholesky(torch, dev, At[inside], bt[inside], reg).to(x.dtype)
         x[outside] = _clipped_solve(torch, At[outside], bt[outside], floor, reg)
     return _host(x.to(torch.float64))
-
-
-def _cholesky_solve(torch, M, b):
-    return torch.cholesky_solve(b[..., None], torch.linalg.cholesky_ex(M)[0])[..., 0]
 
 
 def inverse_on_device(torch, dev, M: np.ndarray) -> np.ndarray:

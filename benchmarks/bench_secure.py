@@ -27,6 +27,7 @@ from fedpriv.data.splits import random_split
 from fedpriv.data.synthetic import make_mf
 from fedpriv.engine.inprocess import new_state
 from fedpriv.testing.local_grid import LocalGrid
+from fedpriv.flower.node_policy import NodePolicy
 from fedpriv.flower.server_app import FlowerJob, run_job
 from fedpriv.privacy.accounting import BestOfAccountant
 
@@ -56,7 +57,10 @@ def run_one(nodes: int, users_per_node: int, mode: str, items: int, ratings_per_
 
         res = simulate(job, n_nodes, cpus_per_node=0.5)
     else:
-        res = run_job(LocalGrid(n_nodes), job)
+        # the nodes' own policy from the run's options (as the launcher writes it): in secure mode
+        # every node counts its peers and checks every member's and survivor's signature
+        policy = NodePolicy.for_config(cfg, epsilon=5.0, delta=1e-5, nodes=n_nodes, reproducible=False)
+        res = run_job(LocalGrid(n_nodes, node_policy=policy), job)
     wall = time.perf_counter() - t0
     state, _ = new_state("adadpals", cfg, split.train, (1.0, 5.0), False, 5.0, 1e-5)
     dense_words = sum(p.length for p in secure.declared("step", state))  # the step's statistics, dense

@@ -8,12 +8,17 @@ protocol still completes). It then decrypts the Shamir shares the victim encrypt
 neighbours, rebuilds the victim's self-mask seed and mask key from ``threshold`` of them, and
 removes every mask from the victim's masked vector: the victim's input alone.
 
+Every node has a signing key and the roster (:mod:`fedpriv.privacy.secagg_auth`), and (f)'s
+nodes assume one colluder, as their policy does. ``defence=True``: the server cannot sign its
+substituted keys, and the victim and its neighbours refuse to encrypt shares to them
+(``[key-substitution]``); (f)'s nodes refuse the threshold (``[shamir-threshold]``).
+``defence=False`` is the positive control: the same nodes with only that defence turned off
+(:func:`fedpriv.privacy.defences.disabled`): the attack recovers the input exactly. Each line
+carries ``defence_id`` and ``refused_by`` (the defence the refusals name, the most common one).
+
 Everything a node does is the real node code (:class:`fedpriv.privacy.secagg.SecAggNode`, the
 class the Flower handlers of :mod:`fedpriv.flower.secure_client` run); only the server is
-replaced. ``defence=False`` runs unauthenticated nodes (no signing identity): the positive
-control, the attack recovers the input exactly. ``defence=True`` gives every node a signing key
-and the roster (:mod:`fedpriv.privacy.secagg_auth`): the server cannot sign its substituted keys,
-and the victim and its neighbours refuse to encrypt shares to them.
+replaced.
 
     python simulations/deviant_keys.py [--nodes 8] [--threshold 4]
 
@@ -23,6 +28,9 @@ prints one JSON line per setting (defence off, then on).
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
+import functools
 import json
 import os
 import sys
@@ -33,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fedpriv.privacy import defences  # noqa: E402
 from fedpriv.privacy.secagg import (  # noqa: E402
     SecAggError,
     SecAggNode,
@@ -55,6 +64,27 @@ BITS = 32
 RUN = b"flower-run=1;job=deviant-keys"
 
 
+def _line(defence_id: str):
+    """Play with the defence (``defence=True``) or as its positive control (only ``defence_id``
+    off); add ``defence_id`` and ``refused_by`` (the most common defence the refusals name)."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def play(defence: bool, *args, **kw) -> dict:
+            with (contextlib.nullcontext() if defence else defences.disabled(defence_id)):
+                out = fn(defence, *args, **kw)
+            named = collections.Counter(d for d in (defences.refused_by(x["reason"]) for x in out["refused"]) if d is not None)
+            out["defence_id"] = defence_id
+            out["refused_by"] = named.most_common(1)[0][0] if named else None
+            if not defence:
+                out["disabled"] = [defence_id]
+            return out
+
+        return play
+
+    return wrap
+
+
 def _nodes(ids: list[int], defence: bool, folder: Path) -> dict[int, SecAggNode]:
     if not defence:
         return {i: SecAggNode(i) for i in ids}
@@ -69,6 +99,7 @@ def _advert(node: SecAggNode) -> tuple[bytes, tuple[str, bytes] | None]:
     return key, (name, sig)
 
 
+@_line("key-substitution")
 def key_substitution(defence: bool, nodes: int = 8, threshold: int = 4, seed: int = 0) -> dict:
     """Play the attack on ``nodes`` real nodes with Shamir threshold ``threshold`` (default
     graph degree); returns what the server recovered of the victim's input."""
@@ -76,7 +107,7 @@ def key_substitution(defence: bool, nodes: int = 8, threshold: int = 4, seed: in
     ids = [101 + 7 * k for k in range(nodes)]
     params = plan_params(nodes, BITS, threshold=threshold)
     with tempfile.TemporaryDirectory(prefix="fedpriv-deviant-keys-") as tmp:
-        node = _nodes(ids, defence, Path(tmp))
+        node = _nodes(ids, True, Path(tmp))  # authenticated nodes, with and without the defence
         inputs = {i: rng.integers(0, 1 << 20, size=16, dtype=np.uint64) for i in ids}
         server = SecAggServer(ids, params, seed=os.urandom(32))
         victim = ids[0]
@@ -95,13 +126,13 @@ def key_substitution(defence: bool, nodes: int = 8, threshold: int = 4, seed: in
         shares: dict[int, tuple[bytes, dict[int, bytes]]] = {}
         for u in ids:
             shown = server.channel_keys_for(u, keys)
-            adverts = {v: real[v][1] for v in shown} if defence else None
+            adverts = {v: real[v][1] for v in shown}
             if u == victim:
                 shown = {w: _public_bytes(as_neighbour[w]) for w in shown}
             elif u in hood:
                 shown = {**shown, victim: _public_bytes(as_victim[u])}
             try:
-                shares[u] = node[u].share(release, params, shown, adverts=adverts, graph=(ids, server.seed) if defence else None)
+                shares[u] = node[u].share(release, params, shown, adverts=adverts, graph=(ids, server.seed))
             except SecAggError as exc:
                 out["refused"].append({"node": u, "round": "share", "reason": str(exc)})
         if victim not in shares:  # the victim encrypted nothing to the server's keys
@@ -164,13 +195,15 @@ def _unmask_alone(y: np.ndarray, victim: int, self_seed: bytes, mask_key: bytes,
     return {"recovered": bool(np.array_equal(y, truth)), "max_abs_error": int(np.max(np.abs(y.astype(np.int64) - truth.astype(np.int64))))}
 
 
+@_line("shamir-threshold")
 def colluding_threshold(defence: bool, nodes: int = 7, seed: int = 0) -> dict:
     """Deviation (f): a server colluding with one node w asks for a Shamir threshold that holds
     only without colluders (t = 4 of a node's 7 share holders: 2t <= k + 1 + 1), then tells the
     victim u and two honest holders that u survived (self-mask seed shares) and the other three
-    that u dropped (mask-key shares); w reveals both of its shares of u. With ``defence`` every
-    node assumes one colluder (its policy's ``colluders``) and refuses that threshold before it
-    shares; without, the server unmasks u's input from u's masked vector alone."""
+    that u dropped (mask-key shares); w reveals both of its shares of u. Every node assumes one
+    colluder (its policy's ``colluders``): with the defence it refuses that threshold before it
+    shares; without (``shamir-threshold`` off), the server unmasks u's input from u's masked
+    vector alone."""
     rng = np.random.default_rng(seed)
     ids = [101 + 7 * k for k in range(nodes)]
     params = plan_params(nodes, BITS, degree=nodes - 1)  # the default against no colluder
@@ -184,7 +217,7 @@ def colluding_threshold(defence: bool, nodes: int = 7, seed: int = 0) -> dict:
     shares = {}
     for i in ids:
         try:
-            shares[i] = node[i].share(release, params, server.channel_keys_for(i, keys), colluders=1 if defence else 0)
+            shares[i] = node[i].share(release, params, server.channel_keys_for(i, keys), colluders=1)
         except SecAggError as exc:
             out["refused"].append({"node": i, "round": "share", "reason": str(exc)})
     if len(shares) < len(ids):

@@ -56,9 +56,10 @@ def test_builders_bind_loopback_with_tls_and_auth(tmp_path, fleet_api):
 
     nc = parse_config_args([sn[sn.index("--node-config") + 1]])
     assert {k: v for k, v in nc.items() if not k.startswith("policy-")} == {"partition-id": 2, "num-partitions": 3, "data-dir": str(cfg.node_data_dir(2))}
-    from fedpriv.flower.node_policy import DEFAULT, NodePolicy  # and the node's own privacy policy (the defaults here)
+    from fedpriv.flower.node_policy import DEFAULT, NodePolicy  # and the node's own privacy policy (the deployment's secure default here)
 
-    assert NodePolicy.from_mapping({k: v for k, v in nc.items() if k.startswith("policy-")}) == DEFAULT
+    want = DEFAULT.with_changes(aggregation="secure", relation="replace_one", ledger=str(cfg.node_data_dir(2) / "node-ledger.json"))
+    assert NodePolicy.from_mapping({k: v for k, v in nc.items() if k.startswith("policy-")}) == want
     assert deploy.flwr_run_command(cfg) == ["/venv/bin/flwr", "run", str(cfg.app_dir), "deploy", "--stream", "--run-config", str(cfg.run_config_file)]
 
     plain = _cfg(tmp_path, tls=False, auth=False, fleet_api=fleet_api)
@@ -154,10 +155,11 @@ def test_compose_file_runs_the_builders_commands():
     for i in range(3):
         assert want[f"supernode-{i}"] == relay_prefix + deploy.supernode_command(cfg, i)
         assert services[f"supernode-{i}"]["network_mode"] == "none"
-        # only the CA, its own key, its own data and the relay's socket folder, all read-only
+        # the CA, its own key, its own data and the relay's socket folder, all read-only; its own ledger's named volume, writable
         vols = services[f"supernode-{i}"]["volumes"]
-        assert [v.rsplit(":", 2)[1] for v in vols] == [str(cfg.ca_cert), str(cfg.node_private_key(i)), str(cfg.node_data_dir(i)), "/fedpriv/relay"]
-        assert all(v.endswith(":ro") for v in vols)
+        assert [v.rsplit(":", 2)[1] for v in vols[:4]] == [str(cfg.ca_cert), str(cfg.node_private_key(i)), str(cfg.node_data_dir(i)), "/fedpriv/relay"]
+        assert all(v.endswith(":ro") for v in vols[:4])
+        assert vols[4:] == [f"node-ledger-{i}:{Path(deploy.DOCKER_NODE_LEDGER).parent}"] and cfg.policy(i).ledger == deploy.DOCKER_NODE_LEDGER
     # the SuperLink (with register and relay) on the host's network, on loopback only; nothing published
     assert all(services[n]["network_mode"] == "host" for n in ("superlink", "register", "relay"))
     assert all("ports" not in svc for svc in services.values())
@@ -288,7 +290,8 @@ def test_client_handlers_read_the_node_folder(tmp_path):
     ctx = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
     reply = client_app.app(Message(content=content, dst_node_id=7, message_type="query.info"), ctx)
     assert not reply.has_error(), reply.error
-    assert dict(reply.content.config_records["meta"]) == {"partition_id": 1}  # configuration only, no count of the node's data
+    meta = dict(reply.content.config_records["meta"])  # configuration only, no count of the node's data
+    assert meta["partition_id"] == 1 and set(meta) == {"partition_id", "policy_mode", "policy_ledger", "identity"} and meta["identity"] is True
     n_rated = len(np.unique(train.items[train.users // 100 == 1]))
     train = client_app.app(Message(content=codec.encode_state(state, str(tmp_path / "no-such-folder"), 100, 0), dst_node_id=7, message_type="train"), ctx)
     assert not train.has_error(), train.error
@@ -385,7 +388,8 @@ def test_tls_auth_deployment_completes_with_a_node_killed_in_round_one(tmp_path)
     from fedpriv.algorithms import als
 
     data, upn = (f"ml-100k:{ML100K}", 315) if ML100K.is_file() else (SYN, 100)  # 943 or 300 users: 3 nodes
-    cfg = deploy.DeployConfig(run_dir=tmp_path / "run", nodes=3, data=data, users_per_node=upn, fleet_port=0, control_port=0, node_port_base=0)
+    cfg = deploy.DeployConfig(run_dir=tmp_path / "run", nodes=3, data=data, users_per_node=upn, fleet_port=0, control_port=0, node_port_base=0,
+                              node_policy={"policy-aggregation": "central"})  # a central run: its nodes' own policy must allow it (the default is secure)
     seen: list[int] = []
     t0 = time.perf_counter()
     try:

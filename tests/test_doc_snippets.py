@@ -106,7 +106,7 @@ SKIPPED: dict[str, Skip] = {
     "docker/README.md#2": Skip("55a3e46f09", "root and Docker (debootstrap, docker build); tests/test_docker.py (deployment suite)"),
     "docker/README.md#4": Skip("6737c32292", "Docker (docker-compose up, logs, exec); tests/test_docker.py (deployment suite)"),
     "docker/README.md#5": Skip("1a8b2ac410", "Docker (docker-compose exec); tests/test_docker.py (deployment suite)"),
-    "docker/README.md#6": Skip("927af3f9a9", "Docker (docker-compose down, docker rmi); tests/test_docker.py (deployment suite)"),
+    "docker/README.md#6": Skip("bc8db996a3", "Docker (docker-compose down, docker rmi); tests/test_docker.py (deployment suite)"),
 }
 
 #: blocks that run, but in another suite than the default one (block id -> (marker, why))

@@ -83,8 +83,10 @@ def test_deploy_writes_the_policy_into_each_supernode_config_and_flower_reads_it
     cfg = DeployConfig(run_dir=tmp_path, nodes=3, node_policy={"policy-aggregation": "secure", "policy-max-epsilon": "2"}).validate()
     parsed = parse_config_args([deploy.node_config(cfg, 0)])
     got = node_policy(_ctx(parsed))
-    assert got == DEFAULT.with_changes(aggregation="secure", max_epsilon=2.0)
-    assert node_policy(_ctx(parse_config_args([deploy.node_config(DeployConfig(run_dir=tmp_path, nodes=3), 1)]))) == DEFAULT
+    secure = DEFAULT.with_changes(aggregation="secure", relation="replace_one")  # a deployment's default: secure, replace-one, a ledger on disk
+    assert got == secure.with_changes(max_epsilon=2.0, ledger=got.ledger) and got.ledger.startswith(str(tmp_path))
+    plain = node_policy(_ctx(parse_config_args([deploy.node_config(DeployConfig(run_dir=tmp_path, nodes=3), 1)])))
+    assert plain == secure.with_changes(ledger=plain.ledger) and plain.ledger != got.ledger  # each node its own ledger file
     with pytest.raises(ConfigError) as e:
         DeployConfig(run_dir=tmp_path, nodes=3, node_policy={"policy-delta": "2"}).validate()
     assert e.value.field == "policy-delta"

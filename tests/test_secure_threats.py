@@ -244,7 +244,7 @@ def test_the_default_threshold_holds_against_the_runs_colluders():
 
 
 # ---------------------------------------------------------------------------- plaintext replies
-def test_the_info_reply_is_the_partition_id_only():
+def test_the_info_reply_is_the_partition_id_and_the_nodes_own_configuration_only():
     from fedpriv.flower.client_app import info
     from fedpriv.testing.local_grid import LocalGrid
 
@@ -252,5 +252,6 @@ def test_the_info_reply_is_the_partition_id_only():
     msg = Message(RecordDict(), dst_node_id=1, message_type="query.info")
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 4}, state=RecordDict(), run_config={})
     rep = info(msg, ctx)
-    assert dict(rep.content.config_records["meta"]) == {"partition_id": 4}
+    # configuration, not data: the partition id, the policy's mode, whether a ledger file and an identity are configured (no path)
+    assert dict(rep.content.config_records["meta"]) == {"partition_id": 4, "policy_mode": "any", "policy_ledger": False, "identity": False}
     assert not rep.content.array_records

@@ -9,6 +9,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from ..algorithms import evaluation
+from ..errors import ConfigError
 from ..algorithms import als, protocol
 from . import codec
 from .pam_client import register_pam_handlers
@@ -31,8 +32,21 @@ def _shard(msg: Message, context: Context, part: str = "train"):
 
 
 def info(msg: Message, context: Context) -> Message:
-    """The node's partition id: configuration, not data (no count of users or ratings)."""
-    return Message(RecordDict({"meta": ConfigRecord({"partition_id": _partition_id(context)})}), reply_to=msg)
+    """The node's partition id and how its operator configured it: its policy mode
+    (``policy_mode``: its ``policy-aggregation``, ``"invalid"`` for a policy that does not
+    parse), whether it keeps an on-disk ledger (``policy_ledger``) and whether it has a signing
+    identity (``identity``). Configuration, not data (no count of users or ratings); the
+    ServerApp refuses to start a secure job on nodes not configured for it."""
+    from .node_identity import identity_folder
+
+    try:
+        policy = node_policy(context)
+        mode, ledger = policy.aggregation, policy.ledger is not None
+    except ConfigError:  # the node's other handlers refuse with the reason; here its mode is unusable
+        mode, ledger = "invalid", False
+    meta = {"partition_id": _partition_id(context), "policy_mode": mode, "policy_ledger": ledger,
+            "identity": identity_folder(getattr(context, "node_config", None)) is not None}
+    return Message(RecordDict({"meta": ConfigRecord(meta)}), reply_to=msg)
 
 
 def _pre_release(kind: str):

@@ -33,7 +33,7 @@ def _cfg_of(content: RecordDict) -> tuple[recommend.RecommendConfig, bool]:
 
 def register_recommend_handlers(app) -> None:
     """Add the recommendation handlers to fedpriv's ClientApp."""
-    from .node_policy import node_policy, refuse
+    from .node_policy import check_recommendation, node_policy, refuse
     from .node_secrets import with_keys
     from .partition import data_dir_of, load_shard
 
@@ -56,7 +56,11 @@ def register_recommend_handlers(app) -> None:
 
     @app.query("recommend")
     def recommend_(msg: Message, context: Context) -> Message:
+        """One local-DP pick per user of the node. Its epsilon (the message's) is checked against
+        the node's own policy and recorded in the node ledger before any pick is drawn
+        (:func:`fedpriv.flower.node_policy.check_recommendation`: a cap and a number per run)."""
         state, data_dir, upn, pid, cfg, has_test, cand = setup(msg, context)
+        check_recommendation(context, cfg.epsilon, len(cand))
         rec = msg.content.array_records["rec"]
         shard, reproducible = with_keys(load_shard(data_dir, "train", pid, upn), data_dir, msg.content.config_records["cfg"], context)
         held = load_shard(data_dir, "test", pid, upn) if has_test else None

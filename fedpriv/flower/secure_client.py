@@ -17,13 +17,20 @@ signs its channel key, encrypts shares only to roster-signed neighbour keys and 
 view that the threshold of its share holders signed (:mod:`fedpriv.privacy.secagg_auth`).
 
 Before it draws its noise share, a node checks the round's plan against its own policy
-(:func:`fedpriv.flower.node_policy.check_plan`): the sensitivity its own clipping gives, its noise
-floor under its own contributor and colluder assumptions, its per-run budget (node ledger in
-``context.state``) and its number of noised sums. A refused plan gets an error reply.
+(:func:`fedpriv.flower.node_policy.check_plan`): the sensitivity its own clipping gives, each
+part's scale against the public rule, its noise floor under its own contributor and colluder
+assumptions, its budget (the node ledger, on its disk where its policy names one) and its number
+of noised sums. It counts its peers itself: a share round with fewer members than its policy's
+``min_contributors`` (with an identity: fewer distinct roster-signed members) and an unmask
+request with fewer survivors are refused. Its masked words are bound to a digest of everything
+they depend on (:func:`content_digest`: the plan, the broadcast state or model, the candidates);
+an authenticated node with a floor reveals only when every survivor signed that same digest.
+Measurement sums are counted per run. A refusal gets an error reply naming its defence.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from typing import TYPE_CHECKING
@@ -36,7 +43,7 @@ from ..errors import PrivacyError
 from ..privacy.randomness import node_noise_rng
 from . import codec
 from .node_eval import node_eval
-from .node_policy import check_plan, node_policy
+from .node_policy import check_measurement, check_plan, node_policy
 from .node_secrets import with_keys
 from .partition import data_dir_of, load_shard, node_feature_table
 
@@ -116,6 +123,35 @@ def _graph(content, sec):
     return [int(v) for v in members], bytes(sec["graph_seed"])
 
 
+PER_NODE = ("mask_keys", "ciphertexts")  # the records of a mask message that differ from node to node
+
+
+def content_digest(content: RecordDict, skip: tuple[str, ...] = PER_NODE) -> bytes:
+    """SHA-256 of everything in ``content`` but its per-node records ``skip``: the plan, the
+    broadcast state or model, the candidates or buckets, in a canonical order (record names and
+    keys sorted; arrays by dtype, shape and bytes; config values by type and value)."""
+    h = hashlib.sha256(b"fedpriv mask content v1")
+
+    def put(data: bytes) -> None:
+        h.update(len(data).to_bytes(8, "big") + data)
+
+    for group, kind in ((content.array_records, b"A"), (content.config_records, b"C"), (content.metric_records, b"M")):
+        for name in sorted(group):
+            if name in skip:
+                continue
+            put(kind + name.encode())
+            rec = group[name]
+            for key in sorted(rec):
+                v = rec[key]
+                put(key.encode())
+                if kind == b"A":
+                    put(f"{v.dtype}:{tuple(v.shape)}".encode())
+                    put(bytes(v.data))
+                else:
+                    put(f"{type(v).__name__}:".encode() + (bytes(v) if isinstance(v, (bytes, bytearray)) else repr(v).encode()))
+    return h.digest()
+
+
 def share(msg: Message, context: Context) -> Message:
     """A fresh mask key and self-mask seed for this release, Shamir-shared with the neighbours.
     An authenticated node first checks every neighbour's key against its roster and the
@@ -127,10 +163,13 @@ def share(msg: Message, context: Context) -> Message:
     node = _node(context, context.node_id, node_identity(context))
     sec = msg.content.config_records["secagg"]
     label, params = _release(sec)
-    colluders = node_policy(context).colluders or 0  # the node's own assumption, never the message's
+    policy = node_policy(context)
+    colluders = policy.colluders or 0  # the node's own assumptions, never the message's
+    members = _ids(msg.content.config_records["member_keys"]) if "member_keys" in msg.content.config_records else None
     try:
         mask_key, ciphertexts = node.share(label, params, _ids(msg.content.config_records["channel_keys"]),
-                                           adverts=_adverts(msg.content), graph=_graph(msg.content, sec), colluders=colluders)
+                                           adverts=_adverts(msg.content), graph=_graph(msg.content, sec), colluders=colluders,
+                                           min_contributors=policy.min_contributors, member_keys=members)
     except PrivacyError as exc:
         _refused(f"share of release {label!r}", context, exc)
         raise
@@ -160,6 +199,8 @@ def mask(msg: Message, context: Context) -> Message:
     sec = content.config_records["secagg"]
     kind, step = str(sec["kind"]), int(sec["step"])
     plan = _plan(sec, kind)
+    if kind in MEASUREMENTS:
+        check_measurement(context, kind)  # counted per run, before any sum is computed
     if kind.startswith("pam_"):  # DP model personalization: the node's block of users
         return _mask_pam(msg, context, kind, step, plan)
     if kind == "eval":
@@ -212,7 +253,7 @@ def masked_reply(msg: Message, context: Context, words: np.ndarray) -> Message:
     content = msg.content
     node = _node(context, context.node_id)
     label, _ = _release(content.config_records["secagg"])
-    y = node.mask(label, words, _ids(content.config_records["mask_keys"]), _ids(content.config_records["ciphertexts"]))
+    y = node.mask(label, words, _ids(content.config_records["mask_keys"]), _ids(content.config_records["ciphertexts"]), bound=content_digest(content))
     _save(context, node)
     return Message(RecordDict({"masked": ArrayRecord({"y": codec.to_array(y)})}), reply_to=msg)
 

@@ -8,11 +8,13 @@ neighbour graph is built over those nodes). Per release, three rounds where cent
 ``secagg_share``, ``secagg_mask`` (the round that carries the public state: the nodes compute
 their contribution here) and ``secagg_unmask``, which is only sent after the budget check.
 
-Authenticated nodes (a signing identity in their own configuration, :mod:`fedpriv.flower.node_identity`)
-sign their channel keys; the server relays each neighbour's signed advertisement and the graph's
-members and seed with ``secagg_share``, and runs a fourth round, ``secagg_consistency``, before
-``secagg_unmask``: each survivor signs the survivor and dropped lists it is shown, and the server
-forwards the signatures. The nodes check all of it; the server only carries it.
+Every node gets the public graph (members and seed) with ``secagg_share``, and counts the
+members itself. Authenticated nodes (a signing identity in their own configuration,
+:mod:`fedpriv.flower.node_identity`) sign their channel keys; the server relays every member's
+signed advertisement and channel key with ``secagg_share``, and runs a fourth round,
+``secagg_consistency``, before ``secagg_unmask``: each survivor signs the survivor and dropped
+lists it is shown, bound to a digest of what its words depend on (plan, broadcast, candidates),
+and the server forwards the signatures. The nodes check all of it; the server only carries it.
 
 The server cannot check a masked reply's norm: it checks its format and size, and the unmasked
 sum against its declared range (:func:`fedpriv.privacy.distributed.decode`). Clipping is
@@ -99,6 +101,7 @@ class SecureRounds:
         self.channel_keys: dict[int, bytes] = {}
         self.adverts: dict[int, tuple[str, bytes]] = {}  # authenticated nodes: (roster name, signature) of their channel key
         self.asked: set[int] = set()  # nodes asked for their channel key (once each)
+        self.adverts_sent: dict[int, set[int]] = {}  # node -> members whose signed advertisement it was sent
         self.graph_seed = os.urandom(32)  # public: the neighbour graph
         self.run_label = uuid.uuid4().hex  # public: makes every release label of this job new
         self.count = 0
@@ -182,15 +185,22 @@ class SecureRounds:
 
         # round 1: fresh mask keys and self-mask seeds, shared with the neighbours (with, for
         # authenticated nodes, each neighbour's signed advertisement and the public graph)
+        members = ArrayRecord({"members": Array(np.asarray(sorted(nodes), dtype=np.uint64))})
+
         def share_record(n: int) -> RecordDict:
+            # the public graph (members and seed) to every node: it checks its neighbours and counts the members
             peers = server.channel_keys_for(n, self.channel_keys)
-            rd = RecordDict({"secagg": ConfigRecord(dict(sec, graph_seed=self.graph_seed) if self.authenticated else sec),
-                             "channel_keys": ConfigRecord({str(v): k for v, k in peers.items()})})
+            rd = RecordDict({"secagg": ConfigRecord(dict(sec, graph_seed=self.graph_seed)),
+                             "channel_keys": ConfigRecord({str(v): k for v, k in peers.items()}), "graph": members})
             if self.authenticated:
-                signed = [v for v in peers if v in self.adverts]
+                # the signed advertisements a node counts its peers by: its neighbours' every round, the
+                # other members' once per job (the node keeps those it checked; it refuses a member it has not)
+                sent = self.adverts_sent.setdefault(n, set())
+                signed = [v for v in nodes if v in self.adverts and (v in peers or v not in sent)]
+                sent.update(signed)
                 rd["channel_names"] = ConfigRecord({str(v): self.adverts[v][0] for v in signed})
                 rd["channel_sigs"] = ConfigRecord({str(v): self.adverts[v][1] for v in signed})
-                rd["graph"] = ArrayRecord({"members": Array(np.asarray(sorted(nodes), dtype=np.uint64))})
+                rd["member_keys"] = ConfigRecord({str(v): self.channel_keys[v] for v in signed if v not in peers})
             return rd
 
         share_content = {n: share_record(n) for n in nodes}

@@ -174,6 +174,7 @@ class _Nodes:
         self.n_parts = -(-job.n_users // job.users_per_node)
         self.partition_of: dict[int, int] = {}
         self.retired: set[int] = set()  # ids whose partition moved to a new id, or that never answered a rejoin query
+        self.mode_of: dict[int, str | None] = {}  # the policy mode each node reports (None: an older node that reports none)
 
     def ask_info(self, ids: list[int], name: str, timeout) -> None:
         self.rounds.nodes = ids
@@ -188,6 +189,11 @@ class _Nodes:
             if isinstance(pid, bool) or not isinstance(pid, int):  # not int(): it overflows on inf
                 self.rounds.reject(name, nid, f"malformed info reply (partition id {pid!r} is not an integer)")
                 continue
+            mode = rep.content.config_records["meta"].get("policy_mode")
+            self.mode_of[nid] = mode if isinstance(mode, str) else None
+            if name != "info" and self.job.cfg.aggregation.secure and self.mode_of[nid] != "secure":  # a node that joins a secure job later
+                self.rounds.reject(name, nid, f"its node policy is {_mode_text(self.mode_of[nid])}, not secure: left out of this secure job")
+                continue
             for old in [n for n, p in self.partition_of.items() if p == pid and n != nid]:
                 log.info("partition %d moved from node %s to node %s (rejoined)", pid, old, nid)
                 del self.partition_of[old]
@@ -195,6 +201,21 @@ class _Nodes:
             self.partition_of[nid] = pid
         if name != "info":
             self.retired.update(set(ids) - answered)
+
+    def require_secure(self) -> None:
+        """A secure job starts only on nodes whose own policy is secure (``policy-aggregation=secure``,
+        reported in their info reply): a node that would also answer plaintext queries (mode
+        ``any`` or ``central``), or an older node that reports no mode, protects its users from a
+        server that follows the protocol only. Checked before any release; raises a ConfigError
+        naming every such node, its partition and its reported mode."""
+        bad = [(self.partition_of[n], n, self.mode_of.get(n)) for n in self.serving() if self.mode_of.get(n) != "secure"]
+        if bad:
+            listed = ", ".join(f"partition {p} (node {n}): {_mode_text(m)}" for p, n, m in sorted(bad)[:5])
+            listed += f", and {len(bad) - 5} more" if len(bad) > 5 else ""
+            raise ConfigError(f"refused to start a secure-aggregation job: {len(bad)} serving node(s) do not run a secure node policy "
+                              f"({listed}). Such a node would answer a deviating server's plaintext queries. Configure every node with "
+                              "policy-aggregation=secure (`fedpriv deploy up` writes it by default), or run with aggregation central",
+                              field="policy-aggregation")
 
     def serving(self) -> list[int]:
         order = sorted(self.partition_of, key=self.partition_of.get)  # sum in partition order: deterministic
@@ -217,6 +238,10 @@ class _Nodes:
         if new:
             self.ask_info(new, "rejoin", self.job.round_timeout)
         self.rounds.nodes = self.serving()
+
+
+def _mode_text(mode: str | None) -> str:
+    return "no policy mode reported (an older node)" if mode is None else f"policy mode {mode!r}"
 
 
 class _GridTransport(RatingTransport):
@@ -323,6 +348,9 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     from .pam_server import PamJob, run_pam_job
 
     threads.configure()  # the server's solves: its kernels' threads and allocator
+    operate = getattr(grid, "operate_for", None)  # an in-process grid whose nodes the caller operates (fedpriv.testing.local_grid)
+    if operate is not None:
+        operate(job)
 
     if isinstance(job, PamJob):  # DP model personalization: its own rounds
         return run_pam_job(grid, job)
@@ -354,6 +382,8 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     rounds = Rounds(grid, registered, result, job.round_timeout, progress=progress)
     nodes = _Nodes(grid, job, rounds, down)
     nodes.first_info(registered)
+    if cfg.aggregation.secure:  # before any release: every serving node's own policy must be secure
+        nodes.require_secure()
 
     ckpt = _Checkpoint(job) if job.checkpoint else None
     saved = ckpt.load() if ckpt is not None else None

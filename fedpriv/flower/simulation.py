@@ -14,6 +14,8 @@ starts a new private instance."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 from pathlib import Path
 import socket
@@ -67,6 +69,35 @@ def check_ray_address(address: str) -> str:
     return address
 
 
+_SHARED_LEDGER: "contextvars.ContextVar[Path | None]" = contextvars.ContextVar("fedpriv_shared_node_ledger", default=None)
+
+
+@contextlib.contextmanager
+def shared_node_ledger(folder: str | os.PathLike):
+    """Inside the block, every :func:`simulate` keeps its nodes' ledgers in ``folder``
+    (``node-{partition}.json``) instead of its job's own work folder: the jobs of one private
+    tuning (:meth:`fedpriv.run.flower_engines.FlowerOptions.tuning_candidates`) share one node
+    ledger, so the nodes' budget bounds all their candidates together."""
+    token = _SHARED_LEDGER.set(Path(folder))
+    try:
+        yield Path(folder)
+    finally:
+        _SHARED_LEDGER.reset(token)
+
+
+def node_policy_for(job, nodes: int):
+    """The simulated nodes' own policy for ``job`` (the user's options, the user operating every
+    node): :meth:`NodePolicy.for_config <fedpriv.flower.node_policy.NodePolicy.for_config>` with
+    a file ledger per node, ``node-ledger/node-{partition}.json`` in the job's work folder (or the
+    folder of :func:`shared_node_ledger`), and the job's recommendation epsilon as its cap."""
+    from .node_policy import NodePolicy
+
+    folder = _SHARED_LEDGER.get() or Path(job.work_dir) / "node-ledger"
+    rec = getattr(job, "recommend", None)
+    return NodePolicy.for_config(job.cfg, epsilon=job.epsilon, delta=job.delta, nodes=nodes, reproducible=job.secrets.reproducible,
+                                 ledger=str(Path(folder).resolve() / "node-{partition}.json"), recommend=rec)
+
+
 def simulate(
     job: FlowerJob,
     num_nodes: int,
@@ -107,11 +138,11 @@ def simulate(
     # operates every simulated node): a file the Ray workers read through FEDPRIV_NODE_POLICY,
     # which they get from the job's Ray runtime environment (_init_ray: on an existing cluster
     # the workers inherit `ray start`'s environment, not this process's)
-    from .node_policy import POLICY_ENV, NodePolicy
+    from .node_policy import POLICY_ENV
 
     n_users, upn = getattr(job, "n_users", None), getattr(job, "users_per_node", None)
     serving = min(num_nodes, -(-n_users // upn)) if n_users and upn else num_nodes  # the nodes that hold a partition
-    policy = NodePolicy.for_config(job.cfg, epsilon=job.epsilon, delta=job.delta, nodes=serving, reproducible=job.secrets.reproducible)
+    policy = node_policy_for(job, serving)  # a file ledger per node: in the job's work folder, or a tuning's shared one
     policy_file = policy.write(Path(job.work_dir) / "node-policy.json")
     previous = os.environ.get(POLICY_ENV)
     os.environ[POLICY_ENV] = policy_file

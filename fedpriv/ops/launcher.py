@@ -373,6 +373,22 @@ def read_noise_seed_file(path: str) -> int:
         raise ConfigError(f"{path}: expected one integer", field="noise-seed-file") from None
 
 
+def node_policy_file(plan, work: Path, *, nodes: int) -> str:
+    """Write ``work/node-policy.json``, the simulated nodes' own policy (:meth:`NodePolicy.for_config
+    <fedpriv.flower.node_policy.NodePolicy.for_config>` of the plan's options), and return its
+    path: each node keeps its ledger in ``work/node-ledger/node-{partition}.json`` (the run's
+    folder, removed with it) and caps its recommendation epsilon at the plan's (when the job
+    has a recommendation phase)."""
+    from ..flower.node_policy import NodePolicy
+
+    job = plan.job
+    rec = getattr(plan, "recommend", None)
+    policy = NodePolicy.for_config(plan.config, epsilon=job.epsilon, delta=job.delta, nodes=nodes, reproducible=job.noise_seed is not None,
+                                   ledger=str(Path(work) / "node-ledger" / "node-{partition}.json"),
+                                   recommend=rec)
+    return policy.write(Path(work) / "node-policy.json")
+
+
 def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = True):
     """Run a prepared plan with ``flwr run`` on ``engine``'s nodes (a :class:`~fedpriv.run.FlwrRun`:
     default one node per partition of its users per node, default 1); returns (metrics, ledger
@@ -414,12 +430,13 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
         write_run_config(work / "run-config.toml", run_config)
         ray_tmp = ray_temp_dir(work)  # removed with the run (its own folder when work's path is long)
         env = flwr_env(home, ray_tmp)
-        # the nodes' own policy (fedpriv.flower.node_policy), from the user's options: the user
-        # operates every simulated node; never from the run config, which the server reads
-        from ..flower.node_policy import POLICY_ENV, NodePolicy
+        from ..flower.node_policy import POLICY_ENV
 
-        env[POLICY_ENV] = NodePolicy.for_config(plan.config, epsilon=job.epsilon, delta=job.delta, nodes=n_nodes,
-                                                reproducible=job.noise_seed is not None).write(work / "node-policy.json")
+        # the nodes' own policy (fedpriv.flower.node_policy), from the user's options (the user
+        # operates every simulated node; never from the run config, which the server reads), with
+        # a file ledger per node in the run's folder (every job of the run, every candidate of a
+        # private tuning included, runs in this one `flwr run`: one ledger bounds them all)
+        env[POLICY_ENV] = node_policy_file(plan, work, nodes=n_nodes)
         # every temporary file of the run's processes (the ServerApp's copy of the node data, the
         # nodes' splits) lands in the run's folder: removed with it, even when they are killed
         (work / "tmp").mkdir()

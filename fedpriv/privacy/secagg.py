@@ -86,6 +86,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import PrivacyError
+from . import defences
 from .secagg_auth import NodeIdentity, advert_message, graph_digest, view_digest, view_message
 
 __all__ = [
@@ -425,6 +426,9 @@ class _Release:
     names: dict[int, str] = field(default_factory=dict)  # authenticated: each neighbour's roster name
     graph: bytes = b""  # authenticated: digest of the graph this node was shown (members, degree, seed)
     signed: bytes | None = None  # authenticated: the view digest this node signed (consistency round)
+    members: tuple[int, ...] | None = None  # the sum's members as shown in the share round (the graph), if shown
+    min_contributors: int | None = None  # the node's own floor on members and survivors (its policy), if any
+    bound: bytes = b""  # digest of what the node's words depend on (plan, broadcast), bound into its view signature
 
 
 class SecAggNode:
@@ -450,6 +454,7 @@ class SecAggNode:
         self._used: set[bytes] = set()
         self.identity = identity
         self.context = bytes(context)
+        self._verified: dict[int, tuple[str, bytes]] = {}  # members whose signed advertisement this node checked: (name, channel key)
 
     def channel_key(self) -> bytes:
         """This node's 32-byte X25519 channel public key (made once per node object)."""
@@ -474,18 +479,20 @@ class SecAggNode:
         ident = self._require_identity("share")
         adverts = adverts or {}
         names: dict[int, str] = {}
+        if not defences.active("key-substitution"):  # a positive control: the names as the server relays them, unchecked
+            return {v: str(adverts[v][0]) for v in peers if isinstance(adverts.get(v), tuple)}
         for v in peers:
             entry = adverts.get(v)
             if not isinstance(entry, tuple) or len(entry) != 2:
-                raise SecAggError(f"neighbour {v} came with no signed key advertisement; refused (authenticated node)",
+                raise SecAggError(f"neighbour {v} came with no signed key advertisement; refused (authenticated node) [key-substitution]",
                                   field="adverts", node=v)
             name, sig = entry
             if not ident.verify(name, advert_message(self.context, v, str(name), bytes(neighbours[v])), sig):
                 raise SecAggError(f"the channel key of neighbour {v} is not signed by roster member {name!r} for this "
-                                  "node id and run: refusing to encrypt shares to it (key substitution?)",
+                                  "node id and run: refusing to encrypt shares to it (key substitution?) [key-substitution]",
                                   field="adverts", node=v)
             if name == ident.name:
-                raise SecAggError(f"neighbour {v} claims this node's own roster name {name!r}", field="adverts", node=v)
+                raise SecAggError(f"neighbour {v} claims this node's own roster name {name!r} [key-substitution]", field="adverts", node=v)
             names[v] = str(name)
         if len(set(names.values())) != len(names):
             raise SecAggError("two neighbours carry the same roster name", field="adverts")
@@ -511,7 +518,8 @@ class SecAggNode:
 
     def share(self, release: bytes, params: SecAggParams,
               neighbours: dict[int, bytes], *, adverts: dict[int, tuple[str, bytes]] | None = None,
-              graph: tuple[Collection[int], bytes] | None = None, colluders: int = 0) -> tuple[bytes, dict[int, bytes]]:
+              graph: tuple[Collection[int], bytes] | None = None, colluders: int = 0, min_contributors: int | None = None,
+              member_keys: dict[int, bytes] | None = None) -> tuple[bytes, dict[int, bytes]]:
         """Start ``release``: make a fresh mask key pair and self-mask seed, and Shamir-share
         both among ``neighbours`` (``{id: channel public key}``).
 
@@ -524,6 +532,13 @@ class SecAggNode:
         each neighbour's :meth:`advertisement`) and ``graph`` (``(members, seed)`` of the public
         neighbour graph) and refuses a key that a roster member did not sign, or neighbours that
         are not its own in that graph.
+
+        ``min_contributors``: the node's own floor (its policy; None: trust the server). The
+        node then needs the graph and refuses fewer members than that (``[min-contributors]``);
+        an authenticated node also needs every member's signed advertisement (``adverts`` and
+        ``member_keys``, the members' channel keys) and refuses a member without a valid roster
+        signature or fewer distinct roster names than the floor (``[roster]``): a server cannot
+        invent peers.
 
         Returns ``(mask public key, {neighbour id: ciphertext})``. A release label can be used
         only once per node.
@@ -543,15 +558,29 @@ class SecAggNode:
                               f"{params.threshold}", field="neighbours")
         colluders = _check_int(colluders, "colluders", 0)
         # (t <= holders, checked above, and 2t > holders + colluders give t > colluders too)
-        if params.threshold < _least_threshold(len(peers) + 1, colluders):
+        if params.threshold < _least_threshold(len(peers) + 1, colluders) and defences.active("shamir-threshold"):
             # a smaller threshold would let a deviating server (with the colluders' shares of both
             # kinds) collect both kinds of share of one node: the self-mask seed from one group of
             # honest holders, the mask key from another
             raise SecAggError(f"threshold {params.threshold} is too low for the {len(peers) + 1} share holders (this node and its "
-                              f"{len(peers)} neighbours) with {colluders} colluding: needs 2t > {len(peers) + 1 + colluders}; refused", field="threshold")
-        names, digest = {}, b""
+                              f"{len(peers)} neighbours) with {colluders} colluding: needs 2t > {len(peers) + 1 + colluders}; refused [shamir-threshold]", field="threshold")
+        names, digest, members = {}, b"", None
+        if graph is not None:
+            members = tuple(sorted({_check_id(v, "members") for v in graph[0]}))
+        if min_contributors is not None:
+            min_contributors = _check_int(min_contributors, "min_contributors", 1)
+            if members is None:
+                raise SecAggError(f"a node with a floor of {min_contributors} contributors needs the sum's "
+                                  "members (the graph); refused [min-contributors]", field="graph")
+            if len(members) < min_contributors and defences.active("min-contributors"):
+                raise SecAggError(f"the sum has {len(members)} members, fewer than this node's "
+                                  f"min_contributors {min_contributors}; refused [min-contributors]", field="graph")
         if self.identity is not None:
             names = self._verify_adverts(peers, neighbours, adverts)
+            digest = self._check_graph(peers, params, graph)
+            if min_contributors is not None:
+                names = self._verify_members(members, {**(member_keys or {}), **neighbours}, adverts, names, min_contributors)
+        elif graph is not None:
             digest = self._check_graph(peers, params, graph)
         channels = {v: _channel(self._channel_key, neighbours[v], v) for v in peers}
         mask_raw, self_seed = os.urandom(_KEY_BYTES), os.urandom(_KEY_BYTES)
@@ -560,8 +589,47 @@ class SecAggNode:
                                                 self_seed, mask_raw)
         self._used.add(release)
         self._releases[release] = _Release(params, channels, mask_key, self_seed, peer_keys={v: bytes(neighbours[v]) for v in peers}, own=own,
-                                          names=names, graph=digest)
+                                          names=names, graph=digest, members=members, min_contributors=min_contributors)
         return _public_bytes(mask_key), ciphertexts
+
+    def _verify_members(self, members: tuple[int, ...], keys: dict[int, bytes], adverts: dict[int, tuple[str, bytes]] | None,
+                        names: dict[int, str], floor: int) -> dict[int, str]:
+        """``{member: roster name}`` for every member but this node, each checked against its
+        signed advertisement (or checked in an earlier round of the run, whose advertisement the
+        server need not send again); SecAggError ``[roster]`` for a member without one or with a name
+        another member carries, or fewer distinct roster names (this node included) than
+        ``floor``."""
+        ident = self._require_identity("share")
+        adverts = adverts or {}
+        out = dict(names)
+        for v in members:
+            if v == self.node_id or v in out:
+                continue
+            entry, key = adverts.get(v), keys.get(v)
+            if entry is None and v in self._verified:  # checked in an earlier round of this run (not sent again)
+                out[v] = self._verified[v][0]
+                continue
+            ok = isinstance(entry, tuple) and len(entry) == 2 and key is not None
+            if ok and self._verified.get(v) == (str(entry[0]), bytes(key)):  # checked in an earlier round of this run
+                out[v] = str(entry[0])
+                continue
+            if ok:
+                ok = entry[0] != ident.name and ident.verify(entry[0], advert_message(self.context, v, str(entry[0]), bytes(key)), entry[1])
+                if ok:
+                    self._verified[v] = (str(entry[0]), bytes(key))
+            if not ok:
+                if defences.active("roster"):
+                    raise SecAggError(f"member {v} of the sum carries no valid roster signature (a peer the server "
+                                      "invented?); refused [roster]", field="adverts", node=v)
+                continue
+            out[v] = str(entry[0])
+        distinct = len(set(out.values()) | {ident.name})
+        if defences.active("roster") and len(set(out.values())) != len(out):
+            raise SecAggError("two members of the sum carry the same roster name; refused [roster]", field="adverts")
+        if defences.active("roster") and distinct < floor:
+            raise SecAggError(f"the sum's members carry {distinct} distinct roster names (this node included), fewer than this node's "
+                              f"min_contributors {floor}; refused [roster]", field="adverts")
+        return out
 
     def _encrypt_shares(self, release: bytes, t: int, peers: list[int],
                         channels: dict[int, AESGCM], self_seed: bytes,
@@ -582,12 +650,15 @@ class SecAggNode:
     # -- round 2 ---------------------------------------------------------------------------
 
     def mask(self, release: bytes, x: np.ndarray, mask_keys: dict[int, bytes],
-             ciphertexts: dict[int, bytes]) -> np.ndarray:
+             ciphertexts: dict[int, bytes], bound: bytes = b"") -> np.ndarray:
         """Store the shares addressed to this node and return its masked vector ``y``.
 
         ``x``: uint64 vector already reduced modulo ``2**bits``. ``mask_keys``: mask public keys
         of the neighbours that completed ``share``; ``ciphertexts``: ``{sender: ciphertext}``
-        from the same neighbours. Allowed once per release.
+        from the same neighbours. ``bound``: a digest of everything ``x`` depends on (the plan,
+        the broadcast state or model, the candidates), bound into the view this node signs in
+        the consistency round, so that it reveals only when every survivor computed on the same.
+        Allowed once per release.
         """
         release = _check_release(release)
         state = self._state(release)
@@ -599,7 +670,7 @@ class SecAggNode:
         held = {v: self._decrypt_share(state, release, v, ciphertexts[v]) for v in senders}
         held[self.node_id] = state.own  # its own share: revealed (self-mask seed only) while it survives
         y = self._masked(release, state, x, {v: mask_keys[v] for v in senders})
-        state.held, state.masked, state.own = held, True, None
+        state.held, state.masked, state.own, state.bound = held, True, None, bytes(bound)
         state.mask_key = state.self_seed = None  # no longer needed
         state.channels = {}
         return y
@@ -670,7 +741,7 @@ class SecAggNode:
     # -- round 3 ---------------------------------------------------------------------------
 
     def _view(self, release: bytes, state: _Release, alive: set[int], gone: set[int]) -> bytes:
-        return view_digest(self.context, release, state.graph, alive, gone)
+        return view_digest(self.context, release, state.graph + state.bound, alive, gone)
 
     def consistency(self, release: bytes, survivors: Collection[int],
                     dropped: Collection[int]) -> bytes:
@@ -702,12 +773,19 @@ class SecAggNode:
                               "(no consistency round); refused", field="signatures")
         if state.signed != digest:
             raise SecAggError(f"the survivors and dropped nodes of the unmask request differ from the view node "
-                              f"{self.node_id} signed; refused", field="survivors")
+                              f"{self.node_id} signed; refused [view-consistency]", field="survivors")
         signatures = signatures or {}
         valid = [self.node_id]
         for v, name in sorted(state.names.items()):
             if v in signatures and ident.verify(name, view_message(digest, v), signatures[v]):
                 valid.append(v)
+        if state.min_contributors is not None:  # a node with a floor: every survivor signed this very view
+            unsigned = sorted(set(alive) - set(valid))
+            if unsigned and defences.active("view-consistency"):
+                raise SecAggError(f"survivors {unsigned[:8]}{' ...' if len(unsigned) > 8 else ''} did not sign "
+                                  f"the view node {self.node_id} signed (its plan, broadcast and members): the server may have shown them "
+                                  "another plan, model or member set; refusing to reveal shares [view-consistency]", field="signatures")
+            return
         t = state.params.threshold
         if len(valid) < t:
             raise SecAggError(f"consistency check failed: {len(valid)} of this node's share holders (itself included: "
@@ -763,6 +841,13 @@ class SecAggNode:
         if len(alive) < state.params.threshold:
             raise SecAggError(f"{len(alive)} survivors, fewer than the threshold "
                               f"{state.params.threshold}", field="survivors")
+        if state.members is not None and (alive | gone) - set(state.members) and defences.active("min-contributors"):
+            strangers = sorted((alive | gone) - set(state.members))
+            raise SecAggError(f"nodes {strangers[:8]} are listed as survivors or dropped but were not "
+                              "members of the sum; refused [min-contributors]", field="survivors")
+        if state.min_contributors is not None and len(alive) < state.min_contributors and defences.active("min-contributors"):
+            raise SecAggError(f"{len(alive)} survivors, fewer than this node's min_contributors "
+                              f"{state.min_contributors}: the sum would carry less noise than it counts on; refused [min-contributors]", field="survivors")
         flips = sorted(
             v for v in state.held
             if (v in alive and state.revealed.get(v) == _PAIRWISE)
@@ -801,9 +886,12 @@ class SecAggNode:
                 "names": {str(v): n for v, n in st.names.items()},
                 "graph": st.graph.hex(),
                 "signed": None if st.signed is None else st.signed.hex(),
+                "members": None if st.members is None else list(st.members),
+                "min_contributors": st.min_contributors,
+                "bound": st.bound.hex(),
             }
         blob = {"node_id": self.node_id, "channel_key": raw(self._channel_key), "used": sorted(u.hex() for u in self._used), "releases": releases,
-                "context": self.context.hex()}
+                "context": self.context.hex(), "verified": {str(v): [n, k.hex()] for v, (n, k) in self._verified.items()}}
         return json.dumps(blob).encode()
 
     @classmethod
@@ -820,6 +908,7 @@ class SecAggNode:
             node._used = {bytes.fromhex(u) for u in d["used"]}
             node.identity = identity
             node.context = bytes.fromhex(d.get("context", ""))
+            node._verified = {int(v): (str(n), bytes.fromhex(k)) for v, (n, k) in d.get("verified", {}).items()}
             node._releases = {}
             for label, st in d["releases"].items():
                 peer_keys = {int(v): bytes.fromhex(k) for v, k in st["peer_keys"].items()}
@@ -836,6 +925,9 @@ class SecAggNode:
                     names={int(v): str(n) for v, n in st.get("names", {}).items()},
                     graph=bytes.fromhex(st.get("graph", "")),
                     signed=None if st.get("signed") is None else bytes.fromhex(st["signed"]),
+                    members=None if st.get("members") is None else tuple(int(v) for v in st["members"]),
+                    min_contributors=st.get("min_contributors"),
+                    bound=bytes.fromhex(st.get("bound", "")),
                 )
         except SecAggError:
             raise

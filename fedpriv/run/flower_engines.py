@@ -159,10 +159,24 @@ class FlowerOptions(Engine):
     def tuning_candidates(self, plan, opts: RunOptions):
         """One run of private tuning as a Flower job (central mode): trained with the tuning plan's
         multipliers, then scored on the nodes (each sends its users' clipped validation MSEs,
-        summed here; the tuning adds the noise)."""
+        summed here; the tuning adds the noise).
+
+        One node ledger for the whole tuning: every candidate is a job of its own (its own work
+        folder, removed after it), but the simulated nodes this engine starts keep their ledgers
+        in one folder made for this tuning (``node-ledger-*`` under the tuning's root, removed
+        by the cleanup), passed to each candidate's launch through
+        :func:`fedpriv.flower.simulation.shared_node_ledger`: a node's budget counts every
+        candidate it served, so it bounds the number of candidates, not one candidate each.
+        (``flwr run``, :class:`fedpriv.ops.launcher.FlwrRun`, runs every candidate in one run
+        and one node-policy file: one ledger too. Nodes that others operate, e.g. a deployment's,
+        keep their own ledgers whatever this engine does.)"""
+        from ..flower.simulation import shared_node_ledger
+
         n_nodes = flower_nodes(opts, plan.n_users)[0]
         own = not self.work_dir
         root = Path(self.work_dir) if self.work_dir else owned_tempdir("fedpriv-tune-")
+        root.mkdir(parents=True, exist_ok=True)
+        ledger_dir = Path(tempfile.mkdtemp(prefix="node-ledger-", dir=root))  # one for every candidate of this tuning
 
         def run_candidate(cfg, multipliers, run_secrets, clip, index):
             # a folder of its own, named by no index and removed after the run: none is left to count K
@@ -170,12 +184,16 @@ class FlowerOptions(Engine):
             run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=root))
             try:
                 job = flower_job(plan, cfg, opts, run_dir, run_secrets, multipliers=multipliers, tune_score_clip=clip, checkpoint=False)
-                res = self._run(job, n_nodes)
+                with shared_node_ledger(ledger_dir):
+                    res = self._run(job, n_nodes)
             finally:
                 shutil.rmtree(run_dir, ignore_errors=True)
             return res, res.ledger, res.score_total
 
-        return run_candidate, ((lambda: shutil.rmtree(root, ignore_errors=True)) if own else (lambda: None))
+        def cleanup():
+            shutil.rmtree(root if own else ledger_dir, ignore_errors=True)
+
+        return run_candidate, cleanup
 
     def selected(self, result, ledger, plan, opts: RunOptions) -> Trained:
         """The selected run's own evaluation on the nodes, rounds and bytes."""

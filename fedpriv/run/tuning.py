@@ -183,7 +183,10 @@ def _selected_report(grid: dict, n_candidates: int, tuning: TuningPlan, clip: fl
 class Tuned:
     """Private tuning around any engine: the engine trains one candidate at a time
     (:meth:`~fedpriv.run.base.Engine.tuning_candidates`) and never sees the random stopping, the
-    draws of candidates or the selection, which happen here (:func:`tune`)."""
+    draws of candidates or the selection, which happen here (:func:`tune`). On the Flower
+    engines the nodes fedpriv starts keep one node ledger for all the candidates of a tuning
+    (:meth:`fedpriv.run.flower_engines.FlowerOptions.tuning_candidates`), so their own budget
+    bounds the number of candidates."""
 
     def __init__(self, engine):
         self.engine = engine

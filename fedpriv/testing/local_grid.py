@@ -14,8 +14,9 @@ with the grid): ``identity=False`` runs the nodes unauthenticated.
 Node policy (:mod:`fedpriv.flower.node_policy`): the caller operates every node of this grid.
 ``node_policy`` (a NodePolicy) is put in every node's config as a SuperNode's ``--node-config``
 would carry it; without it, the nodes read the file named by ``FEDPRIV_NODE_POLICY`` when that is
-set, else they run the permissive policy (everything in one process: no trust boundary for a
-node policy to defend; the tests and the red team pass a policy where they test one)."""
+set, else they run the permissive policy in the mode of the job they serve (:meth:`operate_for`;
+everything in one process: no trust boundary for a node policy to defend; the tests and the red
+team pass a policy where they test one)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,16 @@ class LocalGrid:
             self.identities = {p: str(d) for p, d in provision(folder, n_nodes).items()}
             self._identity_key = CONFIG_KEY
         self.node_policy = node_policy  # every node's own policy (fedpriv.flower.node_policy.NodePolicy), or None
+        self.mode = "any"  # the permissive default's mode: "secure" while a secure job is served (operate_for)
+
+    def operate_for(self, job) -> None:
+        """The caller, who operates every node of this grid, serves ``job`` with them
+        (:func:`fedpriv.flower.server_app.run_job` calls it before its first message): without a
+        policy of the caller's, the nodes run the permissive policy in the job's mode, so a
+        secure job finds secure nodes (the ServerApp refuses others) and a central job plaintext
+        ones. The mode is the caller's (the job object in this process), never a message's."""
+        aggregation = getattr(getattr(job, "cfg", None), "aggregation", None)
+        self.mode = "secure" if getattr(aggregation, "secure", False) else "any"
 
     def _policy_items(self) -> dict:
         import os
@@ -68,7 +79,7 @@ class LocalGrid:
 
         if self.node_policy is not None:
             return self.node_policy.node_config_items()
-        return {} if os.environ.get(POLICY_ENV) else NodePolicy.permissive().node_config_items()
+        return {} if os.environ.get(POLICY_ENV) else NodePolicy.permissive().with_changes(aggregation=self.mode).node_config_items()
 
     def get_node_ids(self) -> list[int]:
         if self.on_round is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from ...errors import ConfigError, FedprivError
 from .certs import make_certs, make_node_keys
 from .compose import compose_yaml
-from .config import DEFAULT_RUN_DIR, DOCKER_PORTS, LOCAL_HOSTS, PIDS_FILE, STOP_SECONDS, DeployConfig, _positive_int
+from .config import DEFAULT_RUN_DIR, DOCKER_NODE_LEDGER, DOCKER_PORTS, LOCAL_HOSTS, PIDS_FILE, STOP_SECONDS, DeployConfig, _positive_int
 from .flower_version import docker_transport
 from .job import run_deployed_job
 from .nodedata import SPLIT_SEED, n_partitions, split_job, write_partition
@@ -134,6 +134,7 @@ def _layout_config(args, *, docker: bool = False) -> tuple[DeployConfig, object]
     if docker:  # the compose file's SuperLink on the host's loopback; each node reaches it there through the relay
         cfg.bind_host = cfg.superlink_host = "127.0.0.1"
         cfg.fleet_api = docker_transport()  # the images' Flower, whatever this host has
+        cfg.node_policy = {"policy-ledger": DOCKER_NODE_LEDGER, **cfg.node_policy}  # each node's ledger volume (docker/compose.yml)
     return cfg, job
 
 

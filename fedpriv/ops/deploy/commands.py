@@ -44,7 +44,7 @@ def node_config(cfg: DeployConfig, i: int) -> str:
     parts = [f"partition-id={i}", f"num-partitions={cfg.nodes}"]
     if cfg.data is not None:
         parts.append(f"data-dir={json.dumps(str(cfg.node_data_dir(i)))}")
-    for key, value in cfg.policy().node_config_items().items():  # the node's own privacy policy (fedpriv.flower.node_policy)
+    for key, value in cfg.policy(i).node_config_items().items():  # the node's own privacy policy (fedpriv.flower.node_policy)
         parts.append(f"{key}={json.dumps(value if isinstance(value, (bool, int, float)) else str(value))}")
     return " ".join(parts)
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import PurePosixPath
 
 from .commands import superlink_command, supernode_command
-from .config import DOCKER_RUN_DIR, docker_config
+from .config import DOCKER_NODE_LEDGER, DOCKER_RUN_DIR, docker_config
 from .flower_version import DOCKER_FLWR_VERSION, GRPC_RERE
 
 
@@ -98,10 +99,12 @@ def compose_yaml(nodes: int = 3) -> str:
             f"      - \"{run}/keys/node-{i}:{cfg.node_private_key(i)}:ro\"",
             f"      - \"{run}/node-data/node-{i}:{cfg.node_data_dir(i)}:ro\"",
             f"      - \"{run}/relay:{RELAY_DIR}:ro\"",
+            f"      - \"node-ledger-{i}:{PurePosixPath(DOCKER_NODE_LEDGER).parent}\"  # the node's ledger: kept across restarts and `down` (not `down -v`)",
             f"    environment: {env()}",
             "    depends_on: {register: {condition: service_completed_successfully}, relay: {condition: service_started}}",
             "    restart: on-failure",
         ]
+    lines += ["volumes:", *(f"  node-ledger-{i}: {{}}" for i in range(nodes))]
     return "\n".join(lines) + "\n"
 
 

@@ -26,6 +26,9 @@ STOP_SECONDS = 15.0  # SIGTERM, then SIGKILL after this long
 CLI_SECONDS = 60.0  # one `flwr supernode ...` call
 # `--set` keys that would change the split or the node count fixed by `deploy up`
 FIXED_BY_UP = ("split", "split_seed", "heldout_fraction", "users_per_node", "nodes")
+# a compose SuperNode's ledger: on a named volume of its own (docker/compose.yml: node-ledger-<i>; its
+# data mount is read-only), kept across restarts and `docker compose down` (not `down -v`)
+DOCKER_NODE_LEDGER = "/var/lib/fedpriv/node-ledger.json"
 
 
 @dataclass
@@ -56,7 +59,7 @@ class DeployConfig:
     san: list[str] = field(default_factory=list)  # extra names in the server certificate
     bin_dir: str | None = None  # folder of flower-superlink / flower-supernode / flwr (None: PATH)
     fleet_api: str | None = None  # "grpc-rere" or "http" (None: the installed Flower's, see .flower_version)
-    node_policy: dict = field(default_factory=dict)  # each node's own privacy policy: policy-* overrides of fedpriv.flower.node_policy.DEFAULT
+    node_policy: dict = field(default_factory=dict)  # each node's own privacy policy: policy-* overrides of the deployment's secure default (policy())
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -179,11 +182,24 @@ class DeployConfig:
     def server_names(self) -> list[str]:
         return list(dict.fromkeys([*LOCAL_HOSTS, self.superlink_host, *self.san]))
 
-    def policy(self):
-        """Every node's own privacy policy (its ``--node-config`` ``policy-*`` keys)."""
+    def node_ledger(self, i: int | None = None) -> str:
+        """Where node ``i`` keeps its ledger: ``node-ledger.json`` in its own data folder
+        (``{partition}`` for the node's partition id when ``i`` is None)."""
+        folder = self.node_data_dir(i) if i is not None else self.run_dir / "node-data" / "node-{partition}"
+        return str(folder / "node-ledger.json")
+
+    def policy(self, i: int | None = None):
+        """Node ``i``'s own privacy policy (its ``--node-config`` ``policy-*`` keys): the
+        deployment's secure default, :data:`fedpriv.flower.node_policy.DEFAULT` with
+        ``aggregation="secure"`` (only the secure-summation handlers answer: what ``deploy run``
+        runs by default), ``relation="replace_one"`` (the relation a deployment accounts under,
+        its enrolled count being public: :class:`.engine.Deployment`) and ``ledger`` in the
+        node's own data folder (:meth:`node_ledger`: a lifetime budget on the node's disk,
+        across runs and restarts), then the operator's ``node_policy`` overrides."""
         from ...flower.node_policy import DEFAULT, NodePolicy
 
-        return NodePolicy.from_mapping({**DEFAULT.to_dict(), **self.node_policy})
+        secure = {"aggregation": "secure", "relation": "replace_one", "ledger": self.node_ledger(i)}
+        return NodePolicy.from_mapping({**DEFAULT.to_dict(), **secure, **self.node_policy})
 
     # -- the state file (run_dir left out: the folder may be mounted elsewhere)
     def to_dict(self) -> dict:
@@ -222,8 +238,12 @@ def docker_config(nodes: int = 3, *, data: bool = True, tls: bool = True, auth: 
     out) reaches it through the relay (:mod:`.compose`), on the fixed ports of
     :data:`DOCKER_PORTS`; executables from the image's PATH; the Fleet API transport of
     the Flower the images are built with (:func:`.flower_version.docker_transport`: HTTP, on the
-    SuperLink's one port 8000), whatever Flower the host has."""
+    SuperLink's one port 8000), whatever Flower the host has. Each node's policy is the secure
+    default (:meth:`DeployConfig.policy`) with its ledger at :data:`DOCKER_NODE_LEDGER`, on a
+    named volume of the node's own (its data mount is read-only): the budget holds across runs,
+    restarts and ``docker compose down``; ``down -v`` removes the volumes, and the budget with them."""
     return DeployConfig(
         run_dir=Path(DOCKER_RUN_DIR), nodes=nodes, tls=tls, auth=auth, data="(docker)" if data else None,
-        bind_host="127.0.0.1", superlink_host="127.0.0.1", san=[], bin_dir=None, fleet_api=docker_transport(), **DOCKER_PORTS,
+        bind_host="127.0.0.1", superlink_host="127.0.0.1", san=[], bin_dir=None, fleet_api=docker_transport(),
+        node_policy={"policy-ledger": DOCKER_NODE_LEDGER}, **DOCKER_PORTS,
     )

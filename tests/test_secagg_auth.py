@@ -295,3 +295,30 @@ def test_flwr_run_nodes_are_authenticated(tmp_path, capsys):
     checks = [r for r in m["round_log"] if str(r["round"]).endswith(":consistency")]
     assert checks and all(r["replies"] == 4 for r in checks), m["round_log"]
     assert m["rejected_replies"] == []
+
+
+def test_a_node_with_a_floor_counts_only_roster_signed_members_and_refuses_invented_peers(identities):
+    """Issue 57 (sybils): a server that pads a 3-node sum with 5 invented members to reach a node's
+    floor of 8 gets a [roster] refusal: an invented member has no roster signature. Positive
+    control: with only the roster defence off, the padded sum passes the member count."""
+    from fedpriv.privacy import defences
+
+    ids, params, nodes, server, ads = _setup(identities)
+    keys = {i: a[0] for i, a in ads.items()}
+    u = ids[0]
+    shown = server.channel_keys_for(u, keys)
+    adverts = {v: ads[v][1:] for v in ids}  # every member's signed advertisement
+    # honest: all 8 real members, each signed: taken, and their names kept for the consistency round
+    nodes[u].share(b"honest", params, shown, adverts=adverts, graph=(ids, server.seed), min_contributors=8, member_keys=keys)
+    # padded: the node's real neighbours plus members the server invented (no advertisement of a roster member)
+    fake = SecAggNode(999, None).channel_key()
+    padded_keys = {v: (keys[v] if v in keys else fake) for v in ids}
+    padded_adverts = {v: adverts[v] for v in shown} | {v: ("node-7", b"\0" * 64) for v in ids if v not in shown and v != u}
+    with pytest.raises(SecAggError, match=r"\[roster\]"):
+        nodes[u].share(b"padded", params, shown, adverts=padded_adverts, graph=(ids, server.seed), min_contributors=8, member_keys=padded_keys)
+    with defences.disabled("roster"):
+        nodes[u].share(b"padded-control", params, shown, adverts=padded_adverts, graph=(ids, server.seed), min_contributors=8,
+                       member_keys=padded_keys)
+    # fewer members than the floor: refused by the count itself
+    with pytest.raises(SecAggError, match=r"\[min-contributors\]"):
+        nodes[u].share(b"few", params, shown, adverts=adverts, graph=(ids, server.seed), min_contributors=9, member_keys=keys)

@@ -19,8 +19,20 @@ PY=${PYTHON:-python3}
 pin() { sed -n "s/^$1==//p" "$constraints" | head -n1; }
 torch_version=$(pin torch)
 [ -n "$torch_version" ] || { echo "$constraints pins no torch" >&2; exit 2; }
+# Python 3.11 to 3.13 (pyproject.toml): refused by name before anything is downloaded
+"$PY" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 13) else 1)' 2>/dev/null \
+    || { echo "ci/venv.sh: fedpriv needs Python 3.11, 3.12 or 3.13; $PY is $("$PY" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || echo missing) (set PYTHON=python3.11)" >&2; exit 2; }
 "$venv/bin/python" -c "import pip" 2>/dev/null || "$PY" -m venv --clear "$venv"  # none yet, or half-made by a stop
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+# nothing to do when the venv was made from these very files and still imports this checkout's fedpriv
+stamp="$venv/.fedpriv-installed"
+want=$(cat pyproject.toml "$constraints" | "$venv/bin/python" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read() + sys.version.encode()).hexdigest())')
+if [ -z "$relock" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
+    && [ "$("$venv/bin/python" -c 'import fedpriv, os; print(os.path.dirname(os.path.dirname(fedpriv.__file__)))' 2>/dev/null)" = "$PWD" ]; then
+    echo "$venv: up to date (pyproject.toml and $constraints unchanged)" >&2
+    exit 0
+fi
+rm -f "$stamp"
 use="$constraints"
 if [ "$relock" = --relock ]; then
     use=$(mktemp)
@@ -29,7 +41,7 @@ fi
 if [ "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch").split("+")[0])' 2>/dev/null)" != "$torch_version" ]; then
     "${pip[@]}" install --quiet "torch==$torch_version"
 fi
-"${pip[@]}" install --quiet -c "$use" -e '.[test,docs]'
+"${pip[@]}" install --quiet -c "$use" -e '.[torch,test,docs]'
 if [ "$relock" = --relock ]; then
     rm -f "$use"
     top=$(sed '/^# ---/q' "$constraints")
@@ -40,5 +52,6 @@ if [ "$relock" = --relock ]; then
     mv "$constraints.new" "$constraints"
     echo "rewrote $constraints from $venv" >&2
 fi
+echo "$want" >"$stamp"
 # what was installed, for the log
 "$venv/bin/python" -c 'import importlib.metadata as m, sys; print(f"{sys.argv[1]}: Python {sys.version.split()[0]}, " + ", ".join(f"{d} {m.version(d)}" for d in ("flwr", "torch", "ray")))' "$venv"

@@ -32,16 +32,20 @@ COMMANDS: dict[str, str] = {
 
 
 def _add_run(r: argparse.ArgumentParser) -> None:
-    from .algorithms import registry
+    from .algorithms import model_table
 
     r.set_defaults(handler=_run)
-    r.add_argument("algorithm", help=f"{', '.join(registry.names())}; on synthetic-personal data: pam, pam-exp, pam-own-data, pam-single-model, pam-nonprivate")
+    # the table of models by task, from the registry (docs/reference/cli.md and the README show the same)
+    r.formatter_class = argparse.RawDescriptionHelpFormatter
+    r.epilog = model_table.model_table("text") + "\n\nthe personalization models train on synthetic-personal data only."
+    r.add_argument("algorithm", help="the model to train: one of the table below (models by task)")
     r.add_argument("--data", required=True, help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, jester:PATH, csv:PATH, parquet:PATH (your own ratings; see --data-opt), synthetic-mf:users=N,items=M,ratings=R,seed=S or synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R")
     r.add_argument("--data-opt", dest="data_options", action="append", default=[], metavar="KEY=VALUE", help="csv/parquet option (repeatable): user=COL, item=COL, rating=COL, sep=',', header=1, rating_range=LO,HI (required for explicit ratings), implicit=1, duplicates=error|last, items=FILE (the item catalogue: a header line, then one item id per line; private algorithms need it or features=), features=PATH (item features table; it lists the catalogue too), feature_item=COL, categorical=A;B, numeric=C, multi_sep='|', name=COL, bins=5")
     r.add_argument("--save-model", default=None, metavar="DIR", help="write the released model (item embeddings and biases, encoder, mean, config, ledger; no metric, no data path) to DIR (every engine)")
     r.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out and the model in --save-model (refused otherwise)")
     r.add_argument("--epsilon", type=float, default=None, help="target epsilon (private algorithms)")
-    r.add_argument("--delta", type=float, default=1e-5)
+    r.add_argument("--delta", type=float, default=1e-5, help="target delta of a private run: the probability that the epsilon guarantee may fail; "
+                   "keep it well below 1 / (number of users) (default 1e-5; a larger one is warned about)")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter or run option (repeatable); e.g. recommend=mgem rec_epsilon=1 rec_sensitivity=quantile: after training every user reports one item by private selection")
     r.add_argument(
         "--engine",
@@ -65,6 +69,9 @@ def _add_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("--tune-shape", type=float, default=None, help="truncated negative binomial shape: 1 geometric (default), 0 logarithmic")
     r.add_argument("--out", required=True, help="output folder for metrics.json and ledger.json")
     r.add_argument("--quiet", action="store_true", help="no progress bar; flower engine: Flower's log is not shown")
+    r.add_argument("--max-rejected-fraction", type=float, default=None, metavar="F",
+                   help="the share of the replies asked for that may be rejected (malformed, late, node errors) before the run fails "
+                        "with exit status 3 (default 0.5; its outputs are still written)")
 
 
 def _add_privacy(pv: argparse.ArgumentParser) -> None:
@@ -90,7 +97,7 @@ def _add_recommend(rc: argparse.ArgumentParser) -> None:
     rc.set_defaults(handler=_recommend)
     rc.add_argument("--model", required=True, help="a model folder written by `fedpriv run --save-model`")
     rc.add_argument("--ratings", required=True, help="the user's ratings: a CSV file with a header, columns item,rating (item alone for implicit feedback)")
-    rc.add_argument("--k", type=int, default=10)
+    rc.add_argument("--k", type=int, default=10, help="how many unseen items to recommend (default 10)")
     rc.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
 
 
@@ -192,7 +199,11 @@ def _run(args) -> int:
     from .ops.launcher import FlwrRun
     from .run.model import check_model_folder
     from .run import InProcess, Job, check_results_folder, parse_overrides, write_outputs
+    from .run.report import MAX_REJECTED_FRACTION, TooManyRejected, check_rejections
 
+    limit = MAX_REJECTED_FRACTION if args.max_rejected_fraction is None else float(args.max_rejected_fraction)
+    if not 0.0 <= limit <= 1.0:
+        raise ConfigError(f"must be in [0, 1], got {args.max_rejected_fraction!r}", field="--max-rejected-fraction")
     params: dict = parse_overrides(args.overrides)
     if args.aggregation is not None:
         params["aggregation"] = args.aggregation
@@ -230,6 +241,11 @@ def _run(args) -> int:
     if not args.quiet:  # the human summary (every engine the same) on stderr; stdout keeps the JSON line
         print(outcome.report.summary(out=str(args.out.rstrip("/") + "/metrics.json")), file=sys.stderr)
     _print_summary(outcome.report.to_json())
+    try:  # a run trained on what a minority of its replies sent fails (its outputs stay for the diagnosis)
+        check_rejections(outcome.report, limit)
+    except TooManyRejected as exc:
+        print(f"fedpriv: error: {exc}", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -252,9 +268,10 @@ def _recommend(args) -> int:
             print(json.dumps({"rank": rank, **r}))
         return 0
     width = max([len(str(r["item"])) for r in recs] + [4])
-    print(f"{'rank':>4}  {'item':>{width}}  {'score':>7}  {'rating':>6}  name")
+    rated = model.predicts_ratings  # a top-k model ranks items: no rating column
+    print(f"{'rank':>4}  {'item':>{width}}  {'score':>7}  " + (f"{'rating':>6}  " if rated else "") + "name")
     for rank, r in enumerate(recs, 1):
-        print(f"{rank:>4}  {r['item']!s:>{width}}  {r['score']:7.3f}  {r['rating']:6.2f}  {r['name'] or ''}")
+        print(f"{rank:>4}  {r['item']!s:>{width}}  {r['score']:7.3f}  " + (f"{r['rating']:6.2f}  " if rated else "") + f"{r['name'] or ''}")
     return 0
 
 

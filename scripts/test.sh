@@ -13,7 +13,8 @@
 #      test, the two-host namespaces, replace-one accounting and the Flower example (the
 #      documented walk-throughs of docs/how-to/deployment.md and docker/README.md, which repeat
 #      tests/test_deploy.py and tests/test_docker.py, under --all);
-#   3. `pip install .` resolving beside the installed Flower 1.42.0;
+#   3. the documented install on Python 3.13 in a fresh venv (ci/install-check.sh: no torch or
+#      nvidia package, the main job runs), and `pip install .` resolving beside Flower 1.42.0;
 #   4. the Flower-engine tests (marker `flower`: `flwr run`, the Flower simulation, a Flower grid) on 1.42.
 # `bash scripts/test.sh --all` (about 3 hours) adds the slow suite (the default suite's slowest
 # tests, tests/conftest.py SLOW_TESTS), the experiments suite (every config in
@@ -21,7 +22,10 @@
 # the whole deployment suite on BOTH Flower versions.
 #
 # Both environments get torch 2.13.0 from this machine's disk first (ci/venv.sh), so no CUDA build
-# is downloaded. With other arguments, runs pytest once with them in .venv (e.g.
+# is downloaded. The whole run (no arguments, or --all) first sets up what its suites need from
+# the system, as root with apt: Debian's chromium, docker.io, docker-compose and debootstrap, and
+# a Docker daemon; it prints each suite's wall time. With other arguments it sets up nothing of
+# the system (no package, no daemon) and runs pytest once with them in .venv (e.g.
 # `bash scripts/test.sh tests/test_ledger.py`); run one in the newest stack with
 # `bash ci/venv.sh .venv-newest ci/constraints-newest.txt && .venv-newest/bin/python -m pytest ...`.
 set -euo pipefail
@@ -32,41 +36,45 @@ cd "$(dirname "$0")/.."
 . scripts/steps.sh
 stop_on_signals test.sh 120
 step bash ci/venv.sh .venv ci/constraints-oldest.txt
-# The report's screenshot tests need a headless browser: Debian's chromium. As root with apt (CI),
-# install it and require it; elsewhere those tests skip when no browser is found.
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    if ! command -v chromium >/dev/null 2>&1; then
-        echo "installing Debian's chromium for the report's browser tests" >&2
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
-            || echo "could not install chromium: the browser tests will fail (FEDPRIV_REQUIRE_BROWSER=1)" >&2
+# System set-up for the whole run (no arguments, or --all: what CI runs): a filtered run
+# (`bash scripts/test.sh ARGS...`) installs no package and starts no daemon.
+system_setup() {
+    # The report's screenshot tests need a headless browser: Debian's chromium. As root with apt (CI),
+    # install it and require it; elsewhere those tests skip when no browser is found.
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        if ! command -v chromium >/dev/null 2>&1; then
+            echo "installing Debian's chromium for the report's browser tests" >&2
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+                || echo "could not install chromium: the browser tests will fail (FEDPRIV_REQUIRE_BROWSER=1)" >&2
+        fi
+        export FEDPRIV_REQUIRE_BROWSER=1
     fi
-    export FEDPRIV_REQUIRE_BROWSER=1
-fi
-# The Docker test (tests/test_docker.py, deployment suite) builds the images of docker/ on a
-# debootstrap base and runs docker/compose.yml: as root with apt (CI), install Debian's docker.io,
-# docker-compose and debootstrap, and start dockerd (log: build/dockerd.log) unless a daemon
-# answers. Once a daemon answers the test is required (FEDPRIV_REQUIRE_DOCKER=1); where dockerd
-# cannot start it skips, naming why.
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker-compose >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
-        echo "installing Debian's docker.io, docker-compose and debootstrap for the Docker test" >&2
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y -qq docker.io docker-compose debootstrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq docker.io docker-compose debootstrap >/dev/null; } \
-            || echo "could not install docker.io, docker-compose and debootstrap: the Docker test will skip" >&2
+    # The Docker test (tests/test_docker.py, deployment suite) builds the images of docker/ on a
+    # debootstrap base and runs docker/compose.yml: as root with apt (CI), install Debian's docker.io,
+    # docker-compose and debootstrap, and start dockerd (log: build/dockerd.log) unless a daemon
+    # answers. Once a daemon answers the test is required (FEDPRIV_REQUIRE_DOCKER=1); where dockerd
+    # cannot start it skips, naming why.
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker-compose >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
+            echo "installing Debian's docker.io, docker-compose and debootstrap for the Docker test" >&2
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get install -y -qq docker.io docker-compose debootstrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq docker.io docker-compose debootstrap >/dev/null; } \
+                || echo "could not install docker.io, docker-compose and debootstrap: the Docker test will skip" >&2
+        fi
+        if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
+            mkdir -p build
+            echo "starting dockerd (log: build/dockerd.log)" >&2
+            nohup dockerd >build/dockerd.log 2>&1 &
+            for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+        fi
+        if docker info >/dev/null 2>&1; then
+            export FEDPRIV_REQUIRE_DOCKER=1
+        else
+            echo "no Docker daemon (see build/dockerd.log): the Docker test will skip" >&2
+        fi
     fi
-    if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
-        mkdir -p build
-        echo "starting dockerd (log: build/dockerd.log)" >&2
-        nohup dockerd >build/dockerd.log 2>&1 &
-        for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-    fi
-    if docker info >/dev/null 2>&1; then
-        export FEDPRIV_REQUIRE_DOCKER=1
-    else
-        echo "no Docker daemon (see build/dockerd.log): the Docker test will skip" >&2
-    fi
-fi
+}
 ALL=0
 if [ "${1:-}" = "--all" ]; then
     ALL=1
@@ -75,7 +83,14 @@ fi
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi
-suite() { echo "== $1 (${2}: $("$2/bin/python" -c 'import importlib.metadata as m; print("flwr", m.version("flwr"))'))" >&2; }
+system_setup
+# each suite's wall time, printed when it ends (the default suite's target: under 10 minutes on an idle 2-core machine)
+SUITE_NAME="" SUITE_START=0
+suite() {
+    [ -z "$SUITE_NAME" ] || echo "== $SUITE_NAME: $((SECONDS - SUITE_START)) s" >&2
+    SUITE_NAME=$1 SUITE_START=$SECONDS
+    echo "== $1 (${2}: $("$2/bin/python" -c 'import importlib.metadata as m; print("flwr", m.version("flwr"))'))" >&2
+}
 suite "default suite" .venv
 step .venv/bin/python -m pytest -q -m "not deployment and not experiments and not flower and not slow" --durations=15
 # the deployment tests that run on Flower 1.39's gRPC-rere Fleet API (the others on 1.42's HTTP);
@@ -96,12 +111,16 @@ else
     suite "deployment suite on gRPC-rere: loopback deployments, Runtime API attack, Ray clusters" .venv
     step .venv/bin/python -m pytest -q -m "deployment and not experiments" "${ON_OLDEST[@]}" --durations=10
 fi
+suite "the documented install on Python 3.13 (no torch, the main job runs)" .venv
+step bash ci/install-check.sh python3.13
 step bash ci/venv.sh .venv-newest ci/constraints-newest.txt
 suite "pip install . beside the newest Flower" .venv-newest
 step .venv-newest/bin/python -m pytest -q tests/test_packaging.py -k "pip_install_keeps_the_installed_flower or dependencies_are_ranges"
 if [ "$ALL" = 1 ]; then
     suite "Flower-engine tests and deployment suite (with Docker) on the HTTP Fleet API" .venv-newest
-    exec .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments" --durations=10
+    step .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments" --durations=10
+else
+    suite "Flower-engine tests and the rest of the deployment suite (with Docker) on the HTTP Fleet API" .venv-newest
+    step .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments" "${ON_OLDEST[@]/#/--deselect=}" "${WALKTHROUGHS[@]/#/--deselect=}" --durations=10
 fi
-suite "Flower-engine tests and the rest of the deployment suite (with Docker) on the HTTP Fleet API" .venv-newest
-exec .venv-newest/bin/python -m pytest -q -m "(flower or deployment) and not experiments" "${ON_OLDEST[@]/#/--deselect=}" "${WALKTHROUGHS[@]/#/--deselect=}" --durations=10
+echo "== $SUITE_NAME: $((SECONDS - SUITE_START)) s; all: $SECONDS s" >&2

@@ -10,6 +10,7 @@ carry that TMPDIR in its environment and the folder must be empty."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,25 +132,26 @@ def test_stop_signals_raise_stopped_and_let_the_cleanup_finish():
 def test_ctrl_c_on_the_main_job_script_stops_everything_with_one_line():
     """`bash scripts/run.sh` interrupted mid-run as a terminal's Ctrl-C does (SIGINT to its
     whole process group), once the simulation is writing into the run's own folder: exit 130,
-    one line, no traceback, no process left under the project's FLWR_HOME (SuperLink,
-    SuperExec, simulation, Ray), and no installed app (a half-installed one, planted before the
-    run as an interrupted install leaves it, is gone too).
+    one line, no traceback, no process left under the run's own FLWR_HOME (SuperLink,
+    SuperExec, simulation, Ray: a private one in the run's temporary folder), and that folder,
+    installed apps included, gone.
 
     The signal is sent as soon as the run's processes and its folder are seen, not at a log
     line: `flwr run --stream` may deliver the rounds' lines late, and the default run (the bias
     model, five rounds) can end within the time that checking its processes takes."""
-    home = ROOT / ".flwr"
-    # a half-installed app, as a stop during Flower's file-by-file install of the app leaves it
-    # (flwr reuses a folder of the app's name, so every later run of the same code failed on it)
-    partial = home / "apps" / "fedpriv.fedpriv.0.1.0.0123abcd"
-    (partial / "fedpriv").mkdir(parents=True, exist_ok=True)
-    (partial / "LICENSE").write_text("half-installed\n")
     proc = subprocess.Popen(["bash", "scripts/run.sh"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     proc.stderr = proc.stdout  # one stream: _wait_for_line reads it
+    home = None
     try:
         lines, reader = _wait_for_line(proc, "", 400)  # the reader thread, from the first line on
         deadline = time.monotonic() + 400
+        while home is None:  # the run's own FLWR_HOME (a private one, in its temporary folder), as run.sh prints it
+            found = [re.search(r"\(FLWR_HOME=([^)]+)\)", line) for line in list(lines)]
+            home = next((Path(m.group(1)) for m in found if m), None)
+            assert proc.poll() is None or home is not None, f"run.sh ended without naming its FLWR_HOME:\n{''.join(lines)[-3000:]}"
+            assert time.monotonic() < deadline, f"run.sh named no FLWR_HOME:\n{''.join(lines)[-3000:]}"
+            time.sleep(0.05)
         while True:  # the oracle's positive controls: the run's processes carry the project's FLWR_HOME, and write into their own folder
             running = pids_with_env("FLWR_HOME", str(home))
             run_tmp = {_environ(pid).get("TMPDIR") for pid in running} - {None}
@@ -170,13 +172,13 @@ def test_ctrl_c_on_the_main_job_script_stops_everything_with_one_line():
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        for pid in pids_with_env("FLWR_HOME", str(home)):
+        for pid in (pids_with_env("FLWR_HOME", str(home)) if home is not None else []):
             os.kill(pid, signal.SIGKILL)
     text = "".join(lines)
     assert code == 130, text[-3000:]
     assert left == []
     assert not run_tmp.exists(), f"the run's temporary folder is left: {sorted(p.name for p in run_tmp.iterdir())}"
-    assert not (home / "apps").exists(), f"installed apps are left: {sorted(p.name for p in (home / 'apps').iterdir())}"
+    assert home.is_relative_to(run_tmp) and not home.exists()  # the private FLWR_HOME (its installed apps too) went with the run's folder
     assert "Traceback" not in text, text[-3000:]
     assert text.rstrip().splitlines()[-1].startswith("run.sh: stopped by SIGINT"), text[-500:]
 

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +29,11 @@ def _norm(name: str) -> str:
 
 
 def _dependencies() -> list[str]:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    """The dependencies and the ``torch`` extra (the encoder family and the GPU; every import of
+    torch is either inside a function of those paths or guarded: tests/test_packaging.py
+    ``test_the_main_job_runs_without_torch``)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["dependencies"] + project["optional-dependencies"]["torch"]
 
 
 def _declared() -> set[str]:
@@ -102,7 +108,7 @@ def test_dependencies_are_ranges_that_admit_the_ci_pins():
     from packaging.requirements import Requirement
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    reqs = [Requirement(d) for d in project["dependencies"]]
+    reqs = [Requirement(d) for d in project["dependencies"] + project["optional-dependencies"]["torch"]]
     pinned = [str(r) for r in reqs if any(s.operator in ("==", "===") for s in r.specifier)]
     assert not pinned, f"exact pins in dependencies (put them in ci/constraints-*.txt): {pinned}"
     for group, deps in project.get("optional-dependencies", {}).items():
@@ -215,3 +221,45 @@ def test_the_wheel_installs_outside_the_checkout_and_runs(tmp_path):
     quick = subprocess.run([str(py), "-c", QUICK_START], cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert quick.returncode == 0, quick.stderr[-2000:]
     assert f"FROM {venv}" in quick.stdout and (work / "model" / "model.npz").exists()
+
+
+def test_the_main_job_runs_without_torch(tmp_path):
+    """torch is an extra: on a machine without it (blocked here by an import hook) the main job's
+    algorithms train and the encoder family says which extra it needs. Positive control: the same
+    hook makes ``import torch`` fail."""
+    hook = tmp_path / "sitecustomize.py"
+    hook.write_text("import sys\n"
+                    "class _NoTorch:\n"
+                    "    def find_spec(self, name, path=None, target=None):\n"
+                    "        if name == 'torch' or name.startswith('torch.'):\n"
+                    "            raise ImportError('No module named torch (blocked)')\n"
+                    "sys.meta_path.insert(0, _NoTorch())\n")
+    code = ("import fedpriv, sys\n"
+            "try:\n    import torch\n    sys.exit('torch importable: the hook failed')\nexcept ImportError:\n    pass\n"
+            "data = fedpriv.load_data('synthetic-mf:users=120,items=60,ratings=3000,seed=1')\n"
+            "for alg in ('adadpals', 'bias', 'topk'):\n"
+            "    r = fedpriv.train(alg, data, epsilon=5.0, steps=1)\n"
+            "    assert r.epsilon <= 5.0 * 1.001, r.epsilon\n"
+            "assert 'torch' not in sys.modules\n"
+            "try:\n    fedpriv.train('am-ssp', data, epsilon=5.0, steps=1)\nexcept ImportError as e:\n    print('ENCODER:', e)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "fedpriv[torch]" in out.stdout
+
+
+def test_an_unsupported_python_is_refused_by_name_before_any_dependency(tmp_path):
+    """pip does not check the project's own requires-python before resolving its dependencies (on
+    3.10 it failed on Flower, after downloading): setup.py refuses by name at once. Skipped where no
+    Python 3.10 is installed."""
+    import shutil
+
+    candidates = [shutil.which("python3.10"), "/root/.pyenv/versions/3.10.13/bin/python3"]
+    py = next((c for c in candidates if c and Path(c).exists() and subprocess.run([c, "-c", "import venv"], capture_output=True).returncode == 0), None)
+    if py is None:
+        pytest.skip("no Python 3.10 on this machine")
+    subprocess.run([py, "-m", "venv", str(tmp_path / "v")], check=True, timeout=120)
+    out = subprocess.run([str(tmp_path / "v" / "bin" / "pip"), "install", "--no-build-isolation", "--no-deps", "-e", str(ROOT)],
+                         capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "fedpriv needs Python 3.11, 3.12 or 3.13" in text and "this is Python 3.10" in text, text[-2000:]

@@ -216,13 +216,13 @@ def test_quick_defaults(monkeypatch, tmp_path):
     seen = {}
     real = sc.run_scenarios
 
-    def fake(eps, trials, seed, scenarios, mechanisms):
-        seen.update(eps=tuple(eps), trials=trials, seed=seed)
-        return real([1.0], 30, seed, ["s1-bimodal-pos"], ["rnm"])
+    def fake(eps, trials, seed, scenarios, mechanisms, progress=None):
+        seen.update(eps=tuple(eps), trials=trials, seed=seed, progress=progress is not None)
+        return real([1.0], 30, seed, ["s1-bimodal-pos"], ["rnm"], progress=progress)
 
     monkeypatch.setattr(sc, "run_scenarios", fake)
     assert sc.scenarios_command(_args(["--out", str(tmp_path / "q"), "--quick", "--seed", "4"])) == 0
-    assert seen == {"eps": sc.QUICK_EPSILONS, "trials": sc.QUICK_TRIALS, "seed": 4}
+    assert seen == {"eps": sc.QUICK_EPSILONS, "trials": sc.QUICK_TRIALS, "seed": 4, "progress": True}  # a line per scenario (stderr)
     assert sc.scenarios_command(_args(["--out", str(tmp_path / "d")])) == 0
     assert seen["eps"] == sc.DEFAULT_EPSILONS and seen["trials"] == sc.DEFAULT_TRIALS
 
@@ -251,3 +251,11 @@ def test_script_runs(tmp_path):
     bad = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "t"), "--epsilons", "-0.5"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--epsilons" in bad.stderr and not (tmp_path / "t").exists()
+
+
+def test_the_command_reports_progress_after_each_scenario(tmp_path, capsys):
+    """Issue 58 item 7: a run of over 10 seconds says how far it is (stderr, a line a scenario)."""
+    assert sc.scenarios_command(_args(["--out", str(tmp_path / "p"), "--scenarios", "s1-bimodal-pos", "s3-bimodal-none", "--epsilons", "1",
+                                       "--trials", "30", "--mechanisms", "rnm"])) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("scenarios: 2 to run") and [e.split(" done")[0] for e in err[1:]] == ["scenarios: 1/2", "scenarios: 2/2"]

@@ -48,6 +48,7 @@ SPEC = register(
     AlgorithmSpec(
         "bias",
         bias_rating_weights,
+        task="reference: ratings",
         summary="private bias model: private mean and item biases, user biases solved locally",
         # one step; the ridge (in noise standard deviations) and the residual clip are chosen by the
         # noise-aware rule from the released user count (fedpriv.algorithms.defaults.bias_settings;

@@ -14,8 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from torch import nn
+
+try:  # torch is an extra: the encoder family (am-ssp, am-dpsgd, ...) and the GPU need it
+    import torch
+    from torch import nn
+except ImportError as exc:  # pragma: no cover - a machine without the extra
+    raise ImportError("the encoder family (am-ssp, am-ssp-convex, am-dpsgd) needs torch: pip install 'fedpriv[torch]' "
+                      "(on a machine without a GPU, install a CPU build of torch first: PyTorch's install page gives the command)") from exc
 
 from ..data.features import ItemFeatures
 from ..errors import ConfigError

@@ -64,16 +64,17 @@ def _ials_scores(shard, state, candidates) -> np.ndarray:
 _ADAPTIVE_KEYS = ("mu", "beta_bar_ratio", "weight_mode")
 _ADAPTIVE = dict(needs_counts=True, needs_user_count=True, adaptive=True)
 for _spec in (
-    registry.AlgorithmSpec("als", unit_rating_weights, private=False, needs_counts=True, keys=("reg_item",), summary="non-private weighted-lambda ALS", typed=typed.ALS),
+    registry.AlgorithmSpec("als", unit_rating_weights, private=False, task="reference: ratings", needs_counts=True, keys=("reg_item",), summary="non-private weighted-lambda ALS", typed=typed.ALS),
     registry.AlgorithmSpec(
-        "ials", unit_rating_weights, private=False, needs_counts=True, keys=("reg_item",), centred=False, implicit_targets=True, ranker=_ials_scores, typed=typed.IALS,
+        "ials", unit_rating_weights, private=False, task="reference: top-k", needs_counts=True, keys=("reg_item",), centred=False, implicit_targets=True, ranker=_ials_scores, typed=typed.IALS,
         summary="non-private implicit ALS (every rating counts as 1, the unobserved entries pulled to 0 by the gravity term): the top-k reference beside ease",
         defaults=IALS_DEFAULTS),
-    registry.AlgorithmSpec("dpals-tail", tail_rating_weights, needs_counts=True, keys=("k",), summary="DPALS, the k least popular items per user", defaults=registry.NOISE_AWARE, typed=typed.DPALSTail),
-    registry.AlgorithmSpec("adadpals", adaptive_rating_weights, keys=_ADAPTIVE_KEYS, summary="adaptive weights from private counts", defaults=registry.NOISE_AWARE, typed=typed.AdaDPALS, **_ADAPTIVE),
+    registry.AlgorithmSpec("dpals-tail", tail_rating_weights, task="ratings", needs_counts=True, keys=("k",), summary="DPALS, the k least popular items per user", defaults=registry.NOISE_AWARE, typed=typed.DPALSTail),
+    registry.AlgorithmSpec("adadpals", adaptive_rating_weights, task="ratings", keys=_ADAPTIVE_KEYS, summary="adaptive weights from private counts", defaults=registry.NOISE_AWARE, typed=typed.AdaDPALS, **_ADAPTIVE),
     registry.AlgorithmSpec(
         "dpsgd",
         unit_rating_weights,
+        task="reference: ratings",
         needs_user_count=True,
         options=DPSGDOptions,
         summary="federated DP-SGD baseline",
@@ -88,6 +89,7 @@ for _spec in (
         registry.AlgorithmSpec(
             name,
             adaptive_rating_weights,
+            task="ratings",
             keys=_ADAPTIVE_KEYS,
             options=SSPOptions,
             summary=f"{variant} with a public-feature encoder",
@@ -106,6 +108,7 @@ for _spec in (
     registry.AlgorithmSpec(
         "am-ssp-convex",
         adaptive_rating_weights,
+        task="ratings",
         keys=_ADAPTIVE_KEYS,
         options=ConvexOptions,
         summary="logistic SSP with a public-feature encoder",
@@ -120,6 +123,7 @@ for _spec in (
     registry.AlgorithmSpec(
         "am-dpsgd",
         adaptive_rating_weights,
+        task="reference: ratings",
         keys=_ADAPTIVE_KEYS,
         options=EncoderDPSGDOptions,
         summary="AM-DPSGD baseline with a public-feature encoder",

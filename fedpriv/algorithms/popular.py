@@ -37,6 +37,7 @@ SPEC = register(
     AlgorithmSpec(
         "popular",
         no_rating_weights,
+        task="reference: top-k",
         needs_counts=True,
         summary="private popularity baseline: the item counts released once (top-k = the most popular unrated items)",
         step_releases=no_step_releases,

@@ -47,6 +47,9 @@ class AlgorithmSpec:
     name: str
     rating_weights: Callable
     private: bool = True
+    # what it is for, one of :data:`TASKS`: its group in the model table (``fedpriv run --help``),
+    # whether it predicts ratings (a top-k model ranks items only) and the verdict of its runs
+    task: str = "ratings"
     needs_counts: bool = False
     needs_user_count: bool = False
     keys: tuple[str, ...] = ()
@@ -160,6 +163,8 @@ def release_names() -> tuple[str, ...]:
 
 def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     """Add ``spec``; a name registered twice is an error."""
+    if spec.task not in TASKS:
+        raise ValueError(f"algorithm {spec.name!r}: task must be one of {tuple(TASKS)}, got {spec.task!r}")
     if spec.contribution not in _CONTRIBUTIONS:
         raise ValueError(f"algorithm {spec.name!r}: contribution must be one of {_CONTRIBUTIONS}, got {spec.contribution!r}")
     if spec.name in _SPECS:
@@ -189,3 +194,63 @@ def readers(key: str) -> tuple[str, ...] | None:
     """The algorithms that read ``key`` when only some do, else None (a key every one reads)."""
     found = tuple(name for name, spec in _SPECS.items() if key in spec.keys or key in spec.option_keys)
     return found or None
+
+
+# ------------------------------------------------------------------------------ tasks and the model table
+#: task -> (its group in the model table, the models predict ratings). A reference or baseline
+#: ("reference: ...") serves its task and is grouped apart: compare with it, do not deploy it.
+TASKS: dict[str, tuple[str, bool]] = {
+    "ratings": ("rating prediction", True),
+    "top-k": ("top-k", False),
+    "personalization": ("personalization", False),
+    "reference: ratings": ("references and baselines", True),
+    "reference: top-k": ("references and baselines", False),
+    "reference: personalization": ("references and baselines", False),
+}
+GROUPS = ("rating prediction", "top-k", "personalization", "references and baselines")
+
+#: the personalization algorithms (fedpriv.algorithms.pam, on synthetic-personal data): they are
+#: no AlgorithmSpec (no item model), so their task and summary are declared here
+PERSONALIZATION: dict[str, tuple[str, str]] = {
+    "pam": ("personalization", "a private shared subspace by alternating minimization; each user's personal vector stays on its client"),
+    "pam-exp": ("personalization", "the exponential mechanism over a net of subspaces (pure DP; small d and k only)"),
+    "pam-single-model": ("reference: personalization", "one private shared regression vector: the shared model, no personalization"),
+    "pam-own-data": ("reference: personalization", "each user's own ridge regression, nothing shared"),
+    "pam-nonprivate": ("reference: personalization", "pam without noise: the non-private upper reference"),
+}
+
+
+def task_of(name: str) -> str:
+    """The task of algorithm ``name`` (a key of :data:`TASKS`)."""
+    if name in PERSONALIZATION:
+        return PERSONALIZATION[name][0]
+    return get(name).task
+
+
+def kind_of(task: str) -> str:
+    """What a task's models do, reference or not: "ratings", "top-k" or "personalization"."""
+    return task.rpartition(": ")[2]
+
+
+def predicts_ratings(name: str) -> bool:
+    """The models of ``name`` predict ratings (a top-k or personalization model does not)."""
+    return TASKS[task_of(name)][1]
+
+
+def is_personalization(task: str) -> bool:
+    """A personalization task (reference or not): its models are judged on test MSE."""
+    return kind_of(task) == "personalization"
+
+
+def is_reference(task: str) -> bool:
+    """A reference or baseline task: compare with it, do not deploy it."""
+    return task.startswith("reference: ")
+
+
+#: personalization models that are themselves one shared model (their verdict's reference is the zero predictor)
+SHARED_MODELS = ("pam-single-model",)
+
+
+def is_shared_model(name: str) -> bool:
+    """``name`` fits one model for every user (no personalization)."""
+    return name in SHARED_MODELS

@@ -23,7 +23,12 @@ as in :mod:`fedpriv.algorithms.als`: every client function of ALS applies unchan
 from __future__ import annotations
 
 import numpy as np
-import torch
+
+try:  # torch is an extra: the encoder family (am-ssp, am-dpsgd, ...) and the GPU need it
+    import torch
+except ImportError as exc:  # pragma: no cover - a machine without the extra
+    raise ImportError("the encoder family (am-ssp, am-ssp-convex, am-dpsgd) needs torch: pip install 'fedpriv[torch]' "
+                      "(on a machine without a GPU, install a CPU build of torch first: PyTorch's install page gives the command)") from exc
 
 from ..errors import ConfigError
 from ..privacy.ledger import PrivacyLedger

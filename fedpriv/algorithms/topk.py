@@ -427,6 +427,7 @@ SPEC = register(
     AlgorithmSpec(
         "topk",
         no_rating_weights,
+        task="top-k",
         needs_user_count=True,
         summary="private top-k (the default private recommender): EASE on one released item co-occurrence of the head items (private popularity when it does not pay; M^2/2 words per client)",
         defaults=(("rank", "0"), ("steps", "1"), ("defaults", "noise-aware"), ("share_counts", "0.9"), ("share_mean", "0.08"),
@@ -442,6 +443,7 @@ EASE = register(
     AlgorithmSpec(
         "ease",
         no_rating_weights,
+        task="reference: top-k",
         private=False,
         summary="non-private EASE on the binary rating matrix (the top-k reference)",
         defaults=(("rank", "0"), ("steps", "1"), ("item_bias", "true"), ("user_bias", "false"), ("topk_items", str(10**9)),
@@ -456,6 +458,7 @@ LOWRANK = register(
     AlgorithmSpec(
         "topk-lowrank",
         no_rating_weights,
+        task="top-k",
         needs_user_count=True,
         summary="private top-k, low-rank form: a rank-d sketch of the released item co-occurrence by the noisy power method, O(items x d) per client (private popularity when it does not pay)",
         defaults=(("rank", "32"), ("steps", "3"), ("defaults", "noise-aware"), ("share_counts", "0.9"), ("share_mean", "0.08"),

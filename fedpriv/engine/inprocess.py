@@ -7,8 +7,12 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch  # noqa: F401 - loaded: the kernels take their multi-threaded torch path in this process
 from tqdm.auto import tqdm
+
+try:  # loaded where installed: the kernels take their multi-threaded torch path in this process
+    import torch  # noqa: F401
+except ImportError:  # torch is an extra (fedpriv[torch]): the ALS family runs on the native and numpy kernels
+    pass
 
 from ..algorithms import als, protocol, recommend, registry, secure
 from ..algorithms.shards import UserShard, shard_users, split_users

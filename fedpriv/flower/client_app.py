@@ -5,6 +5,8 @@ sums leaves the node."""
 
 from __future__ import annotations
 
+import os
+
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -35,7 +37,8 @@ def info(msg: Message, context: Context) -> Message:
     """The node's partition id and how its operator configured it: its policy mode
     (``policy_mode``: its ``policy-aggregation``, ``"invalid"`` for a policy that does not
     parse), whether it keeps an on-disk ledger (``policy_ledger``) and whether it has a signing
-    identity (``identity``). Configuration, not data (no count of users or ratings); the
+    identity (``identity``), and the run token of the launcher that started it (``run_token``:
+    its FEDPRIV_RUN_TOKEN; no key when unset). Configuration, not data (no count of users or ratings); the
     ServerApp refuses to start a secure job on nodes not configured for it."""
     from .node_identity import identity_folder
 
@@ -46,6 +49,12 @@ def info(msg: Message, context: Context) -> Message:
         mode, ledger = "invalid", False
     meta = {"partition_id": _partition_id(context), "policy_mode": mode, "policy_ledger": ledger,
             "identity": identity_folder(getattr(context, "node_config", None)) is not None}
+    # the launcher's token (scripts/run.sh exports it to the `flwr run` it starts, whose simulated
+    # nodes inherit it): the ServerApp checks that it runs on its own nodes. Sent only when set
+    # (the server reads a missing key as "": no token), so a node without one answers as before
+    token = os.environ.get("FEDPRIV_RUN_TOKEN", "")
+    if token:
+        meta["run_token"] = token
     return Message(RecordDict({"meta": ConfigRecord(meta)}), reply_to=msg)
 
 

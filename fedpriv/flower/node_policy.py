@@ -366,7 +366,7 @@ def ledger_path(context, policy: NodePolicy) -> Path | None:
     """The file of this node's ledger, or None (in memory, one run)."""
     global _warned_memory
     if policy.ledger is None:
-        if not _warned_memory and policy.aggregation == "secure":
+        if not _warned_memory and policy.aggregation == "secure" and policy.max_epsilon is not None:  # a budget that lasts one run
             _warned_memory = True
             log.warning("node policy: no policy-ledger configured: this node's budget is counted per run, in memory; "
                         "a new run starts a fresh ledger (set policy-ledger for a lifetime budget)")

@@ -71,6 +71,12 @@ class FlowerJob:
     # plan (the run's ledger then has no budget of its own) and the clip of its validation score
     multipliers: dict | None = None
     tune_score_clip: float | None = None
+    # ``flwr run .`` without users-per-node (0 in the run config): after the node wait, the users
+    # are split over the nodes that registered (ceil(n_users / nodes)); users_per_node is then set
+    users_from_nodes: bool = False
+    # the launcher's run token (scripts/run.sh): every serving node must report the same
+    # FEDPRIV_RUN_TOKEN in its info reply, else the job runs in a federation it did not start
+    run_token: str = ""
 
     @property
     def shape(self):
@@ -175,6 +181,7 @@ class _Nodes:
         self.partition_of: dict[int, int] = {}
         self.retired: set[int] = set()  # ids whose partition moved to a new id, or that never answered a rejoin query
         self.mode_of: dict[int, str | None] = {}  # the policy mode each node reports (None: an older node that reports none)
+        self.token_of: dict[int, str | None] = {}  # the run token each node reports (None: none reported)
 
     def ask_info(self, ids: list[int], name: str, timeout) -> None:
         self.rounds.nodes = ids
@@ -191,6 +198,12 @@ class _Nodes:
                 continue
             mode = rep.content.config_records["meta"].get("policy_mode")
             self.mode_of[nid] = mode if isinstance(mode, str) else None
+            token = rep.content.config_records["meta"].get("run_token")
+            self.token_of[nid] = token if isinstance(token, str) and token else None
+            if name != "info" and self.job.run_token and self.token_of[nid] != self.job.run_token:  # a stranger that joins later
+                self.rounds.reject(name, nid, "its run token is not this run's: a node this run's launcher did not start, left out")
+                self.retired.add(nid)  # not asked again
+                continue
             if name != "info" and self.job.cfg.aggregation.secure and self.mode_of[nid] != "secure":  # a node that joins a secure job later
                 self.rounds.reject(name, nid, f"its node policy is {_mode_text(self.mode_of[nid])}, not secure: left out of this secure job")
                 continue
@@ -210,12 +223,43 @@ class _Nodes:
         naming every such node, its partition and its reported mode."""
         bad = [(self.partition_of[n], n, self.mode_of.get(n)) for n in self.serving() if self.mode_of.get(n) != "secure"]
         if bad:
-            listed = ", ".join(f"partition {p} (node {n}): {_mode_text(m)}" for p, n, m in sorted(bad)[:5])
-            listed += f", and {len(bad) - 5} more" if len(bad) > 5 else ""
             raise ConfigError(f"refused to start a secure-aggregation job: {len(bad)} serving node(s) do not run a secure node policy "
-                              f"({listed}). Such a node would answer a deviating server's plaintext queries. Configure every node with "
+                              f"({_listed(bad, _mode_text)}). Such a node would answer a deviating server's plaintext queries. Configure every node with "
                               "policy-aggregation=secure (`fedpriv deploy up` writes it by default), or run with aggregation central",
                               field="policy-aggregation")
+
+    def require_token(self) -> None:
+        """A job started with a run token (``run-token`` in the run config, set by scripts/run.sh)
+        runs only on nodes that report the same token (their FEDPRIV_RUN_TOKEN): a serving node
+        that reports another token, or none, belongs to a federation this run's launcher did not
+        start (e.g. another user's local SuperLink on the same port). Checked before any release;
+        raises a ConfigError naming such nodes. No token: no check (plain ``flwr run .``, deployments)."""
+        if not self.job.run_token:
+            return
+        bad = [(self.partition_of[n], n, self.token_of.get(n)) for n in self.serving() if self.token_of.get(n) != self.job.run_token]
+        if bad:
+            raise ConfigError(f"these nodes were not started by this run's launcher: {len(bad)} of {len(self.serving())} serving node(s) do not report "
+                              f"this run's token ({_listed(bad, lambda t: 'no run token' if t is None else 'another run token')}). The run reached a federation it did not start (another SuperLink on the same "
+                              "address?); nothing was released. Start it again with scripts/run.sh, which uses free ports and a private FLWR_HOME",
+                              field="run-token")
+
+    @staticmethod
+    def wait_settled(grid: Grid, seconds: float, most: int, settle: float = 3.0) -> list[int]:
+        """The registered nodes once their number is known: at least one node, and no new one
+        for ``settle`` seconds (or ``most`` of them: a node per user is the most a job can use),
+        within ``seconds`` (the node wait)."""
+        deadline = time.monotonic() + seconds
+        seen, since = None, time.monotonic()
+        while True:
+            nodes = sorted(grid.get_node_ids())
+            now = time.monotonic()
+            if nodes != seen:
+                seen, since = nodes, now
+            if nodes and (len(nodes) >= most or now - since >= settle):
+                return nodes
+            if now > deadline:
+                return nodes
+            time.sleep(0.2)
 
     def serving(self) -> list[int]:
         order = sorted(self.partition_of, key=self.partition_of.get)  # sum in partition order: deterministic
@@ -238,6 +282,12 @@ class _Nodes:
         if new:
             self.ask_info(new, "rejoin", self.job.round_timeout)
         self.rounds.nodes = self.serving()
+
+
+def _listed(bad: list[tuple[int, int, object]], text, most: int = 5) -> str:
+    """``partition p (node n): text(what)`` for the first ``most`` of ``bad`` [(partition, node, what)], and how many more."""
+    listed = ", ".join(f"partition {p} (node {n}): {text(w)}" for p, n, w in sorted(bad, key=lambda b: b[:2])[:most])
+    return listed + (f", and {len(bad) - most} more" if len(bad) > most else "")
 
 
 def _mode_text(mode: str | None) -> str:
@@ -370,8 +420,14 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
         """The broadcast public state of this round, encoded once for every node."""
         return codec.encode_state(result.state, data_dir, job.users_per_node, round_index, key_file)
 
+    if job.users_from_nodes:  # users-per-node 0: split the users over the nodes that register
+        registered = _Nodes.wait_settled(grid, job.node_wait_seconds, n_users)
+        if not registered:
+            raise ConfigError(f"no node registered within the node wait ({job.node_wait_seconds:g} s)", field="node-wait")
+        job.users_per_node = -(-n_users // len(registered))
+        log.info("users-per-node %d: %d users over the %d registered nodes", job.users_per_node, n_users, len(registered))
     n_parts = -(-n_users // job.users_per_node)
-    registered = wait_for_nodes(grid, n_parts, job.node_wait_seconds)
+    registered = registered if job.users_from_nodes else wait_for_nodes(grid, n_parts, job.node_wait_seconds)
     if len(registered) < n_parts:
         raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(registered)} registered", field="users-per-node")
     progress = None
@@ -382,6 +438,7 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     rounds = Rounds(grid, registered, result, job.round_timeout, progress=progress)
     nodes = _Nodes(grid, job, rounds, down)
     nodes.first_info(registered)
+    nodes.require_token()  # before any release: the serving nodes are this run's own
     if cfg.aggregation.secure:  # before any release: every serving node's own policy must be secure
         nodes.require_secure()
 

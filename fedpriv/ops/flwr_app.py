@@ -63,8 +63,14 @@ def job_of_run_config(rc) -> tuple[Job, dict]:
         params=params,
         data_options=_data_options(str(rc.get("data-options", "") or "")),
     )
+    users_per_node = int(rc.get("users-per-node", 0) or 0)
     engine = {
-        "users_per_node": int(rc.get("users-per-node", 1)),
+        # 0 (the default of `flwr run .`): the users are split over the nodes that register
+        # (ceil(users / nodes)), unless `set` gives nodes or users_per_node
+        "users_per_node": users_per_node or None,
+        "users_from_nodes": users_per_node == 0,
+        # the launcher's token (scripts/run.sh): the job runs only on nodes that report it
+        "run_token": str(rc.get("run-token", "") or ""),
         "round_timeout": float(rc.get("round-timeout", 0.0)),
         "node_wait": float(rc.get("node-wait", 120.0)),
         "work_dir": str(rc.get("work-dir", "") or "") or None,  # a work dir keeps the checkpoint: rerun to resume

@@ -18,7 +18,7 @@ from ..privacy.randomness import RunSecrets
 from .base import Trained
 from .inputs import noise_statement
 from .outputs import _clean, delta_warning
-from .report import Outcome, RunReport
+from .report import Outcome, RunReport, verdicts
 
 
 @dataclass
@@ -145,6 +145,7 @@ def finish(metrics: dict, trained: Trained, plan, engine_name: str, opts, t0: fl
     metrics["wall_seconds"] = None if opts.tune else time.perf_counter() - t0
     metrics["config"] = {"algorithm": job.algorithm, "data": str(plan.spec), "engine": engine_name, "epsilon": job.epsilon, "delta": job.delta,
                          **asdict(opts), "protocol": plan.protocol, **state.config.to_dict()}  # noise-aware runs: what the rule chose
+    metrics["verdict"] = verdicts(_clean(metrics))  # against the trivial references of the task
     return _clean(metrics), records
 
 
@@ -162,6 +163,7 @@ def run_personal(plan, engine, secrets: RunSecrets, *, progress: bool = False) -
         **run_header(job.algorithm, plan.spec, engine.name, cfg.seed, job.epsilon, job.delta, private, plan.protocol),
         "n_users": data.n_users, "samples_per_user": data.samples, "d": data.d, "k": state.k,
         **measured,
+        "references": personal_references(data),
         **_personal_epsilons(ledger, job.delta, private),
         "rho_zcdp": zcdp_rho(ledger) if private else None,
         "noise_multipliers": dict(state.multipliers),
@@ -173,7 +175,24 @@ def run_personal(plan, engine, secrets: RunSecrets, *, progress: bool = False) -
                    "users_per_node": trained.users_per_node, **cfg.to_dict()},
     }
     metrics.update(noise_statement(secrets))
+    metrics["verdict"] = verdicts(_clean(metrics))
     return Finished(_clean(metrics), ledger.to_list(), state, None)
+
+
+def personal_references(data) -> dict:
+    """The trivial references of a personalization run, as test MSEs of the same measurement
+    (the population MSE |theta - theta*_j|^2 + noise^2, averaged over the users): the best shared
+    model (one vector for every user: the mean of their true models, no personalization) and
+    the zero predictor. Measured on the ground truth, never training input."""
+    import numpy as np
+
+    theta_star = np.asarray(data.V_star, dtype=np.float64) @ np.asarray(data.U_star, dtype=np.float64).T
+    noise = float(data.noise) ** 2
+    if not len(theta_star):
+        return {"shared_model_test_mse": None, "zero_predictor_test_mse": None}
+    shared = float(np.mean(np.sum((theta_star - theta_star.mean(axis=0)) ** 2, axis=1))) + noise
+    zero = float(np.mean(np.sum(theta_star**2, axis=1))) + noise
+    return {"shared_model_test_mse": shared, "zero_predictor_test_mse": zero}
 
 
 def _personal_epsilons(ledger, delta: float, private: bool) -> dict:

@@ -124,14 +124,28 @@ class FlowerOptions(Engine):
             raise ConfigError(f"the partition put {public.users_per_node} users on each node, got {opts.users_per_node}", field="users-per-node")
         return opts
 
+    def job_fields(self, plan) -> dict:
+        """Fields of the :class:`~fedpriv.flower.server_app.FlowerJob` this engine sets (a run
+        token, users per node from the registered nodes)."""
+        return {}
+
+    @staticmethod
+    def _adapted(job, opts) -> None:
+        """``opts`` with the layout a job of ``users_from_nodes`` found (its users per node,
+        set by the ServerApp from the registered nodes): what metrics.json reports."""
+        if getattr(job, "users_from_nodes", False) and job.users_per_node >= 1:
+            opts.users_per_node = int(job.users_per_node)
+            opts.nodes = -(-int(job.n_users) // opts.users_per_node)
+
     def _train_job(self, plan, cfg, opts, secrets, progress: bool) -> Trained:
         tmp = Path(self.work_dir) if self.work_dir else owned_tempdir("fedpriv-flower-")  # a killed run's folder goes with the next run
-        job = flower_job(plan, cfg, opts, tmp, secrets, recommend=plan.recommend, progress=bool(progress))
+        job = flower_job(plan, cfg, opts, tmp, secrets, recommend=plan.recommend, progress=bool(progress), **self.job_fields(plan))
         try:
             res = self._run(job, flower_nodes(opts, plan.n_users)[0])
         finally:
             if not self.work_dir:
                 shutil.rmtree(tmp, ignore_errors=True)
+        self._adapted(job, opts)
         return _trained(res, plan, opts, evaluated=job.valid is not None or plan.public is not None)
 
     def train(self, plan, cfg, opts: RunOptions, secrets: RunSecrets, *, progress: bool = False) -> Trained:
@@ -183,9 +197,10 @@ class FlowerOptions(Engine):
             root.mkdir(parents=True, exist_ok=True)
             run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=root))
             try:
-                job = flower_job(plan, cfg, opts, run_dir, run_secrets, multipliers=multipliers, tune_score_clip=clip, checkpoint=False)
+                job = flower_job(plan, cfg, opts, run_dir, run_secrets, multipliers=multipliers, tune_score_clip=clip, checkpoint=False, **self.job_fields(plan))
                 with shared_node_ledger(ledger_dir):
                     res = self._run(job, n_nodes)
+                self._adapted(job, opts)
             finally:
                 shutil.rmtree(run_dir, ignore_errors=True)
             return res, res.ledger, res.score_total
@@ -206,6 +221,16 @@ class FlowerGrid(FlowerOptions):
     ClientApp): the ``flwr run`` ServerApp, a deployment's ServerApp, an in-memory grid."""
 
     grid: Any = None
+    # the launcher's run token (run-config ``run-token``): the job runs only on nodes that report it
+    run_token: str = ""
+    # users-per-node 0 in a ``flwr run .`` run config (and no nodes given): the ServerApp splits
+    # the users over the nodes that register (ceil(users / nodes)) instead of one node per user
+    users_from_nodes: bool = False
+
+    def job_fields(self, plan) -> dict:
+        adapt = self.users_from_nodes and not self.users_per_node and not self.nodes and plan.public is None
+        adapt = adapt and not plan.options.users_per_node and not plan.options.nodes  # nodes=... in `set`: that layout
+        return {"run_token": self.run_token, "users_from_nodes": adapt}
 
     def flower_runner(self) -> Callable:
         from ..flower.server_app import run_job

@@ -36,7 +36,7 @@ import numpy as np
 from ..algorithms import als
 from ..algorithms.config import ALSConfig
 from ..algorithms.shards import UserShard
-from ..errors import ConfigError, DataError, FedprivWarning
+from ..errors import ConfigError, DataError, FedprivError, FedprivWarning
 from ..util import atomic
 
 FORMAT = "fedpriv-model/1"
@@ -261,7 +261,9 @@ class Model:
         both standardized (:func:`fedpriv.algorithms.ranking.ranking_scores`); ``score`` is
         that ranking score and ``rating`` the predicted rating, clipped to the rating range.
         Returns [{item, score, rating, name}] best first, or with ``as_frame`` a pandas
-        DataFrame with the columns rank, item, score, rating, name.
+        DataFrame with the columns rank, item, score, rating, name. A top-k model
+        (:attr:`predicts_ratings` False: topk, popular, ease, ...) ranks items only: its rows
+        have no ``rating``.
 
         Items the model does not know: when none of ``items`` is in the catalogue, a
         :class:`~fedpriv.errors.DataError` names them (a user or id mix-up, e.g. the ids of
@@ -279,25 +281,43 @@ class Model:
             private = self.state.private
             blend = ranking.blend_for(self.info.get("epsilon") if private else None, self.delta, self.state.n_items, self.state.n_users)
         scores = ranking.ranking_scores(shard, self.state, everything, float(blend))[0].astype(np.float64)
-        rating = client_scores(shard, self.state, everything)[0]
+        rated = self.predicts_ratings
+        rating = client_scores(shard, self.state, everything)[0] if rated else None
         if exclude_seen:
             scores[dense] = -np.inf
         k = min(k, int(np.isfinite(scores).sum()))
         top = np.argsort(-scores, kind="stable")[:k]
-        rows = [{"item": _plain(self.item_ids[i]), "score": float(scores[i]), "rating": float(rating[i]), "name": self.item_names[i] if self.item_names else None} for i in top]
+        rows = [{"item": _plain(self.item_ids[i]), "score": float(scores[i]), **({"rating": float(rating[i])} if rated else {}),
+                 "name": self.item_names[i] if self.item_names else None} for i in top]
         if not as_frame:
             return rows
         import pandas as pd
 
-        return pd.DataFrame([{"rank": r, **row} for r, row in enumerate(rows, 1)], columns=["rank", "item", "score", "rating", "name"])
+        columns = ["rank", "item", "score", *(["rating"] if rated else []), "name"]
+        return pd.DataFrame([{"rank": r, **row} for r, row in enumerate(rows, 1)], columns=columns)
+
+    @property
+    def predicts_ratings(self) -> bool:
+        """The model predicts ratings (False for a top-k model, which ranks items only: its task
+        in the algorithm registry, :data:`fedpriv.algorithms.registry.TASKS`)."""
+        from ..algorithms import registry
+
+        try:
+            return registry.predicts_ratings(self.state.algorithm)
+        except FedprivError:  # an algorithm this installation does not register: as the family does
+            return True
 
     def predict(self, items, ratings=None, targets=None) -> np.ndarray:
         """Predicted ratings of one user for the raw item ids ``targets`` (default: every item),
         from their own ``items`` and ``ratings`` (solved locally), clipped to the rating range.
         A target the model does not know is a :class:`~fedpriv.errors.DataError` naming it;
-        ``items`` are checked as in :meth:`recommend`."""
+        ``items`` are checked as in :meth:`recommend`. A top-k model refuses (a ConfigError):
+        it ranks items, it predicts no ratings."""
         from ..algorithms.recommend import client_scores
 
+        if not self.predicts_ratings:
+            algorithm = self.state.algorithm
+            raise ConfigError(f"{algorithm} ranks items; it predicts no ratings: use recommend")
         shard, _ = self._user(items, ratings)
         wanted = np.arange(self.state.n_items) if targets is None else self.dense_items(targets)
         return client_scores(shard, self.state, wanted)[0]

@@ -4,7 +4,13 @@ A frozen dataclass over the content of ``metrics.json``: the facts every run has
 fields (algorithm, data, engine, privacy, the evaluation metrics, the resolved config), and the
 whole document is kept in its key order, so ``to_json()`` gives back exactly what ``metrics.json``
 holds (``tests/test_output_schema.py`` pins that round trip and the schema of the file).
-``summary()`` is the short human table that every engine prints."""
+``summary()`` is the short human table that every engine prints.
+
+Every run is judged against the trivial references of its task (:func:`verdicts`, the
+``verdict`` object of ``metrics.json``): the global mean for rating prediction (test RMSE), the
+most-popular list for top-k (Recall@10, NDCG@10), the best shared model for personalization (test
+MSE). A run worse than one says so in one summary line. A run that rejected more than a given
+share of its replies (:func:`check_rejections`) fails the command."""
 
 from __future__ import annotations
 
@@ -15,8 +21,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..errors import FedprivError
+
 if TYPE_CHECKING:
     from .model import Model
+
+#: the share of a run's replies that may be rejected before the command fails (``fedpriv run
+#: --max-rejected-fraction``)
+MAX_REJECTED_FRACTION = 0.5
 
 #: the evaluation metrics a summary shows, in this order, with their labels
 _METRIC_LABELS = (
@@ -131,6 +143,30 @@ class RunReport:
         eps = "non-private" if not self.private else (f"epsilon_spent={self.epsilon_spent:.4g}" if self.epsilon_spent is not None else "epsilon_spent=None")
         return f"RunReport({self.algorithm} on {self.dataset}, {self.engine}, {eps}{', ' + shown if shown else ''})"
 
+    # ------------------------------------------------------------------ the verdict
+    @property
+    def verdict(self) -> dict[str, dict]:
+        """The run against the trivial references of its task (:func:`verdicts`): the
+        ``verdict`` object of ``metrics.json``, or computed from the file's references when an
+        older file has none."""
+        got = self.get("verdict")
+        return got if isinstance(got, dict) else verdicts(self._document)
+
+    def verdict_line(self) -> str | None:
+        """One line naming every reference the run is worse than, or None."""
+        by_reference: dict[str, list[str]] = {}
+        for v in self.verdict.values():
+            if v.get("worse"):
+                label = _VERDICT_LABELS.get(v["metric"], v["metric"])
+                sign = ">" if v["metric"] in _LOWER_IS_BETTER else "<"
+                by_reference.setdefault(v["reference"], []).append(f"{label} {v['value']:.4f} {sign} {v['reference_value']:.4f}")
+        return "; ".join(f"WORSE than the {ref}: {', '.join(parts)}" for ref, parts in by_reference.items()) or None
+
+    @property
+    def rejected_fraction(self) -> float | None:
+        """Rejected replies over the replies asked for (a Flower run's rounds), None without rounds."""
+        return rejected_fraction(self._document)
+
     # ------------------------------------------------------------------ the human summary
     def model_line(self) -> str:
         """What was trained: the resolved rank and steps, and who chose them."""
@@ -143,6 +179,11 @@ class RunReport:
         rank, steps = cfg.get("rank"), cfg.get("steps")
         given = {k for k in str(cfg.get("given", "")).split(",") if k}
         shape = "the bias model (rank 0)" if rank == 0 else f"rank {rank}, {steps} step{'s' if steps != 1 else ''}"
+        if _ranks_only(self.algorithm):  # a top-k model: its rank-0 form is no bias model
+            if _setup_only(self.algorithm):
+                shape = "the most-popular list of the released item counts (it ranks items; it predicts no ratings)"
+            else:
+                shape = ("a ranking model" if rank == 0 else f"a ranking model of rank {rank}, {steps} step{'s' if steps != 1 else ''}") + " (it predicts no ratings)"
         choice = self.get("noise_aware")
         if isinstance(choice, dict) and not {"rank", "steps"} <= given:
             return f"{self.algorithm} asked; the noise-aware rule chose {choice['model']}"
@@ -179,29 +220,50 @@ class RunReport:
         data = [f"{v:,} {k}" for k, v in (("users", self.n_users), ("items", self.n_items), ("ratings", self.n_ratings)) if isinstance(v, int)]
         if data:
             rows.append(("data", ", ".join(data)))
+        rated = not _ranks_only(self.algorithm)
         scores = []
         refs = self.get("references") or {}
         for key, label in _METRIC_LABELS:
             v = self.metrics.get(key)
-            if isinstance(v, float) and math.isfinite(v):
+            if rated and isinstance(v, float) and math.isfinite(v):  # a top-k model's RMSE judges no prediction of its own
                 scores.append(f"{label} {v:.4f}")
         if scores and key_is_rmse(self.metrics) and isinstance(refs.get("global_mean_test_rmse"), float):
             lo, hi = refs.get("rating_range") or (None, None)
             scale = f"; ratings {lo:g} to {hi:g}" if lo is not None else ""
             scores.append(f"(global-mean predictor: test RMSE {refs['global_mean_test_rmse']:.4f}{scale})")
+        if scores and isinstance(refs.get("shared_model_test_mse"), float) and isinstance(self.metrics.get("test_mse"), float):
+            scores.append(f"(best shared model: test MSE {refs['shared_model_test_mse']:.4f})")
         for key, v in self.metrics.items():
             if "recall_at" in key and isinstance(v, float) and key.startswith("test_"):
                 scores.append(f"test Recall@{key.rsplit('_', 1)[-1]} {v:.4f}")
-        if scores:
-            rows.append(("scores", "; ".join(scores).replace("; (", " (")))
         rank = self.get("ranking")
+        topk_row = None
         if isinstance(rank, dict) and isinstance(rank.get("recall"), float):
             line = f"Recall@{rank['k']} {rank['recall']:.4f}, NDCG@{rank['k']} {rank['ndcg']:.4f}"
             if isinstance(refs.get("popular_recall"), float):
                 line += f" (most-popular list: {refs['popular_recall']:.4f}, {refs['popular_ndcg']:.4f})"
             if rank.get("median_train_count") is not None:
                 line += f"; recommended items: median {rank['median_train_count']:.0f} training ratings, {100 * rank['coverage']:.1f}% of the catalogue"
-            rows.append((f"top-{rank['k']}", line + f"; relevant = test ratings >= {rank['threshold']:g}"))
+            topk_row = (f"top-{rank['k']}", line + f"; relevant = test ratings >= {rank['threshold']:g}")
+        if topk_row is not None and not rated:  # a top-k model leads with its ranking
+            rows.append(topk_row)
+        if scores:
+            rows.append(("scores", "; ".join(scores).replace("; (", " (")))
+        if topk_row is not None and rated:
+            rows.append(topk_row)
+        rows += self._closing_rows(out)
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def _closing_rows(self, out: str | None) -> list[tuple[str, str]]:
+        """The summary's last rows: the verdict, rejected replies, warnings, rounds, time, where it went."""
+        rows: list[tuple[str, str]] = []
+        worse = self.verdict_line()
+        if worse:
+            rows.append(("verdict", worse))
+        fraction = self.rejected_fraction
+        if fraction:
+            rows.append(("rejected", f"{100 * fraction:.1f}% of the replies asked for were rejected (metrics.json rejected_replies gives each reason)"))
         if self.get("delta_warning"):
             rows.append(("warning", self.get("delta_warning")))
         if self.get("rounds") is not None:
@@ -215,8 +277,119 @@ class RunReport:
             rows.append(("time", f"{self.wall_seconds:.1f} s training and evaluation{extra}"))
         if out is not None:
             rows.append(("wrote", out))
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+        return rows
+
+
+#: the verdict's metrics: their labels; those where a lower value is better
+_VERDICT_LABELS = {"test_rmse": "test RMSE", "recall_at_10": "Recall@10", "ndcg_at_10": "NDCG@10", "test_mse": "test MSE"}
+_LOWER_IS_BETTER = frozenset({"test_rmse", "test_mse"})
+
+
+def _spec_task(algorithm: str) -> str | None:
+    """The registry's task of ``algorithm`` (None for a name it does not know)."""
+    from ..algorithms import registry
+
+    try:
+        return registry.task_of(algorithm)
+    except FedprivError:
+        return None
+
+
+def _ranks_only(algorithm: str) -> bool:
+    """A top-k model: it ranks items and predicts no ratings."""
+    from ..algorithms import registry
+
+    task = _spec_task(algorithm)
+    return task is not None and registry.kind_of(task) == "top-k"
+
+
+def _setup_only(algorithm: str) -> bool:
+    from ..algorithms import registry
+
+    return _spec_task(algorithm) is not None and algorithm in registry.names() and registry.get(algorithm).setup_only
+
+
+def _entry(task: str, metric: str, value, reference: str, reference_value) -> dict | None:
+    if not (isinstance(value, (int, float)) and isinstance(reference_value, (int, float))):
+        return None
+    if not (math.isfinite(value) and math.isfinite(reference_value)):
+        return None
+    worse = value > reference_value if metric in _LOWER_IS_BETTER else value < reference_value
+    return {"task": task, "metric": metric, "value": float(value), "reference": reference, "reference_value": float(reference_value), "worse": bool(worse)}
+
+
+def verdicts(metrics: Mapping[str, Any]) -> dict[str, dict]:
+    """The run against the trivial references of its task, one entry per task metric (keyed by
+    the metric): ``{"task", "metric", "value", "reference", "reference_value", "worse"}``.
+
+    - rating prediction: test RMSE against the global mean of the training ratings;
+    - top-k (every run with the top-10 ranking): Recall@10 and NDCG@10 against the most-popular
+      list (not for ``popular``, which is that list, privately);
+    - personalization: test MSE against the best shared model (one regression vector for every
+      user, fitted to the ground truth: no personalization); ``pam-single-model``, itself a
+      shared model, against predicting 0.
+
+    A metric without its reference (a logistic model, held-out users) gets no entry."""
+    from ..algorithms import registry
+
+    algorithm = str(metrics.get("algorithm"))
+    task = _spec_task(algorithm)
+    refs = metrics.get("references") or {}
+    out: dict[str, dict] = {}
+
+    def add(entry):
+        if entry is not None:
+            out[entry["metric"]] = entry
+
+    if task is not None and registry.is_personalization(task):
+        if registry.is_shared_model(algorithm):
+            add(_entry("personalization", "test_mse", metrics.get("test_mse"), "zero predictor", refs.get("zero_predictor_test_mse")))
+        else:
+            add(_entry("personalization", "test_mse", metrics.get("test_mse"), "best shared model", refs.get("shared_model_test_mse")))
+        return out
+    if task is None or registry.predicts_ratings(algorithm):
+        add(_entry("ratings", "test_rmse", metrics.get("test_rmse"), "global mean", refs.get("global_mean_test_rmse")))
+    rank = metrics.get("ranking")
+    if isinstance(rank, Mapping) and rank.get("k") == 10 and not _setup_only(algorithm):
+        add(_entry("top-k", "recall_at_10", rank.get("recall"), "most-popular list", refs.get("popular_recall")))
+        add(_entry("top-k", "ndcg_at_10", rank.get("ndcg"), "most-popular list", refs.get("popular_ndcg")))
+    return out
+
+
+def rejected_fraction(metrics: Mapping[str, Any]) -> float | None:
+    """The rejected replies (``rejected_replies``) over the replies asked for (the ``nodes`` of
+    every round of ``round_log``), at most 1; None for a run without rounds (in process)."""
+    log = metrics.get("round_log")
+    if not log:
+        return None
+    asked = sum(int(r.get("nodes") or 0) for r in log)
+    rejected = len(metrics.get("rejected_replies") or [])
+    if asked <= 0:
+        return None
+    return min(1.0, rejected / asked)
+
+
+class TooManyRejected(FedprivError, RuntimeError):
+    """More of a run's replies were rejected than the limit allows: its model was trained on
+    what a minority of the nodes sent (or on nothing)."""
+
+
+def check_rejections(report: RunReport | Mapping[str, Any], limit: float = MAX_REJECTED_FRACTION) -> None:
+    """Raise :class:`TooManyRejected` when more than ``limit`` of the replies of ``report`` (a
+    RunReport or a ``metrics.json`` document) were rejected."""
+    doc = report._document if isinstance(report, RunReport) else report
+    fraction = rejected_fraction(doc)
+    if fraction is None or fraction <= limit:
+        return
+    rejected = doc.get("rejected_replies") or []
+    reasons: dict[str, int] = {}
+    for r in rejected:
+        reason = str(r.get("reason", "?")).split(":")[0]
+        reasons[reason] = reasons.get(reason, 0) + 1
+    common = ", ".join(f"{n} x {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+    raise TooManyRejected(f"{len(rejected)} replies rejected, {100 * fraction:.1f}% of those asked for (limit {100 * limit:g}%): "
+                          f"the run is not trustworthy ({common}; metrics.json rejected_replies lists each). "
+                          "Raise the limit with --max-rejected-fraction if this is expected")
 
 
 def key_is_rmse(metrics) -> bool:

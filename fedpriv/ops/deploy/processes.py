@@ -122,7 +122,7 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     """``n`` distinct free loopback ports (held open together while choosing)."""
     socks = []
     try:
@@ -154,7 +154,7 @@ def _free_block(n: int) -> int:
     low, _ = _ephemeral_range()
     top = min(low, 65536) - n
     for _ in range(200):
-        base = random.randrange(10000, top) if top > 10000 else _free_ports(1)[0]
+        base = random.randrange(10000, top) if top > 10000 else free_ports(1)[0]
         if base + n > 65535:
             continue
         if all(_bindable(p) for p in range(base, base + n)):
@@ -270,7 +270,7 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
         raise ConfigError(f"a deployment is running in {cfg.run_dir} (PIDs {', '.join(str(e['pid']) for e in live)}): `fedpriv deploy down` first", field="--run-dir")
     # fresh loopback ports unless given (0 = choose)
     if 0 in (cfg.fleet_port, cfg.control_port, cfg.node_port_base):
-        chosen = iter(_free_ports(2))
+        chosen = iter(free_ports(2))
         cfg.fleet_port = cfg.fleet_port or next(chosen)
         cfg.control_port = cfg.control_port or next(chosen)
         if not cfg.node_port_base:

@@ -108,6 +108,7 @@ import argparse
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 import zlib
@@ -429,12 +430,16 @@ def expand_scenarios(scenarios: Sequence[str] | None) -> list[str]:
 
 
 def run_scenarios(epsilons: Sequence[float] = DEFAULT_EPSILONS, trials: int = DEFAULT_TRIALS, seed: int = 0,
-                  scenarios: Sequence[str] | None = None, mechanisms: Sequence[str] | None = None) -> list[dict]:
-    """MSE of every (scenario, mechanism, ε) cell; rows with keys :data:`ROW_KEYS`."""
+                  scenarios: Sequence[str] | None = None, mechanisms: Sequence[str] | None = None, progress=None) -> list[dict]:
+    """MSE of every (scenario, mechanism, ε) cell; rows with keys :data:`ROW_KEYS`.
+    ``progress``: called with one line after each scenario (what is done, the time so far)."""
     eps, trials, names, labels = _check(epsilons, trials, scenarios, mechanisms)
     mech = _mech()
     rows = []
-    for sname in names:
+    t0 = time.perf_counter()
+    for k, sname in enumerate(names):
+        if progress is not None and k == 0:
+            progress(f"scenarios: {len(names)} to run, {trials} trials a cell (a line after each)")
         inst = materialise(SCENARIOS[sname], trials, seed)
         rho = float(np.mean(mech.spearman(inst.scores, inst.sensitivities)))
         wcorr = float(np.mean(mech.weighted_correlation(inst.scores, inst.sensitivities)))
@@ -453,6 +458,8 @@ def run_scenarios(epsilons: Sequence[float] = DEFAULT_EPSILONS, trials: int = DE
                     "weighted_correlation": wcorr,
                     "trials": trials,
                 })
+        if progress is not None:
+            progress(f"scenarios: {k + 1}/{len(names)} done ({sname}), {len(rows)} cells, {time.perf_counter() - t0:.0f} s")
     return rows
 
 
@@ -693,7 +700,8 @@ def scenarios_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"seed must be a non-negative integer, got {args.seed!r}", field="--seed")
     _check(epsilons, trials, args.scenarios, args.mechanisms)
     t0 = time.perf_counter()
-    rows = run_scenarios(epsilons, trials, int(args.seed), args.scenarios, args.mechanisms)
+    rows = run_scenarios(epsilons, trials, int(args.seed), args.scenarios, args.mechanisms,
+                         progress=lambda line: print(line, file=sys.stderr, flush=True))
     paths = write_scenario_outputs(rows, out)
     print(_summary(rows))
     print(f"{len(rows)} cells ({trials} trials each) in {time.perf_counter() - t0:.1f} s; wrote "

@@ -11,6 +11,7 @@
 # Each run has a local SuperLink of its own (free ports, a FLWR_HOME in its temporary folder) and
 # a run token its nodes must report: it never runs in another federation, and two runs at once
 # (RUN_OUT=other/folder for the second) do not meet. A rerun skips pip when nothing changed.
+# RUN_MAX_REJECTED=F: the share of rejected replies above which the run exits 3 (default 0.5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -91,4 +92,11 @@ from fedpriv.run import RunReport
 print(RunReport.read(sys.argv[1]).summary(out=sys.argv[1]))  # the same summary as every engine's
 m = json.load(open(sys.argv[1]))
 print(json.dumps({k: m.get(k) for k in ("algorithm", "engine", "dataset", "epsilon", "epsilon_spent", "valid_rmse", "test_rmse", "rounds", "bytes_up", "bytes_down", "nodes")}))
+from fedpriv.run.report import TooManyRejected, check_rejections
+try:  # a run with most of its replies rejected is no result (RUN_MAX_REJECTED: the limit, default 0.5)
+    import os
+    check_rejections(m, float(os.environ.get("RUN_MAX_REJECTED", "0.5")))
+except TooManyRejected as exc:
+    print(f"run.sh: {exc}", file=sys.stderr)
+    sys.exit(3)
 PY

@@ -228,3 +228,53 @@ def test_a_rerun_of_run_sh_skips_pip_when_nothing_changed(tmp_path):
     text = log.read_text()
     assert code == 0, text[-3000:]
     assert "no pip install" in text
+
+
+@pytest.mark.flower
+def test_plain_flwr_run_on_flowers_default_federation_finishes_and_its_stop_leaves_no_process(tmp_path):
+    """Item 2: `flwr run .` as a Flower user types it (the venv's flwr, Flower's default local
+    federation of 2 simulated nodes, no run-config override but the output folder), with the one
+    documented setting (no runtime dependency installation) and, so as not to meet another test's
+    SuperLink, free ports and its own FLWR_HOME. The app spreads the users over the 2 nodes and
+    prints its summary; `python -m fedpriv.ops.first_run stop HOME` (the README's stop) leaves no
+    process under that home (flwr itself leaves its SuperLink running)."""
+    home = tmp_path / "home"
+    env = {**os.environ, **run_env(), "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("FEDPRIV_RUN_TOKEN", None)  # plain flwr run: no launcher, no token
+    out = tmp_path / "out"
+    try:
+        run = subprocess.run(["flwr", "run", ".", "--stream", "--run-config", f"out='{out}'"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=600)
+        text = run.stdout + run.stderr
+        assert run.returncode == 0, text[-3000:]
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["nodes"] == 2 and metrics["config"]["users_per_node"] == math.ceil(metrics["n_users"] / 2), (metrics["nodes"], metrics["config"])
+        assert "epsilon spent" in text
+    finally:
+        stop = subprocess.run([sys.executable, "-m", "fedpriv.ops.first_run", "stop", str(home)], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    assert pids_with_env("FLWR_HOME", str(home)) == []
+
+
+def test_run_sh_exits_non_zero_when_most_replies_were_rejected(tmp_path):
+    """Item 3: the main job's closing step (run.sh's summary block, run as run.sh runs it) exits 3
+    on a metrics.json with 80% of the replies rejected, names why, and passes a clean one (the
+    positive control) and the same with the limit raised (RUN_MAX_REJECTED)."""
+    import re
+
+    block = re.search(r"<<'PY'\n(.*?)\nPY\n", (ROOT / "scripts" / "run.sh").read_text(), re.S).group(1)
+    log = [{"round": r, "nodes": 5} for r in ("info", "users", "mean", "bias")]
+    doc = {"algorithm": "bias", "engine": "flwr run", "dataset": "synthetic", "round_log": log, "rejected_replies": []}
+    clean, bad = tmp_path / "clean.json", tmp_path / "bad.json"
+    clean.write_text(json.dumps(doc))
+    bad.write_text(json.dumps({**doc, "rejected_replies": [{"round": "users", "node": 1, "reason": "malformed: junk"}] * 16}))
+
+    def run(path, **env):
+        return subprocess.run([sys.executable, "-", str(path)], input=block, capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
+
+    out = run(bad)
+    assert out.returncode == 3 and "16 replies rejected" in out.stderr and "80.0%" in out.stderr, out.stderr
+    assert run(clean).returncode == 0
+    assert run(bad, RUN_MAX_REJECTED="0.9").returncode == 0

@@ -217,7 +217,9 @@ def test_deploy_run_states_replace_one_and_its_ledger_holds_under_it(tmp_path, c
     run_dir = tmp_path / "run"
     data = "synthetic-mf:users=60,items=40,ratings=1500,seed=3"
     try:
-        assert main(["deploy", "up", "--run-dir", str(run_dir), "--data", data, "--users-per-node", "20", "--wait", "240"]) == 0
+        # a central run: its nodes' own policy must allow it (a deployment's default is secure)
+        assert main(["deploy", "up", "--run-dir", str(run_dir), "--data", data, "--users-per-node", "20", "--wait", "240",
+                     "--node-policy", "aggregation=central"]) == 0
         capsys.readouterr()
         t0 = time.perf_counter()
         assert main(["deploy", "run", "--run-dir", str(run_dir), "adadpals", "--epsilon", "1", "--set", "rank=2", "--set", "steps=1", "--set", "defaults=fixed",

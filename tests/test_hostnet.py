@@ -176,7 +176,8 @@ def test_outside_process_reads_a_nodes_state_only_on_the_shared_network(tmp_path
     if layout == "own-network" and netns.unavailable():
         pytest.skip(f"no network namespace: {netns.unavailable()}")
     monkeypatch.setenv(deploy.processes.NODE_NETNS_ENV, "0" if layout == "host-network" else "1")
-    cfg = deploy.DeployConfig(run_dir=tmp_path / "run", nodes=2, data=SMALL, users_per_node=20, fleet_port=0, control_port=0, node_port_base=0)
+    cfg = deploy.DeployConfig(run_dir=tmp_path / "run", nodes=2, data=SMALL, users_per_node=20, fleet_port=0, control_port=0, node_port_base=0,
+                              node_policy={"policy-aggregation": "central"})  # a central run (_attack): its nodes' own policy must allow it (the default is secure)
     seen: list[int] = []
     try:
         deploy.up(cfg, wait=240)

@@ -201,3 +201,25 @@ class _TinyPlan:
         self.algorithm, self.rating_range, self.implicit, self.public, self.n_users = "adadpals", (1.0, 5.0), False, None, 24
         self.job = type("J", (), {"epsilon": 4.0, "delta": 1e-5})()
         self.dataset = type("D", (), {"item_features": None})()
+
+
+def test_a_central_job_refuses_to_start_on_secure_nodes_with_a_clear_error(tmp_path, split):
+    """A deployment's nodes are secure by default: a central job on them stops before any release
+    with an error naming the nodes and the way out, instead of every plaintext reply being
+    refused. Positive control: with the check skipped the job goes on and its nodes refuse
+    every plaintext round."""
+    from fedpriv.flower import server_app
+
+    secure = NodePolicy.for_run(aggregation="secure", epsilon=4.0, delta=1e-5, nodes=NODES, reproducible=True)
+    seen = []
+    grid = LocalGrid(NODES, node_policy=secure, observer=lambda nid, msg: seen.append(msg.metadata.message_type))
+    with pytest.raises(ConfigError, match="refused to start a central-aggregation job.*policy-aggregation=central") as e:
+        run_job(grid, _job(split, tmp_path / "w", aggregation="central")[1])
+    assert e.value.field == "aggregation" and _release_types(seen) == []
+    original = server_app._Nodes.require_plaintext
+    server_app._Nodes.require_plaintext = lambda self: None
+    try:
+        res = run_job(LocalGrid(NODES, node_policy=secure), _job(split, tmp_path / "w2", aggregation="central")[1])
+    finally:
+        server_app._Nodes.require_plaintext = original
+    assert res.rejected and all("[plaintext-handler]" in str(r) for r in res.rejected)  # every plaintext reply refused

@@ -228,6 +228,17 @@ class _Nodes:
                               "policy-aggregation=secure (`fedpriv deploy up` writes it by default), or run with aggregation central",
                               field="policy-aggregation")
 
+    def require_plaintext(self) -> None:
+        """A central job starts only on nodes that answer plaintext handlers: a node whose own
+        policy is secure refuses every one of them (issue 57), so the job could release nothing.
+        Checked before any release; raises a ConfigError naming such nodes."""
+        bad = [(self.partition_of[n], n, self.mode_of.get(n)) for n in self.serving() if self.mode_of.get(n) == "secure"]
+        if bad:
+            raise ConfigError(f"refused to start a central-aggregation job: {len(bad)} serving node(s) run a secure node policy "
+                              f"({_listed(bad, _mode_text)}) and answer no plaintext handler. Run with aggregation secure (`fedpriv deploy run`'s "
+                              "default), or give those nodes policy-aggregation=central (`fedpriv deploy up --node-policy aggregation=central`)",
+                              field="aggregation")
+
     def require_token(self) -> None:
         """A job started with a run token (``run-token`` in the run config, set by scripts/run.sh)
         runs only on nodes that report the same token (their FEDPRIV_RUN_TOKEN): a serving node
@@ -441,6 +452,8 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     nodes.require_token()  # before any release: the serving nodes are this run's own
     if cfg.aggregation.secure:  # before any release: every serving node's own policy must be secure
         nodes.require_secure()
+    else:  # and a central job's nodes must answer plaintext
+        nodes.require_plaintext()
 
     ckpt = _Checkpoint(job) if job.checkpoint else None
     saved = ckpt.load() if ckpt is not None else None

@@ -571,10 +571,10 @@ def recommend_probe(setup: Setup, defence: bool) -> dict:
 
 @deviation("i2", "repeated recommendation probes", "recommend-count")
 def repeated_probes(setup: Setup, defence: bool, repeats: int = 301) -> dict:
-    """(i2) The probe at epsilon 1, asked ``repeats`` times in one run: a majority vote. The
-    nodes' operator set a lifetime recommendation cap of ``repeats`` (one query of epsilon 1 per
-    run for ``repeats`` runs), so the cap alone does not stop the repeats: the per-run count does."""
-    return _recommend_probe(setup, defence, 1.0, repeats, lifetime_cap=float(repeats))
+    """(i2) The probe at epsilon 2, asked ``repeats`` times in one run: a majority vote. The
+    nodes' operator set a lifetime recommendation cap of 2 x ``repeats`` (one query of epsilon 2
+    per run for ``repeats`` runs), so the cap alone does not stop the repeats: the per-run count does."""
+    return _recommend_probe(setup, defence, 2.0, repeats, lifetime_cap=2.0 * repeats)
 
 
 @deviation("j", "evaluation buckets", "eval-buckets")

@@ -135,11 +135,11 @@ build_wheels() {
     say "wheels: pins of $(basename "$constraints"): $(grep -E '^(flwr|torch)==' "$constraints" | paste -sd' ')"
     local wheel=("$py" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$WHEELS" --find-links "$WHEELS" -c "$WHEELS/constraints.txt")
     # every pinned wheel there already (a warm wheelhouse): no index, fedpriv built with the host's setuptools
-    if "${wheel[@]}" --no-index --no-build-isolation "$ROOT" >/dev/null 2>&1; then
+    if "${wheel[@]}" --no-index --no-build-isolation "$ROOT[torch]" >/dev/null 2>&1; then
         say "wheels: fedpriv built, dependencies from the wheelhouse (no index)"
     else
         say "wheels: pip wheel fedpriv and its dependencies into $WHEELS (package index: the host's pip configuration)"
-        "${wheel[@]}" "$ROOT" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+        "${wheel[@]}" "$ROOT[torch]" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
     fi
     ls "$WHEELS"/fedpriv-*.whl >/dev/null 2>&1 || die "wheels: no fedpriv wheel was built"
     say "wheels: $(find "$WHEELS" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1)"

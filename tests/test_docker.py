@@ -327,7 +327,8 @@ def test_compose_secure_run_completes_with_a_supernode_container_killed(stack, i
     assert reg == "0" and sorted(registered) == sorted(n["node-id"] for n in online) and len(registered) == NODES
 
     # the layout: the SuperLink on the host's network, on loopback only; each node in a network of
-    # its own (no route out) with only its own files and the relay's socket folder, read-only
+    # its own (no route out) with only its own files and the relay's socket folder, read-only, and its
+    # own ledger's named volume, writable (its budget across runs and restarts)
     cfg = deploy.docker_config(NODES)
     listening = _listeners()
     host_ports, node_ports = _ports()
@@ -340,7 +341,7 @@ def test_compose_secure_run_completes_with_a_supernode_container_killed(stack, i
     for i, cid in enumerate(nodes):
         mounts = json.loads(_run(["docker", "inspect", "-f", "{{json .Mounts}}", cid]).stdout)
         assert {m["Destination"]: m["RW"] for m in mounts} == {str(cfg.ca_cert): False, str(cfg.node_private_key(i)): False, str(cfg.node_data_dir(i)): False,
-                                                              "/fedpriv/relay": False}
+                                                              "/fedpriv/relay": False, str(Path(deploy.DOCKER_NODE_LEDGER).parent): True}
     tmpfs = json.loads(_run(["docker", "inspect", "-f", "{{json .HostConfig.Tmpfs}}", superlink]).stdout)
     assert set(tmpfs) == {"/fedpriv/keys", "/fedpriv/node-data"}  # the server sees no node key and no rating
     assert _run(["docker", "exec", superlink, "ls", "-A", "/fedpriv/keys", "/fedpriv/node-data"]).stdout.split() == ["/fedpriv/keys:", "/fedpriv/node-data:"]

@@ -380,13 +380,9 @@ def _releases(records: list[dict]):
     from ..privacy.records import Release
 
     merged: dict[tuple, Release] = {}
-    for r in records:
-        if r.get("mechanism", "skellam") == "selection":
-            eps = float(r["pure_epsilon"])
-            rel = Release(r["name"], "selection", 1.0, 2.0 / eps, 1, None, int(r.get("dim", 0)), 1, eps, False)
-        else:
-            rel = Release(r["name"], "skellam", float(r["delta2"]), float(r["std"]), 1, None, int(r["dim"]), 1, l1_sensitivity=float(r["delta1"]),
-                          shares=int(r["shares"]), colluders=int(r["colluders"]))
+    for r in records:  # noised secure parts only (node_epsilon filters them)
+        rel = Release(r["name"], "skellam", float(r["delta2"]), float(r["std"]), 1, None, int(r["dim"]), 1, l1_sensitivity=float(r["delta1"]),
+                      shares=int(r["shares"]), colluders=int(r["colluders"]))
         merged[rel.key()] = merged[rel.key()].merged(rel) if rel.key() in merged else rel
     return list(merged.values())
 

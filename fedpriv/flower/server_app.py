@@ -215,13 +215,18 @@ class _Nodes:
         if name != "info":
             self.retired.update(set(ids) - answered)
 
+    def _serving_where(self, reported: dict, wrong) -> list[tuple[int, int, object]]:
+        """[(partition, node, what it reported)] of the serving nodes whose report in ``reported``
+        (None when it reported nothing) is ``wrong``."""
+        return [(self.partition_of[n], n, reported.get(n)) for n in self.serving() if wrong(reported.get(n))]
+
     def require_secure(self) -> None:
         """A secure job starts only on nodes whose own policy is secure (``policy-aggregation=secure``,
         reported in their info reply): a node that would also answer plaintext queries (mode
         ``any`` or ``central``), or an older node that reports no mode, protects its users from a
         server that follows the protocol only. Checked before any release; raises a ConfigError
         naming every such node, its partition and its reported mode."""
-        bad = [(self.partition_of[n], n, self.mode_of.get(n)) for n in self.serving() if self.mode_of.get(n) != "secure"]
+        bad = self._serving_where(self.mode_of, lambda mode: mode != "secure")
         if bad:
             raise ConfigError(f"refused to start a secure-aggregation job: {len(bad)} serving node(s) do not run a secure node policy "
                               f"({_listed(bad, _mode_text)}). Such a node would answer a deviating server's plaintext queries. Configure every node with "
@@ -232,7 +237,7 @@ class _Nodes:
         """A central job starts only on nodes that answer plaintext handlers: a node whose own
         policy is secure refuses every one of them (issue 57), so the job could release nothing.
         Checked before any release; raises a ConfigError naming such nodes."""
-        bad = [(self.partition_of[n], n, self.mode_of.get(n)) for n in self.serving() if self.mode_of.get(n) == "secure"]
+        bad = self._serving_where(self.mode_of, lambda mode: mode == "secure")
         if bad:
             raise ConfigError(f"refused to start a central-aggregation job: {len(bad)} serving node(s) run a secure node policy "
                               f"({_listed(bad, _mode_text)}) and answer no plaintext handler. Run with aggregation secure (`fedpriv deploy run`'s "
@@ -247,7 +252,7 @@ class _Nodes:
         raises a ConfigError naming such nodes. No token: no check (plain ``flwr run .``, deployments)."""
         if not self.job.run_token:
             return
-        bad = [(self.partition_of[n], n, self.token_of.get(n)) for n in self.serving() if self.token_of.get(n) != self.job.run_token]
+        bad = self._serving_where(self.token_of, lambda token: token != self.job.run_token)
         if bad:
             raise ConfigError(f"these nodes were not started by this run's launcher: {len(bad)} of {len(self.serving())} serving node(s) do not report "
                               f"this run's token ({_listed(bad, lambda t: 'no run token' if t is None else 'another run token')}). The run reached a federation it did not start (another SuperLink on the same "

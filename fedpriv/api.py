@@ -54,7 +54,11 @@ class Result:
     def __repr__(self) -> str:
         m = self.metrics
         eps = f"epsilon {m['epsilon_spent']:.3g}" if isinstance(m.get("epsilon_spent"), (int, float)) else "non-private"
-        shown = [f"{label} {m[key]:.4f}" for key, label in (("test_rmse", "test RMSE"), ("test_mse", "test MSE")) if isinstance(m.get(key), (int, float))]
+        shown = [
+            f"{label} {m[key]:.4f}"
+            for key, label in (("test_rmse", "test RMSE"), ("test_mse", "test MSE"))
+            if isinstance(m.get(key), (int, float))
+        ]
         rank = m.get("ranking") or {}
         if isinstance(rank.get("recall"), (int, float)):
             shown.append(f"Recall@{rank['k']} {rank['recall']:.4f}")
@@ -64,7 +68,9 @@ class Result:
         """Write the released model to the folder ``path`` (:meth:`fedpriv.run.model.Model.save`;
         an earlier model there is replaced only with ``overwrite``)."""
         if self.model is None:
-            raise ConfigError(f"{self.metrics.get('algorithm')} releases no shared item model to save", field="save_model")
+            raise ConfigError(
+                f"{self.metrics.get('algorithm')} releases no shared item model to save", field="save_model"
+            )
         with _keywords(save_model="path", overwrite="overwrite"):
             return self.model.save(path, overwrite=overwrite)
 
@@ -77,9 +83,19 @@ class Result:
 
 #: a command-line flag named by an error, and the keyword a Python caller gave instead
 FLAG_KEYWORDS = {
-    "--epsilon": "epsilon", "--delta": "delta", "--noise-seed": "noise_seed", "--engine": "engine", "--data": "data",
-    "--data-opt": "data_options", "--data-opt items": "items", "--nodes": "nodes", "--users-per-node": "users_per_node",
-    "users-per-node": "users_per_node", "--save-model": "save_model", "--set": "params", "--aggregation": "aggregation",
+    "--epsilon": "epsilon",
+    "--delta": "delta",
+    "--noise-seed": "noise_seed",
+    "--engine": "engine",
+    "--data": "data",
+    "--data-opt": "data_options",
+    "--data-opt items": "items",
+    "--nodes": "nodes",
+    "--users-per-node": "users_per_node",
+    "users-per-node": "users_per_node",
+    "--save-model": "save_model",
+    "--set": "params",
+    "--aggregation": "aggregation",
 }
 
 
@@ -112,7 +128,10 @@ def _engine(engine, options: dict[str, Any]):
         return InProcess(**options)
     if engine == "flower":
         return FlwrRun(**options)
-    raise ConfigError(f"unknown engine {engine!r} (known: inprocess, flower, or an engine object of fedpriv.run){did_you_mean(engine, ('inprocess', 'flower'))}", field="engine")
+    raise ConfigError(
+        f"unknown engine {engine!r} (known: inprocess, flower, or an engine object of fedpriv.run){did_you_mean(engine, ('inprocess', 'flower'))}",
+        field="engine",
+    )
 
 
 def load_data(data: str | DataSpec | pd.DataFrame, **options: Any) -> Dataset:
@@ -163,8 +182,18 @@ def train(
     from .run import Job
 
     with _keywords():
-        plan = Job(algorithm, data, epsilon=epsilon, delta=delta, noise_seed=noise_seed, params=params, data_options=data_options or {}).prepare()
-        outcome = plan.execute(_engine(engine, dict(engine_options or {})), progress=progress, second_opinion=second_opinion)
+        plan = Job(
+            algorithm,
+            data,
+            epsilon=epsilon,
+            delta=delta,
+            noise_seed=noise_seed,
+            params=params,
+            data_options=data_options or {},
+        ).prepare()
+        outcome = plan.execute(
+            _engine(engine, dict(engine_options or {})), progress=progress, second_opinion=second_opinion
+        )
     return Result(metrics=outcome.report.to_json(), ledger=outcome.ledger, model=outcome.model, report=outcome.report)
 
 
@@ -190,4 +219,12 @@ def plan(
         if not isinstance(algorithm, str):
             algorithm, params = typed_params(algorithm, dict(params))
         cfg = ALSConfig.from_overrides(dict(params), algorithm)
-        return budget_plan(algorithm, cfg, epsilon, delta, implicit=implicit, rating_range=tuple(float(x) for x in rating_range), tuning=tuning)
+        return budget_plan(
+            algorithm,
+            cfg,
+            epsilon,
+            delta,
+            implicit=implicit,
+            rating_range=tuple(float(x) for x in rating_range),
+            tuning=tuning,
+        )

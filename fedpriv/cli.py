@@ -39,64 +39,164 @@ def _add_run(r: argparse.ArgumentParser) -> None:
     r.formatter_class = argparse.RawDescriptionHelpFormatter
     r.epilog = model_table.model_table("text") + "\n\nthe personalization models train on synthetic-personal data only."
     r.add_argument("algorithm", help="the model to train: one of the table below (models by task)")
-    r.add_argument("--data", required=True, help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, jester:PATH, csv:PATH, parquet:PATH (your own ratings; see --data-opt), synthetic-mf:users=N,items=M,ratings=R,seed=S or synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R")
-    r.add_argument("--data-opt", dest="data_options", action="append", default=[], metavar="KEY=VALUE", help="csv/parquet option (repeatable): user=COL, item=COL, rating=COL, sep=',', header=1, rating_range=LO,HI (required for explicit ratings), implicit=1, duplicates=error|last, items=FILE (the item catalogue: a header line, then one item id per line; private algorithms need it or features=), features=PATH (item features table; it lists the catalogue too), feature_item=COL, categorical=A;B, numeric=C, multi_sep='|', name=COL, bins=5")
-    r.add_argument("--save-model", default=None, metavar="DIR", help="write the released model (item embeddings and biases, encoder, mean, config, ledger; no metric, no data path) to DIR (every engine)")
-    r.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out and the model in --save-model (refused otherwise)")
+    r.add_argument(
+        "--data",
+        required=True,
+        help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, jester:PATH, csv:PATH, parquet:PATH (your own ratings; see --data-opt), synthetic-mf:users=N,items=M,ratings=R,seed=S or synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R",
+    )
+    r.add_argument(
+        "--data-opt",
+        dest="data_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="csv/parquet option (repeatable): user=COL, item=COL, rating=COL, sep=',', header=1, rating_range=LO,HI (required for explicit ratings), implicit=1, duplicates=error|last, items=FILE (the item catalogue: a header line, then one item id per line; private algorithms need it or features=), features=PATH (item features table; it lists the catalogue too), feature_item=COL, categorical=A;B, numeric=C, multi_sep='|', name=COL, bins=5",
+    )
+    r.add_argument(
+        "--save-model",
+        default=None,
+        metavar="DIR",
+        help="write the released model (item embeddings and biases, encoder, mean, config, ledger; no metric, no data path) to DIR (every engine)",
+    )
+    r.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results of an earlier run in --out and the model in --save-model (refused otherwise)",
+    )
     r.add_argument("--epsilon", type=float, default=None, help="target epsilon (private algorithms)")
-    r.add_argument("--delta", type=float, default=1e-5, help="target delta of a private run: the probability that the epsilon guarantee may fail; "
-                   "keep it well below 1 / (number of users) (default 1e-5; a larger one is warned about)")
-    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter or run option (repeatable); e.g. recommend=mgem rec_epsilon=1 rec_sensitivity=quantile: after training every user reports one item by private selection")
+    r.add_argument(
+        "--delta",
+        type=float,
+        default=1e-5,
+        help="target delta of a private run: the probability that the epsilon guarantee may fail; "
+        "keep it well below 1 / (number of users) (default 1e-5; a larger one is warned about)",
+    )
+    r.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="hyperparameter or run option (repeatable); e.g. recommend=mgem rec_epsilon=1 rec_sensitivity=quantile: after training every user reports one item by private selection",
+    )
     r.add_argument(
         "--engine",
         default="inprocess",
         help="inprocess (default: this process) or flower (`flwr run` on Flower's local simulation runtime; "
         "its SuperLink is stopped when the job ends)",
     )
-    r.add_argument("--aggregation", choices=("central", "secure"), default=None, help="who sees exact sums: central (a trusted aggregator step adds the noise; default) or secure (nodes add distributed Skellam noise and mask their words: the server learns only noised sums)")
-    r.add_argument("--nodes", type=int, default=None, help="number of nodes the training users are split over, on every engine (alone: ceil(users / N) users per node; default: "
-                   "inprocess one node in central mode and 20 users per node in secure mode, flower one node per user)")
-    r.add_argument("--users-per-node", type=int, default=None, help="users held by each node, on every engine (default: see --nodes)")
-    r.add_argument("--device", default=None, help="where the statistics and solves compute, 'cpu' (default) or 'cuda'/'cuda:N': the in-process engine's clients and server, or the Flower ServerApp (each node: its own `device` node config); the same releases and ledger; the noise is drawn on the device, keyed with 128 bits of OS entropy (a --noise-seed run draws it on the CPU)")
     r.add_argument(
-        "--noise-seed", type=int, default=None, metavar="N",
+        "--aggregation",
+        choices=("central", "secure"),
+        default=None,
+        help="who sees exact sums: central (a trusted aggregator step adds the noise; default) or secure (nodes add distributed Skellam noise and mask their words: the server learns only noised sums)",
+    )
+    r.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="number of nodes the training users are split over, on every engine (alone: ceil(users / N) users per node; default: "
+        "inprocess one node in central mode and 20 users per node in secure mode, flower one node per user)",
+    )
+    r.add_argument(
+        "--users-per-node",
+        type=int,
+        default=None,
+        help="users held by each node, on every engine (default: see --nodes)",
+    )
+    r.add_argument(
+        "--device",
+        default=None,
+        help="where the statistics and solves compute, 'cpu' (default) or 'cuda'/'cuda:N': the in-process engine's clients and server, or the Flower ServerApp (each node: its own `device` node config); the same releases and ledger; the noise is drawn on the device, keyed with 128 bits of OS entropy (a --noise-seed run draws it on the CPU)",
+    )
+    r.add_argument(
+        "--noise-seed",
+        type=int,
+        default=None,
+        metavar="N",
         help="reproducible noise and user sampling from N (tests, debugging). By default every noise value comes from the OS CSPRNG and "
         "every user's random choices from a secret key; with a noise seed, privacy holds only against those who do not know N "
         "(metrics.json says so; N is written nowhere)",
     )
-    r.add_argument("--tune", action="append", default=[], metavar="KEY=V1/V2/...", help="private tuning by random stopping over these candidates (repeatable)")
+    r.add_argument(
+        "--tune",
+        action="append",
+        default=[],
+        metavar="KEY=V1/V2/...",
+        help="private tuning by random stopping over these candidates (repeatable)",
+    )
     r.add_argument("--tune-mean", type=float, default=None, help="expected number of tuning runs (default 5)")
-    r.add_argument("--tune-shape", type=float, default=None, help="truncated negative binomial shape: 1 geometric (default), 0 logarithmic")
+    r.add_argument(
+        "--tune-shape",
+        type=float,
+        default=None,
+        help="truncated negative binomial shape: 1 geometric (default), 0 logarithmic",
+    )
     r.add_argument("--out", required=True, help="output folder for metrics.json and ledger.json")
     r.add_argument("--quiet", action="store_true", help="no progress bar; flower engine: Flower's log is not shown")
-    r.add_argument("--max-rejected-fraction", type=float, default=None, metavar="F",
-                   help="the share of the replies asked for that may be rejected (malformed, late, node errors) before the run fails "
-                        "with exit status 3 (default 0.5; its outputs are still written)")
+    r.add_argument(
+        "--max-rejected-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="the share of the replies asked for that may be rejected (malformed, late, node errors) before the run fails "
+        "with exit status 3 (default 0.5; its outputs are still written)",
+    )
 
 
 def _add_privacy(pv: argparse.ArgumentParser) -> None:
     psub = pv.add_subparsers(dest="privacy_command", required=True)
-    pl = psub.add_parser("plan", help="split a target (epsilon, delta) over an algorithm's releases and print the calibrated plan; no training")
+    pl = psub.add_parser(
+        "plan",
+        help="split a target (epsilon, delta) over an algorithm's releases and print the calibrated plan; no training",
+    )
     pl.set_defaults(handler=_privacy_plan)
     pl.add_argument("algorithm")
     pl.add_argument("--epsilon", type=float, required=True)
     pl.add_argument("--delta", type=float, default=1e-5)
-    pl.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter (repeatable), e.g. steps=5, share_counts=0.1")
-    pl.add_argument("--rating-range", default="1,5", help="LO,HI of the ratings (sets the sensitivities of mean and score; default 1,5)")
-    pl.add_argument("--implicit", action="store_true", help="implicit feedback (held-out-users protocol: no mean release)")
-    pl.add_argument("--tune-mean", type=float, default=None, help="plan private tuning with this expected number of runs")
+    pl.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="hyperparameter (repeatable), e.g. steps=5, share_counts=0.1",
+    )
+    pl.add_argument(
+        "--rating-range",
+        default="1,5",
+        help="LO,HI of the ratings (sets the sensitivities of mean and score; default 1,5)",
+    )
+    pl.add_argument(
+        "--implicit", action="store_true", help="implicit feedback (held-out-users protocol: no mean release)"
+    )
+    pl.add_argument(
+        "--tune-mean", type=float, default=None, help="plan private tuning with this expected number of runs"
+    )
     pl.add_argument("--tune-shape", type=float, default=1.0)
     pl.add_argument("--tune-share", type=float, default=0.05)
-    pl.add_argument("--aggregation", choices=("central", "secure"), default=None, help="plan for secure aggregation (distributed Skellam noise: subsampled releases get no amplification)")
-    pl.add_argument("--deployment", action="store_true",
-                    help="plan for `fedpriv deploy run`: its enrolled count is public, so the target holds under replace-one (calibrated there, as the deployment does)")
+    pl.add_argument(
+        "--aggregation",
+        choices=("central", "secure"),
+        default=None,
+        help="plan for secure aggregation (distributed Skellam noise: subsampled releases get no amplification)",
+    )
+    pl.add_argument(
+        "--deployment",
+        action="store_true",
+        help="plan for `fedpriv deploy run`: its enrolled count is public, so the target holds under replace-one (calibrated there, as the deployment does)",
+    )
     pl.add_argument("--json", action="store_true", help="print JSON instead of markdown tables")
 
 
 def _add_recommend(rc: argparse.ArgumentParser) -> None:
     rc.set_defaults(handler=_recommend)
     rc.add_argument("--model", required=True, help="a model folder written by `fedpriv run --save-model`")
-    rc.add_argument("--ratings", required=True, help="the user's ratings: a CSV file with a header, columns item,rating (item alone for implicit feedback)")
+    rc.add_argument(
+        "--ratings",
+        required=True,
+        help="the user's ratings: a CSV file with a header, columns item,rating (item alone for implicit feedback)",
+    )
     rc.add_argument("--k", type=int, default=10, help="how many unseen items to recommend (default 10)")
     rc.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
 
@@ -105,10 +205,16 @@ def _add_selection(sel: argparse.ArgumentParser) -> None:
     from .studies.selection import bandit, scenarios  # light modules: numpy and the ledger
 
     ssub = sel.add_subparsers(dest="selection_command", required=True)
-    sc = ssub.add_parser("scenarios", help="the paper's synthetic scenarios: MSE to the optimum per mechanism and epsilon (selection.json, plots)")
+    sc = ssub.add_parser(
+        "scenarios",
+        help="the paper's synthetic scenarios: MSE to the optimum per mechanism and epsilon (selection.json, plots)",
+    )
     scenarios.add_scenarios_arguments(sc)
     sc.set_defaults(handler=scenarios.scenarios_command)
-    ba = ssub.add_parser("bandit", help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)")
+    ba = ssub.add_parser(
+        "bandit",
+        help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)",
+    )
     bandit.add_bandit_arguments(ba)
     ba.set_defaults(handler=bandit.bandit_command)
 
@@ -134,8 +240,15 @@ def _add_report(p: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=report.report_command)
 
 
-ADDERS = {"run": _add_run, "privacy": _add_privacy, "recommend": _add_recommend, "selection": _add_selection, "deploy": _add_deploy,
-          "experiment": _add_experiment, "report": _add_report}
+ADDERS = {
+    "run": _add_run,
+    "privacy": _add_privacy,
+    "recommend": _add_recommend,
+    "selection": _add_selection,
+    "deploy": _add_deploy,
+    "experiment": _add_experiment,
+    "report": _add_report,
+}
 
 
 def _parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -225,13 +338,23 @@ def _run(args) -> int:
     elif args.engine == "inprocess":
         engine = InProcess(nodes=args.nodes, users_per_node=args.users_per_node, device=args.device)
     else:
-        raise ConfigError(f"unknown engine {args.engine!r} (known: inprocess, flower){did_you_mean(args.engine, ('inprocess', 'flower'))}", field="--engine")
+        raise ConfigError(
+            f"unknown engine {args.engine!r} (known: inprocess, flower){did_you_mean(args.engine, ('inprocess', 'flower'))}",
+            field="--engine",
+        )
     # before training: a refused folder costs nothing
     check_results_folder(args.out, overwrite=args.overwrite)
     if args.save_model is not None:
         check_model_folder(args.save_model, overwrite=args.overwrite)
-    job = Job(args.algorithm, args.data, epsilon=args.epsilon, delta=args.delta, noise_seed=args.noise_seed, params=params,
-              data_options=parse_overrides(args.data_options, field="--data-opt"))
+    job = Job(
+        args.algorithm,
+        args.data,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        noise_seed=args.noise_seed,
+        params=params,
+        data_options=parse_overrides(args.data_options, field="--data-opt"),
+    )
     outcome = job.prepare().execute(engine, progress=not args.quiet)
     if args.save_model is not None and outcome.model is None:
         raise ConfigError(f"{args.algorithm} releases no shared item model to save", field="--save-model")
@@ -254,8 +377,11 @@ def _recommend(args) -> int:
 
     model = load_model(args.model)
     if not hasattr(model, "recommend"):
-        raise ConfigError(f"{args.model} is a personalization model ({model.algorithm}): it has no item catalogue to recommend from; "
-                          "in Python, load_model(DIR).personalize(X, y) solves a user's vector and .predict(X, v) predicts", field="--model")
+        raise ConfigError(
+            f"{args.model} is a personalization model ({model.algorithm}): it has no item catalogue to recommend from; "
+            "in Python, load_model(DIR).personalize(X, y) solves a user's vector and .predict(X, v) predicts",
+            field="--model",
+        )
     items, ratings = read_user_ratings(args.ratings, implicit=model.state.implicit)
     try:
         recs = model.recommend(items, ratings, k=args.k)
@@ -271,7 +397,11 @@ def _recommend(args) -> int:
     rated = model.predicts_ratings  # a top-k model ranks items: no rating column
     print(f"{'rank':>4}  {'item':>{width}}  {'score':>7}  " + (f"{'rating':>6}  " if rated else "") + "name")
     for rank, r in enumerate(recs, 1):
-        print(f"{rank:>4}  {r['item']!s:>{width}}  {r['score']:7.3f}  " + (f"{r['rating']:6.2f}  " if rated else "") + f"{r['name'] or ''}")
+        print(
+            f"{rank:>4}  {r['item']!s:>{width}}  {r['score']:7.3f}  "
+            + (f"{r['rating']:6.2f}  " if rated else "")
+            + f"{r['name'] or ''}"
+        )
     return 0
 
 
@@ -291,7 +421,15 @@ def _privacy_plan(args) -> int:
     from .privacy.accounting import ADD_REMOVE, REPLACE_ONE, neighbouring
 
     with neighbouring(REPLACE_ONE if args.deployment else ADD_REMOVE):
-        plan = api.plan(args.algorithm, epsilon=args.epsilon, delta=args.delta, rating_range=(lo, hi), implicit=args.implicit, tuning=tuning, **overrides)
+        plan = api.plan(
+            args.algorithm,
+            epsilon=args.epsilon,
+            delta=args.delta,
+            rating_range=(lo, hi),
+            implicit=args.implicit,
+            tuning=tuning,
+            **overrides,
+        )
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.to_markdown(), end="" if not args.json else "\n")
     return 0
 
@@ -301,7 +439,10 @@ def _print_summary(metrics: dict) -> None:
     summary = {k: metrics[k] for k in ("algorithm", "dataset", "epsilon", "epsilon_spent", *keys, "wall_seconds")}
     if "recommendation" in metrics:
         rec = metrics["recommendation"]
-        summary["recommendation"] = {k: rec.get(k) for k in ("mechanism", "epsilon", "mse_to_best", "hit_rate", "argmax_hit_rate", "uniform_hit_rate")}
+        summary["recommendation"] = {
+            k: rec.get(k)
+            for k in ("mechanism", "epsilon", "mse_to_best", "hit_rate", "argmax_hit_rate", "uniform_hit_rate")
+        }
     print(json.dumps(summary))
 
 

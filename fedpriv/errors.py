@@ -43,7 +43,7 @@ class ConfigError(FedprivError, ValueError):
 
 
 def did_you_mean(name, known) -> str:
-    """"; did you mean 'x'?" naming the closest of ``known`` to ``name`` (nothing when none is close)."""
+    """ "; did you mean 'x'?" naming the closest of ``known`` to ``name`` (nothing when none is close)."""
     import difflib
 
     close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)

@@ -39,11 +39,22 @@ from ..privacy.ledger import PrivacyLedger, public_gaussian
 from ..privacy.weights import adaptive_omega, uniform_user_weights
 from . import options, registry
 from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
-from .kernels import Targets, project_psd, project_psd_solve, released_rows, segment_solve, segment_stats, solve_spd, stack_rows, sum_rows
+from .kernels import (
+    Targets,
+    project_psd,
+    project_psd_solve,
+    released_rows,
+    segment_solve,
+    segment_stats,
+    solve_spd,
+    stack_rows,
+    sum_rows,
+)
 from .shards import UserShard
 
 if TYPE_CHECKING:
     from ..privacy.accounting import PlannedRelease
+
 
 # ---------------------------------------------------------------------------- public state
 @dataclass
@@ -106,7 +117,10 @@ def has_bias_stage(algorithm: str, cfg: ALSConfig) -> bool:
         return False
     spec = registry.get(algorithm)
     if spec.contribution != "stats" and cfg.steps > 0:  # its steps estimate their own biases
-        raise ConfigError(f"{algorithm} has no bias stage before its steps (the ALS and AM-SSP families only; with steps=0 it is the bias model alone)", field="bias_stage")
+        raise ConfigError(
+            f"{algorithm} has no bias stage before its steps (the ALS and AM-SSP families only; with steps=0 it is the bias model alone)",
+            field="bias_stage",
+        )
     return True
 
 
@@ -163,14 +177,22 @@ def calibrate_plan(algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: floa
         return {}
     # secure mode: the releases carry Skellam noise, whose RDP bound holds at integer orders only
     secure = cfg.aggregation.secure
-    if cfg.defaults == "noise-aware" and registry.get(algorithm).resamples is not None and needs_user_count(algorithm, cfg):
+    if (
+        cfg.defaults == "noise-aware"
+        and registry.get(algorithm).resamples is not None
+        and needs_user_count(algorithm, cfg)
+    ):
         # SSP1 noises each step's statistics once per server step (hundreds of releases): the
         # user count that the noise-aware rule reads is calibrated as if each step were noised
         # once (as for SSP2), then pinned, so that its noise does not grow with the resampling
         import dataclasses
 
-        once_cfg = dataclasses.replace(cfg, options=dataclasses.replace(options.of(cfg, options.SSPOptions), ssp_resamples=1))
-        once = calibrate(plan_releases(algorithm, once_cfg, implicit), epsilon, delta, integer_orders=secure).multipliers
+        once_cfg = dataclasses.replace(
+            cfg, options=dataclasses.replace(options.of(cfg, options.SSPOptions), ssp_resamples=1)
+        )
+        once = calibrate(
+            plan_releases(algorithm, once_cfg, implicit), epsilon, delta, integer_orders=secure
+        ).multipliers
         return calibrate(plan, epsilon, delta, pinned={"users": once["users"]}, integer_orders=secure).multipliers
     return calibrate(plan, epsilon, delta, integer_orders=secure).multipliers
 
@@ -190,11 +212,15 @@ def sensitivity(name: str, cfg: ALSConfig, rating_range: tuple[float, float]) ->
 registry.register_release("users", lambda cfg, rr: 1.0)
 registry.register_release("mean", lambda cfg, rr: cfg.mean_cap * math.sqrt(mean_bound(rr) ** 2 + 1.0))
 registry.register_release("counts", lambda cfg, rr: math.sqrt(cfg.count_cap))
-registry.register_release("bias", lambda cfg, rr: math.sqrt(2.0 * cfg.beta))  # per item (sum w, sum w clip(y) / c), sum_i w_i^2 <= beta
+registry.register_release(
+    "bias", lambda cfg, rr: math.sqrt(2.0 * cfg.beta)
+)  # per item (sum w, sum w clip(y) / c), sum_i w_i^2 <= beta
 registry.register_release("item_stats_A", lambda cfg, rr: math.sqrt(cfg.beta) * cfg.user_clip**2)
 registry.register_release("item_stats_b", lambda cfg, rr: math.sqrt(cfg.beta) * cfg.user_clip * cfg.rating_clip)
 registry.register_release("gravity", lambda cfg, rr: cfg.user_clip**2)
-registry.register_release("item_stats_H", lambda cfg, rr: math.sqrt(cfg.beta) * cfg.user_clip**2 / 4.0)  # logistic: d2l <= 1/4
+registry.register_release(
+    "item_stats_H", lambda cfg, rr: math.sqrt(cfg.beta) * cfg.user_clip**2 / 4.0
+)  # logistic: d2l <= 1/4
 registry.register_release("item_stats_g", lambda cfg, rr: math.sqrt(cfg.beta) * cfg.user_clip)  # logistic: |dl| <= 1
 registry.register_release("dpsgd_grad", lambda cfg, rr: options.of(cfg, options.Sampled).sgd_clip)
 registry.register_release("encoder_grad", lambda cfg, rr: options.of(cfg, options.Sampled).sgd_clip)
@@ -240,7 +266,12 @@ def client_bias_stats(shard: UserShard, state: PublicState) -> np.ndarray:
     if state.private:
         y = clip_values(y, cfg.rating_clip) / cfg.rating_clip
     w = uniform_user_weights(shard.indptr, cfg.beta)
-    return np.concatenate([np.bincount(shard.items, weights=w, minlength=state.n_items), np.bincount(shard.items, weights=w * y, minlength=state.n_items)])
+    return np.concatenate(
+        [
+            np.bincount(shard.items, weights=w, minlength=state.n_items),
+            np.bincount(shard.items, weights=w * y, minlength=state.n_items),
+        ]
+    )
 
 
 PRE_RELEASES = ("users", "mean", "counts", "bias")
@@ -297,7 +328,11 @@ def released_user_vectors(U: np.ndarray, state: PublicState) -> np.ndarray:
     vector, with its fixed bias coordinate, has norm <= user_clip."""
     cfg = state.config
     kappa = bias_coordinate(state)
-    return released_rows(U, math.sqrt(cfg.user_clip**2 - kappa**2) if state.private else None, kappa if item_bias_coordinate(cfg) else None)
+    return released_rows(
+        U,
+        math.sqrt(cfg.user_clip**2 - kappa**2) if state.private else None,
+        kappa if item_bias_coordinate(cfg) else None,
+    )
 
 
 def user_design(state: PublicState) -> np.ndarray:
@@ -312,7 +347,13 @@ def user_design(state: PublicState) -> np.ndarray:
 USER_CHUNK_FLOATS = 1 << 27
 
 
-def client_user_vectors(shard: UserShard, state: PublicState, chunk_floats: int | None = None, *, targets: np.ndarray | Targets | None = None) -> np.ndarray:
+def client_user_vectors(
+    shard: UserShard,
+    state: PublicState,
+    chunk_floats: int | None = None,
+    *,
+    targets: np.ndarray | Targets | None = None,
+) -> np.ndarray:
     """Exact local least squares for every user of the shard (never released). ``targets``:
     :func:`client_targets` of the shard (or their :func:`client_target_terms`) when the caller
     has them already.
@@ -489,7 +530,9 @@ def bias_feature_prior(state: PublicState, features) -> None:
         state.item_bias = cfg.rating_clip * (B + ridge * prior) / denom
 
 
-def feature_group_prior(features, n_items: int, numerator: np.ndarray, weight: np.ndarray, ridge: float) -> np.ndarray | None:
+def feature_group_prior(
+    features, n_items: int, numerator: np.ndarray, weight: np.ndarray, ridge: float
+) -> np.ndarray | None:
     """Each item's prior: the mean pooled effect of its public feature groups, where a group's
     effect is sum(numerator) / (sum(weight) + ridge) over its items (0 for an item without
     features); None without a usable feature table. Post-processing of released sums only."""
@@ -507,7 +550,12 @@ def feature_group_prior(features, n_items: int, numerator: np.ndarray, weight: n
 
 #: the release function of each pre-processing release (its exact or noised sum -> the value the
 #: state keeps): one table for the central aggregator, the secure rounds and the tests
-PRE_RELEASE_FUNCTIONS = {"users": release_user_count, "mean": release_mean, "counts": release_counts, "bias": release_bias}
+PRE_RELEASE_FUNCTIONS = {
+    "users": release_user_count,
+    "mean": release_mean,
+    "counts": release_counts,
+    "bias": release_bias,
+}
 assert tuple(PRE_RELEASE_FUNCTIONS) == PRE_RELEASES
 
 
@@ -532,7 +580,9 @@ def server_init(state: PublicState) -> None:
     """Random, data-independent initial item embeddings."""
     rng = np.random.default_rng([state.config.seed, 7])
     d = state.config.rank
-    state.item_factors = (public_gaussian(rng, (state.n_items, d), why="item init") * state.config.init_scale).astype(np.float32)
+    state.item_factors = (public_gaussian(rng, (state.n_items, d), why="item init") * state.config.init_scale).astype(
+        np.float32
+    )
     if not state.config.bias_stage:  # the bias stage has released them already
         state.item_bias = np.zeros(state.n_items) if state.config.item_bias else None
 

@@ -53,8 +53,15 @@ SPEC = register(
         # one step; the ridge (in noise standard deviations) and the residual clip are chosen by the
         # noise-aware rule from the released user count (fedpriv.algorithms.defaults.bias_settings;
         # without it, --set defaults=fixed: 3 and 1); kappa takes the whole norm bound
-        defaults=(("rank", "0"), ("steps", "1"), ("reg_noise_units", "3"), ("item_bias", "true"), ("user_bias", "true"), ("bias_share", "0.99"),
-                  ("defaults", "noise-aware")),
+        defaults=(
+            ("rank", "0"),
+            ("steps", "1"),
+            ("reg_noise_units", "3"),
+            ("item_bias", "true"),
+            ("user_bias", "true"),
+            ("bias_share", "0.99"),
+            ("defaults", "noise-aware"),
+        ),
         fixed=("rank", "item_bias", "user_bias"),
         bias_model=True,
         step=BIAS_STEP,

@@ -57,7 +57,9 @@ def _parse(cls, overrides: dict, also: frozenset = frozenset()):
     cfg = cls()
     for key, raw in overrides.items():
         if key not in known:
-            shown = sorted((known | also | (set(Aggregation.KEYS) if engine is not None else set())) - {"given", "options"})  # filled by the parser, never set by hand
+            shown = sorted(
+                (known | also | (set(Aggregation.KEYS) if engine is not None else set())) - {"given", "options"}
+            )  # filled by the parser, never set by hand
             raise ConfigError(f"unknown key (known: {', '.join(shown)}){did_you_mean(key, shown)}", field=key)
         setattr(cfg, key, _coerce(key, raw, type(getattr(cfg, key))))
     if engine is not None:
@@ -102,7 +104,9 @@ class Aggregation:
     def parse(cls, given: dict) -> "Aggregation":
         """From config keys (values typed strictly, as every key); validated."""
         base = cls()
-        values = {attr: _coerce(key, given[key], type(getattr(base, attr))) for key, attr in cls.KEYS.items() if key in given}
+        values = {
+            attr: _coerce(key, given[key], type(getattr(base, attr))) for key, attr in cls.KEYS.items() if key in given
+        }
         out = cls(**values)
         out.validate()
         return out
@@ -152,7 +156,9 @@ class ALSConfig:
     reg_user: float = 0.1
     reg_item: float = 0.1  # non-private item solves (weighted-lambda: reg_item * count)
     reg_item_private: float = 2.0  # private item solves: constant ridge after PSD projection
-    reg_noise_units: float = 0.0  # private item solves: plus this many noise standard deviations of A (noise-aware ridge)
+    reg_noise_units: float = (
+        0.0  # private item solves: plus this many noise standard deviations of A (noise-aware ridge)
+    )
     weighted_reg: bool = True  # weighted-lambda (lambda * count) for user solves and non-private item solves
     user_bias: bool = True  # items carry a fixed column of ones: each user solves its own bias locally
     item_bias: bool = True  # released user vectors carry a fixed coordinate: items learn a bias
@@ -163,7 +169,9 @@ class ALSConfig:
     share_bias: float = 0.3  # its budget share (an RDP share like share_mean)
     bias_ridge_units: float = 3.0  # its item ridge, in noise standard deviations of the released denominators
     factor_floor: float = 0.0  # items whose released weight sum is below this many of its noise stds get no factors
-    bias_prior: bool = False  # bias stage: shrink item biases towards their public feature groups' pooled effects (post-processing)
+    bias_prior: bool = (
+        False  # bias stage: shrink item biases towards their public feature groups' pooled effects (post-processing)
+    )
     # 'noise-aware': the keys not set here are chosen by the rule of fedpriv.algorithms.defaults
     # from epsilon, delta, the number of items and the privately released user count; 'fixed': as written
     defaults: str = "fixed"
@@ -193,7 +201,9 @@ class ALSConfig:
     options: object = None
 
     @classmethod
-    def from_overrides(cls, overrides: dict[str, str | float | int | bool], algorithm: str | None = None) -> "ALSConfig":
+    def from_overrides(
+        cls, overrides: dict[str, str | float | int | bool], algorithm: str | None = None
+    ) -> "ALSConfig":
         """A validated config from ``key=value`` overrides; with ``algorithm``, a key that
         algorithm does not read (:func:`fedpriv.algorithms.registry.readers`) is an error naming it."""
         if algorithm is not None:
@@ -205,7 +215,11 @@ class ALSConfig:
             given = frozenset(k for k in overrides if k not in ("given", "defaults"))
             overrides = {**dict(spec.defaults), **overrides, "given": given}
             own = _own_options(spec)
-            options = _parse(spec.options, {k: overrides.pop(k) for k in list(overrides) if k in own}) if spec.options is not None else None
+            options = (
+                _parse(spec.options, {k: overrides.pop(k) for k in list(overrides) if k in own})
+                if spec.options is not None
+                else None
+            )
         cfg = _parse(cls, overrides, registry.get(algorithm).option_keys if algorithm is not None else frozenset())
         if algorithm is not None:
             cfg.options = options
@@ -231,17 +245,38 @@ class ALSConfig:
         if not (self.rank >= 0):
             raise ConfigError(f"must be >= 0 (0: no factors, the bias model), got {self.rank}", field="rank")
         if not (self.steps > 0 or (self.steps == 0 and self.bias_stage)):
-            raise ConfigError(f"must be > 0 (0 only with bias_stage: the bias model alone), got {self.steps}", field="steps")
+            raise ConfigError(
+                f"must be > 0 (0 only with bias_stage: the bias model alone), got {self.steps}", field="steps"
+            )
         positive = ("user_clip", "rating_clip", "beta", "beta_bar_ratio", "k", "count_cap", "mean_cap")
         for name in positive:
             v = getattr(self, name)
             if not (v > 0) or (isinstance(v, float) and math.isnan(v)):
                 raise ConfigError(f"must be > 0, got {v}", field=name)
-        for name in ("reg_user", "reg_item", "reg_item_private", "reg_noise_units", "gravity", "psd_floor", "mu", "init_scale", "bias_ridge_units", "factor_floor"):
+        for name in (
+            "reg_user",
+            "reg_item",
+            "reg_item_private",
+            "reg_noise_units",
+            "gravity",
+            "psd_floor",
+            "mu",
+            "init_scale",
+            "bias_ridge_units",
+            "factor_floor",
+        ):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"must be a finite number >= 0, got {v}", field=name)
-        for name in ("share_users", "share_mean", "share_counts", "share_b", "share_gravity", "bias_share", "share_bias"):
+        for name in (
+            "share_users",
+            "share_mean",
+            "share_counts",
+            "share_b",
+            "share_gravity",
+            "bias_share",
+            "share_bias",
+        ):
             v = getattr(self, name)
             if not (0 < v < 1):
                 raise ConfigError(f"must be in (0, 1), got {v}", field=name)
@@ -290,7 +325,10 @@ class ALSConfig:
             cfg.options = _parse(spec.options, {k: v for k, v in flat.items() if k in spec.option_keys})
         elif nested is not None:
             if spec is None or spec.options is None:
-                raise ConfigError(f"options {sorted(nested)} belong to no algorithm's config (algorithm: {algorithm!r})", field="options")
+                raise ConfigError(
+                    f"options {sorted(nested)} belong to no algorithm's config (algorithm: {algorithm!r})",
+                    field="options",
+                )
             cfg.options = _parse(spec.options, nested)
         return cfg
 

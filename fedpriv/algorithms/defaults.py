@@ -47,11 +47,29 @@ BIAS_SNR_WIDE = 45.0  # from here: residuals clipped to +-2 instead of +-1
 # share_mean: the family's default, also where an algorithm starts from a smaller one (AM-DPSGD
 # keeps its one-shot releases small for its gradient rounds; as the bias model it has none: its
 # noisier mean lost 0.009 to the bias model on the 1.5k-user synthetic set at epsilon 0.5)
-BIAS_ONLY = {"bias_stage": True, "rank": 0, "steps": 0, "bias_ridge_units": 3.0, "rating_clip": 1.0, "bias_prior": True, "share_mean": 0.02}
+BIAS_ONLY = {
+    "bias_stage": True,
+    "rank": 0,
+    "steps": 0,
+    "bias_ridge_units": 3.0,
+    "rating_clip": 1.0,
+    "bias_prior": True,
+    "share_mean": 0.02,
+}
 # k: the DPALS members keep 100 items per user (on the 10M-rating set k = 100 beat the old default
 # of 50 on validation in all four cells tried, by 0.003-0.034; AdaDPALS does not read k)
-WITH_FACTORS = {"bias_stage": True, "rank": 4, "steps": 2, "share_bias": 0.3, "bias_ridge_units": 3.0, "reg_noise_units": 3.0, "factor_floor": 10.0, "rating_clip": 1.0,
-                "k": 100, "bias_prior": True}
+WITH_FACTORS = {
+    "bias_stage": True,
+    "rank": 4,
+    "steps": 2,
+    "share_bias": 0.3,
+    "bias_ridge_units": 3.0,
+    "reg_noise_units": 3.0,
+    "factor_floor": 10.0,
+    "rating_clip": 1.0,
+    "k": 100,
+    "bias_prior": True,
+}
 RICH_SNR = 600.0  # above: a larger rank and a lighter ridge (the 10M-rating set at epsilon >= 10)
 RICH = {**WITH_FACTORS, "rank": 8, "reg_noise_units": 1.0}
 
@@ -81,7 +99,15 @@ def effective_snr(s: float, noisings: int) -> float:
     return s / math.sqrt(max(int(noisings), 1))
 
 
-def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: int, given: frozenset = frozenset(), noisings: int = 1) -> dict:
+def choose(
+    algorithm: str,
+    epsilon: float,
+    delta: float,
+    n_items: int,
+    n_users: int,
+    given: frozenset = frozenset(),
+    noisings: int = 1,
+) -> dict:
     """The rule's values (typed) for a private run of the ALS family, of ``bias``, of the
     encoder family (AM-SSP, AM-SSP1, AM-DPSGD) or of DP-SGD. Below ``FACTOR_SNR`` every one of
     them is the private bias model (the bias stage alone); above it the ALS family fits factors
@@ -98,7 +124,9 @@ def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: 
         return spec.rule.choose(epsilon, delta, n_items, n_users)
     s = snr(epsilon, delta, n_items, n_users)
     ridge, clip = bias_settings(s)
-    if spec.bias_model:  # bias_prior: +0.001 to +0.0033 test RMSE gained on ML-100K and ml-latest-small at epsilon 0.5-20 (3 seeds)
+    if (
+        spec.bias_model
+    ):  # bias_prior: +0.001 to +0.0033 test RMSE gained on ML-100K and ml-latest-small at epsilon 0.5-20 (3 seeds)
         return {"reg_noise_units": ridge, "rating_clip": clip, "bias_prior": True}
     stage_first = spec.contribution == "stats"  # its clients send per-item statistics: the stage can precede its steps
     if not stage_first:
@@ -107,7 +135,9 @@ def choose(algorithm: str, epsilon: float, delta: float, n_items: int, n_users: 
         # run when rank or steps are given (or with defaults=fixed)
         return {} if {"rank", "steps"} & set(given) else {**BIAS_ONLY, "bias_ridge_units": ridge, "rating_clip": clip}
     if effective_snr(s, noisings) < FACTOR_SNR:
-        if "bias_stage" in given:  # the stage turned off by hand: the bias model through one rank-0 step, if the steps can be it
+        if (
+            "bias_stage" in given
+        ):  # the stage turned off by hand: the bias model through one rank-0 step, if the steps can be it
             return {} if spec.encoder else {"rank": 0, "steps": 1, "reg_noise_units": ridge, "rating_clip": clip}
         return {**BIAS_ONLY, "bias_ridge_units": ridge, "rating_clip": clip}
     if spec.encoder:  # the encoder fits the residual of the bias stage (10M-rating set, epsilon 5: 0.765 against 0.903 without the stage)
@@ -119,7 +149,11 @@ def noise_aware_config(cfg, algorithm: str, epsilon: float, delta: float, n_item
     """A new config: ``cfg`` with the rule's values for every key the user did not set
     (``cfg.given``), validated. ``cfg`` itself is left as it is."""
     noisings = registry.get(algorithm).noisings(cfg)
-    chosen = {k: v for k, v in choose(algorithm, epsilon, delta, n_items, n_users, cfg.given, noisings).items() if k not in cfg.given}
+    chosen = {
+        k: v
+        for k, v in choose(algorithm, epsilon, delta, n_items, n_users, cfg.given, noisings).items()
+        if k not in cfg.given
+    }
     own = registry.get(algorithm).option_keys  # the algorithm's own options (cfg.options)
     new = dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if k not in own})
     if own & set(chosen):
@@ -135,26 +169,49 @@ def explain(algorithm: str, cfg, epsilon: float, delta: float, n_items: int, n_u
     if registry.get(algorithm).rule is not None:
         model = registry.get(algorithm).rule.explain(cfg, epsilon, delta, n_items, n_users)
     elif registry.get(algorithm).bias_model:
-        model = "the bias model (its own algorithm): the rule sets its ridge, its clip and the public-feature prior only"
+        model = (
+            "the bias model (its own algorithm): the rule sets its ridge, its clip and the public-feature prior only"
+        )
     elif (cfg.rank == 0 or (cfg.steps == 0 and cfg.bias_stage)) and registry.get(algorithm).noisings(cfg) > 1:
         n = registry.get(algorithm).noisings(cfg)
-        model = (f"the bias model: {algorithm} noises each step's statistics {n} times, so one noising's snr is "
-                 f"{s:.3g} / sqrt({n}) = {effective_snr(s, n):.3g} < {FACTOR_SNR:g}, too little signal per item for factors")
+        model = (
+            f"the bias model: {algorithm} noises each step's statistics {n} times, so one noising's snr is "
+            f"{s:.3g} / sqrt({n}) = {effective_snr(s, n):.3g} < {FACTOR_SNR:g}, too little signal per item for factors"
+        )
     elif (cfg.rank == 0 or (cfg.steps == 0 and cfg.bias_stage)) and s >= FACTOR_SNR:
-        model = (f"the bias model: {algorithm}'s own settings lost to it wherever measured (snr {s:.3g}; "
-                 "set rank or steps, or defaults=fixed, to run them)")
+        model = (
+            f"the bias model: {algorithm}'s own settings lost to it wherever measured (snr {s:.3g}; "
+            "set rank or steps, or defaults=fixed, to run them)"
+        )
     elif cfg.rank == 0 or (cfg.steps == 0 and cfg.bias_stage):
         model = f"the bias model: snr {s:.3g} < {FACTOR_SNR:g}, too little signal per item for factors at this epsilon"
     elif registry.get(algorithm).encoder or registry.get(algorithm).contribution != "stats":
         stage = " over the bias stage" if cfg.bias_stage else ""
-        why = f"snr {s:.3g} >= {FACTOR_SNR:g}" if s >= FACTOR_SNR else f"rank or steps given (snr {s:.3g} < {FACTOR_SNR:g})"
+        why = (
+            f"snr {s:.3g} >= {FACTOR_SNR:g}"
+            if s >= FACTOR_SNR
+            else f"rank or steps given (snr {s:.3g} < {FACTOR_SNR:g})"
+        )
         model = f"{algorithm}'s own settings (rank {cfg.rank}, {cfg.steps} steps){stage}: {why}"
     elif s < FACTOR_SNR:  # factors below the threshold: the user set them
-        model = f"rank {cfg.rank}, {cfg.steps} steps" + (" over the bias stage" if cfg.bias_stage else "") + f": rank or steps given (snr {s:.3g} < {FACTOR_SNR:g})"
+        model = (
+            f"rank {cfg.rank}, {cfg.steps} steps"
+            + (" over the bias stage" if cfg.bias_stage else "")
+            + f": rank or steps given (snr {s:.3g} < {FACTOR_SNR:g})"
+        )
     else:
-        model = f"rank {cfg.rank}, {cfg.steps} steps over the bias stage: snr {s:.3g} >= {FACTOR_SNR:g}" + (f" (>= {RICH_SNR:g}: the rich setting)" if s >= RICH_SNR else "")
-    return {"snr": s, "factor_snr": FACTOR_SNR, "rich_snr": RICH_SNR, "released_n_users": int(n_users), "n_items": int(n_items),
-            "model": model, "given": sorted(cfg.given)}
+        model = f"rank {cfg.rank}, {cfg.steps} steps over the bias stage: snr {s:.3g} >= {FACTOR_SNR:g}" + (
+            f" (>= {RICH_SNR:g}: the rich setting)" if s >= RICH_SNR else ""
+        )
+    return {
+        "snr": s,
+        "factor_snr": FACTOR_SNR,
+        "rich_snr": RICH_SNR,
+        "released_n_users": int(n_users),
+        "n_items": int(n_items),
+        "model": model,
+        "given": sorted(cfg.given),
+    }
 
 
 def apply(state, ledger) -> None:
@@ -171,5 +228,9 @@ def apply(state, ledger) -> None:
         return
     plan = als.plan_releases(state.algorithm, new, state.implicit)
     # secure mode's Skellam records are accounted at integer orders only: calibrate there too
-    state.multipliers = dict(calibrate(plan, epsilon, delta, pinned={"users": state.multipliers["users"]}, integer_orders=new.aggregation.secure).multipliers)
+    state.multipliers = dict(
+        calibrate(
+            plan, epsilon, delta, pinned={"users": state.multipliers["users"]}, integer_orders=new.aggregation.secure
+        ).multipliers
+    )
     state.config = new

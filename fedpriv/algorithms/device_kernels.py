@@ -80,7 +80,12 @@ def _per_entry(torch, dev, values, order, order_t, n: int, sqrt: bool):
     order = None if order is None else np.asarray(order)
     order_root = None if order is None else device.read_only_root(order)
     keep = order is None or order_root is not None  # an order that may change: nothing kept
-    tag = ("entries", sqrt, n, None if order is None else (order.__array_interface__["data"][0], order.shape, order.strides))
+    tag = (
+        "entries",
+        sqrt,
+        n,
+        None if order is None else (order.__array_interface__["data"][0], order.shape, order.strides),
+    )
     hit = device.kept(values, dev, tag) if keep else None
     if hit is not None and (order is None or hit[1]() is order_root):
         return hit[0]
@@ -110,7 +115,9 @@ def _targets_on_device(torch, dev, targets, order_t, n: int):
     else:
         y = _values(torch, dev, targets.base) - targets.shift
     for table, index in targets.terms:
-        table = table if isinstance(table, device.DeviceArray) else np.asarray(table)  # a user bias solved on the device is read there
+        table = (
+            table if isinstance(table, device.DeviceArray) else np.asarray(table)
+        )  # a user bias solved on the device is read there
         idx, (lo, hi) = resident(torch, dev, index)
         if n and (lo < 0 or hi >= len(table)):
             raise IndexError(f"targets: index holds entries outside 0..{len(table) - 1}")
@@ -140,7 +147,9 @@ def device_inputs(torch, dev, factors, index, weights, targets, order):
         F[:n_src, :d] = _t(torch, factors, dev, torch.float32)
         return F
 
-    F = device.kept_or_make(factors, dev, "padded", padded_factors)  # kept for read-only factors (the item factors of a user solve in chunks)
+    F = device.kept_or_make(
+        factors, dev, "padded", padded_factors
+    )  # kept for read-only factors (the item factors of a user solve in chunks)
     idx, (lo, hi) = resident(torch, dev, index, pad=n_src)
     if n and (lo < 0 or hi >= n_src):
         raise IndexError(f"segment_stats: index holds entries outside 0..{n_src - 1}")
@@ -168,7 +177,11 @@ def stats_on_device(torch, dev, plan, padded, d: int, n_seg: int, has_targets: b
     """(A, b, c) of every segment from the packing ``plan`` of :func:`kernels._plan` and the
     padded inputs of :func:`device_inputs`."""
     G = _gram_on_device(torch, dev, plan, padded, d, n_seg, has_targets, has_weights)
-    return device.DeviceArray(G[:, :d, :d], dev), device.DeviceArray(G[:, :d, d], dev), device.DeviceArray(G[:, d, d], dev)
+    return (
+        device.DeviceArray(G[:, :d, :d], dev),
+        device.DeviceArray(G[:, :d, d], dev),
+        device.DeviceArray(G[:, d, d], dev),
+    )
 
 
 def sum_rows_on_device(torch, dev, shape: tuple, pieces) -> device.DeviceArray:
@@ -280,7 +293,9 @@ def gradient_rows_on_device(torch, dev, X, theta, rows, items, y, clip: float):
     coef = -2.0 * r * scale.index_select(0, rt)
     keep = coef != 0
     ids = torch.unique(it[keep])
-    full = torch.zeros((len(th), Xt.shape[1]), dtype=torch.float64, device=dev).index_add_(0, it[keep], Xr[keep] * coef[keep, None])
+    full = torch.zeros((len(th), Xt.shape[1]), dtype=torch.float64, device=dev).index_add_(
+        0, it[keep], Xr[keep] * coef[keep, None]
+    )
     return _host(ids).astype(np.int64), _host(full.index_select(0, ids))
 
 

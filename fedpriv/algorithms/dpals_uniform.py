@@ -17,4 +17,14 @@ def uniform_rating_weights(shard, state) -> np.ndarray:
     return sampled_rating_weights(shard, state, "uniform")
 
 
-SPEC = register(AlgorithmSpec("dpals-uniform", uniform_rating_weights, task="ratings", keys=("k",), summary="DPALS, k items sampled per user", defaults=NOISE_AWARE, typed=DPALSUniform))
+SPEC = register(
+    AlgorithmSpec(
+        "dpals-uniform",
+        uniform_rating_weights,
+        task="ratings",
+        keys=("k",),
+        summary="DPALS, k items sampled per user",
+        defaults=NOISE_AWARE,
+        typed=DPALSUniform,
+    )
+)

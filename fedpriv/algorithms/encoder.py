@@ -19,8 +19,10 @@ try:  # torch is an extra: the encoder family (am-ssp, am-dpsgd, ...) and the GP
     import torch
     from torch import nn
 except ImportError as exc:  # pragma: no cover - a machine without the extra
-    raise ImportError("the encoder family (am-ssp, am-ssp-convex, am-dpsgd) needs torch: pip install 'fedpriv[torch]' "
-                      "(on a machine without a GPU, install a CPU build of torch first: PyTorch's install page gives the command)") from exc
+    raise ImportError(
+        "the encoder family (am-ssp, am-ssp-convex, am-dpsgd) needs torch: pip install 'fedpriv[torch]' "
+        "(on a machine without a GPU, install a CPU build of torch first: PyTorch's install page gives the command)"
+    ) from exc
 
 from ..data.features import ItemFeatures
 from ..errors import ConfigError
@@ -50,11 +52,19 @@ class FeatureTable:
                 vocab.append(n_items)
             else:
                 if features is None:
-                    raise ConfigError(f"the data set has no public item features (asked for {name!r}); use features=id", field="features")
+                    raise ConfigError(
+                        f"the data set has no public item features (asked for {name!r}); use features=id",
+                        field="features",
+                    )
                 if name not in features.fields:
-                    raise ConfigError(f"unknown feature field {name!r} (available: {', '.join([*features.fields, ID_FIELD])})", field="features")
+                    raise ConfigError(
+                        f"unknown feature field {name!r} (available: {', '.join([*features.fields, ID_FIELD])})",
+                        field="features",
+                    )
                 if features.n_items != n_items:
-                    raise ConfigError(f"feature matrix has {features.n_items} rows for {n_items} items", field="features")
+                    raise ConfigError(
+                        f"feature matrix has {features.n_items} rows for {n_items} items", field="features"
+                    )
                 sl = features.fields[name]
                 sub = features.matrix[:, sl].tocsr()
                 sub.sort_indices()
@@ -126,7 +136,11 @@ class ItemEncoder(nn.Module):
                 count = mask.sum(-1, keepdim=True).clamp_min(1).to(torch.float32)
                 rows = torch.arange(idx.shape[0]).repeat_interleave(mask.sum(-1))
                 vals = (mask.to(torch.float32) / count)[mask]
-                pools.append(torch.sparse_coo_tensor(torch.stack([rows, idx[mask]]), vals, (idx.shape[0], v + 1), check_invariants=True).coalesce())
+                pools.append(
+                    torch.sparse_coo_tensor(
+                        torch.stack([rows, idx[mask]]), vals, (idx.shape[0], v + 1), check_invariants=True
+                    ).coalesce()
+                )
             self._pools = pools
         return self._on("pools", pools, self.offset.device)
 
@@ -156,7 +170,9 @@ class ItemEncoder(nn.Module):
 
     def set_flat(self, flat: np.ndarray) -> None:
         with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(torch.as_tensor(np.asarray(flat, dtype=np.float32), device=self.offset.device), self.parameters())
+            torch.nn.utils.vector_to_parameters(
+                torch.as_tensor(np.asarray(flat, dtype=np.float32), device=self.offset.device), self.parameters()
+            )
             for emb, v in zip(self.embeddings, self.table.vocab):
                 emb[v] = 0.0
 

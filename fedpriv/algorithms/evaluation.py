@@ -50,7 +50,9 @@ def predict_ratings(state: als.PublicState, history: Interactions, pairs: Intera
     return _predict(state, U, np.searchsorted(users, pairs.users), pairs.items)
 
 
-def evaluate_rmse(state: als.PublicState, history: Interactions, target: Interactions, item_counts: np.ndarray) -> tuple[float, list[dict]]:
+def evaluate_rmse(
+    state: als.PublicState, history: Interactions, target: Interactions, item_counts: np.ndarray
+) -> tuple[float, list[dict]]:
     pred = predict_ratings(state, history, target)
     truth = target.ratings.astype(np.float64)
     return metrics.rmse(pred, truth), metrics.sliced_rmse(pred, truth, target.items, item_counts)
@@ -67,7 +69,9 @@ def evaluate_recall(
     users = np.asarray(users, dtype=np.int64)
     h = shard_users(history, users)
     t = shard_users(targets, users)
-    if state.spec.ranker is not None:  # an algorithm with a ranking of its own (topk, ease): its scores of the user's history
+    if (
+        state.spec.ranker is not None
+    ):  # an algorithm with a ranking of its own (topk, ease): its scores of the user's history
         everything = np.arange(state.n_items)
 
         def scores(rows):
@@ -81,6 +85,7 @@ def evaluate_recall(
 
         def scores(rows):
             return U[rows] @ V.T + bias
+
     return metrics.recall_at_k(
         scores,
         users,
@@ -104,7 +109,9 @@ def shard_squared_errors(
     pred = _predict(state, U, target.local_user_of_rating, target.items)
     err2 = (pred - target.ratings.astype(np.float64)) ** 2
     bucket = item_bucket[target.items]
-    return np.bincount(bucket, weights=err2, minlength=n_buckets), np.bincount(bucket, minlength=n_buckets).astype(float)
+    return np.bincount(bucket, weights=err2, minlength=n_buckets), np.bincount(bucket, minlength=n_buckets).astype(
+        float
+    )
 
 
 def rmse_from_sums(sse: np.ndarray, cnt: np.ndarray, item_counts: np.ndarray) -> tuple[float, list[dict]]:
@@ -120,7 +127,9 @@ def rmse_from_sums(sse: np.ndarray, cnt: np.ndarray, item_counts: np.ndarray) ->
 
 
 # ---------------------------------------------------------------- logistic (am-ssp-convex)
-def shard_logistic_sums(state: als.PublicState, history, target, item_bucket: np.ndarray, n_buckets: int = 5) -> dict[str, np.ndarray]:
+def shard_logistic_sums(
+    state: als.PublicState, history, target, item_bucket: np.ndarray, n_buckets: int = 5
+) -> dict[str, np.ndarray]:
     """Per-bucket (log-loss sum, correct predictions, count) of one shard's binarised target
     ratings, its users solved from their history by the local logistic solve."""
     from . import ssp_client
@@ -150,7 +159,13 @@ def logistic_from_sums(sums: dict[str, np.ndarray], item_counts: np.ndarray) -> 
     for b in range(n_buckets):
         row = metrics.bucket_info(item_counts, bucket, b)
         n = sums["n"][b]
-        row.update({"n_eval": int(n), "logloss": float(sums["logloss"][b] / n) if n else float("nan"), "accuracy": float(sums["correct"][b] / n) if n else float("nan")})
+        row.update(
+            {
+                "n_eval": int(n),
+                "logloss": float(sums["logloss"][b] / n) if n else float("nan"),
+                "accuracy": float(sums["correct"][b] / n) if n else float("nan"),
+            }
+        )
         sliced.append(row)
     n = sums["n"].sum()
     if not n:
@@ -158,18 +173,26 @@ def logistic_from_sums(sums: dict[str, np.ndarray], item_counts: np.ndarray) -> 
     return float(sums["logloss"].sum() / n), float(sums["correct"].sum() / n), sliced
 
 
-def evaluate_logistic(state: als.PublicState, history: Interactions, target: Interactions, item_counts: np.ndarray) -> tuple[float, float, list[dict]]:
+def evaluate_logistic(
+    state: als.PublicState, history: Interactions, target: Interactions, item_counts: np.ndarray
+) -> tuple[float, float, list[dict]]:
     users = np.unique(target.users)
-    sums = shard_logistic_sums(state, shard_users(history, users), shard_users(target, users), metrics.frequency_buckets(item_counts))
+    sums = shard_logistic_sums(
+        state, shard_users(history, users), shard_users(target, users), metrics.frequency_buckets(item_counts)
+    )
     return logistic_from_sums(sums, item_counts)
 
 
 def eval_keys(logistic: bool) -> tuple[str, ...]:
     """The keys of a node's evaluation sums (each an array of 5 frequency buckets)."""
-    return tuple(f"{p}_{k}" for p in ("valid", "test") for k in (("logloss", "correct", "n") if logistic else ("sse", "n")))
+    return tuple(
+        f"{p}_{k}" for p in ("valid", "test") for k in (("logloss", "correct", "n") if logistic else ("sse", "n"))
+    )
 
 
-def node_eval_sums(state: als.PublicState, history, valid, test, item_bucket: np.ndarray, logistic: bool) -> dict[str, np.ndarray]:
+def node_eval_sums(
+    state: als.PublicState, history, valid, test, item_bucket: np.ndarray, logistic: bool
+) -> dict[str, np.ndarray]:
     """One node's per-bucket evaluation sums on its validation and test ratings (:func:`eval_keys`):
     sent in plaintext in central mode, as a secure measurement sum in secure mode."""
     out = {}

@@ -47,10 +47,16 @@ class Ranking(Evaluation):
         from . import ranking
 
         train = split.train
-        blend = ranking.blend_for(metrics.get("epsilon") if state.private else None, metrics.get("delta"), state.n_items, state.n_users)
+        blend = ranking.blend_for(
+            metrics.get("epsilon") if state.private else None, metrics.get("delta"), state.n_items, state.n_users
+        )
         rank = ranking.evaluate_ranking(state, train, split.test, blend=blend)
         popular = ranking.popular_reference(train, split.test, k=rank["k"], threshold=rank["threshold"])
-        score = "the family's own ranking score" if state.spec.ranker is not None else f"released popularity + {blend:g} x predicted rating (standardized)"
+        score = (
+            "the family's own ranking score"
+            if state.spec.ranker is not None
+            else f"released popularity + {blend:g} x predicted rating (standardized)"
+        )
         metrics["ranking"] = {**rank, "blend": blend, "score": score}
         mean = float(np.mean(train.ratings)) if len(train.ratings) else 0.0
         test = split.test.ratings.astype(np.float64)
@@ -70,8 +76,12 @@ class RatingRegression(Evaluation):
     def measure(self, state, split, metrics: dict, *, on_nodes: bool = False) -> None:
         if not on_nodes:
             item_counts = split.train.item_counts()
-            metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(state, split.train, split.valid, item_counts)
-            metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(state, split.train, split.test, item_counts)
+            metrics["valid_rmse"], metrics["valid_sliced"] = evaluation.evaluate_rmse(
+                state, split.train, split.valid, item_counts
+            )
+            metrics["test_rmse"], metrics["sliced"] = evaluation.evaluate_rmse(
+                state, split.train, split.test, item_counts
+            )
         Ranking().measure(state, split, metrics)
 
 
@@ -130,7 +140,12 @@ class OnNodes(Evaluation):
 
 
 #: the evaluation of each split protocol (a name only at this edge: the run config's ``split``)
-_BY_PROTOCOL = {"random": RatingRegression, "heldout": HeldoutUsers, "personalization": Personalization, "deployment": OnNodes}
+_BY_PROTOCOL = {
+    "random": RatingRegression,
+    "heldout": HeldoutUsers,
+    "personalization": Personalization,
+    "deployment": OnNodes,
+}
 
 
 def evaluation_for(protocol: str, spec, cfg) -> Evaluation:

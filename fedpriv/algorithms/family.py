@@ -50,7 +50,15 @@ def sampled_rating_weights(shard, state, mode: str) -> np.ndarray:
 _STEPS = "fedpriv.algorithms.steps:"
 #: ials' settings, chosen on the validation ratings of ML-100K and ml-latest-small (Recall@10: gravity 0.01-1,
 #: regularisation 0.03-1, rank 32-64, 5-10 steps; docs/how-to/recommendations.md)
-IALS_DEFAULTS = (("rank", "32"), ("steps", "10"), ("gravity", "1.0"), ("reg_user", "0.1"), ("reg_item", "0.1"), ("item_bias", "false"), ("user_bias", "false"))
+IALS_DEFAULTS = (
+    ("rank", "32"),
+    ("steps", "10"),
+    ("gravity", "1.0"),
+    ("reg_user", "0.1"),
+    ("reg_item", "0.1"),
+    ("item_bias", "false"),
+    ("user_bias", "false"),
+)
 
 
 def _ials_scores(shard, state, candidates) -> np.ndarray:
@@ -64,13 +72,50 @@ def _ials_scores(shard, state, candidates) -> np.ndarray:
 _ADAPTIVE_KEYS = ("mu", "beta_bar_ratio", "weight_mode")
 _ADAPTIVE = dict(needs_counts=True, needs_user_count=True, adaptive=True)
 for _spec in (
-    registry.AlgorithmSpec("als", unit_rating_weights, private=False, task="reference: ratings", needs_counts=True, keys=("reg_item",), summary="non-private weighted-lambda ALS", typed=typed.ALS),
     registry.AlgorithmSpec(
-        "ials", unit_rating_weights, private=False, task="reference: top-k", needs_counts=True, keys=("reg_item",), centred=False, implicit_targets=True, ranker=_ials_scores, typed=typed.IALS,
+        "als",
+        unit_rating_weights,
+        private=False,
+        task="reference: ratings",
+        needs_counts=True,
+        keys=("reg_item",),
+        summary="non-private weighted-lambda ALS",
+        typed=typed.ALS,
+    ),
+    registry.AlgorithmSpec(
+        "ials",
+        unit_rating_weights,
+        private=False,
+        task="reference: top-k",
+        needs_counts=True,
+        keys=("reg_item",),
+        centred=False,
+        implicit_targets=True,
+        ranker=_ials_scores,
+        typed=typed.IALS,
         summary="non-private implicit ALS (every rating counts as 1, the unobserved entries pulled to 0 by the gravity term): the top-k reference beside ease",
-        defaults=IALS_DEFAULTS),
-    registry.AlgorithmSpec("dpals-tail", tail_rating_weights, task="ratings", needs_counts=True, keys=("k",), summary="DPALS, the k least popular items per user", defaults=registry.NOISE_AWARE, typed=typed.DPALSTail),
-    registry.AlgorithmSpec("adadpals", adaptive_rating_weights, task="ratings", keys=_ADAPTIVE_KEYS, summary="adaptive weights from private counts", defaults=registry.NOISE_AWARE, typed=typed.AdaDPALS, **_ADAPTIVE),
+        defaults=IALS_DEFAULTS,
+    ),
+    registry.AlgorithmSpec(
+        "dpals-tail",
+        tail_rating_weights,
+        task="ratings",
+        needs_counts=True,
+        keys=("k",),
+        summary="DPALS, the k least popular items per user",
+        defaults=registry.NOISE_AWARE,
+        typed=typed.DPALSTail,
+    ),
+    registry.AlgorithmSpec(
+        "adadpals",
+        adaptive_rating_weights,
+        task="ratings",
+        keys=_ADAPTIVE_KEYS,
+        summary="adaptive weights from private counts",
+        defaults=registry.NOISE_AWARE,
+        typed=typed.AdaDPALS,
+        **_ADAPTIVE,
+    ),
     registry.AlgorithmSpec(
         "dpsgd",
         unit_rating_weights,
@@ -102,7 +147,8 @@ for _spec in (
             **_ADAPTIVE,
         )
         for name, variant, releases, resamples, typed_class in (
-            ("am-ssp", "SSP2", ssp2_releases, ssp2_resamples, typed.AMSSP), ("am-ssp1", "SSP1", ssp1_releases, ssp1_resamples, typed.AMSSP1)
+            ("am-ssp", "SSP2", ssp2_releases, ssp2_resamples, typed.AMSSP),
+            ("am-ssp1", "SSP1", ssp1_releases, ssp1_resamples, typed.AMSSP1),
         )
     ),
     registry.AlgorithmSpec(

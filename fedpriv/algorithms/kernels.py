@@ -58,7 +58,9 @@ _DEVICE_BLOCK_FLOATS = 1 << 25  # on a GPU: blocks of up to 128 MB (fewer, large
 # when 8 were kept); bounded by their slots (8 bytes each: 1 GB at most) and their number
 _PLAN_CACHE_SLOTS = 1 << 27
 _PLAN_CACHE_SIZE = 512
-_NATIVE_THREADED_FLOATS = 1 << 18  # the native kernel splits inputs of at least this many gathered floats over the threads
+_NATIVE_THREADED_FLOATS = (
+    1 << 18
+)  # the native kernel splits inputs of at least this many gathered floats over the threads
 
 
 def _loaded_torch():
@@ -107,8 +109,13 @@ class Targets:
         """Entries ``sl`` (a slice with step 1)."""
         start, stop, _ = sl.indices(self.n)
         cut = lambda a: a[start:stop]  # noqa: E731
-        return Targets(max(0, stop - start), None if self.base is None else cut(self.base), self.shift,
-                       tuple((t, cut(i)) for t, i in self.terms), self.clip)
+        return Targets(
+            max(0, stop - start),
+            None if self.base is None else cut(self.base),
+            self.shift,
+            tuple((t, cut(i)) for t, i in self.terms),
+            self.clip,
+        )
 
     def values(self) -> np.ndarray:
         y = np.ones(self.n) if self.base is None else self.base.astype(np.float64) - self.shift
@@ -141,7 +148,9 @@ class _Plan:
 
     slots: np.ndarray
     blocks: tuple
-    resident: dict = field(default_factory=dict, compare=False, repr=False)  # device name -> its copies (device_kernels)
+    resident: dict = field(
+        default_factory=dict, compare=False, repr=False
+    )  # device name -> its copies (device_kernels)
 
 
 _plans: OrderedDict = OrderedDict()
@@ -244,11 +253,20 @@ def _segment_stats_device(dev, factors, index, indptr, weights, targets, order) 
 
     torch, d = device.torch_device_module(), factors.shape[1]
     padded = device_kernels.device_inputs(torch, dev, factors, index, weights, targets, order)
-    A, b, c = device_kernels.stats_on_device(torch, dev, _device_plan(dev, indptr, d), padded, d, len(indptr) - 1, targets is not None, weights is not None)
+    A, b, c = device_kernels.stats_on_device(
+        torch, dev, _device_plan(dev, indptr, d), padded, d, len(indptr) - 1, targets is not None, weights is not None
+    )
     return SegmentStats(A=A, b=b, c=c)
 
 
-def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, targets: np.ndarray | Targets, reg, extra: np.ndarray | None = None) -> np.ndarray:
+def segment_solve(
+    factors: np.ndarray,
+    index: np.ndarray,
+    indptr: np.ndarray,
+    targets: np.ndarray | Targets,
+    reg,
+    extra: np.ndarray | None = None,
+) -> np.ndarray:
     """x_s = (A_s + extra + reg_s I)^-1 b_s for the statistics of :func:`segment_stats` (unit
     weights, ``targets``): the users' local least squares. The same as ``solve_spd(A + extra,
     b, reg)``; on a device the Gram blocks stay there between the sums and the solves (no
@@ -266,10 +284,14 @@ def segment_solve(factors: np.ndarray, index: np.ndarray, indptr: np.ndarray, ta
     _check_entries(len(index), indptr, None, targets, None)
     torch = device.torch_device_module()
     padded = device_kernels.device_inputs(torch, dev, factors, index, None, targets, None)
-    x, rejected = device_kernels.stats_solve_on_device(torch, dev, _device_plan(dev, indptr, d), padded, d, len(indptr) - 1, reg, extra)
+    x, rejected = device_kernels.stats_solve_on_device(
+        torch, dev, _device_plan(dev, indptr, d), padded, d, len(indptr) - 1, reg, extra
+    )
     if rejected is not None:  # the float64 least-squares fallback, on the CPU (as solve_spd's)
         bad, A_bad, b_bad = rejected
-        x = device_kernels.set_rows_on_device(torch, dev, x, bad, _solve_spd_numpy(A_bad, b_bad, _reg_of(reg, len(x))[bad]))
+        x = device_kernels.set_rows_on_device(
+            torch, dev, x, bad, _solve_spd_numpy(A_bad, b_bad, _reg_of(reg, len(x))[bad])
+        )
     return device.DeviceArray(x, dev)  # the users' rows stay on the device for their item statistics
 
 
@@ -318,7 +340,9 @@ def sum_rows(shape: tuple, pieces) -> np.ndarray:
     return out
 
 
-def clipped_gradient_rows(X: np.ndarray, theta: np.ndarray, rows: np.ndarray, items: np.ndarray, y: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
+def clipped_gradient_rows(
+    X: np.ndarray, theta: np.ndarray, rows: np.ndarray, items: np.ndarray, y: np.ndarray, clip: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Federated DP-SGD's client sum: every user's squared-error gradient with respect to the
     item parameters ``theta`` (n_items, d + 1), clipped to L2 norm ``clip``, summed over the
     users. ``X``: (n_users, d + 1) user rows [u_j, 1]; per rating: its user's row in ``X``
@@ -340,7 +364,11 @@ def clipped_gradient_rows(X: np.ndarray, theta: np.ndarray, rows: np.ndarray, it
     keep = coef != 0
     ids, inv = np.unique(items[keep], return_inverse=True)
     G = X[rows[keep]] * coef[keep, None]
-    out = np.stack([np.bincount(inv, weights=G[:, k], minlength=len(ids)) for k in range(d1)], axis=1) if len(ids) else np.zeros((0, d1))
+    out = (
+        np.stack([np.bincount(inv, weights=G[:, k], minlength=len(ids)) for k in range(d1)], axis=1)
+        if len(ids)
+        else np.zeros((0, d1))
+    )
     return ids.astype(np.int64), out
 
 
@@ -389,10 +417,14 @@ def _segment_stats_native(lib, factors, index, indptr, weights, targets, order) 
     c = np.empty(n_seg, dtype=np.float32)
     n = len(index)
     parts = thread_count() if n * d >= _NATIVE_THREADED_FLOATS else 1
-    bounds = np.unique(np.concatenate([[0], np.searchsorted(indptr, np.arange(1, parts) * n // parts), [n_seg]]).clip(0, n_seg))
+    bounds = np.unique(
+        np.concatenate([[0], np.searchsorted(indptr, np.arange(1, parts) * n // parts), [n_seg]]).clip(0, n_seg)
+    )
 
     def run(s: slice) -> None:
-        native.native_segment_stats(lib, F, index, indptr, int(bounds[s.start]), int(bounds[s.stop]), w, y, order, n_wy, A, b, c)
+        native.native_segment_stats(
+            lib, F, index, indptr, int(bounds[s.start]), int(bounds[s.stop]), w, y, order, n_wy, A, b, c
+        )
 
     map_chunks(run, len(bounds) - 1, min_chunk=1)
     return SegmentStats(A=A, b=b, c=c)
@@ -522,7 +554,9 @@ def solve_spd(A: np.ndarray, b: np.ndarray, reg: np.ndarray | float, *, overwrit
         x[s] = torch.linalg.solve_triangular(L.mT, y, upper=True)[..., 0]
         bad[s] = (info != 0) | ~torch.isfinite(x[s]).all(dim=-1)
 
-    map_chunks(part, n, min_chunk=max(256, (1 << 24) // max(1, At.shape[-1]) ** 3))  # small systems: threads cost more than they save
+    map_chunks(
+        part, n, min_chunk=max(256, (1 << 24) // max(1, At.shape[-1]) ** 3)
+    )  # small systems: threads cost more than they save
     if bad.any():
         Ab = At[bad].to(torch.float64)
         # numpy's driver (SVD, the minimum-norm solution): the default gelsy returned zeros for
@@ -546,7 +580,9 @@ def sparse_gram(X) -> np.ndarray:
     for start in range(0, X.shape[0], rows):
         B = X[start : start + rows].tocoo()
         D = torch.zeros((B.shape[0], m), dtype=torch.float32, device=dev)
-        D[torch.from_numpy(B.row.astype(np.int64)).to(dev), torch.from_numpy(B.col.astype(np.int64)).to(dev)] = torch.from_numpy(B.data.astype(np.float32)).to(dev)
+        D[torch.from_numpy(B.row.astype(np.int64)).to(dev), torch.from_numpy(B.col.astype(np.int64)).to(dev)] = (
+            torch.from_numpy(B.data.astype(np.float32)).to(dev)
+        )
         G += (D.T @ D).to(torch.float64)
     return G.cpu().numpy()
 
@@ -560,8 +596,13 @@ def _torch_csr(torch, X, dev):
         X.sort_indices()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
-        T = torch.sparse_csr_tensor(torch.from_numpy(X.indptr.astype(np.int64)), torch.from_numpy(X.indices.astype(np.int64)),
-                                    torch.from_numpy(X.data.astype(np.float32)), size=X.shape, check_invariants=True)
+        T = torch.sparse_csr_tensor(
+            torch.from_numpy(X.indptr.astype(np.int64)),
+            torch.from_numpy(X.indices.astype(np.int64)),
+            torch.from_numpy(X.data.astype(np.float32)),
+            size=X.shape,
+            check_invariants=True,
+        )
     return T.to(dev)
 
 
@@ -659,7 +700,9 @@ def project_psd(A: np.ndarray, floor: float = 0.0) -> np.ndarray:
             evals, evecs = torch.linalg.eigh(B[s])
             B[s] = (evecs * torch.clamp(evals, min=floor)[..., None, :]) @ evecs.transpose(-1, -2)
 
-        map_chunks(project, len(outside), min_chunk=256)  # eigh: about 10 us per 10 x 10 matrix, well above a thread handoff
+        map_chunks(
+            project, len(outside), min_chunk=256
+        )  # eigh: about 10 us per 10 x 10 matrix, well above a thread handoff
         At[outside] = B
     return At.numpy()
 

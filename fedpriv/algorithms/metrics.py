@@ -65,7 +65,9 @@ def rmse(pred: np.ndarray, truth: np.ndarray) -> float:
     return float(np.sqrt(np.mean((np.asarray(pred, np.float64) - truth) ** 2)))
 
 
-def sliced_rmse(pred: np.ndarray, truth: np.ndarray, items: np.ndarray, item_counts: np.ndarray, n_buckets: int = 5) -> list[dict]:
+def sliced_rmse(
+    pred: np.ndarray, truth: np.ndarray, items: np.ndarray, item_counts: np.ndarray, n_buckets: int = 5
+) -> list[dict]:
     bucket = frequency_buckets(item_counts, n_buckets)
     out = []
     for b in range(n_buckets):
@@ -124,7 +126,9 @@ def recall_at_k(
     return (total / n_users if n_users else float("nan")), sliced
 
 
-def run_header(algorithm: str, spec, engine: str, seed: int, epsilon: float | None, delta: float, private: bool, protocol: str) -> dict:
+def run_header(
+    algorithm: str, spec, engine: str, seed: int, epsilon: float | None, delta: float, private: bool, protocol: str
+) -> dict:
     """The first keys of every metrics.json (the CLI contract)."""
     return {
         "algorithm": algorithm,

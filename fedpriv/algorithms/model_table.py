@@ -13,8 +13,14 @@ from . import pam, registry
 def model_rows() -> list[tuple[str, str, str, bool, str]]:
     """(group, name, task kind, private, summary) of every algorithm, registered or
     personalization, grouped by :data:`registry.GROUPS` in registration order."""
-    rows = [(registry.TASKS[s.task][0], s.name, registry.kind_of(s.task), s.private, s.summary) for s in map(registry.get, registry.names())]
-    rows += [(registry.TASKS[task][0], name, registry.kind_of(task), name in pam.PRIVATE, text) for name, (task, text) in registry.PERSONALIZATION.items()]
+    rows = [
+        (registry.TASKS[s.task][0], s.name, registry.kind_of(s.task), s.private, s.summary)
+        for s in map(registry.get, registry.names())
+    ]
+    rows += [
+        (registry.TASKS[task][0], name, registry.kind_of(task), name in pam.PRIVATE, text)
+        for name, (task, text) in registry.PERSONALIZATION.items()
+    ]
     missing = set(pam.PAM_ALGORITHMS) - set(registry.PERSONALIZATION)
     if missing:
         raise ValueError(f"personalization algorithms without a task: {sorted(missing)}")
@@ -43,5 +49,7 @@ def model_table(form: str = "text", width: int = 100) -> str:
         for _, name, kind, private, text in members:
             tag = ("private" if private else "non-private") + (f", {kind}" if group == registry.GROUPS[-1] else "")
             head = f"    {name:<{name_w}}  "
-            lines += textwrap.wrap(f"{tag}: {text}", width=width, initial_indent=head, subsequent_indent=" " * len(head))
+            lines += textwrap.wrap(
+                f"{tag}: {text}", width=width, initial_indent=head, subsequent_indent=" " * len(head)
+            )
     return "\n".join(lines)

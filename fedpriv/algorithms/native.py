@@ -58,17 +58,29 @@ def _cpu_flags() -> str:
 
 
 def _cache_dir() -> Path:
-    for base in (os.environ.get("FEDPRIV_NATIVE_CACHE"), os.environ.get("XDG_CACHE_HOME") and Path(os.environ["XDG_CACHE_HOME"]) / "fedpriv"):
+    for base in (
+        os.environ.get("FEDPRIV_NATIVE_CACHE"),
+        os.environ.get("XDG_CACHE_HOME") and Path(os.environ["XDG_CACHE_HOME"]) / "fedpriv",
+    ):
         if base:
             return Path(base)
     home = Path.home()
-    return home / ".cache" / "fedpriv" if home.is_dir() and os.access(home, os.W_OK) else Path(tempfile.gettempdir()) / "fedpriv-native"
+    return (
+        home / ".cache" / "fedpriv"
+        if home.is_dir() and os.access(home, os.W_OK)
+        else Path(tempfile.gettempdir()) / "fedpriv-native"
+    )
 
 
 def _build(cc: str) -> Path:
     source = SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.blake2b(b"\0".join([source, version.encode(), " ".join(FLAGS).encode(), _cpu_flags().encode(), platform.machine().encode()]), digest_size=12).hexdigest()
+    key = hashlib.blake2b(
+        b"\0".join(
+            [source, version.encode(), " ".join(FLAGS).encode(), _cpu_flags().encode(), platform.machine().encode()]
+        ),
+        digest_size=12,
+    ).hexdigest()
     folder = _cache_dir()
     target = folder / f"segment_stats-{key}.so"
     if target.exists():
@@ -140,20 +152,39 @@ def _ptr(a: np.ndarray | None):
     return None if a is None else a.ctypes.data
 
 
-def native_segment_stats(lib, F: np.ndarray, index: np.ndarray, indptr: np.ndarray, s0: int, s1: int, w, y, order, n_wy: int, A, b, c) -> None:
+def native_segment_stats(
+    lib, F: np.ndarray, index: np.ndarray, indptr: np.ndarray, s0: int, s1: int, w, y, order, n_wy: int, A, b, c
+) -> None:
     """Run the kernel on segments [s0, s1) into the float32 outputs A (n, d, d), b (n, d), c (n).
     The GIL is released during the call (ctypes), so threads can run disjoint segment ranges."""
     n_src, d = F.shape
     n_seg = len(indptr) - 1
-    for name, a, dtype, shape in (("weights", w, np.float64, None), ("targets", y, np.float64, None), ("order", order, np.int64, (len(index),)),
-                                  ("A", A, np.float32, (n_seg, d, d)), ("b", b, np.float32, (n_seg, d)), ("c", c, np.float32, (n_seg,))):
-        if a is not None and (a.dtype != dtype or not a.flags.c_contiguous or (shape is not None and a.shape != shape) or (shape is None and a.shape != (n_wy,))):
-            raise TypeError(f"native segment_stats: {name} must be a C-contiguous {np.dtype(dtype).name} array of shape {shape or (n_wy,)}")
+    for name, a, dtype, shape in (
+        ("weights", w, np.float64, None),
+        ("targets", y, np.float64, None),
+        ("order", order, np.int64, (len(index),)),
+        ("A", A, np.float32, (n_seg, d, d)),
+        ("b", b, np.float32, (n_seg, d)),
+        ("c", c, np.float32, (n_seg,)),
+    ):
+        if a is not None and (
+            a.dtype != dtype
+            or not a.flags.c_contiguous
+            or (shape is not None and a.shape != shape)
+            or (shape is None and a.shape != (n_wy,))
+        ):
+            raise TypeError(
+                f"native segment_stats: {name} must be a C-contiguous {np.dtype(dtype).name} array of shape {shape or (n_wy,)}"
+            )
     if not 0 <= s0 <= s1 <= n_seg:
         raise ValueError(f"native segment_stats: segment range {s0}..{s1} outside 0..{n_seg}")
-    status = lib.fedpriv_segment_stats(F, n_src, d, index, indptr, s0, s1, _ptr(w), _ptr(y), _ptr(order), n_wy, _ptr(A), _ptr(b), _ptr(c))
+    status = lib.fedpriv_segment_stats(
+        F, n_src, d, index, indptr, s0, s1, _ptr(w), _ptr(y), _ptr(order), n_wy, _ptr(A), _ptr(b), _ptr(c)
+    )
     if status == -(1 << 62):
         raise MemoryError("segment_stats: cannot allocate the kernel's scratch buffers")
     if status < 0:
         r = -1 - status
-        raise IndexError(f"segment_stats: entry {r} points outside its source table ({n_src} rows) or its weights/targets ({n_wy})")
+        raise IndexError(
+            f"segment_stats: entry {r} points outside its source table ({n_src} rows) or its weights/targets ({n_wy})"
+        )

@@ -22,7 +22,10 @@ _RULES = {
     "sgd_clip": (lambda v: v > 0 and math.isfinite(v), "a finite number > 0"),
     "sgd_lr": (lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
     "sgd_weight_decay": (lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
-    "features": (lambda v: bool([f for f in v.replace(";", ",").split(",") if f.strip()]), "at least one field (e.g. genre,year or id)"),
+    "features": (
+        lambda v: bool([f for f in v.replace(";", ",").split(",") if f.strip()]),
+        "at least one field (e.g. genre,year or id)",
+    ),
     "enc_hidden": (lambda v: v >= 0, ">= 0"),
     "enc_weight_decay": (lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
     "ssp_steps": (lambda v: v > 0, "> 0"),

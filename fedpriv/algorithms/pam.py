@@ -146,10 +146,23 @@ def plan_pam_releases(algorithm: str, cfg: PAMConfig) -> list[PlannedRelease]:
         return []
     per_user = cfg.epochs if cfg.schedule == "full" else 1  # disjoint groups: one step per user
     rest = (1.0 - cfg.share_init) / per_user
-    return [PlannedRelease("init_M", 1, cfg.share_init), PlannedRelease("am_b", per_user, rest / 2), PlannedRelease("am_A", per_user, rest / 2)]
+    return [
+        PlannedRelease("init_M", 1, cfg.share_init),
+        PlannedRelease("am_b", per_user, rest / 2),
+        PlannedRelease("am_A", per_user, rest / 2),
+    ]
 
 
-def new_pam_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, epsilon: float | None, delta: float, ledger_seed: int | None = None) -> tuple[PAMState, PrivacyLedger]:
+def new_pam_state(
+    algorithm: str,
+    cfg: PAMConfig,
+    d: int,
+    k: int,
+    samples: int,
+    epsilon: float | None,
+    delta: float,
+    ledger_seed: int | None = None,
+) -> tuple[PAMState, PrivacyLedger]:
     """Validated state and the run's ledger; ``ledger_seed``: None (noise from the OS CSPRNG)
     unless the run asked for reproducible noise."""
     if algorithm not in PAM_ALGORITHMS:
@@ -158,7 +171,9 @@ def new_pam_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, 
     if k > d:
         raise ConfigError(f"must be <= d={d}, got {k}", field="rank")
     if samples < 4 and cfg.schedule == "disjoint":
-        raise ConfigError("the disjoint schedule splits each user's samples in quarters: needs >= 4 samples", field="schedule")
+        raise ConfigError(
+            "the disjoint schedule splits each user's samples in quarters: needs >= 4 samples", field="schedule"
+        )
     from ..privacy.accounting import BestOfAccountant, calibrate  # server side: a client never plans
 
     state = PAMState(algorithm, cfg, d, k, samples, {})
@@ -171,7 +186,9 @@ def new_pam_state(algorithm: str, cfg: PAMConfig, d: int, k: int, samples: int, 
                 raise ConfigError(f"must be a finite number > 0, got {epsilon}", field="--epsilon")
             state.exp_epsilon = float(epsilon)
         else:
-            state.multipliers = calibrate(plan_pam_releases(algorithm, cfg), epsilon, delta, integer_orders=cfg.aggregation.secure).multipliers  # Skellam: integer orders
+            state.multipliers = calibrate(
+                plan_pam_releases(algorithm, cfg), epsilon, delta, integer_orders=cfg.aggregation.secure
+            ).multipliers  # Skellam: integer orders
         budget = (epsilon, delta)  # the ledger refuses any release beyond it (pure bound included)
     return state, PrivacyLedger(seed=ledger_seed, budget=budget, accountant=BestOfAccountant() if budget else None)
 
@@ -192,7 +209,9 @@ def client_init_stats(X: np.ndarray, y: np.ndarray, state: PAMState) -> np.ndarr
     return upper(S)  # sym(S) replicates the upper triangle: this vector determines it
 
 
-def client_personal_vectors(X: np.ndarray, y: np.ndarray, U: np.ndarray, ridge: float, samples: slice | None = None) -> np.ndarray:
+def client_personal_vectors(
+    X: np.ndarray, y: np.ndarray, U: np.ndarray, ridge: float, samples: slice | None = None
+) -> np.ndarray:
     """v_j = argmin |y_j - X_j U v|^2 + ridge * tr/k |v|^2, for every user of the block."""
     sl = samples if samples is not None else slice(None)
     Z = np.einsum("nmd,dk->nmk", X[:, sl].astype(np.float64), U)
@@ -280,7 +299,9 @@ def _ball_least_squares(G: np.ndarray, r: np.ndarray, radius: float, iters: int 
     return np.einsum("...kl,...l->...k", Q, v)
 
 
-def client_exp_scores(X: np.ndarray, y: np.ndarray, state: PAMState, net: np.ndarray | None = None, chunk: int = 64) -> np.ndarray:
+def client_exp_scores(
+    X: np.ndarray, y: np.ndarray, state: PAMState, net: np.ndarray | None = None, chunk: int = 64
+) -> np.ndarray:
     """(N,) sum over the block's users of their score terms, each in [0, sensitivity('exp_U')]."""
     net = exp_net(state) if net is None else net
     h = max(1, state.samples // 2)
@@ -301,24 +322,32 @@ def client_exp_scores(X: np.ndarray, y: np.ndarray, state: PAMState, net: np.nda
 
 
 # ---------------------------------------------------------------------------- aggregator
-def _release(name: str, value: np.ndarray, state: PAMState, ledger: PrivacyLedger | None, groups: int = 1) -> np.ndarray:
+def _release(
+    name: str, value: np.ndarray, state: PAMState, ledger: PrivacyLedger | None, groups: int = 1
+) -> np.ndarray:
     """Noise the exact sum through the ledger (upper-triangle vectors are noised entry-wise:
     the same as symmetric noise on the matrix)."""
     if not state.private:
         return value
-    return ledger.gaussian(name, value, sensitivity=pam_sensitivity(name, state), noise_multiplier=state.multipliers[name], groups=groups)
+    return ledger.gaussian(
+        name, value, sensitivity=pam_sensitivity(name, state), noise_multiplier=state.multipliers[name], groups=groups
+    )
 
 
 def release_init(total: np.ndarray, state: PAMState, ledger: PrivacyLedger | None) -> np.ndarray:
     return _release("init_M", total, state, ledger)
 
 
-def release_am(A: np.ndarray, b: np.ndarray, state: PAMState, ledger: PrivacyLedger | None) -> tuple[np.ndarray, np.ndarray]:
+def release_am(
+    A: np.ndarray, b: np.ndarray, state: PAMState, ledger: PrivacyLedger | None
+) -> tuple[np.ndarray, np.ndarray]:
     groups = state.config.epochs if state.config.schedule == "disjoint" else 1
     return _release("am_A", A, state, ledger, groups=groups), _release("am_b", b, state, ledger, groups=groups)
 
 
-def release_single(A: np.ndarray, b: np.ndarray, state: PAMState, ledger: PrivacyLedger | None) -> tuple[np.ndarray, np.ndarray]:
+def release_single(
+    A: np.ndarray, b: np.ndarray, state: PAMState, ledger: PrivacyLedger | None
+) -> tuple[np.ndarray, np.ndarray]:
     return _release("single_A", A, state, ledger), _release("single_b", b, state, ledger)
 
 
@@ -326,7 +355,9 @@ def release_exp(scores: np.ndarray, state: PAMState, ledger: PrivacyLedger | Non
     """Index of the selected net candidate (exact minimiser when not private)."""
     if not state.private:
         return int(np.argmin(scores))
-    return ledger.exponential("exp_U", scores, epsilon=state.exp_epsilon, sensitivity=pam_sensitivity("exp_U", state), monotone=True)
+    return ledger.exponential(
+        "exp_U", scores, epsilon=state.exp_epsilon, sensitivity=pam_sensitivity("exp_U", state), monotone=True
+    )
 
 
 # ---------------------------------------------------------------------------- server side
@@ -369,7 +400,9 @@ def server_single_update(A_upper: np.ndarray, b: np.ndarray, state: PAMState) ->
 
 
 # ---------------------------------------------------------------------------- evaluation
-def client_eval_sums(X: np.ndarray, y: np.ndarray, V_star: np.ndarray, U_star: np.ndarray, state: PAMState, noise: float) -> np.ndarray:
+def client_eval_sums(
+    X: np.ndarray, y: np.ndarray, V_star: np.ndarray, U_star: np.ndarray, state: PAMState, noise: float
+) -> np.ndarray:
     """(sum over the block's users of |theta_j - theta*_j|^2, number of users): the population
     MSE of user j's final predictor is |theta_j - theta*_j|^2 + sigma_F^2 for x ~ N(0, I).
     theta_j: U v_j with v_j on all the user's samples (pam, pam-nonprivate), the single model,
@@ -498,7 +531,10 @@ class PersonalRounds:
 
     def check_secure(self, state: PAMState) -> None:
         if state.algorithm not in ("pam", "pam-single-model"):
-            raise ConfigError(f"secure aggregation adds distributed Gaussian-like noise to sums; {state.algorithm} has no such release (use aggregation=central)", field="aggregation")
+            raise ConfigError(
+                f"secure aggregation adds distributed Gaussian-like noise to sums; {state.algorithm} has no such release (use aggregation=central)",
+                field="aggregation",
+            )
 
     def secure_parts(self, kind: str, state: PAMState) -> list[tuple[str, int, float, float]]:
         return secure_parts(kind, state)
@@ -517,7 +553,10 @@ def evaluate_personal(state: PAMState, data, users_per_shard: int = 4096) -> dic
     users' own test samples (:class:`~fedpriv.data.personal.PersonalData`)."""
     from .shards import split_users
 
-    sums = sum(client_eval_sums(data.X[u], data.y[u], data.V_star[u], data.U_star, state, data.noise) for u in split_users(data.n_users, users_per_shard))
+    sums = sum(
+        client_eval_sums(data.X[u], data.y[u], data.V_star[u], data.U_star, state, data.noise)
+        for u in split_users(data.n_users, users_per_shard)
+    )
     out = {"test_mse": float(sums[0] / max(sums[1], 1.0) + data.noise**2)}
     out["subspace_error"] = subspace_error(state.U, data.U_star) if state.U is not None else None
     return out

@@ -22,7 +22,9 @@ def budget_plan(
     planned = als.plan_releases(algorithm, cfg, implicit)
     sens = {p.name: als.sensitivity(p.name, cfg, rating_range) for p in planned}
     secure = cfg.aggregation.secure  # Skellam noise: calibrated and accounted at integer RDP orders
-    plan = calibrated_plan(algorithm, planned, sens, epsilon, delta, rating_range=rating_range, tuning=tuning, integer_orders=secure)
+    plan = calibrated_plan(
+        algorithm, planned, sens, epsilon, delta, rating_range=rating_range, tuning=tuning, integer_orders=secure
+    )
     plan.one_shot = als.PRE_RELEASES
     before = plan.calibration.share_rule
     if tuning is None and before is not None:
@@ -30,7 +32,8 @@ def budget_plan(
             "Fair allocation: each Poisson-sampled release gets the multiplier that spends its budget fraction of the "
             "RDP at the composition's optimal order. Before (z = s / sqrt(share), which ignores the amplification by "
             "sampling and over-noises the sampled releases while the one-shot ones spend more than their fraction): "
-            + ", ".join(f"{k} {before[k]:.4g} -> {plan.multipliers[k]:.4g}" for k in before) + "."
+            + ", ".join(f"{k} {before[k]:.4g} -> {plan.multipliers[k]:.4g}" for k in before)
+            + "."
         )
     if cfg.defaults == "noise-aware":
         plan.notes.append(

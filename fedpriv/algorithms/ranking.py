@@ -72,7 +72,9 @@ def popularity(state: als.PublicState) -> np.ndarray | None:
     return None
 
 
-def standardized(x: np.ndarray, axis: int | None = None, *, overwrite: bool = False, scratch: np.ndarray | None = None) -> np.ndarray:
+def standardized(
+    x: np.ndarray, axis: int | None = None, *, overwrite: bool = False, scratch: np.ndarray | None = None
+) -> np.ndarray:
     """``x`` minus its mean over ``axis``, over its standard deviation (floored at 1e-12): the
     same arithmetic as numpy's ``std``, with one temporary (the users x items scores of an
     evaluation chunk are large), in ``scratch`` where given (float64, ``x``'s shape).
@@ -93,7 +95,9 @@ def popularity_prior(state: als.PublicState) -> np.ndarray | None:
     return None if pop is None else standardized(np.log1p(np.maximum(pop, 0.0)))
 
 
-def ranking_scores(shard: UserShard, state: als.PublicState, candidates: np.ndarray, blend: float = RANK_BLEND) -> np.ndarray:
+def ranking_scores(
+    shard: UserShard, state: als.PublicState, candidates: np.ndarray, blend: float = RANK_BLEND
+) -> np.ndarray:
     """(n_users, k) ranking scores of the shard's users for the candidates (larger is better):
     standardized log-popularity plus ``blend`` times the standardized predicted rating (the
     predicted rating alone when the run released no popularity)."""
@@ -251,29 +255,39 @@ def shared_score_lists(score: np.ndarray, history: UserShard, k: int) -> np.ndar
     top[~short] = order[cols].reshape(-1, kk)
     for u in np.flatnonzero(short):
         mine = np.zeros(n, dtype=bool)
-        mine[history.items[history.indptr[u]:history.indptr[u + 1]]] = True
+        mine[history.items[history.indptr[u] : history.indptr[u + 1]]] = True
         unrated = order[~mine[order]]
         top[u] = np.concatenate([unrated, np.flatnonzero(mine)])[:kk]
     return top
 
 
-def shard_ranking_sums(state: als.PublicState, history: UserShard, target: UserShard, k: int, threshold: float, blend: float = RANK_BLEND) -> dict:
+def shard_ranking_sums(
+    state: als.PublicState, history: UserShard, target: UserShard, k: int, threshold: float, blend: float = RANK_BLEND
+) -> dict:
     """One shard's ranking sums of the released model (:func:`ranking_scores` over every item)."""
     everything = np.arange(state.n_items)
-    return _top_k_sums(lambda h: ranking_scores(h, state, everything, blend), history, target, state.n_items, k, threshold)
+    return _top_k_sums(
+        lambda h: ranking_scores(h, state, everything, blend), history, target, state.n_items, k, threshold
+    )
 
 
 def ranking_from_sums(sums: dict, item_counts: np.ndarray, k: int, threshold: float) -> dict:
     """The ranking metrics of summed shard sums."""
     users = sums["users"]
     rec = np.asarray(sums["recommended"])
-    out = {"k": int(k), "threshold": float(threshold), "users": int(users),
-           "recall": float(sums["recall"] / users) if users else None,
-           "ndcg": float(sums["ndcg"] / users) if users else None,
-           "coverage": float((rec > 0).mean()) if len(rec) else None,
-           "median_train_count": None}
+    out = {
+        "k": int(k),
+        "threshold": float(threshold),
+        "users": int(users),
+        "recall": float(sums["recall"] / users) if users else None,
+        "ndcg": float(sums["ndcg"] / users) if users else None,
+        "coverage": float((rec > 0).mean()) if len(rec) else None,
+        "median_train_count": None,
+    }
     if rec.sum() > 0:
-        out["median_train_count"] = float(np.median(np.repeat(np.asarray(item_counts, dtype=np.float64), rec.astype(np.int64))))
+        out["median_train_count"] = float(
+            np.median(np.repeat(np.asarray(item_counts, dtype=np.float64), rec.astype(np.int64)))
+        )
     return out
 
 
@@ -296,7 +310,7 @@ def _evaluate(makers_of, train, test, n_items: int, k: int, threshold: float, ch
     with ThreadPoolExecutor(workers, thread_name_prefix="fedpriv-ranking", initializer=one_thread_each) as pool:
         waiting: deque = deque()
         for start in range(0, len(users), chunk):
-            part = users[start:start + chunk]
+            part = users[start : start + chunk]
             subs = _relevant(shard_users(train, part), shard_users(test, part), threshold)
             if subs is not None and lists_of is not None:
                 waiting.append(pool.submit(_sums, lists_of(subs[0]), subs[1], n_items, threshold))
@@ -309,12 +323,16 @@ def _evaluate(makers_of, train, test, n_items: int, k: int, threshold: float, ch
     return ranking_from_sums(total, train.item_counts(), k, threshold)
 
 
-def evaluate_ranking(state: als.PublicState, train, test, *, k: int = RANK_K, threshold: float | None = None, blend: float = RANK_BLEND) -> dict:
+def evaluate_ranking(
+    state: als.PublicState, train, test, *, k: int = RANK_K, threshold: float | None = None, blend: float = RANK_BLEND
+) -> dict:
     """Ranking metrics of the released model on ``test`` (users solved from ``train``), in
     chunks of users (a chunk scores every item)."""
     threshold = relevance_threshold(state.rating_range) if threshold is None else float(threshold)
     everything = np.arange(state.n_items)
-    return _evaluate(lambda h: ranking_score_maker(h, state, everything, blend), train, test, state.n_items, k, threshold)
+    return _evaluate(
+        lambda h: ranking_score_maker(h, state, everything, blend), train, test, state.n_items, k, threshold
+    )
 
 
 def popular_reference(train, test, *, k: int = RANK_K, threshold: float) -> dict:

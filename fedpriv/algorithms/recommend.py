@@ -66,7 +66,9 @@ class RecommendConfig:
         from ..privacy import selection as mechanisms
 
         if self.mechanism not in mechanisms.PRIVATE:
-            raise ConfigError(f"must be one of {', '.join(mechanisms.PRIVATE)}, got {self.mechanism!r}", field="rec_mechanism")
+            raise ConfigError(
+                f"must be one of {', '.join(mechanisms.PRIVATE)}, got {self.mechanism!r}", field="rec_mechanism"
+            )
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise ConfigError(f"must be a finite number > 0, got {self.epsilon}", field="rec_epsilon")
         if not (int(self.candidates) == self.candidates and self.candidates >= 2):
@@ -78,8 +80,13 @@ class RecommendConfig:
             raise ConfigError(f"need 0 <= lo < hi <= 1, got {self.quantiles}", field="rec_quantiles")
         if not (int(self.bins) == self.bins and self.bins >= 2):
             raise ConfigError(f"must be an integer >= 2, got {self.bins}", field="rec_bins")
-        if self.sensitivity == "quantile" and not (math.isfinite(self.hist_epsilon) and self.hist_epsilon > 0 and 0 < self.hist_delta < 1):
-            raise ConfigError(f"need epsilon > 0 and delta in (0, 1), got ({self.hist_epsilon}, {self.hist_delta})", field="rec_hist_epsilon")
+        if self.sensitivity == "quantile" and not (
+            math.isfinite(self.hist_epsilon) and self.hist_epsilon > 0 and 0 < self.hist_delta < 1
+        ):
+            raise ConfigError(
+                f"need epsilon > 0 and delta in (0, 1), got ({self.hist_epsilon}, {self.hist_delta})",
+                field="rec_hist_epsilon",
+            )
         if not (math.isfinite(self.user_clip) and self.user_clip > 0):
             raise ConfigError(f"must be a finite number > 0, got {self.user_clip}", field="rec_user_clip")
 
@@ -99,7 +106,9 @@ def hist_edges(state: als.PublicState, bins: int) -> np.ndarray:
     return np.linspace(*state.rating_range, int(bins) + 1)
 
 
-def public_ranges(state: als.PublicState, candidates: np.ndarray, cfg: RecommendConfig) -> tuple[np.ndarray, np.ndarray]:
+def public_ranges(
+    state: als.PublicState, candidates: np.ndarray, cfg: RecommendConfig
+) -> tuple[np.ndarray, np.ndarray]:
     """[lo_a, hi_a] of the sources that need no release (norm, range)."""
     r0, r1 = (float(x) for x in state.rating_range)
     k = len(candidates)
@@ -124,7 +133,14 @@ def _widen(lo: np.ndarray, hi: np.ndarray, r0: float, r1: float, width: float) -
 
 
 # ---------------------------------------------------------------- client
-def client_scores(shard: UserShard, state: als.PublicState, candidates: np.ndarray, user_clip: float | None = None, *, clip: bool = True) -> np.ndarray:
+def client_scores(
+    shard: UserShard,
+    state: als.PublicState,
+    candidates: np.ndarray,
+    user_clip: float | None = None,
+    *,
+    clip: bool = True,
+) -> np.ndarray:
     """(n_users, k) predicted ratings of the shard's users for the candidates, clipped to the
     rating range (``clip=False``: as predicted, for ranking); the user vectors are solved
     locally (and clipped to ``user_clip``). The one scoring function of the ClientApp's private
@@ -132,7 +148,14 @@ def client_scores(shard: UserShard, state: als.PublicState, candidates: np.ndarr
     return client_score_maker(shard, state, candidates, user_clip, clip=clip)()
 
 
-def client_score_maker(shard: UserShard, state: als.PublicState, candidates: np.ndarray, user_clip: float | None = None, *, clip: bool = True):
+def client_score_maker(
+    shard: UserShard,
+    state: als.PublicState,
+    candidates: np.ndarray,
+    user_clip: float | None = None,
+    *,
+    clip: bool = True,
+):
     """:func:`client_scores` in two parts: this call solves the user vectors (the statistics
     kernels, on the run's device), and the function it returns makes the (n_users, k) scores
     from them with numpy alone, so it may run on another thread (the evaluation's pool), in
@@ -169,7 +192,9 @@ def rated_mask(shard: UserShard, candidates: np.ndarray) -> np.ndarray:
     return mask
 
 
-def client_histogram(shard: UserShard, state: als.PublicState, candidates: np.ndarray, cfg: RecommendConfig) -> np.ndarray:
+def client_histogram(
+    shard: UserShard, state: als.PublicState, candidates: np.ndarray, cfg: RecommendConfig
+) -> np.ndarray:
     """(k, bins) counts of the shard's users' predicted scores per candidate (one per user and
     candidate): the shard's share of the quantile release."""
     q = client_scores(shard, state, candidates)
@@ -207,12 +232,23 @@ def client_recommend(
         q = np.where(rated_mask(shard, candidates), lo[None, :], q)
     sens = hi - lo
     ledger = PrivacyLedger(seed=seed_from_keys(require_keys(shard), PURPOSE_RECOMMEND) if reproducible else None)
-    picks = ledger.select("recommendation", cfg.mechanism, q, sens, epsilon=cfg.epsilon, **cfg.params) if shard.n_users else np.zeros(0, np.int64)
+    picks = (
+        ledger.select("recommendation", cfg.mechanism, q, sens, epsilon=cfg.epsilon, **cfg.params)
+        if shard.n_users
+        else np.zeros(0, np.int64)
+    )
     sums = evaluation_sums(q, sens, picks, shard, candidates, heldout)
     return ClientReport(picks=np.asarray(picks, np.int64), records=ledger.to_list(), sums=sums)
 
 
-def evaluation_sums(q: np.ndarray, sens: np.ndarray, picks: np.ndarray, shard: UserShard, candidates: np.ndarray, heldout: UserShard | None) -> dict[str, np.ndarray]:
+def evaluation_sums(
+    q: np.ndarray,
+    sens: np.ndarray,
+    picks: np.ndarray,
+    shard: UserShard,
+    candidates: np.ndarray,
+    heldout: UserShard | None,
+) -> dict[str, np.ndarray]:
     """Sums over the shard's users: squared and absolute error to the best score, hits of the
     report / of the non-private argmax / expected hits of a uniform pick on held-out items
     (users with at least one held-out candidate count in ``n_eval``), and the histogram of
@@ -262,17 +298,23 @@ def hist_multiplier(cfg: RecommendConfig, *, integer_orders: bool = False) -> fl
     return calibrate(plan, cfg.hist_epsilon, cfg.hist_delta, integer_orders=integer_orders).multiplier(HIST_RELEASE)
 
 
-def release_ranges(total: np.ndarray, state: als.PublicState, cfg: RecommendConfig, ledger: PrivacyLedger) -> tuple[np.ndarray, np.ndarray]:
+def release_ranges(
+    total: np.ndarray, state: als.PublicState, cfg: RecommendConfig, ledger: PrivacyLedger
+) -> tuple[np.ndarray, np.ndarray]:
     """The aggregator step of the quantile source: release the summed (k x bins) histogram
     through the ledger (L2 sensitivity sqrt(k)), then read [lo_a, hi_a] off the noised
     histogram (post-processing)."""
     k = total.shape[0]
-    z = hist_multiplier(cfg, integer_orders=state.config.aggregation.secure)  # secure: the decoded Skellam sum's planned z
+    z = hist_multiplier(
+        cfg, integer_orders=state.config.aggregation.secure
+    )  # secure: the decoded Skellam sum's planned z
     noised = ledger.gaussian(HIST_RELEASE, total, sensitivity=math.sqrt(k), noise_multiplier=z)
     return quantile_ranges(noised, hist_edges(state, cfg.bins), cfg.quantiles)
 
 
-def quantile_ranges(hist: np.ndarray, edges: np.ndarray, quantiles: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+def quantile_ranges(
+    hist: np.ndarray, edges: np.ndarray, quantiles: tuple[float, float]
+) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the left edge of the bin holding the lower quantile and the right edge of the
     bin holding the upper one, of a (noised, hence clipped at 0) histogram."""
     h = np.maximum(np.asarray(hist, dtype=np.float64), 0.0)
@@ -296,7 +338,9 @@ class RejectedReport(ValueError):
 def eval_parts() -> list[tuple[str, int]]:
     """(name, length) of a client's evaluation sums (:func:`evaluation_sums`): what secure mode
     sums as one measurement."""
-    return [(key, 1) for key in ("n", "sq_err", "abs_err", "hits", "argmax_hits", "uniform_hits", "n_eval")] + [("spearman_hist", len(CORR_BINS) - 1)]
+    return [(key, 1) for key in ("n", "sq_err", "abs_err", "hits", "argmax_hits", "uniform_hits", "n_eval")] + [
+        ("spearman_hist", len(CORR_BINS) - 1)
+    ]
 
 
 def check_report(picks, records, sums, n_users: int, k: int, cfg: RecommendConfig) -> list[Release]:
@@ -314,13 +358,26 @@ def check_report(picks, records, sums, n_users: int, k: int, cfg: RecommendConfi
         raise RejectedReport(f"malformed ledger records ({exc})") from None
     expected = [("recommendation", "selection", float(cfg.epsilon), n_users, n_users, True)] if n_users else []
     got = [(r.name, r.mechanism, r.pure_epsilon, r.count, r.groups, r.disjoint) for r in rels if isinstance(r, Release)]
-    if len(rels) != len(got) or len(got) != len(expected) or any(
-        g[:2] != e[:2] or g[3:] != e[3:] or not math.isclose(g[2], e[2], rel_tol=1e-12) for g, e in zip(got, expected)
+    if (
+        len(rels) != len(got)
+        or len(got) != len(expected)
+        or any(
+            g[:2] != e[:2] or g[3:] != e[3:] or not math.isclose(g[2], e[2], rel_tol=1e-12)
+            for g, e in zip(got, expected)
+        )
     ):
         raise RejectedReport(f"ledger records {got} differ from the declared selection {expected}")
     if sums is None:
         return [r for r in rels if isinstance(r, Release)]
-    limits = {"n": n_users, "n_eval": n_users, "sq_err": None, "abs_err": None, "hits": n_users, "argmax_hits": n_users, "uniform_hits": n_users}
+    limits = {
+        "n": n_users,
+        "n_eval": n_users,
+        "sq_err": None,
+        "abs_err": None,
+        "hits": n_users,
+        "argmax_hits": n_users,
+        "uniform_hits": n_users,
+    }
     for key, lim in limits.items():
         v = np.asarray(sums.get(key, np.zeros(0)), dtype=np.float64)
         if v.shape != (1,) or not np.all(np.isfinite(v)) or v[0] < 0 or (lim is not None and v[0] > lim + 1e-9):
@@ -340,7 +397,11 @@ def merge_records(ledger: PrivacyLedger, rels: list[Release]) -> None:
 def summarize(total: dict[str, np.ndarray] | None, lo: np.ndarray, hi: np.ndarray) -> dict:
     """The run's recommendation metrics from the summed client sums (None: no reply) and the
     candidates' ranges."""
-    ranges = {"candidates": int(len(lo)), "sensitivity_min": float((hi - lo).min()), "sensitivity_max": float((hi - lo).max())}
+    ranges = {
+        "candidates": int(len(lo)),
+        "sensitivity_min": float((hi - lo).min()),
+        "sensitivity_max": float((hi - lo).max()),
+    }
     if total is None:
         return {"users": 0, **ranges}
     n = float(total["n"][0])

@@ -65,7 +65,9 @@ class AlgorithmSpec:
     resamples: Callable | None = None  # cfg -> independent noisings of a step's statistics (SSP1)
     defaults: tuple[tuple[str, str], ...] = ()  # config values this algorithm starts from (overrides win)
     fixed: tuple[str, ...] = ()  # config keys of ``defaults`` an override may not change
-    bias_model: bool = False  # the private bias model itself: the noise-aware rule sets its ridge, clip and feature prior only
+    bias_model: bool = (
+        False  # the private bias model itself: the noise-aware rule sets its ridge, clip and feature prior only
+    )
     setup_only: bool = False  # the setup releases are the whole run (no alternating step: popular)
     # the algorithm's own config keys as a dataclass (``cfg.options`` holds the parsed instance;
     # its ``validate()`` runs with the config's); the shared keys stay in ALSConfig
@@ -166,12 +168,16 @@ def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     if spec.task not in TASKS:
         raise ValueError(f"algorithm {spec.name!r}: task must be one of {tuple(TASKS)}, got {spec.task!r}")
     if spec.contribution not in _CONTRIBUTIONS:
-        raise ValueError(f"algorithm {spec.name!r}: contribution must be one of {_CONTRIBUTIONS}, got {spec.contribution!r}")
+        raise ValueError(
+            f"algorithm {spec.name!r}: contribution must be one of {_CONTRIBUTIONS}, got {spec.contribution!r}"
+        )
     if spec.name in _SPECS:
         raise ValueError(f"algorithm {spec.name!r} is registered twice")
     if spec.typed is not None:
         if spec.typed.name not in ("", spec.name):
-            raise ValueError(f"algorithm {spec.name!r}: {spec.typed.__name__} is already the typed configuration of {spec.typed.name!r}")
+            raise ValueError(
+                f"algorithm {spec.name!r}: {spec.typed.__name__} is already the typed configuration of {spec.typed.name!r}"
+            )
         spec.typed.name = spec.name
     _SPECS[spec.name] = spec
     return spec
@@ -182,7 +188,9 @@ def get(name: str) -> AlgorithmSpec:
     try:
         return _SPECS[name]
     except KeyError:
-        raise ConfigError(f"unknown algorithm {name!r} (known: {', '.join(_SPECS)}){did_you_mean(name, _SPECS)}", field="algorithm") from None
+        raise ConfigError(
+            f"unknown algorithm {name!r} (known: {', '.join(_SPECS)}){did_you_mean(name, _SPECS)}", field="algorithm"
+        ) from None
 
 
 def names() -> tuple[str, ...]:
@@ -212,9 +220,15 @@ GROUPS = ("rating prediction", "top-k", "personalization", "references and basel
 #: the personalization algorithms (fedpriv.algorithms.pam, on synthetic-personal data): they are
 #: no AlgorithmSpec (no item model), so their task and summary are declared here
 PERSONALIZATION: dict[str, tuple[str, str]] = {
-    "pam": ("personalization", "a private shared subspace by alternating minimization; each user's personal vector stays on its client"),
+    "pam": (
+        "personalization",
+        "a private shared subspace by alternating minimization; each user's personal vector stays on its client",
+    ),
     "pam-exp": ("personalization", "the exponential mechanism over a net of subspaces (pure DP; small d and k only)"),
-    "pam-single-model": ("reference: personalization", "one private shared regression vector: the shared model, no personalization"),
+    "pam-single-model": (
+        "reference: personalization",
+        "one private shared regression vector: the shared model, no personalization",
+    ),
     "pam-own-data": ("reference: personalization", "each user's own ridge regression, nothing shared"),
     "pam-nonprivate": ("reference: personalization", "pam without noise: the non-private upper reference"),
 }

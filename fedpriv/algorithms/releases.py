@@ -12,7 +12,10 @@ def stats_releases(cfg, share: float, noisings: int = 1) -> list[PlannedRelease]
     """Per-item statistics b and A (and the gravity term when on), ``noisings`` draws per step."""
     count = cfg.steps * noisings
     grav = cfg.share_gravity if cfg.gravity > 0 else 0.0
-    plan = [PlannedRelease("item_stats_b", count, share * cfg.share_b), PlannedRelease("item_stats_A", count, share * (1 - cfg.share_b) * (1 - grav))]
+    plan = [
+        PlannedRelease("item_stats_b", count, share * cfg.share_b),
+        PlannedRelease("item_stats_A", count, share * (1 - cfg.share_b) * (1 - grav)),
+    ]
     if grav:
         plan.append(PlannedRelease("gravity", count, share * (1 - cfg.share_b) * grav))
     return plan
@@ -39,7 +42,10 @@ def ssp1_releases(cfg, share: float) -> list[PlannedRelease]:
 
 def convex_releases(cfg, share: float) -> list[PlannedRelease]:
     """The logistic model's per-item gradient g and Hessian H statistics."""
-    return [PlannedRelease("item_stats_g", cfg.steps, share * cfg.share_b), PlannedRelease("item_stats_H", cfg.steps, share * (1 - cfg.share_b))]
+    return [
+        PlannedRelease("item_stats_g", cfg.steps, share * cfg.share_b),
+        PlannedRelease("item_stats_H", cfg.steps, share * (1 - cfg.share_b)),
+    ]
 
 
 def gradient_releases(name: str):

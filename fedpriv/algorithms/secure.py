@@ -34,9 +34,15 @@ def check_secure(state: als.PublicState) -> None:
     """Secure aggregation needs a private algorithm whose step noises its sums once."""
     spec = state.spec
     if not spec.private:
-        raise ConfigError(f"secure aggregation adds distributed noise; {state.algorithm} is not private (use --aggregation central)", field="aggregation")
+        raise ConfigError(
+            f"secure aggregation adds distributed noise; {state.algorithm} is not private (use --aggregation central)",
+            field="aggregation",
+        )
     if spec.noisings(state.config) != 1:
-        raise ConfigError(f"{state.algorithm} noises each step's statistics {spec.noisings(state.config)} times (SSP1); secure aggregation releases each sum once: use am-ssp, or ssp_resamples=1", field="aggregation")
+        raise ConfigError(
+            f"{state.algorithm} noises each step's statistics {spec.noisings(state.config)} times (SSP1); secure aggregation releases each sum once: use am-ssp, or ssp_resamples=1",
+            field="aggregation",
+        )
 
 
 def _pre_parts(kind: str, state: als.PublicState) -> list[Part]:
@@ -54,11 +60,16 @@ def declared(kind: str, state: als.PublicState) -> list[Part]:
 
 def round_parts(kind: str, state: als.PublicState) -> list[tuple[str, int, float, float]]:
     """(release name, words, L2 sensitivity, noise multiplier z) of every part of the round."""
-    return [(p.name, p.length, als.sensitivity(p.name, state.config, state.rating_range), state.multipliers[p.name]) for p in declared(kind, state)]
+    return [
+        (p.name, p.length, als.sensitivity(p.name, state.config, state.rating_range), state.multipliers[p.name])
+        for p in declared(kind, state)
+    ]
 
 
 # ---------------------------------------------------------------------------- node side
-def node_values(kind: str, shard: UserShard, state: als.PublicState, step: int = 0, table=None) -> dict[str, np.ndarray]:
+def node_values(
+    kind: str, shard: UserShard, state: als.PublicState, step: int = 0, table=None
+) -> dict[str, np.ndarray]:
     """The node's clipped sums of one round, flattened per declared part."""
     if kind in als.PRE_RELEASES:
         return {kind: als.client_vector(kind, shard, state)}
@@ -80,7 +91,9 @@ def node_rng(shard: UserShard, label: str, reproducible: bool) -> np.random.Gene
     return node_noise_rng(shard.user_keys, label, reproducible)
 
 
-def node_words(plan: distributed.DistributedPlan, values: dict[str, np.ndarray], rng: np.random.Generator) -> np.ndarray:
+def node_words(
+    plan: distributed.DistributedPlan, values: dict[str, np.ndarray], rng: np.random.Generator
+) -> np.ndarray:
     """The node's words (uint64 mod 2^bits): quantized sums plus its noise share."""
     return distributed.encode(plan, values, rng)
 

@@ -68,7 +68,11 @@ class UserShard:
     def item_groups(self) -> tuple[np.ndarray, np.ndarray]:
         """(item ids present, indptr over ``by_item_order``)."""
         sorted_items = self.items[self.by_item_order]
-        starts = np.flatnonzero(np.r_[True, sorted_items[1:] != sorted_items[:-1]]) if len(sorted_items) else np.zeros(0, np.int64)
+        starts = (
+            np.flatnonzero(np.r_[True, sorted_items[1:] != sorted_items[:-1]])
+            if len(sorted_items)
+            else np.zeros(0, np.int64)
+        )
         present = sorted_items[starts]
         counts = np.diff(np.r_[starts, len(sorted_items)])
         indptr = np.zeros(len(present) + 1, dtype=np.int64)
@@ -103,7 +107,10 @@ def shard_users(inter: Interactions, users: np.ndarray | None = None, keys: np.n
     pos = np.repeat(starts - indptr[:-1], counts) + np.arange(indptr[-1])
     items, ratings = csr.indices[pos], csr.data[pos]
     return UserShard(
-        user_ids=users, indptr=indptr, items=_read_only(np.asarray(items, np.int32)), ratings=_read_only(np.asarray(ratings, np.float32)),  # fresh: kept as they are
+        user_ids=users,
+        indptr=indptr,
+        items=_read_only(np.asarray(items, np.int32)),
+        ratings=_read_only(np.asarray(ratings, np.float32)),  # fresh: kept as they are
         user_keys=None if keys is None else np.asarray(keys, dtype=np.uint64)[users],
     )
 

@@ -27,8 +27,10 @@ import numpy as np
 try:  # torch is an extra: the encoder family (am-ssp, am-dpsgd, ...) and the GPU need it
     import torch
 except ImportError as exc:  # pragma: no cover - a machine without the extra
-    raise ImportError("the encoder family (am-ssp, am-ssp-convex, am-dpsgd) needs torch: pip install 'fedpriv[torch]' "
-                      "(on a machine without a GPU, install a CPU build of torch first: PyTorch's install page gives the command)") from exc
+    raise ImportError(
+        "the encoder family (am-ssp, am-ssp-convex, am-dpsgd) needs torch: pip install 'fedpriv[torch]' "
+        "(on a machine without a GPU, install a CPU build of torch first: PyTorch's install page gives the command)"
+    ) from exc
 
 from ..errors import ConfigError
 from ..privacy.ledger import PrivacyLedger
@@ -56,7 +58,9 @@ def build_encoder(table: FeatureTable, cfg: als.ALSConfig) -> ItemEncoder:
     return ItemEncoder(table, d, of(cfg, EncoderOptions).enc_hidden or d, seed=cfg.seed, init_scale=cfg.init_scale)
 
 
-def ssp_objective(E: torch.Tensor, A: torch.Tensor, b: torch.Tensor, reg: float, G: torch.Tensor | None = None) -> torch.Tensor:
+def ssp_objective(
+    E: torch.Tensor, A: torch.Tensor, b: torch.Tensor, reg: float, G: torch.Tensor | None = None
+) -> torch.Tensor:
     """sum_j (1/2 e_j^T A_j e_j - b_j^T e_j + reg/2 |e_j|^2) (+ 1/2 e_j^T G e_j): its gradient is
     sum_j J_j^T (A_j e_j - b_j + reg e_j), the SSP gradient of Proposition 1."""
     quad = 0.5 * torch.einsum("ni,nij,nj->", E, A, E) - (b * E).sum() + 0.5 * reg * (E * E).sum()
@@ -76,8 +80,14 @@ class EncoderServer:
         # there; the initialisation is drawn on the CPU first, so it is the same on every device
         self.dev = device.torch_device() or torch.device("cpu")
         self.encoder = build_encoder(table, cfg).to(self.dev)
-        lr = of(cfg, EncoderDPSGDOptions).encoder_sgd_lr if state.spec.clients_need_encoder else of(cfg, ServerSteps).ssp_lr
-        self.opt = torch.optim.Adam(self.encoder.parameters(), lr=lr, weight_decay=of(cfg, EncoderOptions).enc_weight_decay)
+        lr = (
+            of(cfg, EncoderDPSGDOptions).encoder_sgd_lr
+            if state.spec.clients_need_encoder
+            else of(cfg, ServerSteps).ssp_lr
+        )
+        self.opt = torch.optim.Adam(
+            self.encoder.parameters(), lr=lr, weight_decay=of(cfg, EncoderOptions).enc_weight_decay
+        )
         self.steps_done = 0
 
     def publish(self) -> None:
@@ -123,7 +133,11 @@ class EncoderServer:
             # a release on the device (fedpriv.util.device.DeviceArray) is read there
             A = device.as_tensor(project_psd(A, cfg.psd_floor), self.dev, torch.float32)
             b = device.as_tensor(b, self.dev, torch.float32)
-            G = device.as_tensor(project_psd(g[None], 0.0)[0], self.dev, torch.float32) * cfg.gravity if g is not None else None
+            G = (
+                device.as_tensor(project_psd(g[None], 0.0)[0], self.dev, torch.float32) * cfg.gravity
+                if g is not None
+                else None
+            )
             tens.append((A, b, G))
 
         def loss_of(t, items, E):
@@ -204,7 +218,9 @@ def release_encoder_gradient(G: np.ndarray, state: als.PublicState, ledger: Priv
 # ---------------------------------------------------------------------------- clients
 
 
-def client_encoder_gradient(shard: UserShard, state: als.PublicState, round_index: int, encoder: ItemEncoder) -> np.ndarray:
+def client_encoder_gradient(
+    shard: UserShard, state: als.PublicState, round_index: int, encoder: ItemEncoder
+) -> np.ndarray:
     """AM-DPSGD client: the shard's Poisson-sampled users solve their vectors from the broadcast
     item embeddings, then each user's gradient of its weighted squared error with respect to the
     encoder parameters is clipped to ``sgd_clip``; returns the sum (flat)."""
@@ -234,4 +250,3 @@ def client_encoder_gradient(shard: UserShard, state: als.PublicState, round_inde
     user_grads[rows, pos] = grads
     total, _ = per_user_clipped_gradient(encoder, user_items, user_grads, of(cfg, Sampled).sgd_clip)
     return total
-

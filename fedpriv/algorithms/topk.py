@@ -84,7 +84,9 @@ register_release(SKETCH, lambda cfg, rating_range: 1.0)  # ||x x^T Q||_F = ||x||
 LOWRANK_HEAD_PER_ROOT_SIGNAL = 4.0
 LOWRANK_HEAD_MAX = 50_000
 LOWRANK_REG_UNITS = 8.0  # shrinkage s^2 / (s^2 + lambda), lambda in units of sigma sqrt(M) (2 and 32 lost)
-LOWRANK_KEEP_UNITS = 1.0  # Nystrom keeps the directions of Q^T Y above sigma sqrt(d) (3: 0.13 against 0.20 on ML-100K at epsilon 5)
+LOWRANK_KEEP_UNITS = (
+    1.0  # Nystrom keeps the directions of Q^T Y above sigma sqrt(d) (3: 0.13 against 0.20 on ML-100K at epsilon 5)
+)
 
 
 @dataclass
@@ -250,7 +252,11 @@ class LowRankStep(TopKStep):
         Q = basis(state)
         items = head(state)
         sigma = als.noise_std(SKETCH, state) if state.private else 0.0
-        lam = (_options(state.config).topk_reg or LOWRANK_REG_UNITS) * sigma * math.sqrt(max(len(items), 1)) if state.private else _options(state.config).topk_reg
+        lam = (
+            (_options(state.config).topk_reg or LOWRANK_REG_UNITS) * sigma * math.sqrt(max(len(items), 1))
+            if state.private
+            else _options(state.config).topk_reg
+        )
         keep = LOWRANK_KEEP_UNITS * sigma * math.sqrt(max(Q.shape[1], 1)) if state.private else 1e-9
         F = nystrom(np.asarray(release, dtype=np.float64), Q, lam, keep)
         factors = np.zeros((state.n_items, state.config.rank), dtype=np.float32)
@@ -311,7 +317,11 @@ def _head_scores(shard: UserShard, state: als.PublicState, items: np.ndarray) ->
     B = state.item_item
     if B is not None and B.shape == (len(items), len(items)):
         return np.asarray(_rows(shard, state, items) @ B.astype(np.float64))
-    if isinstance(state.spec.alternating_step(), LowRankStep) and state.item_factors is not None and state.item_factors.shape[0] == state.n_items:
+    if (
+        isinstance(state.spec.alternating_step(), LowRankStep)
+        and state.item_factors is not None
+        and state.item_factors.shape[0] == state.n_items
+    ):
         F = np.asarray(state.item_factors[items], dtype=np.float64)
         return np.asarray((_rows(shard, state, items) @ F) @ F.T)
     return None
@@ -341,9 +351,20 @@ class TopKRule:
     def choose(self, epsilon: float, delta: float, n_items: int, n_users: int) -> dict:
         S = self.signal(epsilon, delta, n_users)
         if S < SIGNAL_MIN:
-            return {"topk_items": 0, "share_counts": 0.96, "share_mean": 0.02}  # the counts take what the statistic would have had
+            return {
+                "topk_items": 0,
+                "share_counts": 0.96,
+                "share_mean": 0.02,
+            }  # the counts take what the statistic would have had
         m = int(min(n_items, HEAD_MAX, max(2, round(HEAD_PER_SIGNAL * S))))
-        return {"topk_items": m, "topk_reg": REG_UNITS, "topk_blend": BLEND, "topk_low_weight": LOW_WEIGHT, "share_counts": SHARE_COUNTS, "share_mean": 0.02}
+        return {
+            "topk_items": m,
+            "topk_reg": REG_UNITS,
+            "topk_blend": BLEND,
+            "topk_low_weight": LOW_WEIGHT,
+            "share_counts": SHARE_COUNTS,
+            "share_mean": 0.02,
+        }
 
     @staticmethod
     def signal(epsilon: float, delta: float, n_users: int) -> float:
@@ -356,10 +377,14 @@ class TopKRule:
         S = self.signal(epsilon, delta, n_users)
         m = _options(cfg).topk_items
         if m == 0:
-            return (f"private popularity: signal {S:.3g} = released users x sqrt(rho) < {SIGNAL_MIN:g}, "
-                    "the item-item statistic does not pay at this epsilon")
-        return (f"EASE on the released co-occurrence of the {m} head items (signal {S:.3g} >= {SIGNAL_MIN:g}; "
-                f"head {HEAD_PER_SIGNAL:g} x signal, at most {HEAD_MAX}), ridge {_options(cfg).topk_reg:g} noise std x sqrt(M)")
+            return (
+                f"private popularity: signal {S:.3g} = released users x sqrt(rho) < {SIGNAL_MIN:g}, "
+                "the item-item statistic does not pay at this epsilon"
+            )
+        return (
+            f"EASE on the released co-occurrence of the {m} head items (signal {S:.3g} >= {SIGNAL_MIN:g}; "
+            f"head {HEAD_PER_SIGNAL:g} x signal, at most {HEAD_MAX}), ridge {_options(cfg).topk_reg:g} noise std x sqrt(M)"
+        )
 
 
 class LowRankRule(TopKRule):
@@ -369,7 +394,12 @@ class LowRankRule(TopKRule):
         out = super().choose(epsilon, delta, n_items, n_users)
         if out["topk_items"]:
             S = self.signal(epsilon, delta, n_users)
-            out.update(topk_items=int(min(n_items, LOWRANK_HEAD_MAX, max(2, round(LOWRANK_HEAD_PER_ROOT_SIGNAL * math.sqrt(S))))), topk_reg=LOWRANK_REG_UNITS)
+            out.update(
+                topk_items=int(
+                    min(n_items, LOWRANK_HEAD_MAX, max(2, round(LOWRANK_HEAD_PER_ROOT_SIGNAL * math.sqrt(S))))
+                ),
+                topk_reg=LOWRANK_REG_UNITS,
+            )
         return out
 
     def explain(self, cfg, epsilon: float, delta: float, n_items: int, n_users: int) -> str:
@@ -377,8 +407,10 @@ class LowRankRule(TopKRule):
         m = _options(cfg).topk_items
         if m == 0:
             return super().explain(cfg, epsilon, delta, n_items, n_users)
-        return (f"rank-{cfg.rank} sketch of the released co-occurrence of the {m} head items, {cfg.steps} power steps "
-                f"(signal {S:.3g} >= {SIGNAL_MIN:g}; head {LOWRANK_HEAD_PER_ROOT_SIGNAL:g} x sqrt(signal)), shrinkage {_options(cfg).topk_reg:g} noise std x sqrt(M)")
+        return (
+            f"rank-{cfg.rank} sketch of the released co-occurrence of the {m} head items, {cfg.steps} power steps "
+            f"(signal {S:.3g} >= {SIGNAL_MIN:g}; head {LOWRANK_HEAD_PER_ROOT_SIGNAL:g} x sqrt(signal)), shrinkage {_options(cfg).topk_reg:g} noise std x sqrt(M)"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -430,8 +462,15 @@ SPEC = register(
         task="top-k",
         needs_user_count=True,
         summary="private top-k (the default private recommender): EASE on one released item co-occurrence of the head items (private popularity when it does not pay; M^2/2 words per client)",
-        defaults=(("rank", "0"), ("steps", "1"), ("defaults", "noise-aware"), ("share_counts", "0.9"), ("share_mean", "0.08"),
-                  ("item_bias", "true"), ("user_bias", "false")),
+        defaults=(
+            ("rank", "0"),
+            ("steps", "1"),
+            ("defaults", "noise-aware"),
+            ("share_counts", "0.9"),
+            ("share_mean", "0.08"),
+            ("item_bias", "true"),
+            ("user_bias", "false"),
+        ),
         fixed=("rank", "steps"),
         rule=TopKRule(),
         typed=TopK,
@@ -446,8 +485,15 @@ EASE = register(
         task="reference: top-k",
         private=False,
         summary="non-private EASE on the binary rating matrix (the top-k reference)",
-        defaults=(("rank", "0"), ("steps", "1"), ("item_bias", "true"), ("user_bias", "false"), ("topk_items", str(10**9)),
-                  ("topk_reg", str(NONPRIVATE_REG)), ("topk_blend", "0")),
+        defaults=(
+            ("rank", "0"),
+            ("steps", "1"),
+            ("item_bias", "true"),
+            ("user_bias", "false"),
+            ("topk_items", str(10**9)),
+            ("topk_reg", str(NONPRIVATE_REG)),
+            ("topk_blend", "0"),
+        ),
         fixed=("rank", "steps"),
         typed=EASE,
         **_COMMON,
@@ -461,8 +507,15 @@ LOWRANK = register(
         task="top-k",
         needs_user_count=True,
         summary="private top-k, low-rank form: a rank-d sketch of the released item co-occurrence by the noisy power method, O(items x d) per client (private popularity when it does not pay)",
-        defaults=(("rank", "32"), ("steps", "3"), ("defaults", "noise-aware"), ("share_counts", "0.9"), ("share_mean", "0.08"),
-                  ("item_bias", "true"), ("user_bias", "false")),
+        defaults=(
+            ("rank", "32"),
+            ("steps", "3"),
+            ("defaults", "noise-aware"),
+            ("share_counts", "0.9"),
+            ("share_mean", "0.08"),
+            ("item_bias", "true"),
+            ("user_bias", "false"),
+        ),
         rule=LowRankRule(),
         typed=TopKLowRank,
         **{**_COMMON, "step": LowRankStep(), "step_releases": lowrank_releases, "n_steps": lowrank_steps},

@@ -31,7 +31,11 @@ class _Piece:
     KEYS: ClassVar[dict[str, str]] = {}
 
     def params(self) -> dict[str, Any]:
-        return {self.KEYS.get(f.name, f.name): getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return {
+            self.KEYS.get(f.name, f.name): getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,7 +149,6 @@ class Popular(AlgorithmConfig):
     """The private most-popular list (item counts released once)."""
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class ALS(_Factored):
     """Non-private weighted-lambda ALS (the reference)."""
@@ -187,7 +190,6 @@ class _Adaptive(_Factored):
 @dataclass(frozen=True, kw_only=True)
 class AdaDPALS(_Adaptive):
     """AdaDPALS, adaptive weights from private counts."""
-
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,7 +24,10 @@ def write_ml100k(folder: str | Path, raw_users, raw_items, ratings, catalogue_id
     raw_users, raw_items, ratings = (np.asarray(a) for a in (raw_users, raw_items, ratings))
     if not len(raw_users) == len(raw_items) == len(ratings):
         raise ValueError("raw_users, raw_items and ratings must have the same length")
-    rows = (f"{u}\t{i}\t{float(r):g}\t{_FIRST_TIMESTAMP + k}\n" for k, (u, i, r) in enumerate(zip(raw_users.tolist(), raw_items.tolist(), ratings.tolist())))
+    rows = (
+        f"{u}\t{i}\t{float(r):g}\t{_FIRST_TIMESTAMP + k}\n"
+        for k, (u, i, r) in enumerate(zip(raw_users.tolist(), raw_items.tolist(), ratings.tolist()))
+    )
     (folder / "u.data").write_text("".join(rows), encoding="utf-8")
     items = []
     for m in np.asarray(catalogue_ids).tolist():

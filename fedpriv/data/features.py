@@ -109,7 +109,11 @@ def build_item_features(
     return assemble_fields(n_items, [(name, *field) for name, field in built.items()])
 
 
-def assemble_fields(n_items: int, built: Sequence[tuple[str, Sequence[int], Sequence[int], Sequence[str]]], names: list[str] | None = None) -> ItemFeatures:
+def assemble_fields(
+    n_items: int,
+    built: Sequence[tuple[str, Sequence[int], Sequence[int], Sequence[str]]],
+    names: list[str] | None = None,
+) -> ItemFeatures:
     """Stack feature fields side by side into one binary CSR matrix: each field is (name, rows,
     columns within the field, column labels); a value given twice in one cell is one feature.
     The one assembler of the built-in loaders and the csv/parquet reader."""

@@ -140,7 +140,9 @@ def _ids(column: pd.Series, what: str, label: str) -> _Ids:
     return _Ids(text.to_numpy(dtype=str), False, problem, stray)
 
 
-def _rating_values(column: pd.Series, label: str, rating_range: tuple[float, float] | None) -> tuple[np.ndarray, tuple[int, str] | None]:
+def _rating_values(
+    column: pd.Series, label: str, rating_range: tuple[float, float] | None
+) -> tuple[np.ndarray, tuple[int, str] | None]:
     """Ratings as float64 and the first bad one (empty, not a number, not finite, out of range)."""
     text = None
     if pd.api.types.is_bool_dtype(column.dtype) or pd.api.types.is_numeric_dtype(column.dtype):
@@ -151,7 +153,11 @@ def _rating_values(column: pd.Series, label: str, rating_range: tuple[float, flo
     with np.errstate(over="ignore", invalid="ignore"):
         finite = np.isfinite(v)
         overflow = finite & ~np.isfinite(v.astype(np.float32))
-        outside = np.zeros(len(v), dtype=bool) if rating_range is None else finite & ((v < rating_range[0]) | (v > rating_range[1]))
+        outside = (
+            np.zeros(len(v), dtype=bool)
+            if rating_range is None
+            else finite & ((v < rating_range[0]) | (v > rating_range[1]))
+        )
 
     def not_finite(r: int) -> str:
         if text is None:
@@ -222,7 +228,9 @@ def read_ratings(
     if not implicit:
         rating_col, _ = table.column(rating, 2, "rating", "set it with rating=NAME, or give implicit=1")
     if not len(table):
-        raise DataError(f"no ratings: the {'DataFrame' if table.style == 'frame' else 'file'} has no data rows", path=table.where)
+        raise DataError(
+            f"no ratings: the {'DataFrame' if table.style == 'frame' else 'file'} has no data rows", path=table.where
+        )
     users = _ids(user_col, "user", user_label)
     items = _ids(item_col, "item", item_label)
     if implicit:
@@ -250,14 +258,18 @@ def read_ratings(
         if dup.any():
             r = int(np.flatnonzero(dup)[0])
             first = int(np.flatnonzero(fids.values[:r] == fids.values[r])[0])
-            raise features.error(r, f"item {_show(fids.values[r])} is listed twice in the {listing} (first at {features.at(first)})")
+            raise features.error(
+                r, f"item {_show(fids.values[r])} is listed twice in the {listing} (first at {features.at(first)})"
+            )
         catalogue = fids.values
 
     problems = []
     if catalogue is not None:
         unlisted = pd.Index(catalogue).get_indexer(items.values) < 0
         where = features.where if features is not None else ""
-        problems.append(_first((unlisted, lambda r: f"item {_show(items.values[r])} is not listed in the {listing} ({where})")))
+        problems.append(
+            _first((unlisted, lambda r: f"item {_show(items.values[r])} is not listed in the {listing} ({where})"))
+        )
     u_codes = pd.factorize(users.values)[0].astype(np.int64)
     i_codes, i_uniques = pd.factorize(items.values)
     key = u_codes * max(len(i_uniques), 1) + i_codes
@@ -280,5 +292,8 @@ def read_ratings(
 
     n_dup = int(dup.sum())
     if n_dup:
-        warnings.warn(f"{table.where}: dropped {n_dup} duplicate (user, item) pairs, keeping the last rating of each", stacklevel=3)
+        warnings.warn(
+            f"{table.where}: dropped {n_dup} duplicate (user, item) pairs, keeping the last rating of each",
+            stacklevel=3,
+        )
     return RawRatings(users.values, items.values, values.astype(np.float32), n_dup, catalogue)

@@ -48,7 +48,6 @@ JESTER_RANGE = (-10.0, 10.0)
 JESTER_NOT_RATED = 99.0
 
 
-
 @dataclass
 class Dataset:
     """A loaded data set: the ratings, optional item features, and how they were read."""
@@ -256,7 +255,11 @@ _FORMATS: dict[str, _Format] = {
     "ml-25m": _Format(_ML_CSV_RATINGS, (0.5, 5.0), _csv_features, *_CSV_CATALOGUE),
     "ml-latest": _Format(_ML_CSV_RATINGS, (0.5, 5.0), _csv_features, *_CSV_CATALOGUE),
     "lastfm": _Format(
-        _LASTFM_RATINGS, (0.0, math.inf), _lastfm_features, "artists.dat", _table_reader(_LASTFM_ARTISTS),
+        _LASTFM_RATINGS,
+        (0.0, math.inf),
+        _lastfm_features,
+        "artists.dat",
+        _table_reader(_LASTFM_ARTISTS),
         implicit=True,
     ),
 }
@@ -265,9 +268,7 @@ _FORMATS: dict[str, _Format] = {
 KNOWN_KINDS = tuple(_FORMATS)
 
 
-def load_dataset(
-    kind: str, path: str | os.PathLike, *, rating_range: tuple[float, float] | None = None
-) -> Dataset:
+def load_dataset(kind: str, path: str | os.PathLike, *, rating_range: tuple[float, float] | None = None) -> Dataset:
     """Load a data set of the given kind from a folder or the official zip.
 
     ``rating_range`` overrides the declared range (ML-100K/1M: [1, 5]; ML-10M/20M/25M/latest:
@@ -283,7 +284,11 @@ def load_dataset(
     fmt = _FORMATS.get(kind)
     if fmt is None:
         raise DataError(f"unknown data set kind {kind!r}; known kinds: {', '.join(KNOWN_KINDS)}")
-    low, high = check_rating_range(fmt.rating_range if rating_range is None else rating_range, open_above=fmt.implicit, unbounded=rating_range is not None)
+    low, high = check_rating_range(
+        fmt.rating_range if rating_range is None else rating_range,
+        open_above=fmt.implicit,
+        unbounded=rating_range is not None,
+    )
     with Source(Path(os.fspath(path))) as source:
         parsed = read_table(source, fmt.ratings)
         if not len(parsed):

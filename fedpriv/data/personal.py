@@ -50,7 +50,9 @@ class PersonalData:
         return self.U_star.shape[1]
 
 
-def make_personal(users: int = 50_000, samples: int = 10, d: int = 50, k: int = 2, noise: float = 0.01, seed: int = 0) -> PersonalData:
+def make_personal(
+    users: int = 50_000, samples: int = 10, d: int = 50, k: int = 2, noise: float = 0.01, seed: int = 0
+) -> PersonalData:
     """Generate the data set (synthetic: every draw is public randomness, not noise)."""
     for name, v, lo in (("users", users, 1), ("samples", samples, 2), ("d", d, 1), ("k", k, 1)):
         if int(v) < lo:

@@ -56,7 +56,13 @@ def _write_features(folder: Path, features) -> None:
     m = features.matrix.tocsr()
     np.savez(folder / "item_features.npz", indptr=m.indptr, indices=m.indices, data=m.data, shape=np.asarray(m.shape))
     (folder / "item_features.json").write_text(
-        json.dumps({"fields": {k: [v.start, v.stop] for k, v in features.fields.items()}, "columns": list(features.columns), "names": features.names})
+        json.dumps(
+            {
+                "fields": {k: [v.start, v.stop] for k, v in features.fields.items()},
+                "columns": list(features.columns),
+                "names": features.names,
+            }
+        )
     )
 
 
@@ -70,7 +76,12 @@ def _read_features(folder: Path):
     with np.load(folder / "item_features.npz") as z:
         matrix = sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=tuple(int(x) for x in z["shape"]))
     meta = json.loads((folder / "item_features.json").read_text())
-    return ItemFeatures(matrix=matrix, fields={k: slice(a, b) for k, (a, b) in meta["fields"].items()}, columns=meta["columns"], names=meta["names"])
+    return ItemFeatures(
+        matrix=matrix,
+        fields={k: slice(a, b) for k, (a, b) in meta["fields"].items()},
+        columns=meta["columns"],
+        names=meta["names"],
+    )
 
 
 def write_public(folder: str | Path, meta: dict, item_ids: np.ndarray, item_features=None) -> Path:
@@ -95,10 +106,17 @@ def load_public(folder: str | Path) -> PublicData:
             raise DataError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
         item_ids = np.load(folder / "item_ids.npy", allow_pickle=False)
         return PublicData(
-            n_users=int(meta["n_users"]), n_items=int(meta["n_items"]), item_ids=item_ids,
-            rating_range=(float(meta["rating_range"][0]), float(meta["rating_range"][1])), implicit=bool(meta["implicit"]),
-            protocol=str(meta["protocol"]), split_seed=int(meta["split_seed"]), source=str(meta["source"]),
-            nodes=int(meta["nodes"]), users_per_node=int(meta["users_per_node"]), item_features=_read_features(folder),
+            n_users=int(meta["n_users"]),
+            n_items=int(meta["n_items"]),
+            item_ids=item_ids,
+            rating_range=(float(meta["rating_range"][0]), float(meta["rating_range"][1])),
+            implicit=bool(meta["implicit"]),
+            protocol=str(meta["protocol"]),
+            split_seed=int(meta["split_seed"]),
+            source=str(meta["source"]),
+            nodes=int(meta["nodes"]),
+            users_per_node=int(meta["users_per_node"]),
+            item_features=_read_features(folder),
         )
     except (KeyError, TypeError, ValueError, OSError, json.JSONDecodeError) as exc:
         raise DataError(f"{path}: {type(exc).__name__}: {exc}") from None
@@ -111,8 +129,12 @@ def write_node_ratings(folder: str | Path, inter: Interactions, users: np.ndarra
     keep = np.isin(inter.users, users)
     own_ids = np.asarray(inter.user_ids)[users] if inter.user_ids is not None else users
     np.savez(
-        folder / RATINGS, users=inter.users[keep], items=inter.items[keep], ratings=inter.ratings[keep],
-        user_index=np.asarray(users, dtype=np.int64), user_ids=np.asarray(own_ids),
+        folder / RATINGS,
+        users=inter.users[keep],
+        items=inter.items[keep],
+        ratings=inter.ratings[keep],
+        user_index=np.asarray(users, dtype=np.int64),
+        user_ids=np.asarray(own_ids),
     )
     return folder
 

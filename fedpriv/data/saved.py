@@ -61,7 +61,9 @@ def save_dataset(dataset, folder: str | os.PathLike) -> Path:
         feats = dataset.item_features
         if feats is not None:
             m = feats.matrix.tocsr()
-            np.savez(tmp / _FEATURES, data=m.data, indices=m.indices, indptr=m.indptr, shape=np.asarray(m.shape, np.int64))
+            np.savez(
+                tmp / _FEATURES, data=m.data, indices=m.indices, indptr=m.indptr, shape=np.asarray(m.shape, np.int64)
+            )
             meta["features"] = {
                 "fields": {k: [s.start, s.stop] for k, s in feats.fields.items()},
                 "columns": list(feats.columns),
@@ -88,20 +90,38 @@ def load_saved(folder: str | os.PathLike):
     except (OSError, ValueError) as exc:
         raise DataError(f"unreadable: {exc}", path=str(meta_path)) from None
     if meta.get("format") != FORMAT:
-        raise DataError(f"not a fedpriv saved data set (format {meta.get('format')!r}, expected {FORMAT!r})", path=str(meta_path))
+        raise DataError(
+            f"not a fedpriv saved data set (format {meta.get('format')!r}, expected {FORMAT!r})", path=str(meta_path)
+        )
     with np.load(folder / _ARRAYS, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     inter = Interactions(
-        arrays["users"], arrays["items"], arrays["ratings"], int(meta["n_users"]), int(meta["n_items"]),
-        user_ids=arrays.get("user_ids"), item_ids=arrays.get("item_ids"), name=meta.get("name", ""), meta=dict(meta.get("meta") or {}),
+        arrays["users"],
+        arrays["items"],
+        arrays["ratings"],
+        int(meta["n_users"]),
+        int(meta["n_items"]),
+        user_ids=arrays.get("user_ids"),
+        item_ids=arrays.get("item_ids"),
+        name=meta.get("name", ""),
+        meta=dict(meta.get("meta") or {}),
     )
     features = None
     if meta.get("features") is not None:
         f = meta["features"]
         with np.load(folder / _FEATURES, allow_pickle=False) as z:
             matrix = sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=tuple(int(x) for x in z["shape"]))
-        features = ItemFeatures(matrix=matrix, fields={k: slice(a, b) for k, (a, b) in f["fields"].items()}, columns=list(f["columns"]), names=f["names"])
+        features = ItemFeatures(
+            matrix=matrix,
+            fields={k: slice(a, b) for k, (a, b) in f["fields"].items()},
+            columns=list(f["columns"]),
+            names=f["names"],
+        )
     return Dataset(
-        interactions=inter, item_features=features, rating_range=tuple(meta["rating_range"]), implicit=bool(meta["implicit"]),
-        source=meta.get("source") or str(folder), duplicates_dropped=int(meta.get("duplicates_dropped", 0)),
+        interactions=inter,
+        item_features=features,
+        rating_range=tuple(meta["rating_range"]),
+        implicit=bool(meta["implicit"]),
+        source=meta.get("source") or str(folder),
+        duplicates_dropped=int(meta.get("duplicates_dropped", 0)),
     )

@@ -11,7 +11,16 @@ from ..errors import ConfigError
 
 FILE_KINDS = ("ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ml-latest", "lastfm", "jester")
 SYNTHETIC_KINDS = {
-    "synthetic-mf": {"users": int, "items": int, "ratings": int, "seed": int, "rank": int, "skew": float, "noise": float, "select": float},
+    "synthetic-mf": {
+        "users": int,
+        "items": int,
+        "ratings": int,
+        "seed": int,
+        "rank": int,
+        "skew": float,
+        "noise": float,
+        "select": float,
+    },
     "synthetic-personal": {"users": int, "samples": int, "d": int, "k": int, "noise": float, "seed": int},
 }
 # data sets evaluated with the held-out-users protocol (Recall@k) unless told otherwise

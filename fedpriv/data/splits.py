@@ -150,9 +150,7 @@ def heldout_users_split(
     )
 
 
-def _check_heldout_args(
-    valid_fraction: float, test_fraction: float, min_ratings: int, history_fraction: float
-) -> None:
+def _check_heldout_args(valid_fraction: float, test_fraction: float, min_ratings: int, history_fraction: float) -> None:
     """Reject out-of-range settings of :func:`heldout_users_split`."""
     for name, value in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
         if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
@@ -160,11 +158,13 @@ def _check_heldout_args(
         if not 0 <= value < 1:
             raise ConfigError(f"must be in [0, 1), got {value}", field=name)
     if not valid_fraction + test_fraction < 1:
-        raise ConfigError(f"valid_fraction + test_fraction must be < 1 (training users must remain), got "
-                          f"{valid_fraction} + {test_fraction}", field="test_fraction")
+        raise ConfigError(
+            f"valid_fraction + test_fraction must be < 1 (training users must remain), got "
+            f"{valid_fraction} + {test_fraction}",
+            field="test_fraction",
+        )
     if min_ratings < 2:
-        raise ConfigError(f"must be >= 2 (one history and one target item), got {min_ratings}",
-                          field="min_ratings")
+        raise ConfigError(f"must be >= 2 (one history and one target item), got {min_ratings}", field="min_ratings")
     if not 0 < history_fraction < 1:
         raise ConfigError(f"must be in (0, 1), got {history_fraction}", field="history_fraction")
 
@@ -172,12 +172,13 @@ def _check_heldout_args(
 def _check_train_users(n_train: int, n_eligible: int, n_valid: int, min_ratings: int) -> None:
     """Held-out users must leave at least one training user."""
     if n_eligible == 0:
-        raise ConfigError(f"no user has {min_ratings} positives, so no training user remains",
-                          field="min_ratings")
+        raise ConfigError(f"no user has {min_ratings} positives, so no training user remains", field="min_ratings")
     if n_train == 0:
         field = "valid_fraction" if n_valid == n_eligible else "test_fraction"
-        raise ConfigError(f"every one of the {n_eligible} users with enough positives is held out: no "
-                          "training user remains", field=field)
+        raise ConfigError(
+            f"every one of the {n_eligible} users with enough positives is held out: no training user remains",
+            field=field,
+        )
 
 
 def _positives(inter: Interactions, threshold: float | None) -> Interactions:

@@ -95,15 +95,15 @@ def make_mf(
     user_factors, item_factors, user_bias, item_bias = _ground_truth(truth_rng, users, items, rank)
     affinity = None
     if select > 0:
+
         def affinity(keys: np.ndarray) -> np.ndarray:
             return _affinity(keys, items, user_factors, item_factors, item_bias)
+
     keys = _sample_pairs(pair_rng, users, items, ratings, skew, user_skew, affinity=affinity, select=select)
     user_idx = keys // items
     item_idx = keys - user_idx * items
     del keys
-    values = _ratings(
-        noise_rng, user_idx, item_idx, user_factors, item_factors, user_bias, item_bias, noise
-    )
+    values = _ratings(noise_rng, user_idx, item_idx, user_factors, item_factors, user_bias, item_bias, noise)
     inter = Interactions(
         users=user_idx,
         items=item_idx,
@@ -113,8 +113,16 @@ def make_mf(
         user_ids=np.arange(users, dtype=np.int64),
         item_ids=np.arange(items, dtype=np.int64),
         name="synthetic-mf",
-        meta={"generator": "make_mf", "rank": rank, "skew": skew, "user_skew": user_skew,
-              "noise": noise, "seed": seed, "catalogue": "metadata", **({"select": select} if select else {})},
+        meta={
+            "generator": "make_mf",
+            "rank": rank,
+            "skew": skew,
+            "user_skew": user_skew,
+            "noise": noise,
+            "seed": seed,
+            "catalogue": "metadata",
+            **({"select": select} if select else {}),
+        },
     )
     return SyntheticMF(
         interactions=inter,
@@ -133,16 +141,25 @@ def _require(ok: bool, message: str, field: str) -> None:
 
 
 def _check_mf_args(
-    users: int, items: int, ratings: int, rank: int, skew: float, user_skew: float,
-    noise: float, n_genres: int, n_year_buckets: int,
+    users: int,
+    items: int,
+    ratings: int,
+    rank: int,
+    skew: float,
+    user_skew: float,
+    noise: float,
+    n_genres: int,
+    n_year_buckets: int,
 ) -> None:
     """Reject impossible :func:`make_mf` settings."""
     _require(users >= 1, f"must be >= 1, got {users}", "users")
     _require(items >= 1, f"must be >= 1, got {items}", "items")
-    _require(ratings >= users, f"must be >= users ({users}) so every user has a rating, "
-             f"got {ratings}", "ratings")
-    _require(ratings <= users * items, f"at most users * items = {users * items} distinct "
-             f"pairs exist, got {ratings}", "ratings")
+    _require(ratings >= users, f"must be >= users ({users}) so every user has a rating, got {ratings}", "ratings")
+    _require(
+        ratings <= users * items,
+        f"at most users * items = {users * items} distinct pairs exist, got {ratings}",
+        "ratings",
+    )
     _require(rank >= 1, f"must be >= 1, got {rank}", "rank")
     _require(skew >= 0, f"must be >= 0, got {skew}", "skew")
     _require(user_skew >= 0, f"must be >= 0, got {user_skew}", "user_skew")
@@ -190,7 +207,15 @@ def _more_uniform(uniform_share: float) -> float:
 
 
 def _sample_pairs(
-    rng: np.random.Generator, users: int, items: int, ratings: int, skew: float, user_skew: float, *, affinity=None, select: float = 0.0
+    rng: np.random.Generator,
+    users: int,
+    items: int,
+    ratings: int,
+    skew: float,
+    user_skew: float,
+    *,
+    affinity=None,
+    select: float = 0.0,
 ) -> np.ndarray:
     """Sorted int64 keys ``u * items + i`` of exactly ``ratings`` distinct pairs (with
     ``affinity``: twice as many drawn, the extras dropped by low affinity, see :func:`make_mf`)."""
@@ -210,13 +235,15 @@ def _affinity(keys: np.ndarray, items: int, user_factors, item_factors, item_bia
     """Standardized true affinity of the pairs ``keys`` (in chunks)."""
     out = np.empty(len(keys), dtype=np.float64)
     for start in range(0, len(keys), _CHUNK):
-        k = keys[start:start + _CHUNK]
+        k = keys[start : start + _CHUNK]
         u, i = k // items, k % items
-        out[start:start + len(k)] = np.einsum("ij,ij->i", user_factors[u], item_factors[i]) + item_bias[i]
+        out[start : start + len(k)] = np.einsum("ij,ij->i", user_factors[u], item_factors[i]) + item_bias[i]
     return (out - out.mean()) / max(out.std(), 1e-12)
 
 
-def _drop_by_affinity(rng: np.random.Generator, keys: np.ndarray, count: int, base: np.ndarray, affinity: np.ndarray, select: float) -> np.ndarray:
+def _drop_by_affinity(
+    rng: np.random.Generator, keys: np.ndarray, count: int, base: np.ndarray, affinity: np.ndarray, select: float
+) -> np.ndarray:
     """Remove ``count`` keys not in ``base``, drawn without replacement with weights
     ``exp(-select * affinity)`` (Efraimidis-Spirakis keys)."""
     if count <= 0:
@@ -230,9 +257,7 @@ def _drop_by_affinity(rng: np.random.Generator, keys: np.ndarray, count: int, ba
     return keys[keep]
 
 
-def _base_pairs(
-    rng: np.random.Generator, users: int, items: int, per_user: int, item_p: np.ndarray
-) -> np.ndarray:
+def _base_pairs(rng: np.random.Generator, users: int, items: int, per_user: int, item_p: np.ndarray) -> np.ndarray:
     """Sorted keys giving every user exactly ``per_user`` distinct items drawn by popularity."""
     keys = np.empty(0, dtype=np.int64)
     need = np.full(users, per_user, dtype=np.int64)
@@ -297,9 +322,7 @@ def _add_free_pairs(rng: np.random.Generator, n_pairs: int, count: int, taken: n
     return np.sort(np.concatenate([taken, picked]))
 
 
-def _drop_random_extras(
-    rng: np.random.Generator, keys: np.ndarray, count: int, base: np.ndarray
-) -> np.ndarray:
+def _drop_random_extras(rng: np.random.Generator, keys: np.ndarray, count: int, base: np.ndarray) -> np.ndarray:
     """Remove ``count`` random keys of the sorted ``keys`` that are not in the sorted ``base``."""
     if count == 0:
         return keys
@@ -338,12 +361,12 @@ def _ratings(
     """Noisy, clipped model ratings for the given pairs (float32), computed in chunks."""
     out = np.empty(len(user_idx), dtype=np.float32)
     for start in range(0, len(out), _CHUNK):
-        u = user_idx[start:start + _CHUNK]
-        i = item_idx[start:start + _CHUNK]
+        u = user_idx[start : start + _CHUNK]
+        i = item_idx[start : start + _CHUNK]
         value = np.einsum("ij,ij->i", user_factors[u], item_factors[i])
         value += GLOBAL_MEAN + user_bias[u] + item_bias[i]
         value += np.float32(noise) * rng.standard_normal(len(u), dtype=np.float32)
-        out[start:start + len(u)] = value
+        out[start : start + len(u)] = value
     return np.clip(out, *RATING_RANGE, out=out)
 
 

@@ -279,7 +279,9 @@ def read_table(source: Source, layout: Layout) -> Table:
             source.parsed[layout] = _read_preset(source.read(layout.name), layout, where)
         else:  # a file on disk is read by pandas from the disk (and again only to number lines)
             file = source.local_file(layout.name)
-            source.parsed[layout] = _read_user_table(file if file is not None else source.read(layout.name), layout, where)
+            source.parsed[layout] = _read_user_table(
+                file if file is not None else source.read(layout.name), layout, where
+            )
     return source.parsed[layout]
 
 
@@ -308,7 +310,17 @@ def _read_preset(blob: bytes, layout: Layout, where: str) -> Table:
     if columns is None:
         columns = _scan(blob, layout, where, encoding)
     frame = pd.DataFrame(dict(enumerate(columns)), copy=False) if columns else pd.DataFrame()
-    return Table(frame, where, "csv", header=layout.header, blob=blob, encoding=encoding, sep=layout.sep, records=False, layout=layout)
+    return Table(
+        frame,
+        where,
+        "csv",
+        header=layout.header,
+        blob=blob,
+        encoding=encoding,
+        sep=layout.sep,
+        records=False,
+        layout=layout,
+    )
 
 
 def _try_fast_parse(blob: bytes, layout: Layout, encoding: str, *, skip_header: bool) -> list[np.ndarray] | None:
@@ -473,7 +485,9 @@ def _read_user_table(data: bytes | Path, layout: Layout, where: str) -> Table:
             need = "a header line naming the columns, then " if header else ""
             raise DataError(f"the file is empty; expected {need}{layout.rows}", path=where) from None
         except (pd.errors.ParserError, pd.errors.ParserWarning) as exc:
-            raise _parse_error(data if isinstance(data, bytes) else data.read_bytes(), where, encoding, sep, header, exc) from None
+            raise _parse_error(
+                data if isinstance(data, bytes) else data.read_bytes(), where, encoding, sep, header, exc
+            ) from None
         except OSError as exc:
             raise DataError(f"cannot read the file: {exc}", path=where) from None
     assert frame is not None  # latin-1 decodes any bytes
@@ -560,4 +574,3 @@ def _data_lines(blob: bytes, encoding: str, sep: str, header: bool, *, records: 
         return np.asarray(starts[1 if header else 0 :], dtype=np.int64)
     numbers = (line for first, chunk in _chunks(blob, header) for line, _ in _nonblank(chunk, first))
     return np.fromiter(numbers, dtype=np.int64)
-

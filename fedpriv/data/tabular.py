@@ -139,7 +139,7 @@ def _flag(key: str, value: str) -> bool:
 
 def _separator(key: str, value: str) -> str:
     sep = _SEP_WORDS.get(value.lower(), value)
-    if len(sep) != 1 or sep in "\"\r\n":
+    if len(sep) != 1 or sep in '"\r\n':
         raise ConfigError(f"{key}={value!r}: expected one character, or the word tab", field=OPTION_FLAG)
     return sep
 
@@ -209,7 +209,10 @@ def parse_options(kind: str, options: Mapping[str, str] | None) -> dict:
     for key, value in (options or {}).items():
         key = str(key).strip()
         if key not in _PARSERS:
-            raise ConfigError(f"unknown option {key!r} for {kind}: data (known: {', '.join(OPTION_NAMES)}){did_you_mean(key, OPTION_NAMES)}", field=OPTION_FLAG)
+            raise ConfigError(
+                f"unknown option {key!r} for {kind}: data (known: {', '.join(OPTION_NAMES)}){did_you_mean(key, OPTION_NAMES)}",
+                field=OPTION_FLAG,
+            )
         typed[key] = _PARSERS[key](key, str(value))
     _check_combination(kind, typed, OPTION_FLAG)
     return typed
@@ -258,10 +261,16 @@ def _check_combination(kind: str, given: Mapping[str, object], field: str | None
     if given.get("duplicates", "error") not in ("error", "last"):
         raise fail("duplicates", f"expected error or last, got {given['duplicates']!r}")
     if given.get("items") is not None and given.get("features") is not None:
-        raise fail("items", "give items=PATH or features=PATH, not both: the features table already lists the item catalogue")
+        raise fail(
+            "items", "give items=PATH or features=PATH, not both: the features table already lists the item catalogue"
+        )
     if given.get("features") is None:
         allowed = ("feature_item",) if given.get("items") is not None else ()  # the items list's item column
-        extra = [k for k in _FEATURE_OPTIONS if k not in allowed and given.get(k) is not None and given[k] != getattr(TabularOptions, k)]
+        extra = [
+            k
+            for k in _FEATURE_OPTIONS
+            if k not in allowed and given.get(k) is not None and given[k] != getattr(TabularOptions, k)
+        ]
         if extra:
             raise fail(extra[0], f"{', '.join(extra)}: only with a features table (give features=PATH)")
         return
@@ -282,14 +291,19 @@ def _check_combination(kind: str, given: Mapping[str, object], field: str | None
 def _options(kind: str, given: Mapping[str, object], field: str | None) -> TabularOptions:
     unknown = sorted(set(given) - set(OPTION_NAMES))
     if unknown:
-        raise ConfigError(f"unknown option {unknown[0]!r} (known: {', '.join(OPTION_NAMES)}){did_you_mean(unknown[0], OPTION_NAMES)}", field=field or unknown[0])
+        raise ConfigError(
+            f"unknown option {unknown[0]!r} (known: {', '.join(OPTION_NAMES)}){did_you_mean(unknown[0], OPTION_NAMES)}",
+            field=field or unknown[0],
+        )
     _check_combination(kind, given, field)
     given = dict(given)
     if given.get("rating_range") is not None:  # typed options given by hand (load_tabular)
         try:
             low, high = (float(v) for v in given["rating_range"])  # type: ignore[union-attr]
         except (TypeError, ValueError):
-            raise ConfigError(f"expected two numbers (LO, HI), got {given['rating_range']!r}", field=field or "rating_range") from None
+            raise ConfigError(
+                f"expected two numbers (LO, HI), got {given['rating_range']!r}", field=field or "rating_range"
+            ) from None
         given["rating_range"] = _check_range(low, high, "rating_range", field)
     return TabularOptions(**given)
 
@@ -309,7 +323,9 @@ def load_tabular(kind: str, path: str | Path, **params) -> Dataset:
     table = _read_csv(path, opts.sep, opts.header) if kind == "csv" else _read_parquet(path)
     features = None
     if opts.features is not None:
-        features = _read_parquet(opts.features) if _is_parquet(opts.features) else _read_csv(opts.features, opts.sep, True)
+        features = (
+            _read_parquet(opts.features) if _is_parquet(opts.features) else _read_csv(opts.features, opts.sep, True)
+        )
     items = None if opts.items is None else _items_table(opts.items, opts.sep, "items")
     return _dataset(table, opts, features, items, source=str(path), name=kind)
 
@@ -350,12 +366,25 @@ def dataset_from_pandas(
     if items is not None:
         given["items"] = items
     if features is not None:
-        given.update(features="<DataFrame>", feature_item=feature_item, name=name, bins=bins, multi_sep=multi_sep or None)
+        given.update(
+            features="<DataFrame>", feature_item=feature_item, name=name, bins=bins, multi_sep=multi_sep or None
+        )
         for key, value in (("categorical", categorical), ("numeric", numeric)):
             if value is not None:
                 given[key] = _column_list(key, value) if isinstance(value, str) else tuple(str(c) for c in value)
     else:
-        given.update({k: v for k, v in (("feature_item", feature_item), ("categorical", categorical), ("numeric", numeric), ("name", name)) if v is not None})
+        given.update(
+            {
+                k: v
+                for k, v in (
+                    ("feature_item", feature_item),
+                    ("categorical", categorical),
+                    ("numeric", numeric),
+                    ("name", name),
+                )
+                if v is not None
+            }
+        )
         if bins != TabularOptions.bins:
             given["bins"] = bins
         if multi_sep != TabularOptions.multi_sep:
@@ -407,13 +436,20 @@ def _items_table(items, sep: str, where: str) -> Table:
     elif isinstance(items, (Sequence, np.ndarray)) and not isinstance(items, (bytes, bytearray)):
         values = np.asarray(items)
     else:
-        raise ConfigError(f"expected a sequence or array of raw item ids, or the path of an items file; got {type(items).__name__}", field="items")
+        raise ConfigError(
+            f"expected a sequence or array of raw item ids, or the path of an items file; got {type(items).__name__}",
+            field="items",
+        )
     if values.ndim != 1:
-        raise ConfigError(f"expected a flat sequence of raw item ids, got an array of shape {values.shape}", field="items")
+        raise ConfigError(
+            f"expected a flat sequence of raw item ids, got an array of shape {values.shape}", field="items"
+        )
     return Table(pd.DataFrame({"item": pd.Series(values)}), where, "frame")
 
 
-def _dataset(table: Table, opts: TabularOptions, features: Table | None, items: Table | None, *, source: str, name: str) -> Dataset:
+def _dataset(
+    table: Table, opts: TabularOptions, features: Table | None, items: Table | None, *, source: str, name: str
+) -> Dataset:
     """The data set of the ratings ``table``; its item catalogue is listed by the ``features``
     table or the ``items`` list (at most one is given), else taken from the ratings."""
     listing, what, item_column = features, "features table", opts.feature_item
@@ -447,7 +483,9 @@ def _dataset(table: Table, opts: TabularOptions, features: Table | None, items: 
 # --------------------------------------------------------------------------- item features
 
 
-def _item_features(table: Table, opts: TabularOptions, item_ids: np.ndarray, raw_ids: np.ndarray) -> ItemFeatures | None:
+def _item_features(
+    table: Table, opts: TabularOptions, item_ids: np.ndarray, raw_ids: np.ndarray
+) -> ItemFeatures | None:
     """Multi-hot features of the catalogue items (rows in dense item order); ``raw_ids``: the
     raw item id of each row of the features table."""
     frame = table.frame
@@ -469,7 +507,9 @@ def _item_features(table: Table, opts: TabularOptions, item_ids: np.ndarray, raw
         for column in listed:
             if column not in frame.columns:
                 found = ", ".join(table.columns())
-                raise table.file_error(f"no feature column {column!r} (listed in {listed[column]}=); columns found: {found}")
+                raise table.file_error(
+                    f"no feature column {column!r} (listed in {listed[column]}=); columns found: {found}"
+                )
         chosen = [(c, listed[c]) for c in table.columns() if c in listed]
     built: list[tuple[str, np.ndarray, np.ndarray, list[str]]] = []
     for column, kind in chosen:
@@ -555,7 +595,9 @@ def _interval_labels(bounds: list[float]) -> list[str]:
     return labels
 
 
-def _categories(series: pd.Series, multi_sep: str | None, column: str, *, auto: bool) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def _categories(
+    series: pd.Series, multi_sep: str | None, column: str, *, auto: bool
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """One column per value (sorted); cells may hold several values (``multi_sep``, or a list)."""
     values = series.reset_index(drop=True)
     if values.dtype == object and values.map(lambda v: isinstance(v, (list, tuple, set, np.ndarray))).any():

@@ -81,7 +81,9 @@ def new_state(
         state.multipliers = als.calibrate_plan(algorithm, cfg, implicit, epsilon, delta)
         budget = (epsilon, delta)
     secrets = secrets if secrets is not None else RunSecrets()
-    return state, PrivacyLedger(seed=secrets.ledger_seed(), budget=budget, accountant=BestOfAccountant() if budget else None)
+    return state, PrivacyLedger(
+        seed=secrets.ledger_seed(), budget=budget, accountant=BestOfAccountant() if budget else None
+    )
 
 
 def train_inprocess(
@@ -111,7 +113,9 @@ def train_inprocess(
     secrets = secrets if secrets is not None else RunSecrets()
     state, own = new_state(algorithm, cfg, train, rating_range, implicit, epsilon, delta, multipliers, secrets)
     ledger = ledger if ledger is not None else own
-    transport = ShardTransport(make_shards(train, users_per_shard, secrets.client_key()), reproducible=secrets.reproducible)
+    transport = ShardTransport(
+        make_shards(train, users_per_shard, secrets.client_key()), reproducible=secrets.reproducible
+    )
     timings: dict = {}
 
     def after_setup(state, server):
@@ -121,8 +125,14 @@ def train_inprocess(
         return on_step is not None and on_step(step, state, time.perf_counter() - t0)
 
     hooks = Hooks(after_setup=after_setup, after_step=after_step)
-    train_rounds(transport, make_aggregator(cfg, ledger), state, item_features=item_features, hooks=hooks,
-                 progress=lambda steps: tqdm(steps, desc=algorithm, disable=not progress or len(steps) == 0, leave=False))  # no "0it" bar
+    train_rounds(
+        transport,
+        make_aggregator(cfg, ledger),
+        state,
+        item_features=item_features,
+        hooks=hooks,
+        progress=lambda steps: tqdm(steps, desc=algorithm, disable=not progress or len(steps) == 0, leave=False),
+    )  # no "0it" bar
     timings["steps"] = hooks.timings
     timings["train_seconds"] = time.perf_counter() - t0
     return TrainResult(state=state, ledger=ledger, timings=timings)
@@ -168,7 +178,15 @@ class ShardTransport(RatingTransport):
         return (lambda: total), len(self.shards)
 
 
-def recommend_inprocess(state: als.PublicState, train: Interactions, heldout: Interactions | None, cfg, *, users_per_shard: int | None = None, secrets: RunSecrets | None = None):
+def recommend_inprocess(
+    state: als.PublicState,
+    train: Interactions,
+    heldout: Interactions | None,
+    cfg,
+    *,
+    users_per_shard: int | None = None,
+    secrets: RunSecrets | None = None,
+):
     """Private recommendation after training (:func:`fedpriv.engine.loop.recommend_rounds`) over the
     same user shards as training: returns (summary, recommendation ledger, reports per global
     user id). The Flower apps run the very same rounds."""
@@ -176,7 +194,9 @@ def recommend_inprocess(state: als.PublicState, train: Interactions, heldout: In
     ledger = PrivacyLedger(seed=secrets.ledger_seed("recommend"))
     shards = make_shards(train, users_per_shard, secrets.client_key())
     held = [shard_users(heldout, s.user_ids) for s in shards] if heldout is not None else [None] * len(shards)
-    summary, reports = recommend_rounds(_ShardRecommendTransport(shards, held, secrets.reproducible), state, cfg, ledger)
+    summary, reports = recommend_rounds(
+        _ShardRecommendTransport(shards, held, secrets.reproducible), state, cfg, ledger
+    )
     picks = np.full(train.n_users, -1, dtype=np.int64)
     for i, items in reports.items():
         picks[shards[i].user_ids] = items
@@ -199,7 +219,11 @@ class _ShardRecommendTransport:
         """Secure mode: each shard's histogram words (counts plus its Skellam share), summed."""
         total = np.zeros(plan.length, dtype=np.uint64)
         for s in self.shards:
-            words = secure.node_words(plan, secure.node_histogram(s, state, candidates, cfg), secure.node_rng(s, "rec_hist", self.reproducible))
+            words = secure.node_words(
+                plan,
+                secure.node_histogram(s, state, candidates, cfg),
+                secure.node_rng(s, "rec_hist", self.reproducible),
+            )
             total = distributed.add_words(plan, total, words)
         return (lambda: total), len(self.shards)
 
@@ -224,7 +248,9 @@ class _ShardRecommendTransport:
         raise ValueError(f"shard {key}: {reason}")  # in process, the client code is ours: a bug
 
 
-def tuning_candidate(algorithm: str, split, rating_range: tuple[float, float], epsilon: float, delta: float, item_features=None):
+def tuning_candidate(
+    algorithm: str, split, rating_range: tuple[float, float], epsilon: float, delta: float, item_features=None
+):
     """One run of a private tuning in process (``train_candidate`` of
     :func:`fedpriv.run.tuning.tune`): trained with the tuning's multipliers, then every user's
     min(validation MSE, clip) summed over all users at once (a Flower node sums its own users':
@@ -233,9 +259,17 @@ def tuning_candidate(algorithm: str, split, rating_range: tuple[float, float], e
 
     def run(cfg, multipliers, run_secrets, clip, index):
         res = train_inprocess(
-            algorithm, split.train, cfg, rating_range=rating_range, epsilon=epsilon, delta=delta,
+            algorithm,
+            split.train,
+            cfg,
+            rating_range=rating_range,
+            epsilon=epsilon,
+            delta=delta,
             # no progress bar per run: a log holding K bars would tell K
-            item_features=item_features, progress=False, multipliers=multipliers, secrets=run_secrets,
+            item_features=item_features,
+            progress=False,
+            multipliers=multipliers,
+            secrets=run_secrets,
         )
         return res, res.ledger, clipped_score_sum(res.state, split.train, split.valid, clip)
 

@@ -50,7 +50,9 @@ class Transport(Protocol):
     def population(self) -> tuple[int, int]:
         """(nodes asked, a public bound on their users): what a secure round is planned for."""
 
-    def secure_sum(self, kind: str, plan, state, step: int, group: int | None = None) -> tuple[Callable[[], np.ndarray], int]:
+    def secure_sum(
+        self, kind: str, plan, state, step: int, group: int | None = None
+    ) -> tuple[Callable[[], np.ndarray], int]:
         """Secure mode: (unmask, contributors) for the round ``kind``: ``unmask()`` reveals the
         modular sum of the contributors' words (each node's quantized sums plus its noise
         share); it is called only after the ledger's budget check."""
@@ -101,13 +103,25 @@ class SecureAggregator:
 
         def gather(plan):
             t = time.perf_counter()
-            out = transport.secure_sum(kind, plan, state, step) if group is None else transport.secure_sum(kind, plan, state, step, group)
+            out = (
+                transport.secure_sum(kind, plan, state, step)
+                if group is None
+                else transport.secure_sum(kind, plan, state, step, group)
+            )
             self.client_seconds = time.perf_counter() - t
             return out
 
         # the budget check comes first; only then is the sum unmasked, decoded and recorded
-        values, proxy = distributed.secure_round(self.ledger, family.secure_parts(kind, state), n_nodes=n_nodes, max_users=max_users, dropout=self.dropout,
-                                                   colluders=self.colluders, secure_sum=gather, groups=family.groups(state) if group is not None else 1)
+        values, proxy = distributed.secure_round(
+            self.ledger,
+            family.secure_parts(kind, state),
+            n_nodes=n_nodes,
+            max_users=max_users,
+            dropout=self.dropout,
+            colluders=self.colluders,
+            secure_sum=gather,
+            groups=family.groups(state) if group is not None else 1,
+        )
         # post-processing: the family's own release function, given the decoded (already noised)
         # sums through the stand-in ledger, which checks each part against the plan
         parts = family.declared_parts(kind, state)
@@ -145,8 +159,18 @@ def step_seconds(timings: list[dict]) -> list[dict]:
     return [{"seconds": t["client_seconds"] + t["aggregate_seconds"] + t["server_seconds"]} for t in timings]
 
 
-def train_rounds(transport: Transport, aggregator: CentralAggregator | SecureAggregator, state, *, item_features=None,
-                 server=None, first_step: int = 0, resumed: bool = False, hooks: Hooks | None = None, progress=None):
+def train_rounds(
+    transport: Transport,
+    aggregator: CentralAggregator | SecureAggregator,
+    state,
+    *,
+    item_features=None,
+    server=None,
+    first_step: int = 0,
+    resumed: bool = False,
+    hooks: Hooks | None = None,
+    progress=None,
+):
     """Run any family's rounds (:mod:`fedpriv.algorithms.rounds`): the setup releases, the
     server's setup, then one release and server step per step. Returns the server (the encoder
     server of the encoder family, else None). ``resumed``: the state, ledger and server come
@@ -166,7 +190,7 @@ def train_rounds(transport: Transport, aggregator: CentralAggregator | SecureAgg
     transport.start(state, server)
     kind = family.step_kind(state)
     steps = range(first_step, family.n_steps(state))
-    for step in (progress(steps) if progress is not None else steps):
+    for step in progress(steps) if progress is not None else steps:
         transport.prepare(step)
         if hooks.before_step is not None:
             hooks.before_step(step)
@@ -177,7 +201,9 @@ def train_rounds(transport: Transport, aggregator: CentralAggregator | SecureAgg
         release = None  # on a device, its memory is free for the next step's statistics
         te = time.perf_counter()
         client = aggregator.client_seconds
-        hooks.timings.append({"client_seconds": client, "aggregate_seconds": ta - ts - client, "server_seconds": te - ta})
+        hooks.timings.append(
+            {"client_seconds": client, "aggregate_seconds": ta - ts - client, "server_seconds": te - ta}
+        )
         if hooks.after_step is not None and hooks.after_step(step, state, server, te - t0):
             break
     return server
@@ -190,7 +216,9 @@ class RecommendTransport(Protocol):
     def histogram(self, state: als.PublicState, candidates: np.ndarray, cfg) -> np.ndarray:
         """The summed (candidates x bins) score histograms, each checked by the transport."""
 
-    def reports(self, state: als.PublicState, candidates: np.ndarray, lo: np.ndarray, hi: np.ndarray, cfg, secure: bool = False):
+    def reports(
+        self, state: als.PublicState, candidates: np.ndarray, lo: np.ndarray, hi: np.ndarray, cfg, secure: bool = False
+    ):
         """Yields (client key, users, picks, ledger records, evaluation sums) per client; with
         ``secure`` the sums stay with the clients (None) until :meth:`measure_eval`."""
 
@@ -201,7 +229,9 @@ class RecommendTransport(Protocol):
         """A client's report failed the checks."""
 
 
-def recommend_rounds(transport: RecommendTransport, state: als.PublicState, cfg, ledger: PrivacyLedger) -> tuple[dict, dict]:
+def recommend_rounds(
+    transport: RecommendTransport, state: als.PublicState, cfg, ledger: PrivacyLedger
+) -> tuple[dict, dict]:
     """The private recommendation after training (:mod:`fedpriv.algorithms.recommend`), for both
     engines: per-candidate ranges (a private histogram, or public), then one private pick per
     user on every client; each client's report and ledger records are checked before they are
@@ -237,8 +267,16 @@ def _secure_ranges(transport, state: als.PublicState, candidates: np.ndarray, cf
     the ranges are read off the noised sum by the same release function (post-processing)."""
     k = len(candidates)
     n_nodes, max_users = transport.population()
-    parts = [(recommend.HIST_RELEASE, k * cfg.bins, float(np.sqrt(k)), recommend.hist_multiplier(cfg, integer_orders=True))]
-    values, proxy = distributed.secure_round(ledger, parts, n_nodes=n_nodes, max_users=max_users, dropout=state.config.aggregation.dropout,
-                                             colluders=state.config.aggregation.collusion,
-                                             secure_sum=lambda plan: transport.secure_histogram(plan, state, candidates, cfg))
+    parts = [
+        (recommend.HIST_RELEASE, k * cfg.bins, float(np.sqrt(k)), recommend.hist_multiplier(cfg, integer_orders=True))
+    ]
+    values, proxy = distributed.secure_round(
+        ledger,
+        parts,
+        n_nodes=n_nodes,
+        max_users=max_users,
+        dropout=state.config.aggregation.dropout,
+        colluders=state.config.aggregation.collusion,
+        secure_sum=lambda plan: transport.secure_histogram(plan, state, candidates, cfg),
+    )
     return recommend.release_ranges(values[recommend.HIST_RELEASE].reshape(k, cfg.bins), state, cfg, proxy)

@@ -19,7 +19,18 @@ from ..privacy.randomness import RunSecrets, node_noise_rng, user_keys
 from .loop import Hooks, make_aggregator, step_seconds, train_rounds
 
 
-def train_personal_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMConfig, *, epsilon: float | None, delta: float, users_per_shard: int = 4096, secrets: RunSecrets | None = None, ledger: PrivacyLedger | None = None, progress: bool = False) -> tuple[pam.PAMState, PrivacyLedger, dict]:
+def train_personal_inprocess(
+    algorithm: str,
+    data: PersonalData,
+    cfg: pam.PAMConfig,
+    *,
+    epsilon: float | None,
+    delta: float,
+    users_per_shard: int = 4096,
+    secrets: RunSecrets | None = None,
+    ledger: PrivacyLedger | None = None,
+    progress: bool = False,
+) -> tuple[pam.PAMState, PrivacyLedger, dict]:
     """``secrets``: the run's secret randomness (default fresh); ``ledger``: release through this
     ledger instead of the run's own (sensitivity tests replay one run's releases in another).
     The rounds are the one loop's (:func:`fedpriv.engine.loop.train_rounds`)."""
@@ -31,7 +42,13 @@ def train_personal_inprocess(algorithm: str, data: PersonalData, cfg: pam.PAMCon
     group_of = pam.user_groups(keys, cfg.epochs) if cfg.schedule == "disjoint" else None
     transport = BlockTransport(data, users_per_shard, group_of, keys, secrets.reproducible)
     hooks = Hooks()
-    train_rounds(transport, make_aggregator(cfg, ledger), state, hooks=hooks, progress=lambda steps: tqdm(steps, desc=algorithm, disable=not progress, leave=False))
+    train_rounds(
+        transport,
+        make_aggregator(cfg, ledger),
+        state,
+        hooks=hooks,
+        progress=lambda steps: tqdm(steps, desc=algorithm, disable=not progress, leave=False),
+    )
     timings: dict = {"steps": step_seconds(hooks.timings), "train_seconds": time.perf_counter() - t0}
     return state, ledger, timings
 
@@ -40,7 +57,14 @@ class BlockTransport:
     """The personalization rounds' clients in process: the client functions on user blocks
     (each block plays one node, as a Flower node holds one block)."""
 
-    def __init__(self, data: PersonalData, users_per_shard: int, group_of: np.ndarray | None, keys: np.ndarray | None = None, reproducible: bool = False):
+    def __init__(
+        self,
+        data: PersonalData,
+        users_per_shard: int,
+        group_of: np.ndarray | None,
+        keys: np.ndarray | None = None,
+        reproducible: bool = False,
+    ):
         self.data, self.size, self.group_of = data, users_per_shard, group_of
         self.keys, self.reproducible = keys, reproducible
 
@@ -75,6 +99,10 @@ class BlockTransport:
         n = 0
         for u, users in self._blocks(group):
             values = pam.pam_node_values(kind, self.data.X[users], self.data.y[users], state)
-            total = distributed.add_words(plan, total, distributed.encode(plan, values, node_noise_rng(self.keys[u], f"{kind}-{step}", self.reproducible)))
+            total = distributed.add_words(
+                plan,
+                total,
+                distributed.encode(plan, values, node_noise_rng(self.keys[u], f"{kind}-{step}", self.reproducible)),
+            )
             n += 1
         return (lambda: total), n

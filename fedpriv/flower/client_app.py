@@ -47,8 +47,12 @@ def info(msg: Message, context: Context) -> Message:
         mode, ledger = policy.aggregation, policy.ledger is not None
     except ConfigError:  # the node's other handlers refuse with the reason; here its mode is unusable
         mode, ledger = "invalid", False
-    meta = {"partition_id": _partition_id(context), "policy_mode": mode, "policy_ledger": ledger,
-            "identity": identity_folder(getattr(context, "node_config", None)) is not None}
+    meta = {
+        "partition_id": _partition_id(context),
+        "policy_mode": mode,
+        "policy_ledger": ledger,
+        "identity": identity_folder(getattr(context, "node_config", None)) is not None,
+    }
     # the launcher's token (scripts/run.sh exports it to the `flwr run` it starts, whose simulated
     # nodes inherit it): the ServerApp checks that it runs on its own nodes. Sent only when set
     # (the server reads a missing key as "": no token), so a node without one answers as before
@@ -77,7 +81,11 @@ def node_train(msg: Message, context: Context) -> Message:
     folder = data_dir_of(context.node_config, data_dir)
     shard = load_shard(folder, "train", _partition_id(context), upn)
     shard, _ = with_keys(shard, folder, msg.content.config_records["cfg"], context)  # the users' own randomness
-    table = node_feature_table(context.node_config, data_dir, state.config) if protocol.clients_need_encoder(state.algorithm) else None  # public features
+    table = (
+        node_feature_table(context.node_config, data_dir, state.config)
+        if protocol.clients_need_encoder(state.algorithm)
+        else None
+    )  # public features
     contribution = protocol.client_step(shard, state, codec.round_of(msg.content), table)
     return Message(codec.encode_contribution(contribution, state, shard.n_users), reply_to=msg)
 
@@ -94,14 +102,20 @@ def tune_score(msg: Message, context: Context) -> Message:
     clip), users solved locally from their training ratings; the server adds the noise. The
     mode is the node's own (its policy), not the message's."""
     if node_policy(context).aggregation == "secure":  # secure mode: nothing of one node in plaintext
-        raise refuse("plaintext handler 'tune_score'", "this node is configured for secure aggregation (policy-aggregation=secure)")
+        raise refuse(
+            "plaintext handler 'tune_score'",
+            "this node is configured for secure aggregation (policy-aggregation=secure)",
+        )
     state, data_dir, upn = codec.decode_state(msg.content)
     if state.config.aggregation.mode != "central":
         raise PermissionError("a node in secure mode sends no plaintext tuning score")
     folder = data_dir_of(context.node_config, data_dir)
     history, valid = (load_shard(folder, part, _partition_id(context), upn) for part in ("train", "valid"))
     clip = float(msg.content.config_records["tune"]["clip"])
-    return Message(codec.encode_vector(evaluation.shard_clipped_score_sum(state, history, valid, clip), history.n_users), reply_to=msg)
+    return Message(
+        codec.encode_vector(evaluation.shard_clipped_score_sum(state, history, valid, clip), history.n_users),
+        reply_to=msg,
+    )
 
 
 def register_handlers(app) -> None:

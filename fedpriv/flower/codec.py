@@ -36,7 +36,9 @@ def to_array(x) -> Array:
 STATE_ARRAYS = ("item_factors", "item_bias", "counts_hat", "omega", "encoder_params", "item_item")
 
 
-def encode_state(state: als.PublicState, data_dir: str, users_per_node: int, round_index: int = 0, key_file: str | None = None) -> RecordDict:
+def encode_state(
+    state: als.PublicState, data_dir: str, users_per_node: int, round_index: int = 0, key_file: str | None = None
+) -> RecordDict:
     """The broadcast: released values and public choices only. ``key_file``: reproducible-noise
     runs only, the path of the clients' key file (:mod:`fedpriv.flower.node_secrets`)."""
     arrays = {}
@@ -118,14 +120,21 @@ def encode_vector(values: np.ndarray, n_users: int) -> RecordDict:
 
 
 def encode_item_stats(stats: als.ItemStats, n_users: int) -> RecordDict:
-    arrays = {"item_ids": to_array(stats.item_ids.astype(np.int64)), "A_upper": to_array(upper(stats.A)), "b": to_array(stats.b)}
+    arrays = {
+        "item_ids": to_array(stats.item_ids.astype(np.int64)),
+        "A_upper": to_array(upper(stats.A)),
+        "b": to_array(stats.b),
+    }
     if stats.gravity is not None:
         arrays["gravity_upper"] = to_array(upper(np.asarray(stats.gravity, np.float32)))
     return _contrib(arrays, n_users)
 
 
 def encode_gradient(stats: als.ItemStats, n_users: int) -> RecordDict:
-    return _contrib({"item_ids": to_array(stats.item_ids.astype(np.int64)), "grad": to_array(np.asarray(stats.b, np.float64))}, n_users)
+    return _contrib(
+        {"item_ids": to_array(stats.item_ids.astype(np.int64)), "grad": to_array(np.asarray(stats.b, np.float64))},
+        n_users,
+    )
 
 
 def decode_gradient(content: RecordDict, state: als.PublicState, dim: int, max_users: int) -> als.ItemStats:
@@ -252,7 +261,11 @@ def encode_contribution(contribution, state: als.PublicState, n_users: int) -> R
 
 
 def decode_item_stats(
-    content: RecordDict, state: als.PublicState, dim: int, max_users: int, names: tuple[str, str] = ("item_stats_A", "item_stats_b")
+    content: RecordDict,
+    state: als.PublicState,
+    dim: int,
+    max_users: int,
+    names: tuple[str, str] = ("item_stats_A", "item_stats_b"),
 ) -> als.ItemStats:
     """A validated item-statistics contribution; ``names``: the releases of its matrix and vector
     parts (their per-user L2 bounds), e.g. ("item_stats_H", "item_stats_g") for am-ssp-convex."""
@@ -309,5 +322,3 @@ def payload_bytes(content: RecordDict) -> int:
     for rec in content.config_records.values():
         total += sum(len(str(k)) + len(str(v)) for k, v in rec.items())
     return total
-
-

@@ -38,8 +38,12 @@ def node_eval(msg: Message, context: Context) -> dict:
     item_bucket = public_buckets(state)
     if sent is not None and not np.array_equal(np.asarray(sent), item_bucket):
         if defences.active("eval-buckets"):
-            raise refuse("the evaluation measurement", "its item buckets are not the public rule's (the frequency buckets of the released counts)",
-                         PrivacyError, "eval-buckets")
+            raise refuse(
+                "the evaluation measurement",
+                "its item buckets are not the public rule's (the frequency buckets of the released counts)",
+                PrivacyError,
+                "eval-buckets",
+            )
         item_bucket = np.asarray(sent, dtype=np.int64)  # a positive control: the message's buckets
     shards = [load_shard(data_dir, part, pid, upn) for part in ("train", "valid", "test")]
     return evaluation.node_eval_sums(state, *shards, item_bucket, protocol.is_logistic(state.algorithm))

@@ -36,8 +36,17 @@ CONFIG_KEY = "fedpriv-identity"
 ENV = "FEDPRIV_NODE_IDENTITY"
 DATA_SUBDIR = "identity"
 
-__all__ = ["CONFIG_KEY", "DATA_SUBDIR", "ENV", "identity_folder", "node_identity", "node_name", "provision", "provision_into",
-           "simulation_identities"]
+__all__ = [
+    "CONFIG_KEY",
+    "DATA_SUBDIR",
+    "ENV",
+    "identity_folder",
+    "node_identity",
+    "node_name",
+    "provision",
+    "provision_into",
+    "simulation_identities",
+]
 
 
 def node_name(partition_id: int) -> str:
@@ -115,9 +124,14 @@ def node_identity(context) -> NodeIdentity | None:
     if folder is None:
         if not _warned:
             _warned = True
-            log.warning("node %s: no signing identity configured (node-config %s, data-dir/%s or $%s): "
-                        "secure aggregation runs unauthenticated, safe against a server that follows the protocol only",
-                        context.node_id, CONFIG_KEY, DATA_SUBDIR, ENV)
+            log.warning(
+                "node %s: no signing identity configured (node-config %s, data-dir/%s or $%s): "
+                "secure aggregation runs unauthenticated, safe against a server that follows the protocol only",
+                context.node_id,
+                CONFIG_KEY,
+                DATA_SUBDIR,
+                ENV,
+            )
         return None
     key = folder / "signing_key.pem"
     try:
@@ -128,8 +142,10 @@ def node_identity(context) -> NodeIdentity | None:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedpriv.flower.node_identity",
-                                description="write signing keys and a roster for N nodes (DIR/node-<i>/), for FEDPRIV_NODE_IDENTITY=DIR")
+    p = argparse.ArgumentParser(
+        prog="python -m fedpriv.flower.node_identity",
+        description="write signing keys and a roster for N nodes (DIR/node-<i>/), for FEDPRIV_NODE_IDENTITY=DIR",
+    )
     p.add_argument("dir")
     p.add_argument("--nodes", type=int, required=True)
     args = p.parse_args(argv)

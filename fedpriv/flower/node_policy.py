@@ -82,7 +82,10 @@ log = logging.getLogger("fedpriv.flower")
 POLICY_ENV = "FEDPRIV_NODE_POLICY"
 PREFIX = "policy-"
 MODES = ("any", "central", "secure")
-RELATIONS = ("add_remove", "replace_one")  # fedpriv.privacy.accounting's (imported lazily: a node's start-up stays light)
+RELATIONS = (
+    "add_remove",
+    "replace_one",
+)  # fedpriv.privacy.accounting's (imported lazily: a node's start-up stays light)
 LEDGER_KEY = "fedpriv-node-ledger"
 
 
@@ -110,17 +113,28 @@ class NodePolicy:
 
     def validate(self) -> "NodePolicy":
         if self.aggregation not in MODES:
-            raise ConfigError(f"must be one of {', '.join(MODES)}, got {self.aggregation!r}", field="policy-aggregation")
+            raise ConfigError(
+                f"must be one of {', '.join(MODES)}, got {self.aggregation!r}", field="policy-aggregation"
+            )
         if self.max_epsilon is not None and not (self.max_epsilon > 0 and math.isfinite(self.max_epsilon)):
             raise ConfigError(f"must be a finite number > 0, got {self.max_epsilon!r}", field="policy-max-epsilon")
         if not (0 < self.delta < 1):
             raise ConfigError(f"must be in (0, 1), got {self.delta!r}", field="policy-delta")
-        if self.min_noise_multiplier is not None and not (self.min_noise_multiplier > 0 and math.isfinite(self.min_noise_multiplier)):
-            raise ConfigError(f"must be a finite number > 0, got {self.min_noise_multiplier!r}", field="policy-min-noise-multiplier")
+        if self.min_noise_multiplier is not None and not (
+            self.min_noise_multiplier > 0 and math.isfinite(self.min_noise_multiplier)
+        ):
+            raise ConfigError(
+                f"must be a finite number > 0, got {self.min_noise_multiplier!r}", field="policy-min-noise-multiplier"
+            )
         if (self.min_contributors is None) != (self.colluders is None):
-            raise ConfigError("set both or neither of policy-min-contributors and policy-colluders", field="policy-min-contributors")
+            raise ConfigError(
+                "set both or neither of policy-min-contributors and policy-colluders", field="policy-min-contributors"
+            )
         if self.min_contributors is not None and not (0 <= self.colluders < self.min_contributors):
-            raise ConfigError(f"must be in [0, policy-min-contributors={self.min_contributors}), got {self.colluders!r}", field="policy-colluders")
+            raise ConfigError(
+                f"must be in [0, policy-min-contributors={self.min_contributors}), got {self.colluders!r}",
+                field="policy-colluders",
+            )
         for name in ("max_secure_sums", "max_recommendations", "max_measurements"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -143,7 +157,10 @@ class NodePolicy:
         for key, value in d.items():
             name = str(key).removeprefix(PREFIX).replace("-", "_")
             if name not in names:
-                raise ConfigError(f"unknown node policy key (known: {', '.join(PREFIX + n.replace('_', '-') for n in names)})", field=str(key))
+                raise ConfigError(
+                    f"unknown node policy key (known: {', '.join(PREFIX + n.replace('_', '-') for n in names)})",
+                    field=str(key),
+                )
             kw[name] = _parse(name, value)
         return cls(**kw)
 
@@ -151,11 +168,34 @@ class NodePolicy:
     def permissive(cls) -> "NodePolicy":
         """No policy at all (the behaviour before node policies): every handler answers, any plan
         is trusted, key files are read. Tests and the red team's positive controls only."""
-        return cls("any", None, 1e-5, None, None, None, None, True, max_recommend_epsilon=None, max_recommendations=None, max_measurements=None)
+        return cls(
+            "any",
+            None,
+            1e-5,
+            None,
+            None,
+            None,
+            None,
+            True,
+            max_recommend_epsilon=None,
+            max_recommendations=None,
+            max_measurements=None,
+        )
 
     @classmethod
-    def for_run(cls, *, aggregation: str, epsilon: float | None, delta: float, nodes: int, dropout: float = 0.0, collusion: int = 1,
-                reproducible: bool = False, ledger: str | None = None, recommend=None) -> "NodePolicy":
+    def for_run(
+        cls,
+        *,
+        aggregation: str,
+        epsilon: float | None,
+        delta: float,
+        nodes: int,
+        dropout: float = 0.0,
+        collusion: int = 1,
+        reproducible: bool = False,
+        ledger: str | None = None,
+        recommend=None,
+    ) -> "NodePolicy":
         """The policy the user writes for nodes the user operates (simulation, ``flwr run``, the
         in-process grid) from the user's own run options: the mode, the run's (epsilon, delta)
         as the node's budget, the contributors the run's dropout allows and its colluders, and
@@ -170,21 +210,46 @@ class NodePolicy:
         m = max(1, int(nodes) - math.floor(float(dropout) * int(nodes)))
         c = int(collusion)
         assume = secure and 0 <= c < m
-        rec = DEFAULT.max_recommend_epsilon if recommend is None else max(float(recommend.epsilon), DEFAULT.max_recommend_epsilon)
+        rec = (
+            DEFAULT.max_recommend_epsilon
+            if recommend is None
+            else max(float(recommend.epsilon), DEFAULT.max_recommend_epsilon)
+        )
         budget = float(epsilon) if (secure and epsilon is not None) else None
         if budget is not None and recommend is not None and recommend.sensitivity == "quantile":
             # the histogram is (hist_epsilon, hist_delta)-DP with hist_delta <= delta: by composition
             # (zCDP's conversion is subadditive) the sums stay within epsilon + hist_epsilon at delta
             budget += float(recommend.hist_epsilon)
-        return cls("secure" if secure else "any", budget, float(delta), None,
-                   m if assume else None, c if assume else None, None, bool(reproducible), ledger=ledger, max_recommend_epsilon=rec)
+        return cls(
+            "secure" if secure else "any",
+            budget,
+            float(delta),
+            None,
+            m if assume else None,
+            c if assume else None,
+            None,
+            bool(reproducible),
+            ledger=ledger,
+            max_recommend_epsilon=rec,
+        )
 
     @classmethod
-    def for_config(cls, config, *, epsilon: float | None, delta: float, nodes: int, reproducible: bool, ledger: str | None = None,
-                   recommend=None) -> "NodePolicy":
+    def for_config(
+        cls,
+        config,
+        *,
+        epsilon: float | None,
+        delta: float,
+        nodes: int,
+        reproducible: bool,
+        ledger: str | None = None,
+        recommend=None,
+    ) -> "NodePolicy":
         """:meth:`for_run` from an algorithm configuration (its ``aggregation`` options)."""
         agg = getattr(config, "aggregation", None)
-        kw = dict(epsilon=epsilon, delta=delta, nodes=nodes, reproducible=reproducible, ledger=ledger, recommend=recommend)
+        kw = dict(
+            epsilon=epsilon, delta=delta, nodes=nodes, reproducible=reproducible, ledger=ledger, recommend=recommend
+        )
         if agg is None:
             return cls.for_run(aggregation="central", **kw)
         return cls.for_run(aggregation=agg.mode, dropout=agg.dropout, collusion=agg.collusion, **kw)
@@ -274,7 +339,10 @@ def plaintext(handler, what: str | None = None):
 
     def guarded(msg, context):
         if node_policy(context).aggregation == "secure" and _on("plaintext-handler"):
-            raise refuse(f"plaintext handler {name!r}", "this node is configured for secure aggregation (policy-aggregation=secure)")
+            raise refuse(
+                f"plaintext handler {name!r}",
+                "this node is configured for secure aggregation (policy-aggregation=secure)",
+            )
         return handler(msg, context)
 
     guarded.__name__ = getattr(handler, "__name__", name)
@@ -314,9 +382,16 @@ class NodeLedger:
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as exc:  # a ledger it cannot read: refuse rather than start afresh
-            raise refuse("to answer", f"its node ledger {self.path} cannot be read ({exc})", PrivacyError, "node-budget") from None
+            raise refuse(
+                "to answer", f"its node ledger {self.path} cannot be read ({exc})", PrivacyError, "node-budget"
+            ) from None
         if not isinstance(doc, dict) or doc.get("version") != self.VERSION or not isinstance(doc.get("records"), list):
-            raise refuse("to answer", f"its node ledger {self.path} is not a version-{self.VERSION} node ledger", PrivacyError, "node-budget")
+            raise refuse(
+                "to answer",
+                f"its node ledger {self.path} is not a version-{self.VERSION} node ledger",
+                PrivacyError,
+                "node-budget",
+            )
         return doc["records"]
 
     def records(self) -> list[dict]:
@@ -336,11 +411,15 @@ class NodeLedger:
         if self.path is None:
             from flwr.app import ConfigRecord
 
-            self.context.state[LEDGER_KEY] = ConfigRecord({"run": self.run, "records": json.dumps(self._read_all() + new)})
+            self.context.state[LEDGER_KEY] = ConfigRecord(
+                {"run": self.run, "records": json.dumps(self._read_all() + new)}
+            )
             return
         from ..util.atomic import write_text
 
-        write_text(self.path, json.dumps({"version": self.VERSION, "records": self._read_all() + new}) + "\n", mode=0o600)
+        write_text(
+            self.path, json.dumps({"version": self.VERSION, "records": self._read_all() + new}) + "\n", mode=0o600
+        )
 
     @contextlib.contextmanager
     def locked(self):
@@ -366,10 +445,14 @@ def ledger_path(context, policy: NodePolicy) -> Path | None:
     """The file of this node's ledger, or None (in memory, one run)."""
     global _warned_memory
     if policy.ledger is None:
-        if not _warned_memory and policy.aggregation == "secure" and policy.max_epsilon is not None:  # a budget that lasts one run
+        if (
+            not _warned_memory and policy.aggregation == "secure" and policy.max_epsilon is not None
+        ):  # a budget that lasts one run
             _warned_memory = True
-            log.warning("node policy: no policy-ledger configured: this node's budget is counted per run, in memory; "
-                        "a new run starts a fresh ledger (set policy-ledger for a lifetime budget)")
+            log.warning(
+                "node policy: no policy-ledger configured: this node's budget is counted per run, in memory; "
+                "a new run starts a fresh ledger (set policy-ledger for a lifetime budget)"
+            )
         return None
     pid = int((getattr(context, "node_config", None) or {}).get("partition-id", 0))
     return Path(str(policy.ledger).replace("{partition}", str(pid)))
@@ -381,8 +464,19 @@ def _releases(records: list[dict]):
 
     merged: dict[tuple, Release] = {}
     for r in records:  # noised secure parts only (node_epsilon filters them)
-        rel = Release(r["name"], "skellam", float(r["delta2"]), float(r["std"]), 1, None, int(r["dim"]), 1, l1_sensitivity=float(r["delta1"]),
-                      shares=int(r["shares"]), colluders=int(r["colluders"]))
+        rel = Release(
+            r["name"],
+            "skellam",
+            float(r["delta2"]),
+            float(r["std"]),
+            1,
+            None,
+            int(r["dim"]),
+            1,
+            l1_sensitivity=float(r["delta1"]),
+            shares=int(r["shares"]),
+            colluders=int(r["colluders"]),
+        )
         merged[rel.key()] = merged[rel.key()].merged(rel) if rel.key() in merged else rel
     return list(merged.values())
 
@@ -408,7 +502,10 @@ def node_epsilon(records: list[dict], delta: float, relation: str = "add_remove"
     if len(sizes) > 1 or len(runs) > 1:
         return epsilon_rdp(_releases(records), delta, relation=relation)
     labels = sorted({int(r["group"][1]) for r in grouped}) or [None]
-    return max(epsilon_rdp(_releases(common + [r for r in grouped if int(r["group"][1]) == g]), delta, relation=relation) for g in labels)
+    return max(
+        epsilon_rdp(_releases(common + [r for r in grouped if int(r["group"][1]) == g]), delta, relation=relation)
+        for g in labels
+    )
 
 
 def recommend_epsilon(records: list[dict], relation: str = "add_remove") -> float:
@@ -425,7 +522,9 @@ def _scale_rule(length: int, sensitivity: float) -> float:
     return max(MIN_WORDS_PER_UNIT, math.sqrt(max(int(length), 1)) / ROUNDING_SHARE) / float(sensitivity)
 
 
-def check_plan(context, kind: str, plan, own_parts: list[tuple[str, int, float]], group: tuple[int, int] | None = None) -> None:
+def check_plan(
+    context, kind: str, plan, own_parts: list[tuple[str, int, float]], group: tuple[int, int] | None = None
+) -> None:
     """Check a noised plan against this node's policy before it draws its share, and record it in
     the node ledger. ``own_parts``: [(name, length, L2 sensitivity)] that the node's own
     clipping gives to what it encodes (from the state it computes its values with).
@@ -441,7 +540,12 @@ def check_plan(context, kind: str, plan, own_parts: list[tuple[str, int, float]]
     names = [p.name for p in plan.parts]
     what = f"secure round {kind!r}"
     if sorted(names) != sorted(own) and _on("plan-parts"):
-        raise refuse(what, f"the plan's parts {sorted(names)} are not the ones this node computes {sorted(own)}", PrivacyError, "plan-parts")
+        raise refuse(
+            what,
+            f"the plan's parts {sorted(names)} are not the ones this node computes {sorted(own)}",
+            PrivacyError,
+            "plan-parts",
+        )
     m = plan.min_contributors if policy.min_contributors is None else policy.min_contributors
     c = plan.colluders if policy.colluders is None else policy.colluders
     new = []
@@ -449,34 +553,76 @@ def check_plan(context, kind: str, plan, own_parts: list[tuple[str, int, float]]
         length, sens = own.get(p.name, (p.length, p.sensitivity))
         if _on("plan-parts"):
             if p.length != length:
-                raise refuse(what, f"part {p.name!r} has {p.length} words, this node computes {length}", PrivacyError, "plan-parts")
+                raise refuse(
+                    what,
+                    f"part {p.name!r} has {p.length} words, this node computes {length}",
+                    PrivacyError,
+                    "plan-parts",
+                )
             if p.sensitivity < sens * (1 - 1e-9):
-                raise refuse(what, f"part {p.name!r} declares sensitivity {p.sensitivity:g} below the bound {sens:g} of this node's own clipping",
-                             PrivacyError, "plan-parts")
+                raise refuse(
+                    what,
+                    f"part {p.name!r} declares sensitivity {p.sensitivity:g} below the bound {sens:g} of this node's own clipping",
+                    PrivacyError,
+                    "plan-parts",
+                )
         rule = _scale_rule(p.length, p.sensitivity)
         if _on("plan-scale") and not math.isclose(p.scale, rule, rel_tol=1e-9):
-            raise refuse(what, f"part {p.name!r} has scale {p.scale:.6g}, the public rule gives {rule:.6g} (a plan made for this node alone?)",
-                         PrivacyError, "plan-scale")
+            raise refuse(
+                what,
+                f"part {p.name!r} has scale {p.scale:.6g}, the public rule gives {rule:.6g} (a plan made for this node alone?)",
+                PrivacyError,
+                "plan-scale",
+            )
         delta2 = sens * p.scale + math.sqrt(p.length)  # integer units: the node's own bound, rounding included
         std = math.sqrt(plan.share_variance(p) * (m - c))  # the noise this node counts on
-        if policy.min_noise_multiplier is not None and std < policy.min_noise_multiplier * delta2 * (1 - 1e-9) and _on("noise-floor"):
-            raise refuse(what, f"part {p.name!r} carries noise {std / delta2:.3g} x its sensitivity (with {m} contributors, {c} colluding), "
-                               f"below this node's floor {policy.min_noise_multiplier:g}", PrivacyError, "noise-floor")
-        new.append({"mechanism": "skellam", "name": p.name, "delta2": delta2, "delta1": min(delta2**2, math.sqrt(p.length) * delta2), "std": std,
-                    "dim": p.length, "shares": m, "colluders": c, "group": list(group) if group is not None else None})
+        if (
+            policy.min_noise_multiplier is not None
+            and std < policy.min_noise_multiplier * delta2 * (1 - 1e-9)
+            and _on("noise-floor")
+        ):
+            raise refuse(
+                what,
+                f"part {p.name!r} carries noise {std / delta2:.3g} x its sensitivity (with {m} contributors, {c} colluding), "
+                f"below this node's floor {policy.min_noise_multiplier:g}",
+                PrivacyError,
+                "noise-floor",
+            )
+        new.append(
+            {
+                "mechanism": "skellam",
+                "name": p.name,
+                "delta2": delta2,
+                "delta1": min(delta2**2, math.sqrt(p.length) * delta2),
+                "std": std,
+                "dim": p.length,
+                "shares": m,
+                "colluders": c,
+                "group": list(group) if group is not None else None,
+            }
+        )
     ledger = NodeLedger(context, policy)
     with ledger.locked():
         sums = 1 + len({r["sum"] for r in _noised(ledger.this_run())})
         if policy.max_secure_sums is not None and sums > policy.max_secure_sums and _on("secure-sums"):
-            raise refuse(what, f"this node joins at most {policy.max_secure_sums} noised secure sums per run (policy-max-secure-sums)", PrivacyError, "secure-sums")
+            raise refuse(
+                what,
+                f"this node joins at most {policy.max_secure_sums} noised secure sums per run (policy-max-secure-sums)",
+                PrivacyError,
+                "secure-sums",
+            )
         for r in new:
             r["sum"] = sums
         if policy.max_epsilon is not None and _on("node-budget"):
             eps = node_epsilon(ledger.records() + [dict(r, run=ledger.run) for r in new], policy.delta, policy.relation)
             if not eps <= policy.max_epsilon * (1 + 1e-3):
-                raise refuse(what, f"it would bring this node's epsilon to {eps:.4g} > its budget {policy.max_epsilon:g} (delta {policy.delta:g}, "
-                                   f"{policy.relation}, {'its ledger ' + str(ledger.path) if ledger.path else 'this run'}); no noise share was drawn",
-                             PrivacyError, "node-budget")
+                raise refuse(
+                    what,
+                    f"it would bring this node's epsilon to {eps:.4g} > its budget {policy.max_epsilon:g} (delta {policy.delta:g}, "
+                    f"{policy.relation}, {'its ledger ' + str(ledger.path) if ledger.path else 'this run'}); no noise share was drawn",
+                    PrivacyError,
+                    "node-budget",
+                )
         ledger.append(new)
 
 
@@ -494,14 +640,23 @@ def check_recommendation(context, epsilon: float, n_candidates: int) -> None:
     with ledger.locked():
         done = sum(1 for r in ledger.this_run() if r.get("mechanism") == "selection")
         if policy.max_recommendations is not None and done + 1 > policy.max_recommendations and _on("recommend-count"):
-            raise refuse(what, f"this node answers at most {policy.max_recommendations} recommendation queries per run (policy-max-recommendations)",
-                         PrivacyError, "recommend-count")
+            raise refuse(
+                what,
+                f"this node answers at most {policy.max_recommendations} recommendation queries per run (policy-max-recommendations)",
+                PrivacyError,
+                "recommend-count",
+            )
         new = [{"mechanism": "selection", "name": "recommendation", "pure_epsilon": eps, "dim": int(n_candidates)}]
         if policy.max_recommend_epsilon is not None and _on("recommend-epsilon"):
             total = recommend_epsilon(ledger.records() + new, policy.relation)
             if not total <= policy.max_recommend_epsilon * (1 + 1e-9):
-                raise refuse(what, f"epsilon {eps:g} would bring this node's recommendation epsilon to {total:.4g} > its cap "
-                                   f"{policy.max_recommend_epsilon:g} (policy-max-recommend-epsilon, {policy.relation})", PrivacyError, "recommend-epsilon")
+                raise refuse(
+                    what,
+                    f"epsilon {eps:g} would bring this node's recommendation epsilon to {total:.4g} > its cap "
+                    f"{policy.max_recommend_epsilon:g} (policy-max-recommend-epsilon, {policy.relation})",
+                    PrivacyError,
+                    "recommend-epsilon",
+                )
         ledger.append(new)
 
 
@@ -514,8 +669,13 @@ def check_measurement(context, kind: str) -> None:
     with ledger.locked():
         done = sum(1 for r in ledger.this_run() if r.get("mechanism") == "measurement")
         if policy.max_measurements is not None and done + 1 > policy.max_measurements and _on("measurement-count"):
-            raise refuse(f"the measurement {kind!r}", f"this node joins at most {policy.max_measurements} exact measurements per run "
-                                                      "(policy-max-measurements)", PrivacyError, "measurement-count")
+            raise refuse(
+                f"the measurement {kind!r}",
+                f"this node joins at most {policy.max_measurements} exact measurements per run "
+                "(policy-max-measurements)",
+                PrivacyError,
+                "measurement-count",
+            )
         ledger.append([{"mechanism": "measurement", "name": str(kind)}])
 
 
@@ -530,9 +690,29 @@ def check_key_file(context, path: str) -> None:
     """A key file named in a message is read only where the node's operator enabled
     reproducible noise; otherwise refused (its bytes may be the server's)."""
     if not node_policy(context).reproducible and _on("key-file"):
-        raise refuse(f"the key file {path!r} named by the server", "this node's policy does not enable reproducible noise (policy-reproducible=false): "
-                     "a key whose bytes the server may know would make its noise shares predictable", PrivacyError, "key-file")
+        raise refuse(
+            f"the key file {path!r} named by the server",
+            "this node's policy does not enable reproducible noise (policy-reproducible=false): "
+            "a key whose bytes the server may know would make its noise shares predictable",
+            PrivacyError,
+            "key-file",
+        )
 
 
-__all__ = ["DEFAULT", "NodeLedger", "NodePolicy", "POLICY_ENV", "check_key_file", "check_measurement", "check_plan", "check_recommendation", "ledger_path",
-           "node_epsilon", "node_policy", "plaintext", "recommend_epsilon", "refuse", "spent"]
+__all__ = [
+    "DEFAULT",
+    "NodeLedger",
+    "NodePolicy",
+    "POLICY_ENV",
+    "check_key_file",
+    "check_measurement",
+    "check_plan",
+    "check_recommendation",
+    "ledger_path",
+    "node_epsilon",
+    "node_policy",
+    "plaintext",
+    "recommend_epsilon",
+    "refuse",
+    "spent",
+]

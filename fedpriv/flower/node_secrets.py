@@ -55,7 +55,9 @@ def raw_user_ids(data_dir: str, users: np.ndarray) -> np.ndarray:
     """The raw ids of the given dense users (``user_ids.npy`` of the node's data folder)."""
     path = Path(data_dir) / RAW_IDS_FILE
     if not path.exists():
-        raise FileNotFoundError(f"{path}: the node's data folder has no raw user ids (write it with fedpriv.flower.partition)")
+        raise FileNotFoundError(
+            f"{path}: the node's data folder has no raw user ids (write it with fedpriv.flower.partition)"
+        )
     return np.load(path, mmap_mode="r", allow_pickle=False)[np.asarray(users)]
 
 

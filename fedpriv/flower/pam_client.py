@@ -44,7 +44,14 @@ def load_block(folder: str, partition_id: int, users_per_node: int):
 def decode_pam_state(content: RecordDict):
     cfg = content.config_records["cfg"]
     arrays = content.array_records["state"]
-    state = pam.PAMState(str(cfg["algorithm"]), pam.PAMConfig.from_overrides(json.loads(str(cfg["config"]))), int(cfg["d"]), int(cfg["k"]), int(cfg["samples"]), {})
+    state = pam.PAMState(
+        str(cfg["algorithm"]),
+        pam.PAMConfig.from_overrides(json.loads(str(cfg["config"]))),
+        int(cfg["d"]),
+        int(cfg["k"]),
+        int(cfg["samples"]),
+        {},
+    )
     state.U = arrays["U"].numpy() if "U" in arrays else None
     state.theta = arrays["theta"].numpy() if "theta" in arrays else None
     group = int(cfg.get("group", -1))
@@ -52,7 +59,12 @@ def decode_pam_state(content: RecordDict):
 
 
 def _reply(msg: Message, arrays: dict, n_users: int) -> Message:
-    rd = RecordDict({"contrib": ArrayRecord({k: codec.to_array(np.asarray(v, np.float64)) for k, v in arrays.items()}), "meta": ConfigRecord({"n_users": int(n_users)})})
+    rd = RecordDict(
+        {
+            "contrib": ArrayRecord({k: codec.to_array(np.asarray(v, np.float64)) for k, v in arrays.items()}),
+            "meta": ConfigRecord({"n_users": int(n_users)}),
+        }
+    )
     return Message(rd, reply_to=msg)
 
 
@@ -87,12 +99,17 @@ def register_pam_handlers(app) -> None:
         from .node_policy import node_policy, refuse
 
         if node_policy(context).aggregation == "secure":  # every caller of block() is a plaintext handler
-            raise refuse(f"plaintext handler {msg.metadata.message_type!r}", "this node is configured for secure aggregation (policy-aggregation=secure)")
+            raise refuse(
+                f"plaintext handler {msg.metadata.message_type!r}",
+                "this node is configured for secure aggregation (policy-aggregation=secure)",
+            )
         return node_block(msg, context)[:7]
 
     @app.query("pam_info")
     def pam_info(msg: Message, context: Context) -> Message:
-        return Message(RecordDict({"meta": ConfigRecord({"partition_id": pid(context)})}), reply_to=msg)  # configuration, not data
+        return Message(
+            RecordDict({"meta": ConfigRecord({"partition_id": pid(context)})}), reply_to=msg
+        )  # configuration, not data
 
     @app.query("pam_init")
     def pam_init(msg: Message, context: Context) -> Message:

@@ -47,7 +47,9 @@ class PamJob:
 
     def validate_plan(self) -> None:
         """All checks of a run (config, privacy calibration) without training."""
-        pam.new_pam_state(self.algorithm, self.cfg, self.data.d, self.data.k, self.data.samples, self.epsilon, self.delta)
+        pam.new_pam_state(
+            self.algorithm, self.cfg, self.data.d, self.data.k, self.data.samples, self.epsilon, self.delta
+        )
 
 
 @dataclass
@@ -73,7 +75,9 @@ def write_pam_partitions(folder: Path, data) -> str:
 
 
 # ------------------------------------------------------------------ messages
-def encode_pam_state(state: pam.PAMState, data_dir: str, users_per_node: int, group: int | None = None, key_file: str | None = None) -> RecordDict:
+def encode_pam_state(
+    state: pam.PAMState, data_dir: str, users_per_node: int, group: int | None = None, key_file: str | None = None
+) -> RecordDict:
     """``group``: the disjoint schedule's group of this step (each node's users know their own
     groups; the server never learns them); ``key_file``: reproducible-noise runs only."""
     arrays = {}
@@ -98,7 +102,13 @@ def encode_pam_state(state: pam.PAMState, data_dir: str, users_per_node: int, gr
     return RecordDict({"state": ArrayRecord(arrays), "cfg": cfg})
 
 
-def _decode(content: RecordDict, keys: dict[str, int], bounds: dict[str, float], max_users: int, ranges: dict[str, float] | None = None) -> dict[str, np.ndarray]:
+def _decode(
+    content: RecordDict,
+    keys: dict[str, int],
+    bounds: dict[str, float],
+    max_users: int,
+    ranges: dict[str, float] | None = None,
+) -> dict[str, np.ndarray]:
     """Validated arrays of a reply: lengths, dtypes, finite values, L2 norms within ``n`` times
     the per-user ``bounds``, and entries within [0, n * ranges[key]] for the keys in ``ranges``
     (exponential-mechanism scores: each user's term is in [0, sensitivity])."""
@@ -111,7 +121,9 @@ def _decode(content: RecordDict, keys: dict[str, int], bounds: dict[str, float],
         if key in bounds:
             codec.check_norm(key, v, n * bounds[key])
         if ranges and key in ranges and len(v) and (v.min() < 0 or v.max() > n * ranges[key] * (1 + 1e-9)):
-            raise codec.RejectedReply(f"over bound: {key} outside [0, {n * ranges[key]:.6g}] (min {v.min():.6g}, max {v.max():.6g})")
+            raise codec.RejectedReply(
+                f"over bound: {key} outside [0, {n * ranges[key]:.6g}] (min {v.min():.6g}, max {v.max():.6g})"
+            )
         out[key] = v
     return out
 
@@ -122,7 +134,13 @@ class _GridPamTransport:
     before it is summed."""
 
     def __init__(self, rounds: Rounds, state: pam.PAMState, data_dir: str, users_per_node: int, key_file: str | None):
-        self.rounds, self.state, self.data_dir, self.upn, self.key_file = rounds, state, data_dir, users_per_node, key_file
+        self.rounds, self.state, self.data_dir, self.upn, self.key_file = (
+            rounds,
+            state,
+            data_dir,
+            users_per_node,
+            key_file,
+        )
         self.secure = None
         if state.config.aggregation.secure:
             from .secure_server import SecureRounds
@@ -139,13 +157,19 @@ class _GridPamTransport:
         return self.secure.population()
 
     def secure_sum(self, kind: str, plan, state: pam.PAMState, step: int, group=None):
-        return self.secure.secure_sum(kind, plan, encode_pam_state(state, self.data_dir, self.upn, group, self.key_file), step)
+        return self.secure.secure_sum(
+            kind, plan, encode_pam_state(state, self.data_dir, self.upn, group, self.key_file), step
+        )
 
-    def collect(self, kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None, ranges=None) -> dict[str, np.ndarray]:
+    def collect(
+        self, kind: str, name: str, keys: dict[str, int], bounds: dict[str, float], group=None, ranges=None
+    ) -> dict[str, np.ndarray]:
         state = self.state
         total = {key: np.zeros(n) for key, n in keys.items()}
         content = encode_pam_state(state, self.data_dir, self.upn, group, self.key_file)
-        decode = lambda nid, rep: _decode(rep.content, keys, bounds if state.private else {}, self.upn, ranges if state.private else None)  # noqa: E731
+        decode = lambda nid, rep: _decode(
+            rep.content, keys, bounds if state.private else {}, self.upn, ranges if state.private else None
+        )  # noqa: E731
         for _, vals in self.rounds.gather(f"query.{kind}", content, name, decode):
             for key in total:
                 total[key] += vals[key]
@@ -155,11 +179,19 @@ class _GridPamTransport:
         """A round's checked, summed replies, in the order of the round's parts."""
         if kind == "pam_init":
             d = state.d
-            return (self.collect(kind, "init", {"values": d * (d + 1) // 2}, {"values": pam.pam_sensitivity("init_M", state)})["values"],)
+            return (
+                self.collect(
+                    kind, "init", {"values": d * (d + 1) // 2}, {"values": pam.pam_sensitivity("init_M", state)}
+                )["values"],
+            )
         if kind == "pam_exp":
             # every entry of a user's score vector is in [0, s]: L2 norm <= s sqrt(N) per user
             n, s_user = len(pam.exp_net(state)), pam.pam_sensitivity("exp_U", state)
-            return (self.collect(kind, "exp", {"scores": n}, {"scores": s_user * math.sqrt(n)}, ranges={"scores": s_user})["scores"],)
+            return (
+                self.collect(kind, "exp", {"scores": n}, {"scores": s_user * math.sqrt(n)}, ranges={"scores": s_user})[
+                    "scores"
+                ],
+            )
         (name_a, n_a, *_), (name_b, n_b, *_) = pam.summed_parts(kind, state)
         label = "single" if name_a == "single_A" else f"step{step + 1}"
         bounds = {"A_upper": pam.pam_sensitivity(name_a, state), "b": pam.pam_sensitivity(name_b, state)}
@@ -170,7 +202,9 @@ class _GridPamTransport:
 def run_pam_job(grid, job: PamJob) -> PamResult:
     t0 = time.perf_counter()
     data = job.data
-    state, ledger = pam.new_pam_state(job.algorithm, job.cfg, data.d, data.k, data.samples, job.epsilon, job.delta, job.secrets.ledger_seed())
+    state, ledger = pam.new_pam_state(
+        job.algorithm, job.cfg, data.d, data.k, data.samples, job.epsilon, job.delta, job.secrets.ledger_seed()
+    )
     result = PamResult(state=state, ledger=ledger)
     n_parts = job.n_parts()
     data_dir = write_pam_partitions(Path(job.work_dir) / "node-data", data)
@@ -183,7 +217,10 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
     if len(nodes) < n_parts:
         from ..errors import ConfigError
 
-        raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(nodes)} registered", field="users-per-node")
+        raise ConfigError(
+            f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(nodes)} registered",
+            field="users-per-node",
+        )
     progress = None
     if job.progress:
         from .progress import Progress
@@ -213,7 +250,9 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
 
     before = (result.rounds, result.bytes_up, result.bytes_down)  # evaluation is measurement
     if transport.secure is not None:  # the totals only, never one node's sums
-        tot = transport.secure.measure("pam_eval", [("values", 2)], encode_pam_state(state, data_dir, upn, None, key_file))
+        tot = transport.secure.measure(
+            "pam_eval", [("values", 2)], encode_pam_state(state, data_dir, upn, None, key_file)
+        )
     else:
         tot = transport.collect("pam_eval", "evaluate", {"values": 2}, {})
     result.rounds, result.bytes_up, result.bytes_down = before
@@ -221,7 +260,9 @@ def run_pam_job(grid, job: PamJob) -> PamResult:
     result.evaluation["subspace_error"] = pam.subspace_error(state.U, data.U_star) if state.U is not None else None
     if progress is not None:
         shown = {"test MSE": result.evaluation["test_mse"], "subspace error": result.evaluation["subspace_error"]}
-        progress.summary(result.round_log, result.rejected, {k: v for k, v in shown.items() if v is not None}, counters=result)
+        progress.summary(
+            result.round_log, result.rejected, {k: v for k, v in shown.items() if v is not None}, counters=result
+        )
     return result
 
 

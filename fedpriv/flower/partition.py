@@ -15,7 +15,10 @@ from ..algorithms.shards import UserShard, shard_users, user_block
 from ..data.interactions import Interactions
 from .node_secrets import write_raw_ids
 
-def write_partitions(folder: str | Path, parts: dict[str, Interactions], meta: dict, raw_ids: np.ndarray | None = None) -> Path:
+
+def write_partitions(
+    folder: str | Path, parts: dict[str, Interactions], meta: dict, raw_ids: np.ndarray | None = None
+) -> Path:
     """Write each part as a by-user CSR (indptr, items, ratings) of .npy files plus meta.json,
     and the raw user ids (``raw_ids``, default: the parts' own) that key the users' secrets."""
     folder = Path(folder)
@@ -30,7 +33,9 @@ def write_partitions(folder: str | Path, parts: dict[str, Interactions], meta: d
     return folder
 
 
-def write_user_partitions(folder: str | Path, parts: dict[str, Interactions], meta: dict, user_range: tuple[int, int]) -> Path:
+def write_user_partitions(
+    folder: str | Path, parts: dict[str, Interactions], meta: dict, user_range: tuple[int, int]
+) -> Path:
     """:func:`write_partitions` for one node of a deployment: the same files over the whole user
     id space (so :func:`load_shard` works unchanged), but only users ``start <= u < stop`` have
     ratings; every other user's row is empty."""
@@ -56,7 +61,9 @@ def data_dir_of(node_config, broadcast_dir: str) -> str:
     own = node_config.get("data-dir") if node_config is not None else None
     if not own:
         if not broadcast_dir:
-            raise FileNotFoundError("this node has no data-dir in its node config, and the server holds no ratings to broadcast")
+            raise FileNotFoundError(
+                "this node has no data-dir in its node config, and the server holds no ratings to broadcast"
+            )
         return broadcast_dir
     return _split_node_folder(str(own)) if (Path(own) / "ratings.npz").is_file() else str(own)
 
@@ -151,7 +158,9 @@ def write_feature_table(folder: str | Path, table) -> None:
     folder = Path(folder)
     for i, idx in enumerate(table.index):
         np.save(folder / f"features_{i}.npy", idx.numpy())
-    (folder / "features.json").write_text(json.dumps({"names": table.names, "vocab": table.vocab, "n_items": table.n_items}))
+    (folder / "features.json").write_text(
+        json.dumps({"names": table.names, "vocab": table.vocab, "n_items": table.n_items})
+    )
 
 
 @lru_cache(maxsize=4)

@@ -87,21 +87,39 @@ class Progress:
             g["down"] += e["bytes_down"]
             g["seconds"] += e["seconds"]
         self._print("summary")
-        self._print(f"  {'rounds':<12} {'count':>5} {'replies':>8} {'rejected':>8} {'up':>10} {'down':>10} {'seconds':>9}")
+        self._print(
+            f"  {'rounds':<12} {'count':>5} {'replies':>8} {'rejected':>8} {'up':>10} {'down':>10} {'seconds':>9}"
+        )
         for kind, g in groups.items():
-            self._print(f"  {kind:<12} {g['rounds']:>5} {g['replies']:>8} {bad.get(kind, 0):>8} {_size(g['up']):>10} {_size(g['down']):>10} {g['seconds']:>9.2f}")
+            self._print(
+                f"  {kind:<12} {g['rounds']:>5} {g['replies']:>8} {bad.get(kind, 0):>8} {_size(g['up']):>10} {_size(g['down']):>10} {g['seconds']:>9.2f}"
+            )
         tot = {k: sum(g[k] for g in groups.values()) for k in ("rounds", "replies", "up", "down", "seconds")}
         if counters is not None:
             proto = {"rounds": int(counters.rounds), "up": int(counters.bytes_up), "down": int(counters.bytes_down)}
-            self._print(f"  {'protocol':<12} {proto['rounds']:>5} {'':>8} {'':>8} {_size(proto['up']):>10} {_size(proto['down']):>10} {'':>9}")
+            self._print(
+                f"  {'protocol':<12} {proto['rounds']:>5} {'':>8} {'':>8} {_size(proto['up']):>10} {_size(proto['down']):>10} {'':>9}"
+            )
             if tot["rounds"] > proto["rounds"]:
-                self._print(f"  {'measurement':<12} {tot['rounds'] - proto['rounds']:>5} {'':>8} {'':>8} {_size(tot['up'] - proto['up']):>10} "
-                            f"{_size(tot['down'] - proto['down']):>10} {'':>9}  (evaluation: not part of the protocol's rounds and bytes)")
-        self._print(f"  {'all rounds':<12} {tot['rounds']:>5} {tot['replies']:>8} {len(rejected):>8} {_size(tot['up']):>10} {_size(tot['down']):>10} {tot['seconds']:>9.2f}")
+                self._print(
+                    f"  {'measurement':<12} {tot['rounds'] - proto['rounds']:>5} {'':>8} {'':>8} {_size(tot['up'] - proto['up']):>10} "
+                    f"{_size(tot['down'] - proto['down']):>10} {'':>9}  (evaluation: not part of the protocol's rounds and bytes)"
+                )
+        self._print(
+            f"  {'all rounds':<12} {tot['rounds']:>5} {tot['replies']:>8} {len(rejected):>8} {_size(tot['up']):>10} {_size(tot['down']):>10} {tot['seconds']:>9.2f}"
+        )
         eps = self.epsilon()
         from ..privacy.accounting import REPLACE_ONE, current_relation  # server side only
 
-        neighbours = ", replace-one neighbours" if current_relation() == REPLACE_ONE else ""  # a deployment: its enrolled count is public
-        tail = [f"epsilon spent {eps:.4f} (delta {self.delta:g}{neighbours}; the guarantee, dp-accounting on the ledger)" if eps is not None else "no private release"]
-        tail += [f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in (extra or {}).items() if v is not None]
+        neighbours = (
+            ", replace-one neighbours" if current_relation() == REPLACE_ONE else ""
+        )  # a deployment: its enrolled count is public
+        tail = [
+            f"epsilon spent {eps:.4f} (delta {self.delta:g}{neighbours}; the guarantee, dp-accounting on the ledger)"
+            if eps is not None
+            else "no private release"
+        ]
+        tail += [
+            f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in (extra or {}).items() if v is not None
+        ]
         self._print("  " + "; ".join(tail))

@@ -47,12 +47,22 @@ def register_recommend_handlers(app) -> None:
 
     @app.query("rec_hist")
     def rec_hist(msg: Message, context: Context) -> Message:
-        if node_policy(context).aggregation == "secure":  # plaintext histogram (secure mode: secagg_mask, kind rec_hist)
-            raise refuse("plaintext handler 'rec_hist'", "this node is configured for secure aggregation (policy-aggregation=secure)")
+        if (
+            node_policy(context).aggregation == "secure"
+        ):  # plaintext histogram (secure mode: secagg_mask, kind rec_hist)
+            raise refuse(
+                "plaintext handler 'rec_hist'",
+                "this node is configured for secure aggregation (policy-aggregation=secure)",
+            )
         state, data_dir, upn, pid, cfg, _, cand = setup(msg, context)
         shard = load_shard(data_dir, "train", pid, upn)
         hist = recommend.client_histogram(shard, state, cand, cfg)
-        return Message(RecordDict({"rec": ArrayRecord({"hist": to_array(hist)}), "meta": ConfigRecord({"n_users": shard.n_users})}), reply_to=msg)
+        return Message(
+            RecordDict(
+                {"rec": ArrayRecord({"hist": to_array(hist)}), "meta": ConfigRecord({"n_users": shard.n_users})}
+            ),
+            reply_to=msg,
+        )
 
     @app.query("recommend")
     def recommend_(msg: Message, context: Context) -> Message:
@@ -62,15 +72,24 @@ def register_recommend_handlers(app) -> None:
         state, data_dir, upn, pid, cfg, has_test, cand = setup(msg, context)
         check_recommendation(context, cfg.epsilon, len(cand))
         rec = msg.content.array_records["rec"]
-        shard, reproducible = with_keys(load_shard(data_dir, "train", pid, upn), data_dir, msg.content.config_records["cfg"], context)
+        shard, reproducible = with_keys(
+            load_shard(data_dir, "train", pid, upn), data_dir, msg.content.config_records["cfg"], context
+        )
         held = load_shard(data_dir, "test", pid, upn) if has_test else None
-        rep = recommend.client_recommend(shard, state, cand, rec["lo"].numpy(), rec["hi"].numpy(), cfg, held, reproducible=reproducible)
+        rep = recommend.client_recommend(
+            shard, state, cand, rec["lo"].numpy(), rec["hi"].numpy(), cfg, held, reproducible=reproducible
+        )
         sums = {k: to_array(np.asarray(v, np.float64)) for k, v in rep.sums.items()}
-        if state.config.aggregation.secure or node_policy(context).aggregation == "secure":  # kept on the node for the secure measurement (rec_eval)
+        if (
+            state.config.aggregation.secure or node_policy(context).aggregation == "secure"
+        ):  # kept on the node for the secure measurement (rec_eval)
             context.state[EVAL_KEY] = ArrayRecord(sums)
             sums = {}
         arrays = {"picks": to_array(rep.picks.astype(np.int64)), **sums}
-        return Message(RecordDict({"rec": ArrayRecord(arrays), "meta": ConfigRecord({"records": json.dumps(rep.records)})}), reply_to=msg)
+        return Message(
+            RecordDict({"rec": ArrayRecord(arrays), "meta": ConfigRecord({"records": json.dumps(rep.records)})}),
+            reply_to=msg,
+        )
 
 
 EVAL_KEY = "fedpriv-rec-eval"
@@ -112,7 +131,13 @@ class _GridRecommendTransport:
         def decode(nid, rep) -> np.ndarray:
             h = checked_array(rep.content.array_records["rec"], "hist", 2, "f")  # undecodable or non-finite: rejected
             n = self.node_users[nid]
-            if h.shape != (k, cfg.bins) or not np.all(np.isfinite(h)) or h.min() < 0 or np.any(h != np.round(h)) or np.any(h.sum(axis=1) != n):
+            if (
+                h.shape != (k, cfg.bins)
+                or not np.all(np.isfinite(h))
+                or h.min() < 0
+                or np.any(h != np.round(h))
+                or np.any(h.sum(axis=1) != n)
+            ):
                 raise ValueError(f"histogram must be ({k}, {cfg.bins}) non-negative integer counts, {n} per candidate")
             return h
 
@@ -131,19 +156,32 @@ class _GridRecommendTransport:
                 raise ValueError("a secure-mode report carries its picks only")
             return arrays["picks"].numpy(), json.loads(str(rep.content.config_records["meta"]["records"])), part
 
-        for nid, (picks, records, part) in self.rounds.gather("query.recommend", self._content(candidates, cfg, {"lo": lo, "hi": hi}), "recommend", decode):
+        for nid, (picks, records, part) in self.rounds.gather(
+            "query.recommend", self._content(candidates, cfg, {"lo": lo, "hi": hi}), "recommend", decode
+        ):
             yield nid, self.node_users[nid], picks, records, part
 
     def reject(self, key, reason: str) -> None:
         self.rounds.reject("recommend", key, reason)
 
 
-def run_recommend_rounds(rounds, state, base_content: RecordDict, node_users: dict[int, int], cfg: recommend.RecommendConfig, ledger_seed: int | None, has_test: bool, secure=None):
+def run_recommend_rounds(
+    rounds,
+    state,
+    base_content: RecordDict,
+    node_users: dict[int, int],
+    cfg: recommend.RecommendConfig,
+    ledger_seed: int | None,
+    has_test: bool,
+    secure=None,
+):
     """The recommendation rounds (:func:`fedpriv.engine.loop.recommend_rounds`) over the nodes of
     ``rounds``: returns (summary, recommendation ledger, {node: reports as candidate item ids}).
     ``ledger_seed``: None (OS randomness) unless the run asked for reproducible noise."""
     from ..engine.loop import recommend_rounds
 
     ledger = PrivacyLedger(seed=ledger_seed)
-    summary, reports = recommend_rounds(_GridRecommendTransport(rounds, base_content, node_users, has_test, secure), state, cfg, ledger)
+    summary, reports = recommend_rounds(
+        _GridRecommendTransport(rounds, base_content, node_users, has_test, secure), state, cfg, ledger
+    )
     return summary, ledger, reports

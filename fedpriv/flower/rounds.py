@@ -24,8 +24,15 @@ class Rounds:
         self.grid, self.nodes, self.result, self.timeout = grid, nodes, result, timeout
         self.progress = progress  # fedpriv.flower.progress.Progress: one line per round, or None
 
-    def ask(self, message_type: str, content, name: str, timeout: float | None = ..., nodes: list[int] | None = None,
-            report: bool = True) -> list[tuple[int, Message]]:
+    def ask(
+        self,
+        message_type: str,
+        content,
+        name: str,
+        timeout: float | None = ...,
+        nodes: list[int] | None = None,
+        report: bool = True,
+    ) -> list[tuple[int, Message]]:
         """One message per node (``nodes``, default the serving nodes), all with the same
         (broadcast) ``content``, or ``content[node]`` when it is a dict of per-node contents;
         ``timeout`` defaults to the job's round timeout. ``report=False``: the caller reports the
@@ -37,7 +44,11 @@ class Rounds:
         targets = list(self.nodes if nodes is None else nodes)
         per_node = content if isinstance(content, dict) else {nid: content for nid in targets}
         msgs = [Message(content=per_node[nid], dst_node_id=nid, message_type=message_type) for nid in targets]
-        down = sum(codec.payload_bytes(per_node[nid]) for nid in targets) if isinstance(content, dict) else codec.payload_bytes(content) * len(msgs)
+        down = (
+            sum(codec.payload_bytes(per_node[nid]) for nid in targets)
+            if isinstance(content, dict)
+            else codec.payload_bytes(content) * len(msgs)
+        )
         replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout if timeout is ... else timeout))
         up = 0
         ok = []
@@ -77,7 +88,16 @@ class Rounds:
         self.result.rounds += 1
         self.result.bytes_down += down
         self.result.bytes_up += up
-        self.result.round_log.append({"round": name, "seconds": time.perf_counter() - t0, "bytes_down": down, "bytes_up": up, "replies": len(ok), "nodes": len(targets)})
+        self.result.round_log.append(
+            {
+                "round": name,
+                "seconds": time.perf_counter() - t0,
+                "bytes_down": down,
+                "bytes_up": up,
+                "replies": len(ok),
+                "nodes": len(targets),
+            }
+        )
         if report:
             self._report(len(ok), rejected_before)
         return ok
@@ -88,7 +108,9 @@ class Rounds:
         if self.progress is not None:
             self.progress.round_done(self.result.round_log[-1], accepted, len(self.result.rejected) - rejected_before)
 
-    def gather(self, message_type: str, content, name: str, decode, nodes: list[int] | None = None) -> list[tuple[int, object]]:
+    def gather(
+        self, message_type: str, content, name: str, decode, nodes: list[int] | None = None
+    ) -> list[tuple[int, object]]:
         """:meth:`ask`, then ``decode(node, reply)`` of every reply in the serving nodes' order;
         a reply whose decoding raises :class:`~fedpriv.flower.codec.RejectedReply` (or another
         ValueError, KeyError or TypeError of a malformed record) is rejected with the reason and

@@ -105,7 +105,9 @@ def keys(msg: Message, context: Context) -> Message:
     if identity is None:
         return Message(RecordDict({"secagg": ConfigRecord({"channel_key": node.channel_key()})}), reply_to=msg)
     key, name, signature = node.advertisement()
-    return Message(RecordDict({"secagg": ConfigRecord({"channel_key": key, "name": name, "signature": signature})}), reply_to=msg)
+    return Message(
+        RecordDict({"secagg": ConfigRecord({"channel_key": key, "name": name, "signature": signature})}), reply_to=msg
+    )
 
 
 def _adverts(content) -> dict[int, tuple[str, bytes]] | None:
@@ -148,7 +150,10 @@ def content_digest(content: RecordDict, skip: tuple[str, ...] = PER_NODE) -> byt
                     put(f"{v.dtype}:{tuple(v.shape)}".encode())
                     put(bytes(v.data))
                 else:
-                    put(f"{type(v).__name__}:".encode() + (bytes(v) if isinstance(v, (bytes, bytearray)) else repr(v).encode()))
+                    put(
+                        f"{type(v).__name__}:".encode()
+                        + (bytes(v) if isinstance(v, (bytes, bytearray)) else repr(v).encode())
+                    )
     return h.digest()
 
 
@@ -167,14 +172,23 @@ def share(msg: Message, context: Context) -> Message:
     colluders = policy.colluders or 0  # the node's own assumptions, never the message's
     members = _ids(msg.content.config_records["member_keys"]) if "member_keys" in msg.content.config_records else None
     try:
-        mask_key, ciphertexts = node.share(label, params, _ids(msg.content.config_records["channel_keys"]),
-                                           adverts=_adverts(msg.content), graph=_graph(msg.content, sec), colluders=colluders,
-                                           min_contributors=policy.min_contributors, member_keys=members)
+        mask_key, ciphertexts = node.share(
+            label,
+            params,
+            _ids(msg.content.config_records["channel_keys"]),
+            adverts=_adverts(msg.content),
+            graph=_graph(msg.content, sec),
+            colluders=colluders,
+            min_contributors=policy.min_contributors,
+            member_keys=members,
+        )
     except PrivacyError as exc:
         _refused(f"share of release {label!r}", context, exc)
         raise
     _save(context, node)
-    return Message(RecordDict({"secagg": ConfigRecord({"mask_key": mask_key}), "ciphertexts": _by_id(ciphertexts)}), reply_to=msg)
+    return Message(
+        RecordDict({"secagg": ConfigRecord({"mask_key": mask_key}), "ciphertexts": _by_id(ciphertexts)}), reply_to=msg
+    )
 
 
 MEASUREMENTS = ("eval", "pam_eval", "rec_eval")  # kinds summed exactly (no noise): aggregate measurements only
@@ -187,7 +201,9 @@ def _plan(sec, kind: str):
 
     plan = plan_from_dict(json.loads(str(sec["plan"])))
     if isinstance(plan, ExactPlan) != (kind in MEASUREMENTS):
-        raise PrivacyError(f"secure round {kind!r}: refused a plan {'without' if isinstance(plan, ExactPlan) else 'with'} noise for this kind")
+        raise PrivacyError(
+            f"secure round {kind!r}: refused a plan {'without' if isinstance(plan, ExactPlan) else 'with'} noise for this kind"
+        )
     return plan
 
 
@@ -220,11 +236,20 @@ def mask(msg: Message, context: Context) -> Message:
         rec_cfg, _ = _cfg_of(content)
         candidates = content.array_records["rec"]["candidates"].numpy().astype("int64")
         values = secure.node_histogram(shard, state, candidates, rec_cfg)
-        own = [(recommend.HIST_RELEASE, len(candidates) * rec_cfg.bins, float(np.sqrt(len(candidates))))]  # one count per candidate and user
+        own = [
+            (recommend.HIST_RELEASE, len(candidates) * rec_cfg.bins, float(np.sqrt(len(candidates))))
+        ]  # one count per candidate and user
     else:
-        table = node_feature_table(context.node_config, data_dir, state.config) if kind == "step" and state.spec.clients_need_encoder else None
+        table = (
+            node_feature_table(context.node_config, data_dir, state.config)
+            if kind == "step" and state.spec.clients_need_encoder
+            else None
+        )
         values = secure.node_values(kind, shard, state, step, table)
-        own = [(p.name, p.length, als.sensitivity(p.name, state.config, state.rating_range)) for p in secure.declared(kind, state)]  # this node's own clipping bound
+        own = [
+            (p.name, p.length, als.sensitivity(p.name, state.config, state.rating_range))
+            for p in secure.declared(kind, state)
+        ]  # this node's own clipping bound
     check_plan(context, kind, plan, own)  # the node's own floor and budget, before its noise share is drawn
     words = secure.node_words(plan, values, secure.node_rng(shard, secure.label(kind, step), reproducible))
     return masked_reply(msg, context, words)
@@ -237,10 +262,16 @@ def _mask_pam(msg: Message, context: Context, kind: str, step: int, plan) -> Mes
 
     state, users, X, y, V, U, meta, keys, reproducible = node_block(msg, context, with_keys=True)
     if kind == "pam_eval":
-        return masked_reply(msg, context, plan.encode({"values": pam.client_eval_sums(X, y, V, U, state, meta["noise"])}))
+        return masked_reply(
+            msg, context, plan.encode({"values": pam.client_eval_sums(X, y, V, U, state, meta["noise"])})
+        )
     values = pam.pam_node_values(kind, X, y, state)
-    group = decode_pam_state(msg.content)[3]  # disjoint schedule: only this group's users contribute (parallel composition)
-    own = [(n, k, pam.pam_sensitivity(n, state)) for n, k in pam.summed_parts(kind, state)]  # this node's own clipping bound
+    group = decode_pam_state(msg.content)[
+        3
+    ]  # disjoint schedule: only this group's users contribute (parallel composition)
+    own = [
+        (n, k, pam.pam_sensitivity(n, state)) for n, k in pam.summed_parts(kind, state)
+    ]  # this node's own clipping bound
     check_plan(context, kind, plan, own, None if group is None else (state.config.epochs, group))
     words = encode(plan, values, node_noise_rng(keys, f"{kind}-{step}", reproducible))
     return masked_reply(msg, context, words)
@@ -253,15 +284,23 @@ def masked_reply(msg: Message, context: Context, words: np.ndarray) -> Message:
     content = msg.content
     node = _node(context, context.node_id)
     label, _ = _release(content.config_records["secagg"])
-    y = node.mask(label, words, _ids(content.config_records["mask_keys"]), _ids(content.config_records["ciphertexts"]), bound=content_digest(content))
+    y = node.mask(
+        label,
+        words,
+        _ids(content.config_records["mask_keys"]),
+        _ids(content.config_records["ciphertexts"]),
+        bound=content_digest(content),
+    )
     _save(context, node)
     return Message(RecordDict({"masked": ArrayRecord({"y": codec.to_array(y)})}), reply_to=msg)
 
 
 def _lists(content) -> tuple[list[int], list[int]]:
     lists = content.array_records["lists"]
-    return ([int(v) for v in np.asarray(lists["survivors"].numpy(), dtype=np.uint64)],
-            [int(v) for v in np.asarray(lists["dropped"].numpy(), dtype=np.uint64)])
+    return (
+        [int(v) for v in np.asarray(lists["survivors"].numpy(), dtype=np.uint64)],
+        [int(v) for v in np.asarray(lists["dropped"].numpy(), dtype=np.uint64)],
+    )
 
 
 def consistency(msg: Message, context: Context) -> Message:
@@ -307,5 +346,11 @@ def register_secure_handlers(app) -> None:
     """The secure-aggregation handlers on ``app``."""
     from .node_device import on_node_device
 
-    for name, handler in (("secagg_keys", keys), ("secagg_share", share), ("secagg_mask", on_node_device(mask)), ("secagg_consistency", consistency), ("secagg_unmask", unmask)):
+    for name, handler in (
+        ("secagg_keys", keys),
+        ("secagg_share", share),
+        ("secagg_mask", on_node_device(mask)),
+        ("secagg_consistency", consistency),
+        ("secagg_unmask", unmask),
+    ):
         app.query(name)(handler)

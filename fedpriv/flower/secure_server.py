@@ -92,14 +92,25 @@ def _shares(reply: dict) -> list[tuple[str, bytes]]:
 class SecureRounds:
     """The secure-summation rounds of one job over ``rounds`` (its serving nodes)."""
 
-    def __init__(self, rounds: Rounds, users_per_node: int, degree: int | None = None, threshold: int | None = None, mask_message_type: str = "query.secagg_mask",
-                 colluders: int = 0):
+    def __init__(
+        self,
+        rounds: Rounds,
+        users_per_node: int,
+        degree: int | None = None,
+        threshold: int | None = None,
+        mask_message_type: str = "query.secagg_mask",
+        colluders: int = 0,
+    ):
         self.rounds, self.users_per_node = rounds, int(users_per_node)
-        self.colluders = int(colluders)  # the run's colluding nodes: the Shamir threshold holds against them (nodes refuse a lower one)
+        self.colluders = int(
+            colluders
+        )  # the run's colluding nodes: the Shamir threshold holds against them (nodes refuse a lower one)
         self.mask_message_type = mask_message_type  # the round whose message makes the node compute its contribution
         self.degree, self.threshold = degree, threshold
         self.channel_keys: dict[int, bytes] = {}
-        self.adverts: dict[int, tuple[str, bytes]] = {}  # authenticated nodes: (roster name, signature) of their channel key
+        self.adverts: dict[
+            int, tuple[str, bytes]
+        ] = {}  # authenticated nodes: (roster name, signature) of their channel key
         self.asked: set[int] = set()  # nodes asked for their channel key (once each)
         self.adverts_sent: dict[int, set[int]] = {}  # node -> members whose signed advertisement it was sent
         self.graph_seed = os.urandom(32)  # public: the neighbour graph
@@ -121,7 +132,9 @@ class SecureRounds:
         out = {}
         for nid, r in accepted.items():
             if any(count[v] > 1 for v in set(values(r))):
-                self.rounds.reject(name, nid, "replayed: another reply of this round holds the same key, share or masked vector")
+                self.rounds.reject(
+                    name, nid, "replayed: another reply of this round holds the same key, share or masked vector"
+                )
             else:
                 out[nid] = r
         self.seen.update(v for r in out.values() for v in values(r))
@@ -149,7 +162,15 @@ class SecureRounds:
         missing = [n for n in self.rounds.nodes if n not in self.asked]
         self.asked.update(missing)
         if missing:
-            got = dict(self.rounds.gather("query.secagg_keys", RecordDict({"secagg": ConfigRecord({"run": self.run_label})}), "secagg_keys", decode, nodes=missing))
+            got = dict(
+                self.rounds.gather(
+                    "query.secagg_keys",
+                    RecordDict({"secagg": ConfigRecord({"run": self.run_label})}),
+                    "secagg_keys",
+                    decode,
+                    nodes=missing,
+                )
+            )
             keys = self._unique("secagg_keys", {n: k for n, (k, _) in got.items()}, _channel)
             self.channel_keys.update(keys)
             self.adverts.update({n: got[n][1] for n in keys if got[n][1] is not None})
@@ -175,7 +196,9 @@ class SecureRounds:
         (nothing released) when fewer nodes contribute than the plan's noise needs."""
         nodes = self._nodes()
         if len(nodes) < 2:
-            raise PrivacyError(f"secure round {kind!r}: {len(nodes)} node(s) with channel keys; secure summation needs at least 2")
+            raise PrivacyError(
+                f"secure round {kind!r}: {len(nodes)} node(s) with channel keys; secure summation needs at least 2"
+            )
         self.count += 1
         label = f"{self.run_label}/{kind}/{step}/{self.count}"
         params = plan_params(len(nodes), plan.bits, self.degree, self.threshold, self.colluders)
@@ -190,8 +213,13 @@ class SecureRounds:
         def share_record(n: int) -> RecordDict:
             # the public graph (members and seed) to every node: it checks its neighbours and counts the members
             peers = server.channel_keys_for(n, self.channel_keys)
-            rd = RecordDict({"secagg": ConfigRecord(dict(sec, graph_seed=self.graph_seed)),
-                             "channel_keys": ConfigRecord({str(v): k for v, k in peers.items()}), "graph": members})
+            rd = RecordDict(
+                {
+                    "secagg": ConfigRecord(dict(sec, graph_seed=self.graph_seed)),
+                    "channel_keys": ConfigRecord({str(v): k for v, k in peers.items()}),
+                    "graph": members,
+                }
+            )
             if self.authenticated:
                 # the signed advertisements a node counts its peers by: its neighbours' every round, the
                 # other members' once per job (the node keeps those it checked; it refuses a member it has not)
@@ -216,7 +244,9 @@ class SecureRounds:
             self._fresh(_mask_key((mask_key, cts)))
             return bytes(mask_key), cts
 
-        shares = dict(self.rounds.gather("query.secagg_share", share_content, f"{name}:share", decode_share, nodes=nodes))
+        shares = dict(
+            self.rounds.gather("query.secagg_share", share_content, f"{name}:share", decode_share, nodes=nodes)
+        )
         shares = self._unique(f"{name}:share", shares, _mask_key)
         routed = server.route(shares)
 
@@ -235,24 +265,36 @@ class SecureRounds:
                 raise RejectedReply("malformed: no masked record")
             y = checked_array(rep.content.array_records["masked"], "y", 1, "u")
             if y.dtype != np.uint64 or y.shape != (plan.length,):
-                raise RejectedReply(f"malformed: masked words of dtype {y.dtype} and shape {y.shape}, expected uint64 ({plan.length},)")
+                raise RejectedReply(
+                    f"malformed: masked words of dtype {y.dtype} and shape {y.shape}, expected uint64 ({plan.length},)"
+                )
             if plan.bits < 64 and y.size and int(y.max()) >> plan.bits:
                 raise RejectedReply(f"malformed: masked words beyond 2^{plan.bits}")
             self._fresh(_words(y))
             return y
 
-        masked = dict(self.rounds.gather(self.mask_message_type, mask_content, name, decode_masked, nodes=sorted(routed)))
+        masked = dict(
+            self.rounds.gather(self.mask_message_type, mask_content, name, decode_masked, nodes=sorted(routed))
+        )
         masked = self._unique(name, masked, _words)
         if len(masked) < params.threshold:
-            raise PrivacyError(f"secure round {name!r}: {len(masked)} masked replies, fewer than the threshold {params.threshold}; nothing is released")
+            raise PrivacyError(
+                f"secure round {name!r}: {len(masked)} masked replies, fewer than the threshold {params.threshold}; nothing is released"
+            )
         survivors, dropped = server.unmask_request(list(shares), list(masked))
         plan.check_contributors(len(survivors))
 
         def unmask() -> np.ndarray:
-            lists = ArrayRecord({"survivors": Array(np.asarray(survivors, dtype=np.uint64)), "dropped": Array(np.asarray(dropped, dtype=np.uint64))})
+            lists = ArrayRecord(
+                {
+                    "survivors": Array(np.asarray(survivors, dtype=np.uint64)),
+                    "dropped": Array(np.asarray(dropped, dtype=np.uint64)),
+                }
+            )
             content3 = RecordDict({"secagg": ConfigRecord(sec), "lists": lists})
             asked = survivors
             if self.authenticated:  # consistency round: every survivor signs the view it is shown
+
                 def decode_sig(nid, rep):
                     sig = rep.content.config_records["secagg"]["signature"]
                     if not isinstance(sig, (bytes, bytearray)) or len(sig) != 64:
@@ -260,19 +302,38 @@ class SecureRounds:
                     self._fresh(_signature(sig))
                     return bytes(sig)
 
-                sigs = dict(self.rounds.gather("query.secagg_consistency", RecordDict({"secagg": ConfigRecord(sec), "lists": lists}), f"{name}:consistency", decode_sig, nodes=survivors))
+                sigs = dict(
+                    self.rounds.gather(
+                        "query.secagg_consistency",
+                        RecordDict({"secagg": ConfigRecord(sec), "lists": lists}),
+                        f"{name}:consistency",
+                        decode_sig,
+                        nodes=survivors,
+                    )
+                )
                 sigs = self._unique(f"{name}:consistency", sigs, _signature)
-                content3 = RecordDict({"secagg": ConfigRecord(sec), "lists": lists, "signatures": ConfigRecord({str(v): s for v, s in sigs.items()})})
+                content3 = RecordDict(
+                    {
+                        "secagg": ConfigRecord(sec),
+                        "lists": lists,
+                        "signatures": ConfigRecord({str(v): s for v, s in sigs.items()}),
+                    }
+                )
                 asked = [n for n in survivors if n in sigs]
 
             @_rejecting
             def decode_unmask(nid, rep):
-                reply = {"self": _by_id(rep.content.config_records["self"]), "pairwise": _by_id(rep.content.config_records["pairwise"])}
+                reply = {
+                    "self": _by_id(rep.content.config_records["self"]),
+                    "pairwise": _by_id(rep.content.config_records["pairwise"]),
+                }
                 server.check_unmask_reply(nid, reply, survivors, dropped)
                 self._fresh(_shares(reply))
                 return reply
 
-            replies = dict(self.rounds.gather("query.secagg_unmask", content3, f"{name}:unmask", decode_unmask, nodes=asked))
+            replies = dict(
+                self.rounds.gather("query.secagg_unmask", content3, f"{name}:unmask", decode_unmask, nodes=asked)
+            )
             replies = self._unique(f"{name}:unmask", replies, _shares)
             mask_keys = {n: s[0] for n, s in shares.items()}
             try:

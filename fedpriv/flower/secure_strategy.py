@@ -54,7 +54,11 @@ EVAL_KIND = "fedavg_eval"  # the evaluation's secure measurement sum
 
 def flatten(arrays: ArrayRecord) -> np.ndarray:
     """The model's arrays, in key order, as one float64 vector."""
-    return np.concatenate([np.asarray(arrays[k].numpy(), dtype=np.float64).ravel() for k in arrays]) if len(arrays) else np.zeros(0)
+    return (
+        np.concatenate([np.asarray(arrays[k].numpy(), dtype=np.float64).ravel() for k in arrays])
+        if len(arrays)
+        else np.zeros(0)
+    )
 
 
 def unflatten(vector: np.ndarray, like: ArrayRecord) -> ArrayRecord:
@@ -82,9 +86,21 @@ class SecureDPFedAvg(FedAvg):
     (``fraction_evaluate`` > 0) needs them: a plaintext evaluation round is never sent.
     """
 
-    def __init__(self, *, clipping_norm: float, noise_multiplier: float | None = None, epsilon: float | None = None,
-                 delta: float = 1e-5, num_rounds: int | None = None, dropout: float = 0.0, collusion: int = 1, ledger: PrivacyLedger | None = None,
-                 round_timeout: float | None = None, evaluate_metrics: tuple[str, ...] | list[str] = (), **fedavg_kwargs):
+    def __init__(
+        self,
+        *,
+        clipping_norm: float,
+        noise_multiplier: float | None = None,
+        epsilon: float | None = None,
+        delta: float = 1e-5,
+        num_rounds: int | None = None,
+        dropout: float = 0.0,
+        collusion: int = 1,
+        ledger: PrivacyLedger | None = None,
+        round_timeout: float | None = None,
+        evaluate_metrics: tuple[str, ...] | list[str] = (),
+        **fedavg_kwargs,
+    ):
         super().__init__(**fedavg_kwargs)
         if isinstance(evaluate_metrics, str) or not all(isinstance(k, str) and k for k in evaluate_metrics):
             raise ConfigError(f"must be a list of metric names, got {evaluate_metrics!r}", field="evaluate_metrics")
@@ -97,27 +113,44 @@ class SecureDPFedAvg(FedAvg):
             if num_rounds is None:
                 raise ConfigError("calibrating to an epsilon needs num_rounds", field="num_rounds")
             # Skellam noise: its RDP bound (hence this calibration) holds at integer orders only
-            noise_multiplier = calibrate([PlannedRelease(RELEASE, int(num_rounds), 1.0)], epsilon, delta, integer_orders=True).multipliers[RELEASE]
+            noise_multiplier = calibrate(
+                [PlannedRelease(RELEASE, int(num_rounds), 1.0)], epsilon, delta, integer_orders=True
+            ).multipliers[RELEASE]
         if not (0 <= dropout < 1):
             raise ConfigError(f"must be in [0, 1), got {dropout}", field="dropout")
         if not (isinstance(collusion, int) and collusion >= 0):
             raise ConfigError(f"must be an integer >= 0, got {collusion!r}", field="collusion")
-        self.clipping_norm, self.noise_multiplier, self.dropout, self.delta = float(clipping_norm), float(noise_multiplier), dropout, delta
+        self.clipping_norm, self.noise_multiplier, self.dropout, self.delta = (
+            float(clipping_norm),
+            float(noise_multiplier),
+            dropout,
+            delta,
+        )
         self.collusion = collusion
         budget = (epsilon, delta) if epsilon is not None else None
-        self.ledger = ledger if ledger is not None else PrivacyLedger(budget=budget, accountant=RdpAccountant() if budget else None)
+        self.ledger = (
+            ledger
+            if ledger is not None
+            else PrivacyLedger(budget=budget, accountant=RdpAccountant() if budget else None)
+        )
         self.round_timeout = round_timeout
         self.counters = RoundCounters()
 
     def summary(self) -> None:
-        log.info("SecureDPFedAvg: clipping norm %g, noise multiplier %g, dropout %g (distributed Skellam noise, SecAgg+)",
-                 self.clipping_norm, self.noise_multiplier, self.dropout)
+        log.info(
+            "SecureDPFedAvg: clipping norm %g, noise multiplier %g, dropout %g (distributed Skellam noise, SecAgg+)",
+            self.clipping_norm,
+            self.noise_multiplier,
+            self.dropout,
+        )
 
     def epsilon(self, delta: float | None = None) -> float:
         """Epsilon spent so far, computed by dp-accounting from the ledger."""
         return RdpAccountant().epsilon(self.ledger.releases, self.delta if delta is None else delta)
 
-    def _secure_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, config: ConfigRecord, secure: SecureRounds) -> ArrayRecord | None:
+    def _secure_round(
+        self, grid: Grid, server_round: int, arrays: ArrayRecord, config: ConfigRecord, secure: SecureRounds
+    ) -> ArrayRecord | None:
         messages = list(self.configure_train(server_round, arrays, config, grid))
         nodes = [m.metadata.dst_node_id for m in messages]
         if len(nodes) < 2:
@@ -126,7 +159,12 @@ class SecureDPFedAvg(FedAvg):
         secure.rounds.nodes = nodes
         n = len(nodes)
         length = sum(arrays[k].numpy().size for k in arrays)
-        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: ConfigRecord(dict(config, clipping_norm=self.clipping_norm))})
+        content = RecordDict(
+            {
+                self.arrayrecord_key: arrays,
+                self.configrecord_key: ConfigRecord(dict(config, clipping_norm=self.clipping_norm)),
+            }
+        )
         counted = []
 
         def gather(plan):
@@ -134,12 +172,21 @@ class SecureDPFedAvg(FedAvg):
             counted.append(contributors)
             return unmask, contributors
 
-        values, _ = distributed.secure_round(self.ledger, [(RELEASE, length, self.clipping_norm, self.noise_multiplier)], n_nodes=n, max_users=n, dropout=self.dropout,
-                                        colluders=self.collusion, secure_sum=gather)
+        values, _ = distributed.secure_round(
+            self.ledger,
+            [(RELEASE, length, self.clipping_norm, self.noise_multiplier)],
+            n_nodes=n,
+            max_users=n,
+            dropout=self.dropout,
+            colluders=self.collusion,
+            secure_sum=gather,
+        )
         mean_update = values[RELEASE] / counted[0]  # post-processing: the count of contributors is public
         return unflatten(flatten(arrays) + mean_update, arrays)
 
-    def _secure_evaluate(self, grid: Grid, server_round: int, arrays: ArrayRecord, config: ConfigRecord, secure: SecureRounds) -> MetricRecord | None:
+    def _secure_evaluate(
+        self, grid: Grid, server_round: int, arrays: ArrayRecord, config: ConfigRecord, secure: SecureRounds
+    ) -> MetricRecord | None:
         """One evaluation round as a secure measurement sum over the sampled nodes: the totals of
         ``weighted_by_key`` and of each metric times it, hence the weighted averages; no node's
         own metrics reach the server. None with fewer than 2 sampled nodes (nothing is sent)."""
@@ -151,8 +198,17 @@ class SecureDPFedAvg(FedAvg):
             log.warning("round %d: %d node(s) sampled for evaluation; a secure sum needs 2", server_round, len(nodes))
             return None
         secure.rounds.nodes = nodes
-        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: messages[0].content.config_records[self.configrecord_key]})
-        plan = ExactPlan(tuple((k, 1) for k in (self.weighted_by_key, *self.evaluate_metrics)), n_nodes=len(nodes), min_contributors=2)
+        content = RecordDict(
+            {
+                self.arrayrecord_key: arrays,
+                self.configrecord_key: messages[0].content.config_records[self.configrecord_key],
+            }
+        )
+        plan = ExactPlan(
+            tuple((k, 1) for k in (self.weighted_by_key, *self.evaluate_metrics)),
+            n_nodes=len(nodes),
+            min_contributors=2,
+        )
         before, secure.mask_message_type = secure.mask_message_type, "evaluate"  # the round whose handler evaluates
         try:
             unmask, _ = secure.secure_sum(EVAL_KIND, plan, content, server_round)
@@ -164,18 +220,28 @@ class SecureDPFedAvg(FedAvg):
             return None
         return MetricRecord({k: float(totals[k][0]) / weight for k in self.evaluate_metrics})
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-              on_round: Callable[[int, float, MetricRecord | None], None] | None = None) -> Result:
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        on_round: Callable[[int, float, MetricRecord | None], None] | None = None,
+    ) -> Result:
         """FedAvg's loop, each training round a secure sum (keys once, then share, train and
         mask, unmask). Returns Flower's Result; the epsilon is :meth:`epsilon`. ``on_round(round,
         epsilon spent so far, the nodes' aggregated evaluation metrics)`` after every round
         (progress lines)."""
         self.summary()
         if self.fraction_evaluate > 0 and not self.evaluate_metrics:
-            raise ConfigError("evaluation on the nodes is a secure sum of named metrics: give evaluate_metrics (what the nodes' evaluate function reports), "
-                              "or fraction_evaluate=0", field="evaluate_metrics")
+            raise ConfigError(
+                "evaluation on the nodes is a secure sum of named metrics: give evaluate_metrics (what the nodes' evaluate function reports), "
+                "or fraction_evaluate=0",
+                field="evaluate_metrics",
+            )
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         rounds = Rounds(grid, sorted(grid.get_node_ids()), self.counters, self.round_timeout or timeout)
@@ -250,14 +316,21 @@ def secure_evaluate(evaluate_fn: Callable[[Message, Context], Message]) -> Calla
     def evaluate(msg: Message, context: Context) -> Message:
         sec = msg.content.config_records.get("secagg")
         if sec is None:
-            raise ConfigError("this node evaluates only under secure aggregation (SecureDPFedAvg): it sends no plaintext metrics", field="secagg")
+            raise ConfigError(
+                "this node evaluates only under secure aggregation (SecureDPFedAvg): it sends no plaintext metrics",
+                field="secagg",
+            )
         plan = plan_from_dict(json.loads(str(sec["plan"])))
         if str(sec.get("kind")) != EVAL_KIND or not isinstance(plan, ExactPlan) or not plan.parts:
-            raise ConfigError(f"refused an evaluation round of kind {sec.get('kind')!r} with a {type(plan).__name__}", field="secagg")
+            raise ConfigError(
+                f"refused an evaluation round of kind {sec.get('kind')!r} with a {type(plan).__name__}", field="secagg"
+            )
         reply = evaluate_fn(msg, context)
         records = list(reply.content.metric_records.values())
         if len(records) != 1:
-            raise ConfigError(f"the evaluate function must reply with one MetricRecord, got {len(records)}", field="evaluate_fn")
+            raise ConfigError(
+                f"the evaluate function must reply with one MetricRecord, got {len(records)}", field="evaluate_fn"
+            )
         metrics, (weight_key, _) = records[0], plan.parts[0]
         missing = [k for k, _ in plan.parts if k not in metrics]
         if missing:
@@ -269,11 +342,18 @@ def secure_evaluate(evaluate_fn: Callable[[Message, Context], Message]) -> Calla
     return evaluate
 
 
-def secure_client_app(train_fn: Callable[[Message, Context], Message], evaluate_fn: Callable[[Message, Context], Message] | None = None) -> ClientApp:
+def secure_client_app(
+    train_fn: Callable[[Message, Context], Message], evaluate_fn: Callable[[Message, Context], Message] | None = None
+) -> ClientApp:
     """A ClientApp for :class:`SecureDPFedAvg`: the secure-summation handlers, ``train_fn``
     under :func:`secure_train`, and ``evaluate_fn`` under :func:`secure_evaluate`."""
     app = ClientApp()
-    for name, handler in (("secagg_keys", secure_client.keys), ("secagg_share", secure_client.share), ("secagg_consistency", secure_client.consistency), ("secagg_unmask", secure_client.unmask)):
+    for name, handler in (
+        ("secagg_keys", secure_client.keys),
+        ("secagg_share", secure_client.share),
+        ("secagg_consistency", secure_client.consistency),
+        ("secagg_unmask", secure_client.unmask),
+    ):
         app.query(name)(handler)
     app.train()(secure_train(train_fn))
     if evaluate_fn is not None:

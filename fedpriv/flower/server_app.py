@@ -107,7 +107,9 @@ class FlowerResult(RoundCounters):
     rec_ledger: PrivacyLedger | None = None
     rec_picks: np.ndarray | None = None  # reported item per global user id (-1: no report)
     resumed_from: int | None = None  # the step a resumed job restarted after
-    score_total: np.ndarray | None = None  # private tuning: the exact sum of the nodes' clipped scores (noised by the caller's ledger)
+    score_total: np.ndarray | None = (
+        None  # private tuning: the exact sum of the nodes' clipped scores (noised by the caller's ledger)
+    )
 
 
 class JobInterrupted(FedprivError):
@@ -131,10 +133,17 @@ class _Checkpoint:
 
         self.path = Path(job.work_dir) / "checkpoint.pkl"
         self.marker = Path(job.work_dir) / "release.marker"
-        key = {"algorithm": job.algorithm, "epsilon": job.epsilon, "delta": job.delta, "cfg": job.cfg.to_dict(),
-               "n_users": job.n_users, "n_items": int(job.shape.n_items),
-               "n_ratings": int(len(job.train)) if job.train is not None else job.public.source,
-               "users_per_node": job.users_per_node, "rating_range": list(job.rating_range)}
+        key = {
+            "algorithm": job.algorithm,
+            "epsilon": job.epsilon,
+            "delta": job.delta,
+            "cfg": job.cfg.to_dict(),
+            "n_users": job.n_users,
+            "n_items": int(job.shape.n_items),
+            "n_ratings": int(len(job.train)) if job.train is not None else job.public.source,
+            "users_per_node": job.users_per_node,
+            "rating_range": list(job.rating_range),
+        }
         self.fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
     def load(self):
@@ -142,7 +151,9 @@ class _Checkpoint:
 
         if not self.path.exists():
             if self.marker.exists():
-                raise PrivacyError(f"{self.marker}: the job stopped during its first releases; resuming would release them twice. Start a new job.")
+                raise PrivacyError(
+                    f"{self.marker}: the job stopped during its first releases; resuming would release them twice. Start a new job."
+                )
             return None
         with open(self.path, "rb") as f:
             saved = pickle.load(f)
@@ -162,10 +173,22 @@ class _Checkpoint:
     def save(self, step: int, state, ledger, server, result) -> None:
         import pickle
 
-        counters = {"rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down,
-                    "round_log": list(result.round_log), "rejected": list(result.rejected)}
-        blob = {"fingerprint": self.fingerprint, "step": step, "state": state, "ledger": ledger, "server": server,
-                "counters": counters, "curve": list(result.curve)}
+        counters = {
+            "rounds": result.rounds,
+            "bytes_up": result.bytes_up,
+            "bytes_down": result.bytes_down,
+            "round_log": list(result.round_log),
+            "rejected": list(result.rejected),
+        }
+        blob = {
+            "fingerprint": self.fingerprint,
+            "step": step,
+            "state": state,
+            "ledger": ledger,
+            "server": server,
+            "counters": counters,
+            "curve": list(result.curve),
+        }
         atomic.write_bytes(self.path, pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
         if self.marker.exists():
             self.marker.unlink()
@@ -180,7 +203,9 @@ class _Nodes:
         self.n_parts = -(-job.n_users // job.users_per_node)
         self.partition_of: dict[int, int] = {}
         self.retired: set[int] = set()  # ids whose partition moved to a new id, or that never answered a rejoin query
-        self.mode_of: dict[int, str | None] = {}  # the policy mode each node reports (None: an older node that reports none)
+        self.mode_of: dict[
+            int, str | None
+        ] = {}  # the policy mode each node reports (None: an older node that reports none)
         self.token_of: dict[int, str | None] = {}  # the run token each node reports (None: none reported)
 
     def ask_info(self, ids: list[int], name: str, timeout) -> None:
@@ -200,12 +225,22 @@ class _Nodes:
             self.mode_of[nid] = mode if isinstance(mode, str) else None
             token = rep.content.config_records["meta"].get("run_token")
             self.token_of[nid] = token if isinstance(token, str) and token else None
-            if name != "info" and self.job.run_token and self.token_of[nid] != self.job.run_token:  # a stranger that joins later
-                self.rounds.reject(name, nid, "its run token is not this run's: a node this run's launcher did not start, left out")
+            if (
+                name != "info" and self.job.run_token and self.token_of[nid] != self.job.run_token
+            ):  # a stranger that joins later
+                self.rounds.reject(
+                    name, nid, "its run token is not this run's: a node this run's launcher did not start, left out"
+                )
                 self.retired.add(nid)  # not asked again
                 continue
-            if name != "info" and self.job.cfg.aggregation.secure and self.mode_of[nid] != "secure":  # a node that joins a secure job later
-                self.rounds.reject(name, nid, f"its node policy is {_mode_text(self.mode_of[nid])}, not secure: left out of this secure job")
+            if (
+                name != "info" and self.job.cfg.aggregation.secure and self.mode_of[nid] != "secure"
+            ):  # a node that joins a secure job later
+                self.rounds.reject(
+                    name,
+                    nid,
+                    f"its node policy is {_mode_text(self.mode_of[nid])}, not secure: left out of this secure job",
+                )
                 continue
             for old in [n for n, p in self.partition_of.items() if p == pid and n != nid]:
                 log.info("partition %d moved from node %s to node %s (rejoined)", pid, old, nid)
@@ -228,10 +263,12 @@ class _Nodes:
         naming every such node, its partition and its reported mode."""
         bad = self._serving_where(self.mode_of, lambda mode: mode != "secure")
         if bad:
-            raise ConfigError(f"refused to start a secure-aggregation job: {len(bad)} serving node(s) do not run a secure node policy "
-                              f"({_listed(bad, _mode_text)}). Such a node would answer a deviating server's plaintext queries. Configure every node with "
-                              "policy-aggregation=secure (`fedpriv deploy up` writes it by default), or run with aggregation central",
-                              field="policy-aggregation")
+            raise ConfigError(
+                f"refused to start a secure-aggregation job: {len(bad)} serving node(s) do not run a secure node policy "
+                f"({_listed(bad, _mode_text)}). Such a node would answer a deviating server's plaintext queries. Configure every node with "
+                "policy-aggregation=secure (`fedpriv deploy up` writes it by default), or run with aggregation central",
+                field="policy-aggregation",
+            )
 
     def require_plaintext(self) -> None:
         """A central job starts only on nodes that answer plaintext handlers: a node whose own
@@ -239,10 +276,12 @@ class _Nodes:
         Checked before any release; raises a ConfigError naming such nodes."""
         bad = self._serving_where(self.mode_of, lambda mode: mode == "secure")
         if bad:
-            raise ConfigError(f"refused to start a central-aggregation job: {len(bad)} serving node(s) run a secure node policy "
-                              f"({_listed(bad, _mode_text)}) and answer no plaintext handler. Run with aggregation secure (`fedpriv deploy run`'s "
-                              "default), or give those nodes policy-aggregation=central (`fedpriv deploy up --node-policy aggregation=central`)",
-                              field="aggregation")
+            raise ConfigError(
+                f"refused to start a central-aggregation job: {len(bad)} serving node(s) run a secure node policy "
+                f"({_listed(bad, _mode_text)}) and answer no plaintext handler. Run with aggregation secure (`fedpriv deploy run`'s "
+                "default), or give those nodes policy-aggregation=central (`fedpriv deploy up --node-policy aggregation=central`)",
+                field="aggregation",
+            )
 
     def require_token(self) -> None:
         """A job started with a run token (``run-token`` in the run config, set by scripts/run.sh)
@@ -254,10 +293,12 @@ class _Nodes:
             return
         bad = self._serving_where(self.token_of, lambda token: token != self.job.run_token)
         if bad:
-            raise ConfigError(f"these nodes were not started by this run's launcher: {len(bad)} of {len(self.serving())} serving node(s) do not report "
-                              f"this run's token ({_listed(bad, lambda t: 'no run token' if t is None else 'another run token')}). The run reached a federation it did not start (another SuperLink on the same "
-                              "address?); nothing was released. Start it again with scripts/run.sh, which uses free ports and a private FLWR_HOME",
-                              field="run-token")
+            raise ConfigError(
+                f"these nodes were not started by this run's launcher: {len(bad)} of {len(self.serving())} serving node(s) do not report "
+                f"this run's token ({_listed(bad, lambda t: 'no run token' if t is None else 'another run token')}). The run reached a federation it did not start (another SuperLink on the same "
+                "address?); nothing was released. Start it again with scripts/run.sh, which uses free ports and a private FLWR_HOME",
+                field="run-token",
+            )
 
     @staticmethod
     def wait_settled(grid: Grid, seconds: float, most: int, settle: float = 3.0) -> list[int]:
@@ -318,7 +359,11 @@ class _GridTransport(RatingTransport):
     def __init__(self, job: FlowerJob, rounds: Rounds, nodes: _Nodes, down, data_dir: str):
         self.job, self.rounds, self.nodes, self.down, self.data_dir = job, rounds, nodes, down, data_dir
         self.n_params = 0
-        self.secure = SecureRounds(rounds, job.users_per_node, colluders=job.cfg.aggregation.collusion) if job.cfg.aggregation.secure else None
+        self.secure = (
+            SecureRounds(rounds, job.users_per_node, colluders=job.cfg.aggregation.collusion)
+            if job.cfg.aggregation.secure
+            else None
+        )
 
     def population(self) -> tuple[int, int]:
         return self.secure.population()
@@ -328,7 +373,12 @@ class _GridTransport(RatingTransport):
 
     def vector(self, kind: str, length: int, state: als.PublicState) -> np.ndarray:
         total = np.zeros(length)
-        for _, values in self.rounds.gather(f"query.{kind}", self.down(), kind, lambda nid, rep: codec.decode_vector(rep.content, kind, length, state, self.job.users_per_node)):
+        for _, values in self.rounds.gather(
+            f"query.{kind}",
+            self.down(),
+            kind,
+            lambda nid, rep: codec.decode_vector(rep.content, kind, length, state, self.job.users_per_node),
+        ):
             total += values
         return total
 
@@ -343,7 +393,9 @@ class _GridTransport(RatingTransport):
 
     def step(self, state: als.PublicState, step: int) -> list:
         dim = protocol.stats_dim(state)
-        decode = lambda nid, rep: codec.decode_contribution(rep.content, state, dim, self.job.users_per_node, self.n_params)  # noqa: E731
+        decode = lambda nid, rep: codec.decode_contribution(
+            rep.content, state, dim, self.job.users_per_node, self.n_params
+        )  # noqa: E731
         return [part for _, part in self.rounds.gather("train", self.down(step), f"step{step + 1}", decode)]
 
 
@@ -357,7 +409,9 @@ def bucket_counts(state: als.PublicState, n_items: int) -> np.ndarray:
     return np.asarray(counts, dtype=np.float64) if counts is not None else np.zeros(n_items)
 
 
-def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content, secure: SecureRounds | None = None) -> tuple:
+def _evaluate(
+    job: FlowerJob, rounds: Rounds, result: FlowerResult, content, secure: SecureRounds | None = None
+) -> tuple:
     """Evaluation on the nodes: per-bucket sums only, summed over the nodes in plaintext
     (central mode) or by a secure measurement sum (``secure``: the server learns the totals,
     never one node's sums), with buckets from :func:`bucket_counts`. Its rounds and bytes are
@@ -380,15 +434,24 @@ def _evaluate(job: FlowerJob, rounds: Rounds, result: FlowerResult, content, sec
         sums = secure.measure("eval", [(k, 5) for k in keys], content)
     else:
         sums = {k: np.zeros(5) for k in keys}
-        for _, vals in rounds.gather("evaluate", content, "evaluate", lambda nid, rep: codec.decode_eval_sums(rep.content, tuple(sums))):
+        for _, vals in rounds.gather(
+            "evaluate", content, "evaluate", lambda nid, rep: codec.decode_eval_sums(rep.content, tuple(sums))
+        ):
             for k in sums:
                 sums[k] += vals[k]
     result.rounds, result.bytes_up, result.bytes_down = before
     if convex:
         for part in ("valid", "test"):
-            loss, acc, sliced = evaluation.logistic_from_sums({k: sums[f"{part}_{k}"] for k in ("logloss", "correct", "n")}, item_counts)
+            loss, acc, sliced = evaluation.logistic_from_sums(
+                {k: sums[f"{part}_{k}"] for k in ("logloss", "correct", "n")}, item_counts
+            )
             result.logistic[part] = {"logloss": loss, "accuracy": acc, "sliced": sliced}
-        return (result.logistic["valid"]["logloss"], result.logistic["valid"]["sliced"], result.logistic["test"]["logloss"], result.logistic["test"]["sliced"])
+        return (
+            result.logistic["valid"]["logloss"],
+            result.logistic["valid"]["sliced"],
+            result.logistic["test"]["logloss"],
+            result.logistic["test"]["sliced"],
+        )
     valid = evaluation.rmse_from_sums(sums["valid_sse"], sums["valid_n"], item_counts)
     test = evaluation.rmse_from_sums(sums["test_sse"], sums["test_n"], item_counts)
     return (*valid, *test)
@@ -401,7 +464,12 @@ def _tune_score(job: FlowerJob, rounds: Rounds, content) -> np.ndarray:
         raise ConfigError("private tuning on the Flower engine scores in central mode only", field="tune")
     content["tune"] = ConfigRecord({"clip": float(job.tune_score_clip)})
     total = np.zeros(1)
-    for _, value in rounds.gather("query.tune_score", content, "tune_score", lambda nid, rep: codec.decode_score(rep.content, job.tune_score_clip, job.users_per_node)):
+    for _, value in rounds.gather(
+        "query.tune_score",
+        content,
+        "tune_score",
+        lambda nid, rep: codec.decode_score(rep.content, job.tune_score_clip, job.users_per_node),
+    ):
         total += value
     return total
 
@@ -414,7 +482,9 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     from .pam_server import PamJob, run_pam_job
 
     threads.configure()  # the server's solves: its kernels' threads and allocator
-    operate = getattr(grid, "operate_for", None)  # an in-process grid whose nodes the caller operates (fedpriv.testing.local_grid)
+    operate = getattr(
+        grid, "operate_for", None
+    )  # an in-process grid whose nodes the caller operates (fedpriv.testing.local_grid)
     if operate is not None:
         operate(job)
 
@@ -423,11 +493,25 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     cfg, n_users = job.cfg, job.n_users
     if job.train is not None:  # simulation: the server writes the nodes' folders
         parts = {"train": job.train, "valid": job.valid, "test": job.test}
-        data_dir = str(write_partitions(job.work_dir / "node-data", {k: v for k, v in parts.items() if v is not None}, {"n_users": n_users}))
+        data_dir = str(
+            write_partitions(
+                job.work_dir / "node-data", {k: v for k, v in parts.items() if v is not None}, {"n_users": n_users}
+            )
+        )
     else:  # partitioned deployment: every node reads its own data-dir; nothing to broadcast
         data_dir = ""
         Path(job.work_dir).mkdir(parents=True, exist_ok=True)
-    state, ledger = new_state(job.algorithm, cfg, job.shape, job.rating_range, job.implicit, job.epsilon, job.delta, multipliers=job.multipliers, secrets=job.secrets)
+    state, ledger = new_state(
+        job.algorithm,
+        cfg,
+        job.shape,
+        job.rating_range,
+        job.implicit,
+        job.epsilon,
+        job.delta,
+        multipliers=job.multipliers,
+        secrets=job.secrets,
+    )
     result = FlowerResult(state=state, ledger=ledger)
     # reproducible runs only: the nodes read the clients' key (derived from the noise seed) from a file
     key_file = write_key_file(job.work_dir, job.secrets.client_key()) if job.secrets.reproducible else None
@@ -439,13 +523,20 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     if job.users_from_nodes:  # users-per-node 0: split the users over the nodes that register
         registered = _Nodes.wait_settled(grid, job.node_wait_seconds, n_users)
         if not registered:
-            raise ConfigError(f"no node registered within the node wait ({job.node_wait_seconds:g} s)", field="node-wait")
+            raise ConfigError(
+                f"no node registered within the node wait ({job.node_wait_seconds:g} s)", field="node-wait"
+            )
         job.users_per_node = -(-n_users // len(registered))
-        log.info("users-per-node %d: %d users over the %d registered nodes", job.users_per_node, n_users, len(registered))
+        log.info(
+            "users-per-node %d: %d users over the %d registered nodes", job.users_per_node, n_users, len(registered)
+        )
     n_parts = -(-n_users // job.users_per_node)
     registered = registered if job.users_from_nodes else wait_for_nodes(grid, n_parts, job.node_wait_seconds)
     if len(registered) < n_parts:
-        raise ConfigError(f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(registered)} registered", field="users-per-node")
+        raise ConfigError(
+            f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(registered)} registered",
+            field="users-per-node",
+        )
     progress = None
     if job.progress:
         from .progress import Progress
@@ -486,7 +577,16 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
             values = _evaluate(job, rounds, result, down(), transport.secure)
             measured.update(step=step + 1, values=values)
             valid = values[0]
-            result.curve.append({"step": step + 1, "rounds": result.rounds, "bytes_up": result.bytes_up, "bytes_down": result.bytes_down, "seconds": spent, "valid_rmse": valid})
+            result.curve.append(
+                {
+                    "step": step + 1,
+                    "rounds": result.rounds,
+                    "bytes_up": result.bytes_up,
+                    "bytes_down": result.bytes_down,
+                    "seconds": spent,
+                    "valid_rmse": valid,
+                }
+            )
             t_start[0] += time.perf_counter() - t_start[0] - spent  # exclude evaluation time
         if ckpt is not None:
             ckpt.save(step + 1, state, ledger, server, result)
@@ -500,8 +600,16 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
         after_step=after_step,
     )
     transport = _GridTransport(job, rounds, nodes, down, data_dir)
-    train_rounds(transport, make_aggregator(cfg, ledger), state, item_features=job.item_features, server=server,
-                 first_step=first_step, resumed=saved is not None, hooks=hooks)
+    train_rounds(
+        transport,
+        make_aggregator(cfg, ledger),
+        state,
+        item_features=job.item_features,
+        server=server,
+        first_step=first_step,
+        resumed=saved is not None,
+        hooks=hooks,
+    )
 
     if job.tune_score_clip is not None:
         result.score_total = _tune_score(job, rounds, down())
@@ -517,7 +625,13 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
 
         users_of = {nid: node_users(nodes.partition_of[nid], job.users_per_node, n_users) for nid in rounds.nodes}
         summary, result.rec_ledger, reports = run_recommend_rounds(
-            rounds, state, down(), {nid: len(u) for nid, u in users_of.items()}, job.recommend, job.secrets.ledger_seed("recommend"), job.test is not None or job.public is not None,
+            rounds,
+            state,
+            down(),
+            {nid: len(u) for nid, u in users_of.items()},
+            job.recommend,
+            job.secrets.ledger_seed("recommend"),
+            job.test is not None or job.public is not None,
             secure=transport.secure,
         )
         result.recommendation = summary
@@ -525,8 +639,14 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
         for nid, items in reports.items():
             result.rec_picks[users_of[nid]] = items
     if progress is not None:
-        shown = {"valid RMSE": result.valid_rmse, "test RMSE": result.test_rmse} if not result.logistic else \
-            {"valid log-loss": result.logistic["valid"]["logloss"], "test log-loss": result.logistic["test"]["logloss"]}
+        shown = (
+            {"valid RMSE": result.valid_rmse, "test RMSE": result.test_rmse}
+            if not result.logistic
+            else {
+                "valid log-loss": result.logistic["valid"]["logloss"],
+                "test log-loss": result.logistic["test"]["logloss"],
+            }
+        )
         progress.summary(result.round_log, result.rejected, {k: v for k, v in shown.items() if v == v}, counters=result)
     return result
 

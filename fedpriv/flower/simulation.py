@@ -54,22 +54,30 @@ def check_ray_address(address: str) -> str:
     ``ray://HOST:PORT`` (Ray Client), ``auto`` (the cluster of the last ``ray start`` on this
     host, or ``RAY_ADDRESS``) or ``local`` (a new private instance)."""
     if not isinstance(address, str) or not address.strip():
-        raise ConfigError(f"must be HOST:PORT, ray://HOST:PORT, 'auto' or 'local', got {address!r}", field="ray_address")
+        raise ConfigError(
+            f"must be HOST:PORT, ray://HOST:PORT, 'auto' or 'local', got {address!r}", field="ray_address"
+        )
     address = address.strip()
     if address in ("auto", "local"):
         return address
     target = address.split("://", 1)[1] if address.startswith("ray://") else address
     if "://" in target or (hp := _split_host_port(target)) is None:
-        raise ConfigError(f"must be HOST:PORT, ray://HOST:PORT, 'auto' or 'local', got {address!r}", field="ray_address")
+        raise ConfigError(
+            f"must be HOST:PORT, ray://HOST:PORT, 'auto' or 'local', got {address!r}", field="ray_address"
+        )
     try:
         with socket.create_connection(hp, timeout=CONNECT_SECONDS):
             pass
     except OSError as e:
-        raise FedprivError(f"cannot reach the Ray cluster at {address} ({e}); is `ray start --head` running there, and is the port open?") from None
+        raise FedprivError(
+            f"cannot reach the Ray cluster at {address} ({e}); is `ray start --head` running there, and is the port open?"
+        ) from None
     return address
 
 
-_SHARED_LEDGER: "contextvars.ContextVar[Path | None]" = contextvars.ContextVar("fedpriv_shared_node_ledger", default=None)
+_SHARED_LEDGER: "contextvars.ContextVar[Path | None]" = contextvars.ContextVar(
+    "fedpriv_shared_node_ledger", default=None
+)
 
 
 @contextlib.contextmanager
@@ -94,8 +102,15 @@ def node_policy_for(job, nodes: int):
 
     folder = _SHARED_LEDGER.get() or Path(job.work_dir) / "node-ledger"
     rec = getattr(job, "recommend", None)
-    return NodePolicy.for_config(job.cfg, epsilon=job.epsilon, delta=job.delta, nodes=nodes, reproducible=job.secrets.reproducible,
-                                 ledger=str(Path(folder).resolve() / "node-{partition}.json"), recommend=rec)
+    return NodePolicy.for_config(
+        job.cfg,
+        epsilon=job.epsilon,
+        delta=job.delta,
+        nodes=nodes,
+        reproducible=job.secrets.reproducible,
+        ledger=str(Path(folder).resolve() / "node-{partition}.json"),
+        recommend=rec,
+    )
 
 
 def simulate(
@@ -129,7 +144,9 @@ def simulate(
         import ray
 
         if ray.is_initialized():  # Flower would reuse that connection and ignore the address
-            raise FedprivError("Ray is already initialized in this process, so ray_address would be ignored; call ray.shutdown() first")
+            raise FedprivError(
+                "Ray is already initialized in this process, so ray_address would be ignored; call ray.shutdown() first"
+            )
 
     if client_app is None:
         from .client_app import app as client_app
@@ -150,7 +167,15 @@ def simulate(
         from .node_device import ENV as DEVICE_ENV
 
         env = {POLICY_ENV: policy_file, **({DEVICE_ENV: node_device} if node_device else {})}
-        return _simulate(job, num_nodes, client_app, init_args, {"num_cpus": cpus_per_node, "num_gpus": float(gpus_per_node)}, verbose, env)
+        return _simulate(
+            job,
+            num_nodes,
+            client_app,
+            init_args,
+            {"num_cpus": cpus_per_node, "num_gpus": float(gpus_per_node)},
+            verbose,
+            env,
+        )
     finally:
         if previous is None:
             os.environ.pop(POLICY_ENV, None)
@@ -179,15 +204,22 @@ def _check_gpu_share(gpus_per_node: float, node_device: str | None, *, local: bo
     if not (gpus_per_node >= 0):
         raise ConfigError(f"must be >= 0, got {gpus_per_node}", field="gpus_per_node")
     if node_device not in (None, "cpu", "torch:cpu") and gpus_per_node <= 0:
-        raise ConfigError(f"node_device {node_device!r} needs a GPU share per node (gpus_per_node > 0)", field="node_device")
+        raise ConfigError(
+            f"node_device {node_device!r} needs a GPU share per node (gpus_per_node > 0)", field="node_device"
+        )
     if gpus_per_node > 0 and local:
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError(f"gpus_per_node {gpus_per_node} asks Ray for GPU shares, but torch sees no CUDA device on this machine", field="gpus_per_node")
+            raise ConfigError(
+                f"gpus_per_node {gpus_per_node} asks Ray for GPU shares, but torch sees no CUDA device on this machine",
+                field="gpus_per_node",
+            )
 
 
-def _simulate(job, num_nodes: int, client_app, init_args: dict, client_resources: dict, verbose: bool, env_vars: dict) -> FlowerResult:
+def _simulate(
+    job, num_nodes: int, client_app, init_args: dict, client_resources: dict, verbose: bool, env_vars: dict
+) -> FlowerResult:
     import ray
     from flwr.simulation import run_simulation
 

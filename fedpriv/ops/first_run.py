@@ -84,7 +84,11 @@ def _main(argv: list[str] | None = None) -> int:
         home = args[1] if len(args) == 2 else None
         pids = stop_local_superlink(home)
         where = Path(home) if home else default_home()
-        print(f"stopped {len(pids)} process(es) under FLWR_HOME={where}" if pids else f"no process runs under FLWR_HOME={where}")
+        print(
+            f"stopped {len(pids)} process(es) under FLWR_HOME={where}"
+            if pids
+            else f"no process runs under FLWR_HOME={where}"
+        )
         return 0
     print("usage: python -m fedpriv.ops.first_run env | stop [FLWR_HOME]", file=sys.stderr)
     return 2

@@ -37,7 +37,9 @@ def _data_options(text: str) -> dict[str, str]:
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise ConfigError(f"expected a JSON object of csv/parquet options, got {text!r} ({exc})", field="data-options") from None
+        raise ConfigError(
+            f"expected a JSON object of csv/parquet options, got {text!r} ({exc})", field="data-options"
+        ) from None
     if not isinstance(value, dict):
         raise ConfigError(f"expected a JSON object of csv/parquet options, got {text!r}", field="data-options")
     return {str(k): str(v) for k, v in value.items()}
@@ -52,8 +54,12 @@ def job_of_run_config(rc) -> tuple[Job, dict]:
         params["tune"] = str(rc["tune"])
     aggregation = str(rc.get("aggregation", "central") or "central")
     if aggregation != "central" or "aggregation" in params:
-        params.setdefault("aggregation", aggregation)  # secure: nodes add distributed noise, the server sees only noised sums
-    seed_file = str(rc.get("noise-seed-file", "") or "")  # reproducible noise (a file, never the seed in the run config)
+        params.setdefault(
+            "aggregation", aggregation
+        )  # secure: nodes add distributed noise, the server sees only noised sums
+    seed_file = str(
+        rc.get("noise-seed-file", "") or ""
+    )  # reproducible noise (a file, never the seed in the run config)
     job = Job(
         algorithm,
         str(rc["data"]),
@@ -74,7 +80,9 @@ def job_of_run_config(rc) -> tuple[Job, dict]:
         "round_timeout": float(rc.get("round-timeout", 0.0)),
         "node_wait": float(rc.get("node-wait", 120.0)),
         "work_dir": str(rc.get("work-dir", "") or "") or None,  # a work dir keeps the checkpoint: rerun to resume
-        "device": str(rc.get("server-device", "cpu") or "cpu"),  # where the ServerApp computes (the nodes: their own config)
+        "device": str(
+            rc.get("server-device", "cpu") or "cpu"
+        ),  # where the ServerApp computes (the nodes: their own config)
     }
     return job, engine
 

@@ -33,7 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..util import atomic
-from ..util.processes import descendant_pids, pid_alive, pids_matching, pids_with_env, process_cmdline, stop_all, terminate_pids  # noqa: F401 - re-exported
+from ..util.processes import (
+    descendant_pids,
+    pid_alive,
+    pids_matching,
+    pids_with_env,
+    process_cmdline,
+    stop_all,
+    terminate_pids,
+)  # noqa: F401 - re-exported
 from ..algorithms.names import is_private
 from ..errors import ConfigError, FedprivError
 from ..run import FlowerOptions, Outcome, RunReport
@@ -46,9 +54,13 @@ TAIL_LINES = 80
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes, stripped from captured output
 # lines of Flower's log that mislead a fedpriv user: the federation's size is fedpriv's
 # --nodes, not Flower's default or its simulation-config command
-FLOWER_NOISE = re.compile(r"default simulated SuperNodes changed|To change federation size|flwr federation simulation-config|Manually terminating ClientAppActor")
+FLOWER_NOISE = re.compile(
+    r"default simulated SuperNodes changed|To change federation size|flwr federation simulation-config|Manually terminating ClientAppActor"
+)
 SUPERLINK_SLOW = "Failed to start local SuperLink"  # Flower's message when its SuperLink took over 15 s to start
-ERROR_LINE = re.compile(r"\b(?:ConfigError|DataError|PrivacyError|FedprivError): (.+)$")  # a fedpriv error in `flwr run` output: group 1 the reason
+ERROR_LINE = re.compile(
+    r"\b(?:ConfigError|DataError|PrivacyError|FedprivError): (.+)$"
+)  # a fedpriv error in `flwr run` output: group 1 the reason
 
 
 # ------------------------------------------------------------------------------ validation
@@ -57,7 +69,10 @@ def flower_partitions(plan, users_per_node: int) -> int:
     calibration, and what a Flower run refuses), and the number of partitions: the nodes it
     needs."""
     if plan.public is not None and users_per_node != plan.public.users_per_node:
-        raise ConfigError(f"the partition put {plan.public.users_per_node} users on each node, got {users_per_node}", field="users-per-node")
+        raise ConfigError(
+            f"the partition put {plan.public.users_per_node} users on each node, got {users_per_node}",
+            field="users-per-node",
+        )
     plan.check_budget()
     return plan.partitions(users_per_node)
 
@@ -95,8 +110,17 @@ def param_text(value) -> str:
     return str(value)
 
 
-def job_run_config(job, data: str, *, users_per_node: int, nodes: int, round_timeout: float, node_wait: float, params: dict | None = None,
-                   server_device: str | None = None) -> dict:
+def job_run_config(
+    job,
+    data: str,
+    *,
+    users_per_node: int,
+    nodes: int,
+    round_timeout: float,
+    node_wait: float,
+    params: dict | None = None,
+    server_device: str | None = None,
+) -> dict:
     """The run config (``flwr run --run-config``) of ``job``: its parameters (``params``, default
     the job's) as the ``key=value,...`` of ``set`` (a value holding ',' or ';' is an error naming
     its key), a tuning grid under ``tune``, and the Flower keys. ``nodes``: the nodes the
@@ -136,7 +160,9 @@ def data_for_server(plan, work: Path) -> str:
     from ..data.spec import FILE_KINDS, PUBLIC_KIND, SAVED_KIND, SYNTHETIC_KINDS
 
     spec = plan.spec
-    if plan.job.dataset is None and (spec.kind in FILE_KINDS or spec.kind in SYNTHETIC_KINDS or spec.kind in (PUBLIC_KIND, SAVED_KIND)):
+    if plan.job.dataset is None and (
+        spec.kind in FILE_KINDS or spec.kind in SYNTHETIC_KINDS or spec.kind in (PUBLIC_KIND, SAVED_KIND)
+    ):
         return absolute_data_spec(str(spec))
     from ..data.saved import save_dataset
 
@@ -219,10 +245,16 @@ def superlink_pids(flwr_home: str | os.PathLike | None = None) -> list[int]:
     every local SuperLink started by this module (FLWR_HOME in one of its temporary folders)."""
     if flwr_home is not None:
         return pids_matching("flower-superlink", f"{Path(flwr_home)}/local-superlink")
-    return [p for p in pids_matching("flower-superlink", "/local-superlink") if re.search(rf"/{HOME_PREFIX}[^/ ]*/home/local-superlink", process_cmdline(p))]
+    return [
+        p
+        for p in pids_matching("flower-superlink", "/local-superlink")
+        if re.search(rf"/{HOME_PREFIX}[^/ ]*/home/local-superlink", process_cmdline(p))
+    ]
 
 
-def stop_superlinks(flwr_home: str | os.PathLike, seconds: float = STOP_SECONDS, sweep_seconds: float = 5.0) -> list[int]:
+def stop_superlinks(
+    flwr_home: str | os.PathLike, seconds: float = STOP_SECONDS, sweep_seconds: float = 5.0
+) -> list[int]:
     """Stop the SuperLink(s) of ``flwr_home`` by PID, then whatever they started that is still
     running (ServerApp, simulation and Ray processes); returns the SuperLink PIDs."""
     pids = superlink_pids(flwr_home)
@@ -291,7 +323,9 @@ def _flwr_command(bin_dir: Path) -> list[str]:
         return [str(exe)]
     found = shutil.which("flwr")
     if found is None:
-        raise FedprivError(f"the `flwr` command was not found (looked in {bin_dir} and on PATH); install flwr[simulation]")
+        raise FedprivError(
+            f"the `flwr` command was not found (looked in {bin_dir} and on PATH); install flwr[simulation]"
+        )
     return [found]
 
 
@@ -301,8 +335,18 @@ def run_streaming(cmd: list[str], *, cwd: Path, env: dict, quiet: bool, timeout:
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     # its own session: a Ctrl-C at the terminal reaches fedpriv alone, which stops the run
     # (fedpriv.util.stopping) instead of `flwr` printing its traceback
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        start_new_session=True,
+    )
     colour = sys.stderr.isatty()
 
     def pump():
@@ -318,7 +362,9 @@ def run_streaming(cmd: list[str], *, cwd: Path, env: dict, quiet: bool, timeout:
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise FedprivError(f"`flwr run` did not finish within {timeout:g} s; last output:\n" + "\n".join(tail)) from None
+        raise FedprivError(
+            f"`flwr run` did not finish within {timeout:g} s; last output:\n" + "\n".join(tail)
+        ) from None
     finally:
         if proc.poll() is None:
             stop_all(lambda: [proc.pid] if proc.poll() is None else [], 5.0, rounds=1)
@@ -341,7 +387,9 @@ class FlwrRun(FlowerOptions):
     flwr_home: str | os.PathLike | None = None
 
     def execute(self, plan, *, progress: bool = False, second_opinion: bool = True) -> Outcome:
-        metrics, records, model = flwr_run_plan(plan, self, quiet=self.quiet or not progress, second_opinion=second_opinion)
+        metrics, records, model = flwr_run_plan(
+            plan, self, quiet=self.quiet or not progress, second_opinion=second_opinion
+        )
         return Outcome(RunReport.from_metrics(metrics), records, model, None, None, plan.dataset)
 
 
@@ -383,9 +431,15 @@ def node_policy_file(plan, work: Path, *, nodes: int) -> str:
 
     job = plan.job
     rec = getattr(plan, "recommend", None)
-    policy = NodePolicy.for_config(plan.config, epsilon=job.epsilon, delta=job.delta, nodes=nodes, reproducible=job.noise_seed is not None,
-                                   ledger=str(Path(work) / "node-ledger" / "node-{partition}.json"),
-                                   recommend=rec)
+    policy = NodePolicy.for_config(
+        plan.config,
+        epsilon=job.epsilon,
+        delta=job.delta,
+        nodes=nodes,
+        reproducible=job.noise_seed is not None,
+        ledger=str(Path(work) / "node-ledger" / "node-{partition}.json"),
+        recommend=rec,
+    )
     return policy.write(Path(work) / "node-policy.json")
 
 
@@ -406,15 +460,25 @@ def flwr_run_plan(plan, engine, *, quiet: bool = False, second_opinion: bool = T
     params = dict(job.params)
     upn = _int_option("--users-per-node", engine.users_per_node, params, "users_per_node")
     n_nodes = _int_option("--nodes", engine.nodes, params, "nodes")
-    round_timeout = float(engine.round_timeout if engine.round_timeout is not None else params.pop("round_timeout", 0.0))
+    round_timeout = float(
+        engine.round_timeout if engine.round_timeout is not None else params.pop("round_timeout", 0.0)
+    )
     node_wait = float(engine.node_wait if engine.node_wait is not None else params.pop("node_wait", 120.0))
     if plan.public is not None and upn is None:
         upn = int(plan.public.users_per_node)
     layout = node_layout(plan.n_users, nodes=n_nodes, users_per_node=upn)
     n_nodes, upn = layout.nodes, layout.users_per_node
     flower_partitions(plan, upn)
-    run_config = job_run_config(job, "", users_per_node=upn, nodes=n_nodes, round_timeout=round_timeout, node_wait=node_wait, params=params,
-                                server_device=engine.device)
+    run_config = job_run_config(
+        job,
+        "",
+        users_per_node=upn,
+        nodes=n_nodes,
+        round_timeout=round_timeout,
+        node_wait=node_wait,
+        params=params,
+        server_device=engine.device,
+    )
     work = Path(tempfile.mkdtemp(prefix=HOME_PREFIX)).resolve()
     home = Path(engine.flwr_home).expanduser().resolve() if engine.flwr_home is not None else work / "home"
     ray_tmp = None

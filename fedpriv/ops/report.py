@@ -51,7 +51,9 @@ def _inside(exp_dir: Path, rel, source: Path, what: str) -> Path:
         raise ConfigError(f"{what}: expected a relative path, got {rel!r}", field=str(source))
     p = Path(rel)
     if p.is_absolute() or ".." in p.parts:
-        raise ConfigError(f"{what}: path {rel!r} must be relative to the experiment folder, without '..'", field=str(source))
+        raise ConfigError(
+            f"{what}: path {rel!r} must be relative to the experiment folder, without '..'", field=str(source)
+        )
     return exp_dir / p
 
 
@@ -63,7 +65,9 @@ def _load_json(path: Path, what: str):
     except UnicodeDecodeError as exc:
         raise ConfigError(f"malformed {what}: not UTF-8 ({exc.reason})", field=str(path)) from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"malformed {what}: {exc.msg} at line {exc.lineno} column {exc.colno}", field=str(path)) from None
+        raise ConfigError(
+            f"malformed {what}: {exc.msg} at line {exc.lineno} column {exc.colno}", field=str(path)
+        ) from None
 
 
 def _read_csv(path: Path, required: tuple[str, ...] = ()) -> tuple[list[str], list[dict[str, str]]]:
@@ -83,13 +87,20 @@ def _read_csv(path: Path, required: tuple[str, ...] = ()) -> tuple[list[str], li
                     header = [h.strip() for h in record]
                     dup = sorted({h for h in header if header.count(h) > 1})
                     if dup:
-                        raise ConfigError(f"duplicate column(s) {', '.join(dup)} in the header", field=f"{path}:{reader.line_num}")
+                        raise ConfigError(
+                            f"duplicate column(s) {', '.join(dup)} in the header", field=f"{path}:{reader.line_num}"
+                        )
                     missing = [c for c in required if c not in header]
                     if missing:
-                        raise ConfigError(f"missing column(s) {', '.join(missing)} in the header", field=f"{path}:{reader.line_num}")
+                        raise ConfigError(
+                            f"missing column(s) {', '.join(missing)} in the header", field=f"{path}:{reader.line_num}"
+                        )
                     continue
                 if len(record) != len(header):
-                    raise ConfigError(f"malformed CSV: expected {len(header)} fields (as in the header), got {len(record)}", field=f"{path}:{reader.line_num}")
+                    raise ConfigError(
+                        f"malformed CSV: expected {len(header)} fields (as in the header), got {len(record)}",
+                        field=f"{path}:{reader.line_num}",
+                    )
                 rows.append(dict(zip(header, record)))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"malformed CSV: not UTF-8 ({exc.reason})", field=str(path)) from None
@@ -106,7 +117,9 @@ def _check_experiment(doc, path: Path) -> dict:
         raise ConfigError("malformed experiment.json: expected a JSON object", field=str(path))
 
     def bad(key: str, expected: str):
-        raise ConfigError(f"malformed experiment.json: {key!r} must be {expected}, got {doc.get(key)!r}", field=str(path))
+        raise ConfigError(
+            f"malformed experiment.json: {key!r} must be {expected}, got {doc.get(key)!r}", field=str(path)
+        )
 
     if not isinstance(doc.get("name"), str) or not doc["name"].strip():
         bad("name", "a non-empty string")
@@ -120,7 +133,8 @@ def _check_experiment(doc, path: Path) -> dict:
             bad(key, "a number")
     cells = doc.get("cells", {})
     if not isinstance(cells, dict) or any(
-        cells.get(k) is not None and (isinstance(cells[k], bool) or not isinstance(cells[k], int)) for k in ("total", "done", "skipped")
+        cells.get(k) is not None and (isinstance(cells[k], bool) or not isinstance(cells[k], int))
+        for k in ("total", "done", "skipped")
     ):
         bad("cells", "an object {total, done, skipped} of integers")
     for key in ("headline", "commands"):
@@ -132,7 +146,9 @@ def _check_experiment(doc, path: Path) -> dict:
         bad("skipped", "a list of {cell, reason} objects")
     for key, fields in (("plots", ("caption",)), ("tables", ("title", "caption"))):
         items = doc.get(key, [])
-        if not isinstance(items, list) or not all(isinstance(it, dict) and isinstance(it.get("file"), str) for it in items):
+        if not isinstance(items, list) or not all(
+            isinstance(it, dict) and isinstance(it.get("file"), str) for it in items
+        ):
             bad(key, "a list of objects with a 'file' string")
         for it in items:
             if any(it.get(f) is not None and not isinstance(it[f], str) for f in fields):
@@ -168,8 +184,15 @@ def _load_run(exp_dir: Path, row: dict[str, str], results_path: Path, line_hint:
     if not isinstance(ledger, list):
         raise ConfigError("malformed ledger.json: expected a JSON list of release records", field=str(ledger_path))
     for i, rec in enumerate(ledger):
-        if not isinstance(rec, dict) or not isinstance(rec.get("name"), str) or not isinstance(rec.get("mechanism"), str):
-            raise ConfigError(f"malformed ledger.json: record {i} must be an object with string 'name' and 'mechanism'", field=str(ledger_path))
+        if (
+            not isinstance(rec, dict)
+            or not isinstance(rec.get("name"), str)
+            or not isinstance(rec.get("mechanism"), str)
+        ):
+            raise ConfigError(
+                f"malformed ledger.json: record {i} must be an object with string 'name' and 'mechanism'",
+                field=str(ledger_path),
+            )
     target = _number_or_none(metrics, "epsilon", metrics_path)
     spent = _number_or_none(metrics, "epsilon_spent", metrics_path)
     delta = _number_or_none(metrics, "delta", metrics_path)
@@ -228,7 +251,15 @@ def _load_experiment(exp_dir: Path) -> dict:
         if not path.is_file():
             raise ConfigError(f"table {path.name} listed but missing: {path}", field=str(json_path))
         header, rows = _read_csv(path)
-        tables.append({"title": item.get("title") or path.stem, "caption": item.get("caption") or "", "file": item["file"], "header": header, "rows": rows})
+        tables.append(
+            {
+                "title": item.get("title") or path.stem,
+                "caption": item.get("caption") or "",
+                "file": item["file"],
+                "header": header,
+                "rows": rows,
+            }
+        )
     results_path = exp_dir / "results.csv"
     runs: list[dict] = []
     n_rows = 0
@@ -253,7 +284,11 @@ def _experiment_dirs(root: Path) -> list[Path]:
         raise ConfigError(f"not a folder: {root}", field="results_dir")
     if (root / "experiment.json").is_file():
         return [root]
-    return [d for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".") and (d / "experiment.json").is_file()]
+    return [
+        d
+        for d in sorted(root.iterdir())
+        if d.is_dir() and not d.name.startswith(".") and (d / "experiment.json").is_file()
+    ]
 
 
 # ---------------------------------------------------------------- formatting
@@ -316,7 +351,11 @@ def _merged_columns(header: list[str]) -> list[tuple[str, str | None, str | None
 def _html_table(header: list[str], rows: list[dict[str, str]], *, row_class=None, formatters=None) -> str:
     formatters = formatters or {}
     cols = _merged_columns(header)
-    out = ['<div class="table-wrap"><table>', "<thead><tr>" + "".join(f"<th>{_esc(label)}</th>" for label, _, _ in cols) + "</tr></thead>", "<tbody>"]
+    out = [
+        '<div class="table-wrap"><table>',
+        "<thead><tr>" + "".join(f"<th>{_esc(label)}</th>" for label, _, _ in cols) + "</tr></thead>",
+        "<tbody>",
+    ]
     for row in rows:
         cls = row_class(row) if row_class else None
         cells = []
@@ -410,8 +449,14 @@ window.addEventListener("load", function () {
 def _ledger_section(runs: list[dict]) -> str:
     rows = []
     for r in runs:
-        short = {"epsilon_spent missing": "missing", "epsilon_spent exceeds the target": "over target"}.get(r["warning"], r["warning"])
-        flag = f'<br><span class="ledger-warning" title="{_esc(r["warning"])}">⚠&nbsp;{_esc(short)}</span>' if r["warning"] else ""
+        short = {"epsilon_spent missing": "missing", "epsilon_spent exceeds the target": "over target"}.get(
+            r["warning"], r["warning"]
+        )
+        flag = (
+            f'<br><span class="ledger-warning" title="{_esc(r["warning"])}">⚠&nbsp;{_esc(short)}</span>'
+            if r["warning"]
+            else ""
+        )
         rel = "".join(
             f"<li>{_esc(name)}&nbsp;×{count}" + (f" σ={_esc(_fmt_float(std))}" if _is_number(std) else "") + "</li>"
             for name, count, std, _ in r["ledger"]
@@ -422,22 +467,39 @@ def _ledger_section(runs: list[dict]) -> str:
             f'<td class="num">{_esc(r["seed"])}</td>',
             f'<td class="num">{_esc(_fmt_opt(r["target"]))}</td>',
             f'<td class="num">{_esc(_fmt_opt(r["spent"]))}'
-            + (f'<br><span class="note">training {_esc(_fmt_opt(r["training"]))}, then recommendation</span>' if r.get("training") is not None else "")
+            + (
+                f'<br><span class="note">training {_esc(_fmt_opt(r["training"]))}, then recommendation</span>'
+                if r.get("training") is not None
+                else ""
+            )
             + f"{flag}</td>",
             f'<td class="num">{_esc(_fmt_opt(r["delta"]))}</td>',
             f'<td class="num">{r["records"]}</td>',
             f'<td class="num">{r["releases"]}</td>',
-            f"<td class=\"mech\">{_esc(', '.join(r['mechanisms']))}</td>",
+            f'<td class="mech">{_esc(", ".join(r["mechanisms"]))}</td>',
             f'<td><ul class="rel">{rel}</ul></td>' if rel else "<td></td>",
         ]
         rows.append(('<tr class="ledger-warning">' if r["warning"] else "<tr>") + "".join(cells) + "</tr>")
-    labels = ("method", "dataset", "seed", "ε target", "ε spent", "δ", "records", "releases", "mechanisms", "ledger: name ×count σ")
+    labels = (
+        "method",
+        "dataset",
+        "seed",
+        "ε target",
+        "ε spent",
+        "δ",
+        "records",
+        "releases",
+        "mechanisms",
+        "ledger: name ×count σ",
+    )
     head = "".join(f"<th>{h}</th>" for h in labels)
     n_warn = sum(1 for r in runs if r["warning"])
     warn = f' — <span class="ledger-warning">{n_warn} flagged</span>' if n_warn else ""
     return (
-        f"<details class=\"ledger\"><summary>Privacy ledger of each run ({len(runs)} runs){warn}</summary>\n"
-        f'<div class="table-wrap"><table class="ledger"><thead><tr>{head}</tr></thead><tbody>\n' + "\n".join(rows) + "\n</tbody></table></div></details>"
+        f'<details class="ledger"><summary>Privacy ledger of each run ({len(runs)} runs){warn}</summary>\n'
+        f'<div class="table-wrap"><table class="ledger"><thead><tr>{head}</tr></thead><tbody>\n'
+        + "\n".join(rows)
+        + "\n</tbody></table></div></details>"
     )
 
 
@@ -452,7 +514,10 @@ def _search_section(search: tuple[list[str], list[dict[str, str]]]) -> str:
         cols,
         rows,
         row_class=lambda row: "selected" if _selected(row) else None,
-        formatters={"selected": lambda v: "✓" if v.strip() in ("1", "1.0", "true", "True") else "", "params": _fmt_params},
+        formatters={
+            "selected": lambda v: "✓" if v.strip() in ("1", "1.0", "true", "True") else "",
+            "params": _fmt_params,
+        },
     )
     summary = f"Hyperparameter search ({len(rows)} trials, {n_sel} selected; selected rows highlighted)"
     return f'<details class="search"><summary>{summary}</summary>\n{table}\n</details>'
@@ -494,7 +559,10 @@ def _section(exp: dict, anchor: str) -> str:
         rs = exp["run_seconds"]
         meta.append(f"runs' own time {rs:.0f} s" if rs < 120 else f"runs' own time {rs / 60:.1f} min")
     if exp.get("started"):
-        meta.append(f"started {_esc(exp['started'])}" + (f", finished {_esc(exp['finished'])}" if exp.get("finished") else ", not finished"))
+        meta.append(
+            f"started {_esc(exp['started'])}"
+            + (f", finished {_esc(exp['finished'])}" if exp.get("finished") else ", not finished")
+        )
     meta_html = "".join(f"<span>{m}</span>" for m in meta)
     if n_warn:
         meta_html += f'<span class="ledger-warning">ledger warnings: {n_warn}</span>'
@@ -505,10 +573,16 @@ def _section(exp: dict, anchor: str) -> str:
         label = f"Configuration ({_esc(exp['config_file'])})" if exp.get("config_file") else "Configuration"
         parts.append(f"<details><summary>{label}</summary><pre>{_esc(exp['config_text'])}</pre></details>")
     if exp["skipped"]:
-        items = "".join(f"<li><b>{_esc(s.get('cell', '?'))}</b>: {_esc(s.get('reason', ''))}</li>" for s in exp["skipped"])
+        items = "".join(
+            f"<li><b>{_esc(s.get('cell', '?'))}</b>: {_esc(s.get('reason', ''))}</li>" for s in exp["skipped"]
+        )
         parts.append(f'<h3>Skipped cells ({len(exp["skipped"])})</h3><ul class="skipped">{items}</ul>')
     if not exp["plot_items"] and not exp["table_items"]:
-        parts.append('<p class="muted">No tables or plots for this experiment' + (" (see the skipped cells above)." if exp["skipped"] else ".") + "</p>")
+        parts.append(
+            '<p class="muted">No tables or plots for this experiment'
+            + (" (see the skipped cells above)." if exp["skipped"] else ".")
+            + "</p>"
+        )
     if exp["table_items"]:
         parts.append("<h3>Tables</h3>")
         for t in exp["table_items"]:
@@ -521,7 +595,9 @@ def _section(exp: dict, anchor: str) -> str:
         for p in exp["plot_items"]:
             size = _png_size(p["data"])
             dims = f' width="{size[0]}" height="{size[1]}"' if size else ""
-            parts.append(f'<figure><img alt="{_esc(p["caption"])}"{dims} src="{_data_uri(p["data"])}"><figcaption>{_esc(p["caption"])}</figcaption></figure>')
+            parts.append(
+                f'<figure><img alt="{_esc(p["caption"])}"{dims} src="{_data_uri(p["data"])}"><figcaption>{_esc(p["caption"])}</figcaption></figure>'
+            )
     if exp["search"] is not None:
         parts.append(_search_section(exp["search"]))
     if exp["runs"]:
@@ -536,7 +612,11 @@ def _page(title: str, experiments: list[tuple[str, dict]]) -> str:
     for anchor, exp in experiments:
         n_warn = sum(1 for r in exp["runs"] if r["warning"])
         extra = f' <span class="ledger-warning">({n_warn} ledger warnings)</span>' if n_warn else ""
-        skipped = " <span class=\"muted\">(all cells skipped)</span>" if not exp["plot_items"] and not exp["table_items"] and exp["skipped"] else ""
+        skipped = (
+            ' <span class="muted">(all cells skipped)</span>'
+            if not exp["plot_items"] and not exp["table_items"] and exp["skipped"]
+            else ""
+        )
         toc.append(f'<li><a href="#{_esc(anchor)}">{_esc(exp.get("title") or exp["name"])}</a>{skipped}{extra}</li>')
     body = "\n".join(_section(exp, anchor) for anchor, exp in experiments)
     run_secs = [exp["run_seconds"] for _, exp in experiments if isinstance(exp.get("run_seconds"), (int, float))]
@@ -555,7 +635,7 @@ def _page(title: str, experiments: list[tuple[str, dict]]) -> str:
 <main>
 <header>
 <h1>{_esc(title)}</h1>
-<p class="muted">Generated {_esc(now)} · {len(experiments)} experiment{'s' if len(experiments) != 1 else ''}{_esc(total)}</p>
+<p class="muted">Generated {_esc(now)} · {len(experiments)} experiment{"s" if len(experiments) != 1 else ""}{_esc(total)}</p>
 <nav><ol>
 {chr(10).join(toc)}
 </ol></nav>

@@ -33,7 +33,9 @@ RDP_ORDERS = np.unique(np.concatenate([1.0 + np.geomspace(0.011, 2000.0, 600), [
 # Poisson-subsampled Gaussians are computed by series at each order (slow for fractional
 # orders): dp-accounting's default orders plus a few more integer ones.
 SAMPLED_RDP_ORDERS = np.unique(
-    np.concatenate([[1 + x / 10.0 for x in range(1, 100)], np.arange(11, 65), [80, 96, 128, 192, 256, 512, 1024]]).astype(float)
+    np.concatenate(
+        [[1 + x / 10.0 for x in range(1, 100)], np.arange(11, 65), [80, 96, 128, 192, 256, 512, 1024]]
+    ).astype(float)
 )
 
 
@@ -48,7 +50,9 @@ SAMPLED_RDP_ORDERS = np.unique(
 # evaluated at these orders for the whole composition; fewer orders only make epsilon larger. Every
 # integer up to 256 (the optimal order of a Gaussian composition at epsilon >= 0.1, delta = 1e-5 is
 # below it), then about 2.4% apart up to 8192 (the largest of RDP_ORDERS; costs < 1e-4 relative there).
-INTEGER_RDP_ORDERS = np.unique(np.concatenate([np.arange(2, 257), np.round(np.geomspace(256, 8192, 150))])).astype(float)
+INTEGER_RDP_ORDERS = np.unique(np.concatenate([np.arange(2, 257), np.round(np.geomspace(256, 8192, 150))])).astype(
+    float
+)
 # with Poisson-sampled releases too (their RDP is a series at each order): the integer ones of
 # SAMPLED_RDP_ORDERS
 INTEGER_SAMPLED_RDP_ORDERS = SAMPLED_RDP_ORDERS[SAMPLED_RDP_ORDERS == np.floor(SAMPLED_RDP_ORDERS)]
@@ -137,7 +141,11 @@ def records_under(releases, relation: str | None = None) -> list:
 
 def dp_relation(relation: str | None = None) -> dp_accounting.NeighboringRelation:
     """dp-accounting's NeighboringRelation of ``relation``."""
-    return dp_accounting.NeighboringRelation.REPLACE_ONE if _relation(relation) == REPLACE_ONE else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    return (
+        dp_accounting.NeighboringRelation.REPLACE_ONE
+        if _relation(relation) == REPLACE_ONE
+        else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    )
 
 
 def _flat(rels) -> list[Release]:
@@ -192,7 +200,9 @@ def epsilon_rdp(releases, delta: float, *, integer_orders: bool = False, relatio
     sensitivities are restated for it by :func:`records_under`)."""
     integer_orders = integer_orders or needs_integer_orders(releases)
     rels = records_under(releases, relation)
-    acc = rdp_privacy_accountant.RdpAccountant(orders=_orders(rels, integer_orders), neighboring_relation=dp_relation(relation))
+    acc = rdp_privacy_accountant.RdpAccountant(
+        orders=_orders(rels, integer_orders), neighboring_relation=dp_relation(relation)
+    )
     return _epsilon(acc, rels, delta)
 
 
@@ -208,9 +218,13 @@ def pld_supported(releases, relation: str | None = None) -> bool:
 def epsilon_pld(releases, delta: float, discretization: float = 1e-4, *, relation: str | None = None) -> float:
     """Epsilon via privacy loss distributions (tighter; a second opinion)."""
     if not pld_supported(releases, relation):
-        raise PrivacyError("PLD accounting does not support private tuning (repeat_and_select), the exponential mechanism, private selection or Skellam noise "
-                           "(nor Laplace under replace-one); use RDP")
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization, neighboring_relation=dp_relation(relation))
+        raise PrivacyError(
+            "PLD accounting does not support private tuning (repeat_and_select), the exponential mechanism, private selection or Skellam noise "
+            "(nor Laplace under replace-one); use RDP"
+        )
+    acc = pld_privacy_accountant.PLDAccountant(
+        value_discretization_interval=discretization, neighboring_relation=dp_relation(relation)
+    )
     rels = _as_releases(releases)
     if _relation(relation) == REPLACE_ONE:
         # dp-accounting's two accountants read a Gaussian event differently under REPLACE_ONE:
@@ -230,11 +244,18 @@ def epsilon_pld(releases, delta: float, discretization: float = 1e-4, *, relatio
 PLD_MAX_EPSILON = 100.0
 
 
-def epsilon_pld_second_opinion(releases, delta: float, primary: float | None, *, relation: str | None = None) -> float | None:
+def epsilon_pld_second_opinion(
+    releases, delta: float, primary: float | None, *, relation: str | None = None
+) -> float | None:
     """The PLD second opinion on a ledger whose reported epsilon is ``primary``: None when PLD
     does not cover the ledger (:func:`pld_supported`) or when ``primary`` exceeds
     :data:`PLD_MAX_EPSILON` (bounded time and memory at any epsilon)."""
-    if primary is None or not math.isfinite(primary) or primary > PLD_MAX_EPSILON or not pld_supported(releases, relation):
+    if (
+        primary is None
+        or not math.isfinite(primary)
+        or primary > PLD_MAX_EPSILON
+        or not pld_supported(releases, relation)
+    ):
         return None
     return epsilon_pld(releases, delta, relation=relation)
 
@@ -243,7 +264,9 @@ def rdp_curve(releases, *, integer_orders: bool = False, relation: str | None = 
     """(orders, RDP epsilons) of the composed releases (integer orders and ``relation``: see :func:`epsilon_rdp`)."""
     integer_orders = integer_orders or needs_integer_orders(releases)
     rels = records_under(releases, relation)
-    acc = rdp_privacy_accountant.RdpAccountant(orders=_orders(rels, integer_orders), neighboring_relation=dp_relation(relation))
+    acc = rdp_privacy_accountant.RdpAccountant(
+        orders=_orders(rels, integer_orders), neighboring_relation=dp_relation(relation)
+    )
     acc.compose(ledger_event(rels))
     return acc.orders, acc.rdp
 
@@ -274,11 +297,15 @@ PURE_MECHANISMS = ("exponential", "laplace", "selection")
 def _record_pld(r: Release, discretization: float):
     """dp-accounting's privacy loss distribution of one ledger record, self-composed."""
     if r.mechanism in PURE_MECHANISMS:
-        pld = privacy_loss_distribution.from_privacy_parameters(common.DifferentialPrivacyParameters(r.pure_epsilon, 0.0))
+        pld = privacy_loss_distribution.from_privacy_parameters(
+            common.DifferentialPrivacyParameters(r.pure_epsilon, 0.0)
+        )
         # no tail truncation: a truncated tail is an infinite loss at delta = 0
         return pld.self_compose(r.accounted_count, tail_mass_truncation=0.0) if r.accounted_count > 1 else pld
     pld = privacy_loss_distribution.from_gaussian_mechanism(
-        r.noise_multiplier, sampling_prob=r.sampling_rate if r.sampling_rate is not None else 1.0, value_discretization_interval=discretization
+        r.noise_multiplier,
+        sampling_prob=r.sampling_rate if r.sampling_rate is not None else 1.0,
+        value_discretization_interval=discretization,
     )
     return pld.self_compose(r.accounted_count) if r.accounted_count > 1 else pld
 
@@ -287,7 +314,11 @@ def _composed_pld(rels, discretization: float = 1e-4):
     total = None
     for r in rels:
         pld = _record_pld(r, discretization)
-        total = pld if total is None else total.compose(pld, tail_mass_truncation=0.0 if r.mechanism in PURE_MECHANISMS else 1e-15)
+        total = (
+            pld
+            if total is None
+            else total.compose(pld, tail_mass_truncation=0.0 if r.mechanism in PURE_MECHANISMS else 1e-15)
+        )
     return total
 
 
@@ -393,7 +424,9 @@ class Calibration:
         return self.multipliers[name]
 
 
-def _plan_releases(plan: Sequence[PlannedRelease], scale: float, order: float | None = None, pinned: dict[str, float] | None = None) -> list[Release]:
+def _plan_releases(
+    plan: Sequence[PlannedRelease], scale: float, order: float | None = None, pinned: dict[str, float] | None = None
+) -> list[Release]:
     """The plan's records at ``scale``: z = scale / sqrt(share) (the share rule), or with
     ``order`` the fair rule of :func:`fair_multiplier` for the Poisson-sampled releases;
     ``pinned`` releases keep their given multiplier (already made)."""
@@ -461,8 +494,18 @@ def _bisect_scale(eps, epsilon: float, lo: float, hi: float, step: float, rtol: 
     return lo, hi, e_hi
 
 
-def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-4, repeat: tuple[float, float] | None = None, fair: bool = True,
-              pinned: dict[str, float] | None = None, *, integer_orders: bool = False, relation: str | None = None) -> Calibration:
+def calibrate(
+    plan: Sequence[PlannedRelease],
+    epsilon: float,
+    delta: float,
+    rtol: float = 1e-4,
+    repeat: tuple[float, float] | None = None,
+    fair: bool = True,
+    pinned: dict[str, float] | None = None,
+    *,
+    integer_orders: bool = False,
+    relation: str | None = None,
+) -> Calibration:
     """Find the noise multipliers so that the composed plan spends ``epsilon`` at ``delta``.
 
     Bisection (in log scale) on one common scale s with z_k = s / sqrt(share_k) (the share
@@ -504,8 +547,13 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
     integer = bool(integer_orders)
     if relation == REPLACE_ONE:
         if not any(p.name not in REPLACE_INVARIANT for p in plan):
-            raise ConfigError("under replace-one the plan's only release (the user count) costs nothing: nothing to calibrate", field="plan")
-        cal = _calibrate_scale(plan, epsilon, delta, rtol, repeat, None, pinned=pinned, integer_orders=integer, relation=relation)
+            raise ConfigError(
+                "under replace-one the plan's only release (the user count) costs nothing: nothing to calibrate",
+                field="plan",
+            )
+        cal = _calibrate_scale(
+            plan, epsilon, delta, rtol, repeat, None, pinned=pinned, integer_orders=integer, relation=relation
+        )
         return dataclasses.replace(cal, relation=relation)
     share_rule = _calibrate_scale(plan, epsilon, delta, rtol, repeat, None, pinned=pinned, integer_orders=integer)
     if fair and any(p.sampling_rate is not None and p.sampling_rate < 1 for p in plan):
@@ -518,7 +566,9 @@ def calibrate(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol
             if repeat is None:
                 cal = _calibrate_at_order(plan, epsilon, delta, order, integer)
             else:
-                cal = _calibrate_scale(plan, epsilon, delta, rtol, repeat, order, start=cal.scale, integer_orders=integer)
+                cal = _calibrate_scale(
+                    plan, epsilon, delta, rtol, repeat, order, start=cal.scale, integer_orders=integer
+                )
             new = _optimal_order(_plan_releases(plan, cal.scale, order), delta, integer)
             if new == order:
                 break
@@ -551,8 +601,13 @@ def _calibrate_at_order(plan, epsilon: float, delta: float, order: float, intege
         if hi / lo < 1 + 1e-9:
             break
     rels = _plan_releases(plan, hi, order)
-    return Calibration(multipliers={r.name: r.noise_std for r in rels}, epsilon=epsilon_rdp(rels, delta, integer_orders=integer_orders), delta=delta, scale=hi,
-                       integer_orders=integer_orders)
+    return Calibration(
+        multipliers={r.name: r.noise_std for r in rels},
+        epsilon=epsilon_rdp(rels, delta, integer_orders=integer_orders),
+        delta=delta,
+        scale=hi,
+        integer_orders=integer_orders,
+    )
 
 
 def _optimal_order(rels: list[Release], delta: float, integer_orders: bool = False) -> float:
@@ -560,8 +615,18 @@ def _optimal_order(rels: list[Release], delta: float, integer_orders: bool = Fal
     return float(rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)[1])
 
 
-def _calibrate_scale(plan, epsilon: float, delta: float, rtol: float, repeat, order: float | None, start: float = 1.0, pinned=None,
-                     integer_orders: bool = False, relation: str = ADD_REMOVE) -> Calibration:
+def _calibrate_scale(
+    plan,
+    epsilon: float,
+    delta: float,
+    rtol: float,
+    repeat,
+    order: float | None,
+    start: float = 1.0,
+    pinned=None,
+    integer_orders: bool = False,
+    relation: str = ADD_REMOVE,
+) -> Calibration:
     """Bisection on the common scale (see :func:`calibrate`); ``order``: the fair rule's order;
     ``start``: a guess of the scale (the bracket grows from it)."""
 
@@ -609,7 +674,9 @@ def epsilon_vs_colluders(records, delta: float, colluders: int = 1, *, relation:
             if shares <= colluders:
                 return math.inf
             # std^2 = (shares - known) v  =>  (shares - colluders) v of noise left
-            r = dataclasses.replace(r, noise_std=r.noise_std * math.sqrt((shares - colluders) / (shares - known)), colluders=int(colluders))
+            r = dataclasses.replace(
+                r, noise_std=r.noise_std * math.sqrt((shares - colluders) / (shares - known)), colluders=int(colluders)
+            )
         out.append(r)
     return epsilon_rdp(out, delta, relation=relation)
 
@@ -657,7 +724,9 @@ def _split_all_runs(releases):
     rels = _as_releases(releases)
     tuned = [r for r in rels if getattr(r, "mechanism", None) == "repeat_and_compose"]
     if len(tuned) != 1 or any(isinstance(r, RepeatAndSelect) for r in rels):
-        raise PrivacyError("epsilon_all_runs accounts a ledger with exactly one repeat_and_compose record and no repeat_and_select")
+        raise PrivacyError(
+            "epsilon_all_runs accounts a ledger with exactly one repeat_and_compose record and no repeat_and_select"
+        )
     return tuned[0], [r for r in rels if r is not tuned[0]]
 
 
@@ -722,7 +791,9 @@ def epsilon_all_runs(releases, delta: float, *, integer_orders: bool = False, ex
     (``exact=False``: without the final check by dp-accounting's own function, for searches.)
     Add/remove only: a tuning seen by the nodes is not accounted under replace-one."""
     if current_relation() != ADD_REMOVE:
-        raise PrivacyError(f"tuning whose runs the nodes see is accounted under {ADD_REMOVE!r} only, not {current_relation()!r}")
+        raise PrivacyError(
+            f"tuning whose runs the nodes see is accounted under {ADD_REMOVE!r} only, not {current_relation()!r}"
+        )
     orders, run, rest, (shape, mean) = all_runs_rdp(releases, integer_orders=integer_orders)
     ks, pk, tail = runs_law(shape, mean, RUNS_TAIL_FRACTION * delta)
     if tail >= delta:
@@ -732,7 +803,9 @@ def epsilon_all_runs(releases, delta: float, *, integer_orders: bool = False, ex
         return tail + float(pk @ _fast_deltas(orders, rest[None, :] + ks[:, None] * run[None, :], eps))
 
     def exact_delta(eps: float) -> float:
-        return tail + sum(p * rdp_privacy_accountant.compute_delta(orders, rest + k * run, float(eps))[0] for k, p in zip(ks, pk))
+        return tail + sum(
+            p * rdp_privacy_accountant.compute_delta(orders, rest + k * run, float(eps))[0] for k, p in zip(ks, pk)
+        )
 
     # the search on the vectorized copy of the formula, then dp-accounting's own compute_delta
     # decides: the returned epsilon is one where dp-accounting's delta is at most ``delta``
@@ -757,8 +830,16 @@ class AllRunsAccountant:
         return epsilon_spent(records, delta)
 
 
-def calibrate_all_runs(plan: Sequence[PlannedRelease], epsilon: float, delta: float, mean: float, shape: float, rtol: float = 1e-4,
-                       *, integer_orders: bool = False) -> Calibration:
+def calibrate_all_runs(
+    plan: Sequence[PlannedRelease],
+    epsilon: float,
+    delta: float,
+    mean: float,
+    shape: float,
+    rtol: float = 1e-4,
+    *,
+    integer_orders: bool = False,
+) -> Calibration:
     """Noise multipliers (the share rule z_k = s / sqrt(share_k)) such that every run of the plan,
     K ~ D_{shape, gamma(mean)} runs all seen, spends ``epsilon`` at ``delta``
     (:func:`epsilon_all_runs`); within ``rtol`` below it. Bisection on the scale s."""
@@ -773,13 +854,22 @@ def calibrate_all_runs(plan: Sequence[PlannedRelease], epsilon: float, delta: fl
     from .records import RepeatAndCompose
 
     def eps(scale: float, exact: bool = False) -> float:
-        return epsilon_all_runs([RepeatAndCompose("tuning", float(mean), float(shape), 0, tuple(_plan_releases(plan, scale)))], delta,
-                                integer_orders=integer_orders, exact=exact)
+        return epsilon_all_runs(
+            [RepeatAndCompose("tuning", float(mean), float(shape), 0, tuple(_plan_releases(plan, scale)))],
+            delta,
+            integer_orders=integer_orders,
+            exact=exact,
+        )
 
     lo, hi, e_hi = _bisect_scale(eps, epsilon, 0.5, 1.0, 2.0, rtol)
     e_hi = eps(hi, exact=True)  # dp-accounting's own conversion decides
     while e_hi > epsilon:
         hi *= 1 + 1e-5
         e_hi = eps(hi, exact=True)
-    return Calibration(multipliers={r.name: r.noise_std for r in _plan_releases(plan, hi)}, epsilon=e_hi, delta=delta, scale=hi,
-                       integer_orders=integer_orders)
+    return Calibration(
+        multipliers={r.name: r.noise_std for r in _plan_releases(plan, hi)},
+        epsilon=e_hi,
+        delta=delta,
+        scale=hi,
+        integer_orders=integer_orders,
+    )

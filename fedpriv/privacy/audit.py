@@ -93,7 +93,13 @@ def threshold_errors(s0: np.ndarray, s1: np.ndarray, thresholds: np.ndarray) -> 
 
 
 def select_threshold(
-    s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float, thresholds: int | Sequence[float] = 256, *, selection_alpha: float | None = None
+    s0: np.ndarray,
+    s1: np.ndarray,
+    delta: float,
+    alpha: float,
+    thresholds: int | Sequence[float] = 256,
+    *,
+    selection_alpha: float | None = None,
 ) -> tuple[float, float]:
     """(threshold, lower bound on these statistics) of the candidate with the largest bound.
 

@@ -74,7 +74,10 @@ class DeviceBits:
         if not self.generators:  # the CPU path's secret bits (os.urandom)
             return [t.from_numpy(cpu.BitSource(None).words(k * n).view(np.int64).reshape(k, n)).to(self.dev)]
         # random_ from the int64 minimum with no upper end: all 64 bits
-        return [t.empty((k, n), dtype=t.int64, device=self.dev).random_(-(1 << 63), None, generator=g) for g in self.generators]
+        return [
+            t.empty((k, n), dtype=t.int64, device=self.dev).random_(-(1 << 63), None, generator=g)
+            for g in self.generators
+        ]
 
 
 def _xor(parts: list):
@@ -165,7 +168,10 @@ def _decider(dev, n_parts: int):
             g = torch.Generator(device=dev)
             g.manual_seed(0)
             for sigma2, n in ((2.0, 5000), (1e8, 7001)):
-                parts = [torch.empty((4, n), dtype=torch.int64, device=dev).random_(-(1 << 63), None, generator=g) for _ in range(n_parts)]
+                parts = [
+                    torch.empty((4, n), dtype=torch.int64, device=dev).random_(-(1 << 63), None, generator=g)
+                    for _ in range(n_parts)
+                ]
                 args = _scalars(torch, dev, sigma2)
                 if not all(torch.equal(a, b) for a, b in zip(compiled(parts, *args), _decide(parts, *args))):
                     raise ValueError("the compiled decisions differ from the eager ones")
@@ -180,7 +186,9 @@ def _not_compiled(dev, n_parts: int, error: Exception) -> None:
     import logging
 
     _DECIDERS[(dev.type, n_parts)] = _decide
-    logging.getLogger(__name__).warning("device noise: not compiled on %s (%s: %s); drawing with eager ops", dev, type(error).__name__, error)
+    logging.getLogger(__name__).warning(
+        "device noise: not compiled on %s (%s: %s); drawing with eager ops", dev, type(error).__name__, error
+    )
 
 
 def _scalars(torch, dev, sigma2: float) -> tuple:
@@ -189,8 +197,12 @@ def _scalars(torch, dev, sigma2: float) -> tuple:
     ``dev``."""
     t = cpu.laplace_scale(sigma2)
     last = ((1 << 63) // t) * t - 1
-    return (torch.tensor(t, device=dev), torch.tensor(last, device=dev), torch.tensor(sigma2 / t, dtype=torch.float64, device=dev),
-            torch.tensor(2.0 * sigma2, dtype=torch.float64, device=dev))
+    return (
+        torch.tensor(t, device=dev),
+        torch.tensor(last, device=dev),
+        torch.tensor(sigma2 / t, dtype=torch.float64, device=dev),
+        torch.tensor(2.0 * sigma2, dtype=torch.float64, device=dev),
+    )
 
 
 def _tries(bits: DeviceBits, t: int, s: Fraction, sigma2: float, n: int):
@@ -264,7 +276,9 @@ def lattice_gaussian_on_device(value, sensitivity: float, noise_multiplier: floa
     return (r.to(torch.float64) * lat.grid).reshape(value.shape)
 
 
-def release(value, sensitivity: float, noise_multiplier: float, symmetric: bool, bits: DeviceBits) -> device.DeviceArray:
+def release(
+    value, sensitivity: float, noise_multiplier: float, symmetric: bool, bits: DeviceBits
+) -> device.DeviceArray:
     """The ledger's release of ``value`` (in float64) with its noise drawn on the bits' device:
     :func:`lattice_gaussian_on_device`; with ``symmetric``, of the upper triangles of the last
     two axes, cut and mirrored on the device in the order of :mod:`fedpriv.privacy.symmetric`.

@@ -135,7 +135,9 @@ class DistributedPlan:
     def check_contributors(self, n: int) -> None:
         """Refuse to unmask a round with fewer contributors than its noise was sized for."""
         if n < self.min_contributors:
-            raise PrivacyError(f"secure round: {n} nodes contributed, fewer than the {self.min_contributors} its noise shares were sized for; nothing is released")
+            raise PrivacyError(
+                f"secure round: {n} nodes contributed, fewer than the {self.min_contributors} its noise shares were sized for; nothing is released"
+            )
 
     def to_dict(self) -> dict:
         """The plan as sent to the nodes (public values only)."""
@@ -151,8 +153,17 @@ class DistributedPlan:
     @staticmethod
     def from_dict(d: dict) -> "DistributedPlan":
         try:
-            parts = tuple(PartPlan(str(n), int(k), float(c), float(z), float(s), int(o)) for n, k, c, z, s, o in d["parts"])
-            plan = DistributedPlan(parts, int(d["max_users"]), int(d["n_nodes"]), int(d["min_contributors"]), int(d["bits"]), int(d["colluders"]))
+            parts = tuple(
+                PartPlan(str(n), int(k), float(c), float(z), float(s), int(o)) for n, k, c, z, s, o in d["parts"]
+            )
+            plan = DistributedPlan(
+                parts,
+                int(d["max_users"]),
+                int(d["n_nodes"]),
+                int(d["min_contributors"]),
+                int(d["bits"]),
+                int(d["colluders"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise PrivacyError(f"secure round: malformed plan ({exc})") from None
         _validate(plan)
@@ -163,10 +174,14 @@ def _validate(plan: DistributedPlan) -> None:
     if not (1 <= plan.bits <= MAX_BITS):
         raise PrivacyError(f"secure round: bits must be in [1, {MAX_BITS}], got {plan.bits}")
     if not (1 <= plan.min_contributors <= plan.n_nodes):
-        raise PrivacyError(f"secure round: min_contributors must be in [1, n_nodes={plan.n_nodes}], got {plan.min_contributors}")
+        raise PrivacyError(
+            f"secure round: min_contributors must be in [1, n_nodes={plan.n_nodes}], got {plan.min_contributors}"
+        )
     if not (0 <= plan.colluders < plan.min_contributors):
-        raise PrivacyError(f"secure round: noise sized against {plan.colluders} colluding node(s) needs more than {plan.colluders} contributors, "
-                           f"got {plan.min_contributors} (lower secure_collusion or secure_dropout, or add nodes)")
+        raise PrivacyError(
+            f"secure round: noise sized against {plan.colluders} colluding node(s) needs more than {plan.colluders} contributors, "
+            f"got {plan.min_contributors} (lower secure_collusion or secure_dropout, or add nodes)"
+        )
     offset = 0
     for p in plan.parts:
         if p.offset != offset or p.length < 0 or not (p.sensitivity > 0 and p.noise_multiplier > 0 and p.scale > 0):
@@ -176,8 +191,14 @@ def _validate(plan: DistributedPlan) -> None:
             raise PrivacyError(f"secure round: part {p.name!r} does not fit in {plan.bits} bits")
 
 
-def plan_round(parts: list[tuple[str, int, float, float]], *, max_users: int, n_nodes: int, min_contributors: int | None = None,
-               colluders: int = 1) -> DistributedPlan:
+def plan_round(
+    parts: list[tuple[str, int, float, float]],
+    *,
+    max_users: int,
+    n_nodes: int,
+    min_contributors: int | None = None,
+    colluders: int = 1,
+) -> DistributedPlan:
     """Plan a secure round of ``parts`` = [(release name, length, L2 sensitivity, z)]: the scale
     of each part, then the narrowest word width whose range holds every part. ``min_contributors``
     defaults to all ``n_nodes`` (no dropout tolerated); lower it to tolerate dropouts (each node
@@ -194,12 +215,16 @@ def plan_round(parts: list[tuple[str, int, float, float]], *, max_users: int, n_
         offset += int(length)
     c = int(colluders)
     if not (0 <= c < m):
-        raise PrivacyError(f"secure round: noise sized against {c} colluding node(s) needs more than {c} contributing nodes, "
-                           f"got {m} of {n_nodes} (lower secure_collusion or secure_dropout, or add nodes)")
+        raise PrivacyError(
+            f"secure round: noise sized against {c} colluding node(s) needs more than {c} contributing nodes, "
+            f"got {m} of {n_nodes} (lower secure_collusion or secure_dropout, or add nodes)"
+        )
     plan = DistributedPlan(tuple(planned), int(max_users), int(n_nodes), m, MAX_BITS, c)
     need = max((math.ceil(math.log2(2.0 * plan.range(p) + 1.0)) + 1 for p in planned), default=2)
     if need > MAX_BITS:
-        raise PrivacyError(f"secure round: the range of {max_users} users needs {need} bits (> {MAX_BITS}); lower max_users or split the release")
+        raise PrivacyError(
+            f"secure round: the range of {max_users} users needs {need} bits (> {MAX_BITS}); lower max_users or split the release"
+        )
     plan = DistributedPlan(plan.parts, plan.max_users, plan.n_nodes, m, need, c)
     _validate(plan)
     return plan
@@ -254,7 +279,9 @@ def decode(plan: DistributedPlan, total: np.ndarray, contributors: int) -> dict[
     for p in plan.parts:
         v = signed[p.offset : p.offset + p.length].astype(np.float64)
         if v.size and np.max(np.abs(v)) > plan.range(p):
-            raise PrivacyError(f"release {p.name!r}: the unmasked sum is outside its range (a wrap-around, or a node sent words beyond its bounds); nothing is released")
+            raise PrivacyError(
+                f"release {p.name!r}: the unmasked sum is outside its range (a wrap-around, or a node sent words beyond its bounds); nothing is released"
+            )
         out[p.name] = v / p.scale
     return out
 
@@ -274,18 +301,42 @@ class Prereleased:
     def __init__(self, plan: DistributedPlan):
         self.plan, self.used = plan, set()
 
-    def gaussian(self, name: str, value, *, sensitivity: float, noise_multiplier: float, symmetric: bool = False, sampling_rate=None, groups: int = 1):
+    def gaussian(
+        self,
+        name: str,
+        value,
+        *,
+        sensitivity: float,
+        noise_multiplier: float,
+        symmetric: bool = False,
+        sampling_rate=None,
+        groups: int = 1,
+    ):
         part = self.plan.part(name)
         if name in self.used:
             raise PrivacyError(f"release {name!r}: released twice from one secure round")
-        if not (math.isclose(part.sensitivity, sensitivity, rel_tol=1e-12) and math.isclose(part.noise_multiplier, noise_multiplier, rel_tol=1e-12)):
-            raise PrivacyError(f"release {name!r}: the secure round was planned with sensitivity {part.sensitivity} and z {part.noise_multiplier}, the release asks {sensitivity} and {noise_multiplier}")
+        if not (
+            math.isclose(part.sensitivity, sensitivity, rel_tol=1e-12)
+            and math.isclose(part.noise_multiplier, noise_multiplier, rel_tol=1e-12)
+        ):
+            raise PrivacyError(
+                f"release {name!r}: the secure round was planned with sensitivity {part.sensitivity} and z {part.noise_multiplier}, the release asks {sensitivity} and {noise_multiplier}"
+            )
         self.used.add(name)
         return np.asarray(value, dtype=np.float64)
 
 
-def secure_round(ledger, parts: list[tuple[str, int, float, float]], *, n_nodes: int, max_users: int, dropout: float, secure_sum, groups: int = 1,
-                 colluders: int = 1):
+def secure_round(
+    ledger,
+    parts: list[tuple[str, int, float, float]],
+    *,
+    n_nodes: int,
+    max_users: int,
+    dropout: float,
+    secure_sum,
+    groups: int = 1,
+    colluders: int = 1,
+):
     """The one secure-aggregation step of every algorithm family and both engines: plan the round
     of ``parts`` (noise shares sized for all but ``floor(dropout * n_nodes)`` nodes, of which
     ``colluders`` may know their own shares), let
@@ -339,7 +390,9 @@ class ExactPlan:
         for name, k in self.parts:
             x = np.asarray(values[name], dtype=np.float64).ravel()
             if x.size != k or not np.all(np.isfinite(x)) or (k and np.max(np.abs(x)) > self.bound()):
-                raise PrivacyError(f"measurement {name!r}: expected {k} finite values of magnitude <= {self.bound():.3g}")
+                raise PrivacyError(
+                    f"measurement {name!r}: expected {k} finite values of magnitude <= {self.bound():.3g}"
+                )
             out[at : at + k] = np.rint(x * EXACT_SCALE).astype(np.int64).astype(np.uint64)
             at += k
         return out

@@ -32,6 +32,7 @@ from .records import Release, RepeatAndSelect, records_from_list
 from .sampling import lattice_gaussian
 from .symmetric import from_upper, upper
 
+
 def _secure_uniform(n: int) -> np.ndarray:
     """n uniforms in (0, 1] with 53 random bits each, from the operating system's CSPRNG."""
     bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
@@ -114,7 +115,9 @@ class PrivacyLedger:
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.accountant is None:
-            raise PrivacyError("a ledger with a budget needs an accountant (fedpriv.privacy.accounting.BestOfAccountant(), ...)")
+            raise PrivacyError(
+                "a ledger with a budget needs an accountant (fedpriv.privacy.accounting.BestOfAccountant(), ...)"
+            )
         if self.secure or self.seed is None:
             self.secure, self.seed, self._rng = True, None, None
         else:
@@ -163,8 +166,11 @@ class PrivacyLedger:
 
     def state_dict(self) -> dict:
         """The records and the generator's state (a checkpoint of this ledger)."""
-        return {"records": self.to_list(), "budget": self.budget,
-                "rng": None if self._rng is None else self._rng.bit_generator.state}
+        return {
+            "records": self.to_list(),
+            "budget": self.budget,
+            "rng": None if self._rng is None else self._rng.bit_generator.state,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (a reproducible ledger continues its stream)."""
@@ -248,8 +254,19 @@ class PrivacyLedger:
 
         plan.check_contributors(contributors)
         rels = [
-            Release(p.name, "skellam", float(p.delta2), released_std(plan, p, contributors), 1, None, int(p.length), int(groups), l1_sensitivity=float(p.delta1),
-                    shares=int(contributors), colluders=int(plan.colluders))
+            Release(
+                p.name,
+                "skellam",
+                float(p.delta2),
+                released_std(plan, p, contributors),
+                1,
+                None,
+                int(p.length),
+                int(groups),
+                l1_sensitivity=float(p.delta1),
+                shares=int(contributors),
+                colluders=int(plan.colluders),
+            )
             for p in plan.parts
         ]
         after = list(self.releases)
@@ -260,7 +277,16 @@ class PrivacyLedger:
         self.releases[:] = after
         return values
 
-    def exponential(self, name: str, scores: np.ndarray, *, epsilon: float, sensitivity: float, monotone: bool = False, disjoint: bool = False) -> int:
+    def exponential(
+        self,
+        name: str,
+        scores: np.ndarray,
+        *,
+        epsilon: float,
+        sensitivity: float,
+        monotone: bool = False,
+        disjoint: bool = False,
+    ) -> int:
         """Exponential mechanism: return index i with probability proportional to
         exp(-epsilon * scores[i] / (c * sensitivity)) (lower scores are better), c = 1 when the
         scores are ``monotone`` (adding a user never decreases any score, removing one never
@@ -279,7 +305,9 @@ class PrivacyLedger:
         _positive(name, "sensitivity", sensitivity)
         _positive(name, "epsilon", epsilon)
         scale = (1.0 if monotone else 2.0) * float(sensitivity) / float(epsilon)
-        rel = Release(name, "exponential", float(sensitivity), scale, 1, None, int(len(scores)), 1, float(epsilon), bool(disjoint))
+        rel = Release(
+            name, "exponential", float(sensitivity), scale, 1, None, int(len(scores)), 1, float(epsilon), bool(disjoint)
+        )
         self._check_budget(rel)
         with _sanctioned(f"ledger:{name}"):
             u = self._rng.random(len(scores)) if self._rng is not None else _secure_uniform(len(scores))
@@ -287,7 +315,9 @@ class PrivacyLedger:
         self._record(rel)
         return int(np.argmax(-scores / scale + gumbel))
 
-    def laplace(self, name: str, value: np.ndarray, *, sensitivity: float, epsilon: float, disjoint: bool = False) -> np.ndarray:
+    def laplace(
+        self, name: str, value: np.ndarray, *, sensitivity: float, epsilon: float, disjoint: bool = False
+    ) -> np.ndarray:
         """Release ``value + Laplace(sensitivity / epsilon)`` per entry: pure epsilon-DP when
         ``sensitivity`` is the L1 sensitivity of ``value`` to one user. ``disjoint=True``
         declares that every call under this name concerns new, distinct users (e.g. the nodes of
@@ -299,17 +329,23 @@ class PrivacyLedger:
         if not np.all(np.isfinite(value)):
             raise PrivacyError(f"release {name!r}: the value to release has non-finite entries")
         scale = float(sensitivity) / float(epsilon)
-        rel = Release(name, "laplace", float(sensitivity), scale, 1, None, int(value.size), 1, float(epsilon), bool(disjoint))
+        rel = Release(
+            name, "laplace", float(sensitivity), scale, 1, None, int(value.size), 1, float(epsilon), bool(disjoint)
+        )
         self._check_budget(rel)
         with _sanctioned(f"ledger:{name}"):
             if self._rng is not None:
                 noise = self._rng.laplace(0.0, scale, size=value.shape)
             else:  # inverse CDF of two secure uniforms' difference of exponentials
-                noise = scale * (np.log(_secure_uniform(value.size)) - np.log(_secure_uniform(value.size))).reshape(value.shape)
+                noise = scale * (np.log(_secure_uniform(value.size)) - np.log(_secure_uniform(value.size))).reshape(
+                    value.shape
+                )
         self._record(rel)
         return value + noise
 
-    def select(self, name: str, mechanism: str, scores: np.ndarray, sensitivities: np.ndarray, *, epsilon: float, **params) -> np.ndarray:
+    def select(
+        self, name: str, mechanism: str, scores: np.ndarray, sensitivities: np.ndarray, *, epsilon: float, **params
+    ) -> np.ndarray:
         """Private selection (:mod:`fedpriv.privacy.selection`): one candidate index per row of
         ``scores`` (n users x k candidates), each row a *different user's own* scores with
         per-candidate sensitivities ``sensitivities`` ((k,) or (n, k)). Every private mechanism
@@ -318,7 +354,9 @@ class PrivacyLedger:
         under one name are declared to concern new, distinct users; select again for the same
         users under another name. The non-private reference ``rnmh`` is refused."""
         if mechanism not in mech.PRIVATE:
-            raise PrivacyError(f"release {name!r}: {mechanism!r} is not a private selection mechanism (private: {', '.join(mech.PRIVATE)})")
+            raise PrivacyError(
+                f"release {name!r}: {mechanism!r} is not a private selection mechanism (private: {', '.join(mech.PRIVATE)})"
+            )
         _positive(name, "epsilon", epsilon)
         q = np.asarray(scores, dtype=np.float64)
         n = 1 if q.ndim == 1 else int(q.shape[0])
@@ -330,7 +368,11 @@ class PrivacyLedger:
         rel = Release(name, "selection", smax, 2.0 * smax / float(epsilon), n, None, k, n, float(epsilon), True)
         self._check_budget(rel)
         # secure ledgers: a generator freshly seeded with 128 bits from the OS for this call
-        rng = self._rng if self._rng is not None else np.random.Generator(np.random.PCG64(int.from_bytes(os.urandom(16), "little")))
+        rng = (
+            self._rng
+            if self._rng is not None
+            else np.random.Generator(np.random.PCG64(int.from_bytes(os.urandom(16), "little")))
+        )
         with _sanctioned(f"ledger:{name}"):
             out = mech.select(mechanism, q, sens, float(epsilon), rng, **params)
         self._record(rel)
@@ -346,22 +388,32 @@ class PrivacyLedger:
         with _sanctioned(f"ledger:{name}"):
             if self._rng is not None:
                 return tnb.sample(self._rng, shape, mean)
-            return tnb.sample(np.random.Generator(np.random.PCG64(int.from_bytes(os.urandom(16), "little"))), shape, mean)
+            return tnb.sample(
+                np.random.Generator(np.random.PCG64(int.from_bytes(os.urandom(16), "little"))), shape, mean
+            )
 
-    def repeat_and_select(self, name: str, runs: list["PrivacyLedger"], *, shape: float, mean: float) -> RepeatAndSelect:
+    def repeat_and_select(
+        self, name: str, runs: list["PrivacyLedger"], *, shape: float, mean: float
+    ) -> RepeatAndSelect:
         """Record tuning whose runs used the ledgers ``runs`` (one per run, all with the same
         releases: every candidate shares one calibrated plan). Refused, before anything is
         recorded, if the runs differ or if the budget would be exceeded."""
         if not runs:
             raise PrivacyError(f"release {name!r}: tuning needs at least one run")
+
         def accounted(led: "PrivacyLedger") -> list:
             # what the accountant reads (dims and sensitivities may differ between candidates)
-            return sorted((r.name, r.mechanism, round(r.noise_multiplier, 12), r.sampling_rate, r.accounted_count) for r in led.releases)
+            return sorted(
+                (r.name, r.mechanism, round(r.noise_multiplier, 12), r.sampling_rate, r.accounted_count)
+                for r in led.releases
+            )
 
         first = accounted(runs[0])
         for i, led in enumerate(runs[1:], start=1):
             if accounted(led) != first:
-                raise PrivacyError(f"release {name!r}: run {i} made other releases than run 0; tuning needs one plan for every candidate")
+                raise PrivacyError(
+                    f"release {name!r}: run {i} made other releases than run 0; tuning needs one plan for every candidate"
+                )
         if any(isinstance(r, RepeatAndSelect) for r in runs[0].releases):
             raise PrivacyError(f"release {name!r}: nested tuning is not supported")
         rec = RepeatAndSelect(name, float(mean), float(shape), len(runs), tuple(runs[0].releases))
@@ -380,11 +432,16 @@ class PrivacyLedger:
 
         if not runs:
             raise PrivacyError(f"release {name!r}: tuning needs at least one run")
-        accounted = lambda led: sorted((r.name, r.mechanism, round(r.noise_multiplier, 12), r.sampling_rate, r.accounted_count) for r in led.releases)  # noqa: E731
+        accounted = lambda led: sorted(
+            (r.name, r.mechanism, round(r.noise_multiplier, 12), r.sampling_rate, r.accounted_count)
+            for r in led.releases
+        )  # noqa: E731
         first = accounted(runs[0])
         for i, led in enumerate(runs[1:], start=1):
             if accounted(led) != first:
-                raise PrivacyError(f"release {name!r}: run {i} made other releases than run 0; tuning needs one plan for every candidate")
+                raise PrivacyError(
+                    f"release {name!r}: run {i} made other releases than run 0; tuning needs one plan for every candidate"
+                )
         if any(not isinstance(r, Release) for r in runs[0].releases):
             raise PrivacyError(f"release {name!r}: nested tuning is not supported")
         rec = RepeatAndCompose(name, float(mean), float(shape), len(runs), tuple(runs[0].releases))

@@ -25,7 +25,9 @@ class ReplayLedger(PrivacyLedger):
     the user count's release, e.g. to choose the bias stage) choose as in that run; without it
     they keep the config as given."""
 
-    def __init__(self, replay: "ReplayLedger | None" = None, seed: int = 2024, budget: tuple[float, float] | None = None):
+    def __init__(
+        self, replay: "ReplayLedger | None" = None, seed: int = 2024, budget: tuple[float, float] | None = None
+    ):
         accountant = None
         if budget is not None:
             from .accounting import BestOfAccountant
@@ -40,7 +42,15 @@ class ReplayLedger(PrivacyLedger):
         i = len(self.exact)
         self.exact.append((name, np.array(value, dtype=np.float64), float(sensitivity), bool(symmetric)))
         if self.replay is None:
-            out = super().gaussian(name, value, sensitivity=sensitivity, noise_multiplier=noise_multiplier, symmetric=symmetric, sampling_rate=sampling_rate, groups=groups)
+            out = super().gaussian(
+                name,
+                value,
+                sensitivity=sensitivity,
+                noise_multiplier=noise_multiplier,
+                symmetric=symmetric,
+                sampling_rate=sampling_rate,
+                groups=groups,
+            )
         else:
             if i >= len(self.replay.exact) or self.replay.exact[i][0] != name:
                 raise AssertionError(f"release {i}: {name!r} on D' does not match the run on D")

@@ -15,8 +15,19 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from .accounting import (ADD_REMOVE, REPLACE_INVARIANT, REPLACE_ONE, Calibration, PlannedRelease, calibrate, PLD_MAX_EPSILON, epsilon_pld_second_opinion, epsilon_rdp,
-                         pld_supported, zcdp_rho)
+from .accounting import (
+    ADD_REMOVE,
+    REPLACE_INVARIANT,
+    REPLACE_ONE,
+    Calibration,
+    PlannedRelease,
+    calibrate,
+    PLD_MAX_EPSILON,
+    epsilon_pld_second_opinion,
+    epsilon_rdp,
+    pld_supported,
+    zcdp_rho,
+)
 from .ledger import Release, RepeatAndSelect
 
 SCORE_RELEASE = "valid_score"
@@ -105,7 +116,9 @@ class BudgetPlan:
                     "sensitivity": rel.sensitivity,
                     "noise_multiplier": rel.noise_multiplier,
                     "noise_std": rel.noise_std,
-                    "epsilon_alone": epsilon_rdp([rel], self.delta, integer_orders=self.integer_orders, relation=self.relation),
+                    "epsilon_alone": epsilon_rdp(
+                        [rel], self.delta, integer_orders=self.integer_orders, relation=self.relation
+                    ),
                 }
             )
         return rows
@@ -125,7 +138,9 @@ class BudgetPlan:
             "rho_zcdp": None if (sampled or self.tuning is not None) else zcdp_rho(recs, relation=rel),
             "rho_zcdp_one_run": None if sampled else zcdp_rho(self.run_records(), relation=rel),
             "epsilon_one_shot": self.epsilon_one_shot(),
-            "tuning": None if self.tuning is None else {"mean_runs": self.tuning.mean, "shape": self.tuning.shape, "score_share": self.tuning.share},
+            "tuning": None
+            if self.tuning is None
+            else {"mean_runs": self.tuning.mean, "shape": self.tuning.shape, "score_share": self.tuning.share},
             "notes": list(self.notes),
         }
         return out
@@ -133,7 +148,9 @@ class BudgetPlan:
     def epsilon_one_shot(self) -> float | None:
         """RDP epsilon of the pre-processing releases alone (one run), or None without any."""
         rels = [r for r in self.run_records() if r.name in self.one_shot]
-        return epsilon_rdp(rels, self.delta, integer_orders=self.integer_orders, relation=self.relation) if rels else None
+        return (
+            epsilon_rdp(rels, self.delta, integer_orders=self.integer_orders, relation=self.relation) if rels else None
+        )
 
     def to_dict(self) -> dict:
         return {**self.summary(), "releases": self.rows()}
@@ -163,9 +180,13 @@ class BudgetPlan:
             f"| zCDP rho | {fmt(s['rho_zcdp']) if s['rho_zcdp'] is not None else 'not defined (sampled releases or tuning)'} |",
         ]
         if s["epsilon_one_shot"] is not None:
-            lines.append(f"| epsilon of the one-shot releases alone ({', '.join(r for r in self.one_shot if r in {p.name for p in self.planned})}) | {fmt(s['epsilon_one_shot'])} ({s['epsilon_one_shot'] / self.epsilon:.1%} of the target) |")
+            lines.append(
+                f"| epsilon of the one-shot releases alone ({', '.join(r for r in self.one_shot if r in {p.name for p in self.planned})}) | {fmt(s['epsilon_one_shot'])} ({s['epsilon_one_shot'] / self.epsilon:.1%} of the target) |"
+            )
         if self.tuning is not None:
-            lines.append(f"| tuning | random stopping, E[K] = {self.tuning.mean:g}, shape {self.tuning.shape:g}; rho of one run {fmt(s['rho_zcdp_one_run'])} |")
+            lines.append(
+                f"| tuning | random stopping, E[K] = {self.tuning.mean:g}, shape {self.tuning.shape:g}; rho of one run {fmt(s['rho_zcdp_one_run'])} |"
+            )
         for n in self.notes:
             lines.append(f"\n{n}")
         return "\n".join(lines) + "\n"
@@ -196,7 +217,11 @@ def calibrated_plan(
     if tuning is not None:
         tuning.validate()
         planned = [PlannedRelease(p.name, p.count, p.share * (1 - tuning.share), p.sampling_rate) for p in planned]
-        planned.append(PlannedRelease(SCORE_RELEASE, 1, tuning.share * sum(p.share * p.count for p in planned) / (1 - tuning.share)))
+        planned.append(
+            PlannedRelease(
+                SCORE_RELEASE, 1, tuning.share * sum(p.share * p.count for p in planned) / (1 - tuning.share)
+            )
+        )
         sens[SCORE_RELEASE] = score_sensitivity(tuning.clip(rating_range))
         repeat = (tuning.mean, tuning.shape)
     cal = calibrate(planned, epsilon, delta, repeat=repeat, integer_orders=integer_orders, relation=relation)
@@ -212,7 +237,9 @@ def calibrated_plan(
             + ". The epsilon above holds under replace-one, as `fedpriv deploy run` reports it."
         )
     if tuning is not None:
-        notes.append("PLD accounting does not cover repeat-and-select: epsilon is from RDP (Papernot and Steinke 2022, Theorem 2, in dp-accounting).")
+        notes.append(
+            "PLD accounting does not cover repeat-and-select: epsilon is from RDP (Papernot and Steinke 2022, Theorem 2, in dp-accounting)."
+        )
     return BudgetPlan(algorithm, epsilon, delta, planned, sens, cal, tuning, notes)
 
 
@@ -249,9 +276,16 @@ class AllRunsBudgetPlan(BudgetPlan):
             "epsilon_rdp": epsilon_all_runs(recs, self.delta, integer_orders=self.integer_orders),
             "epsilon_pld": None,
             "rho_zcdp": None,
-            "rho_zcdp_one_run": None if any(p.sampling_rate not in (None, 1.0) for p in self.planned) else zcdp_rho(self.run_records()),
+            "rho_zcdp_one_run": None
+            if any(p.sampling_rate not in (None, 1.0) for p in self.planned)
+            else zcdp_rho(self.run_records()),
             "epsilon_one_shot": self.epsilon_one_shot(),
-            "tuning": {"mean_runs": self.tuning.mean, "shape": self.tuning.shape, "score_share": self.tuning.share, "view": "all runs"},
+            "tuning": {
+                "mean_runs": self.tuning.mean,
+                "shape": self.tuning.shape,
+                "score_share": self.tuning.share,
+                "view": "all runs",
+            },
             "notes": list(self.notes),
         }
 
@@ -264,12 +298,24 @@ def all_runs_plan(plan: BudgetPlan) -> AllRunsBudgetPlan:
 
     if plan.tuning is None:
         raise ConfigError("an all-runs plan is a tuned plan: give tuning", field="tune")
-    cal = calibrate_all_runs(plan.planned, plan.epsilon, plan.delta, plan.tuning.mean, plan.tuning.shape, integer_orders=plan.integer_orders)
+    cal = calibrate_all_runs(
+        plan.planned, plan.epsilon, plan.delta, plan.tuning.mean, plan.tuning.shape, integer_orders=plan.integer_orders
+    )
     notes = [
         "Tuning seen by the nodes: every run and K are seen, so epsilon is that of the k-fold composition of one run, "
         "its delta averaged over the public law of K (dp-accounting's RDP per k; the tail past a public cut added to delta)."
     ]
-    return AllRunsBudgetPlan(plan.algorithm, plan.epsilon, plan.delta, list(plan.planned), dict(plan.sensitivities), cal, plan.tuning, notes, plan.one_shot)
+    return AllRunsBudgetPlan(
+        plan.algorithm,
+        plan.epsilon,
+        plan.delta,
+        list(plan.planned),
+        dict(plan.sensitivities),
+        cal,
+        plan.tuning,
+        notes,
+        plan.one_shot,
+    )
 
 
 def all_runs_plan_of(plan: BudgetPlan, tuning: TuningPlan, rating_range: tuple[float, float]) -> AllRunsBudgetPlan:
@@ -280,9 +326,13 @@ def all_runs_plan_of(plan: BudgetPlan, tuning: TuningPlan, rating_range: tuple[f
 
     tuning.validate()
     planned = [PlannedRelease(p.name, p.count, p.share * (1 - tuning.share), p.sampling_rate) for p in plan.planned]
-    planned.append(PlannedRelease(SCORE_RELEASE, 1, tuning.share * sum(p.share * p.count for p in planned) / (1 - tuning.share)))
+    planned.append(
+        PlannedRelease(SCORE_RELEASE, 1, tuning.share * sum(p.share * p.count for p in planned) / (1 - tuning.share))
+    )
     sens = {**plan.sensitivities, SCORE_RELEASE: score_sensitivity(tuning.clip(rating_range))}
-    cal = calibrate_all_runs(planned, plan.epsilon, plan.delta, tuning.mean, tuning.shape, integer_orders=plan.integer_orders)
+    cal = calibrate_all_runs(
+        planned, plan.epsilon, plan.delta, tuning.mean, tuning.shape, integer_orders=plan.integer_orders
+    )
     notes = [
         "Tuning seen by the nodes: every run and K are seen, so epsilon is that of the k-fold composition of one run, "
         "its delta averaged over the public law of K (dp-accounting's RDP per k; the tail past a public cut added to delta)."

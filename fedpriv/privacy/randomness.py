@@ -97,7 +97,9 @@ def user_uniform(keys: np.ndarray, purpose: int, *more) -> np.ndarray:
 
 def seed_from_keys(keys: np.ndarray, purpose: int) -> int:
     """A 128-bit generator seed from a set of users' keys (a reproducible client's own draws)."""
-    h = hashlib.blake2b(np.asarray(keys, dtype=np.uint64).tobytes() + int(purpose).to_bytes(4, "little"), digest_size=16)
+    h = hashlib.blake2b(
+        np.asarray(keys, dtype=np.uint64).tobytes() + int(purpose).to_bytes(4, "little"), digest_size=16
+    )
     return int.from_bytes(h.digest(), "little")
 
 
@@ -108,7 +110,9 @@ def require_keys(shard) -> np.ndarray:
     if keys is None or len(keys) != shard.n_users:
         from ..errors import PrivacyError
 
-        raise PrivacyError("this client step makes per-user random choices, but the shard carries no user keys (build it with fedpriv.privacy.randomness.user_keys)")
+        raise PrivacyError(
+            "this client step makes per-user random choices, but the shard carries no user keys (build it with fedpriv.privacy.randomness.user_keys)"
+        )
     return keys
 
 
@@ -119,4 +123,6 @@ def node_noise_rng(keys: np.ndarray | None, label: str, reproducible: bool) -> n
     if not reproducible:
         return np.random.default_rng(int.from_bytes(os.urandom(32), "little"))
     label_int = int.from_bytes(label.encode()[:16].ljust(16, b"\0"), "little")
-    return np.random.default_rng([seed_from_keys(np.asarray(keys if keys is not None else [], dtype=np.uint64), PURPOSE_NODE_NOISE), label_int])
+    return np.random.default_rng(
+        [seed_from_keys(np.asarray(keys if keys is not None else [], dtype=np.uint64), PURPOSE_NODE_NOISE), label_int]
+    )

@@ -48,7 +48,20 @@ class Release:
             # calls on disjoint users under one name merge whatever their sensitivity, noise
             # scale (same epsilon) and size: each user is accounted once, by the pure epsilon
             return (self.name, self.mechanism, self.sampling_rate, self.pure_epsilon, True)
-        return (self.name, self.mechanism, self.sensitivity, self.noise_std, self.sampling_rate, self.dim, self.groups, self.pure_epsilon, False, self.l1_sensitivity, self.shares, self.colluders)
+        return (
+            self.name,
+            self.mechanism,
+            self.sensitivity,
+            self.noise_std,
+            self.sampling_rate,
+            self.dim,
+            self.groups,
+            self.pure_epsilon,
+            False,
+            self.l1_sensitivity,
+            self.shares,
+            self.colluders,
+        )
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -64,8 +77,14 @@ class Release:
             return replace(self, count=self.count + other.count)
         # calls on disjoint users: informational fields keep the largest call's values
         big = other if other.sensitivity > self.sensitivity else self
-        return replace(self, count=self.count + other.count, groups=self.groups + other.groups,
-                       sensitivity=big.sensitivity, noise_std=big.noise_std, dim=max(self.dim, other.dim))
+        return replace(
+            self,
+            count=self.count + other.count,
+            groups=self.groups + other.groups,
+            sensitivity=big.sensitivity,
+            noise_std=big.noise_std,
+            dim=max(self.dim, other.dim),
+        )
 
     def to_event(self):
         """The dp-accounting event of this record (dp-accounting is imported here, on use)."""
@@ -169,22 +188,46 @@ class RepeatAndCompose:
         object.__setattr__(self, "releases", tuple(self.releases))
 
     def to_event(self):
-        raise PrivacyError(f"record {self.name!r} (repeat_and_compose) is a mixture over the law of K, not one dp-accounting event: "
-                           "account it with fedpriv.privacy.accounting.epsilon_all_runs")
+        raise PrivacyError(
+            f"record {self.name!r} (repeat_and_compose) is a mixture over the law of K, not one dp-accounting event: "
+            "account it with fedpriv.privacy.accounting.epsilon_all_runs"
+        )
 
     def to_dict(self) -> dict:
         """The record as written to ``ledger.json``: without ``runs`` (no output tells K)."""
-        return {"name": self.name, "mechanism": self.mechanism, "mean": self.mean, "shape": self.shape, "count": self.count,
-                "releases": [r.to_dict() for r in self.releases]}
+        return {
+            "name": self.name,
+            "mechanism": self.mechanism,
+            "mean": self.mean,
+            "shape": self.shape,
+            "count": self.count,
+            "releases": [r.to_dict() for r in self.releases],
+        }
 
 
 def records_from_list(items: list[dict]) -> list[Release | RepeatAndSelect]:
     """Records from their ``to_dict`` form (``ledger.json``)."""
-    keys = ("name", "mechanism", "sensitivity", "noise_std", "count", "sampling_rate", "dim", "groups", "pure_epsilon", "disjoint", "l1_sensitivity", "shares", "colluders")
+    keys = (
+        "name",
+        "mechanism",
+        "sensitivity",
+        "noise_std",
+        "count",
+        "sampling_rate",
+        "dim",
+        "groups",
+        "pure_epsilon",
+        "disjoint",
+        "l1_sensitivity",
+        "shares",
+        "colluders",
+    )
     out: list[Release | RepeatAndSelect] = []
     for it in items:
         if it.get("mechanism") == "repeat_and_compose":
-            out.append(RepeatAndCompose(it["name"], it["mean"], it["shape"], 0, tuple(records_from_list(it["releases"]))))  # type: ignore[arg-type]
+            out.append(
+                RepeatAndCompose(it["name"], it["mean"], it["shape"], 0, tuple(records_from_list(it["releases"])))
+            )  # type: ignore[arg-type]
             continue
         if it.get("mechanism") == "repeat_and_select":
             inner = records_from_list(it["releases"])

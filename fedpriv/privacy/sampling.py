@@ -270,13 +270,19 @@ def lattice_for(sensitivity: float, noise_multiplier: float, dim: int) -> Lattic
     if not sigma <= _MAX_SIGMA:
         raise PrivacyError(
             f"noise multiplier {noise_multiplier} over {dim} coordinates needs a lattice noise of std "
-            f"{sigma:.3g} grid steps, above the sampler's limit 2**40")
+            f"{sigma:.3g} grid steps, above the sampler's limit 2**40"
+        )
     sigma2 = math.nextafter(math.nextafter(sigma * sigma, math.inf), math.inf)
     return Lattice(gamma, sens, sigma2)
 
 
-def lattice_gaussian(value: np.ndarray, sensitivity: float, noise_multiplier: float, rng: np.random.Generator | None = None,
-                     threads: bool = True) -> np.ndarray:
+def lattice_gaussian(
+    value: np.ndarray,
+    sensitivity: float,
+    noise_multiplier: float,
+    rng: np.random.Generator | None = None,
+    threads: bool = True,
+) -> np.ndarray:
     """``value`` (float64, any shape) released on the lattice: ``gamma * (round(value / gamma) + k)``
     with k exact discrete Gaussian noise (module docstring). ``rng``: the seeded ledger's
     generator (reproducible noise), or None for bits from ``os.urandom`` (split over the
@@ -289,7 +295,11 @@ def lattice_gaussian(value: np.ndarray, sensitivity: float, noise_multiplier: fl
     n = flat.size
     if rng is not None or not threads:  # blocks in turn (bounded memory; reproducible)
         src = BitSource(rng)
-        k = np.concatenate([discrete_gaussian(src, lat.sigma2, min(_BLOCK, n - i)) for i in range(0, n, _BLOCK)]) if n else np.zeros(0, dtype=np.int64)
+        k = (
+            np.concatenate([discrete_gaussian(src, lat.sigma2, min(_BLOCK, n - i)) for i in range(0, n, _BLOCK)])
+            if n
+            else np.zeros(0, dtype=np.int64)
+        )
     else:
         from ..util.threads import map_chunks
 

@@ -195,9 +195,11 @@ def default_threshold(degree: int, colluders: int = 0) -> int:
     colluders = _check_int(colluders, "colluders", 0)
     t = _least_threshold(degree + 1, colluders)
     if t > degree + 1:
-        raise SecAggError(f"no threshold of a node's {degree + 1} share holders holds against {colluders} colluding node(s) "
-                          f"(2t > {degree + 1 + colluders} needs t > {degree + 1}): use more nodes (a larger degree) or assume fewer colluders",
-                          field="colluders")
+        raise SecAggError(
+            f"no threshold of a node's {degree + 1} share holders holds against {colluders} colluding node(s) "
+            f"(2t > {degree + 1 + colluders} needs t > {degree + 1}): use more nodes (a larger degree) or assume fewer colluders",
+            field="colluders",
+        )
     return t
 
 
@@ -211,8 +213,9 @@ def _check_degree(n: int, degree: int) -> int:
     return degree
 
 
-def plan_params(n_nodes: int, bits: int, degree: int | None = None,
-                threshold: int | None = None, colluders: int = 0) -> SecAggParams:
+def plan_params(
+    n_nodes: int, bits: int, degree: int | None = None, threshold: int | None = None, colluders: int = 0
+) -> SecAggParams:
     """Validated :class:`SecAggParams` for ``n_nodes`` nodes; ``degree`` and ``threshold``
     default to :func:`default_degree` and :func:`default_threshold` (against ``colluders``
     colluding nodes)."""
@@ -338,9 +341,8 @@ def _decode_share(blob: object, holder: int, owner: int, degree: int) -> tuple[i
         raise SecAggError(f"malformed share of node {owner} from node {holder}", node=holder)
     (index,) = _INDEX.unpack_from(blob)
     if not 1 <= index <= degree + 1:
-        raise SecAggError(f"share of node {owner} from node {holder} has index {index}",
-                          node=holder)
-    return index, bytes(blob[_INDEX.size:])
+        raise SecAggError(f"share of node {owner} from node {holder} has index {index}", node=holder)
+    return index, bytes(blob[_INDEX.size :])
 
 
 # ------------------------------------------------------------------------------ graph
@@ -402,9 +404,7 @@ def neighbour_graph(node_ids: Sequence[int], degree: int, seed: bytes) -> dict[i
     ring = _permutation(ids, bytes(seed))
     offsets = _circulant_offsets(n, degree)
     position = {v: i for i, v in enumerate(ring)}
-    return {
-        v: tuple(sorted(ring[(position[v] + d) % n] for d in offsets)) for v in ids
-    }
+    return {v: tuple(sorted(ring[(position[v] + d) % n] for d in offsets)) for v in ids}
 
 
 # ------------------------------------------------------------------------------ node
@@ -454,7 +454,9 @@ class SecAggNode:
         self._used: set[bytes] = set()
         self.identity = identity
         self.context = bytes(context)
-        self._verified: dict[int, tuple[str, bytes]] = {}  # members whose signed advertisement this node checked: (name, channel key)
+        self._verified: dict[
+            int, tuple[str, bytes]
+        ] = {}  # members whose signed advertisement this node checked: (name, channel key)
 
     def channel_key(self) -> bytes:
         """This node's 32-byte X25519 channel public key (made once per node object)."""
@@ -472,34 +474,48 @@ class SecAggNode:
             raise SecAggError(f"{what} needs the node's signing identity", field="identity")
         return self.identity
 
-    def _verify_adverts(self, peers: list[int], neighbours: dict[int, bytes],
-                        adverts: dict[int, tuple[str, bytes]] | None) -> dict[int, str]:
+    def _verify_adverts(
+        self, peers: list[int], neighbours: dict[int, bytes], adverts: dict[int, tuple[str, bytes]] | None
+    ) -> dict[int, str]:
         """``{neighbour: roster name}``; SecAggError naming the first neighbour whose channel
         key is not signed by a roster member under that neighbour's node id and this run."""
         ident = self._require_identity("share")
         adverts = adverts or {}
         names: dict[int, str] = {}
-        if not defences.active("key-substitution"):  # a positive control: the names as the server relays them, unchecked
+        if not defences.active(
+            "key-substitution"
+        ):  # a positive control: the names as the server relays them, unchecked
             return {v: str(adverts[v][0]) for v in peers if isinstance(adverts.get(v), tuple)}
         for v in peers:
             entry = adverts.get(v)
             if not isinstance(entry, tuple) or len(entry) != 2:
-                raise SecAggError(f"neighbour {v} came with no signed key advertisement; refused (authenticated node) [key-substitution]",
-                                  field="adverts", node=v)
+                raise SecAggError(
+                    f"neighbour {v} came with no signed key advertisement; refused (authenticated node) [key-substitution]",
+                    field="adverts",
+                    node=v,
+                )
             name, sig = entry
             if not ident.verify(name, advert_message(self.context, v, str(name), bytes(neighbours[v])), sig):
-                raise SecAggError(f"the channel key of neighbour {v} is not signed by roster member {name!r} for this "
-                                  "node id and run: refusing to encrypt shares to it (key substitution?) [key-substitution]",
-                                  field="adverts", node=v)
+                raise SecAggError(
+                    f"the channel key of neighbour {v} is not signed by roster member {name!r} for this "
+                    "node id and run: refusing to encrypt shares to it (key substitution?) [key-substitution]",
+                    field="adverts",
+                    node=v,
+                )
             if name == ident.name:
-                raise SecAggError(f"neighbour {v} claims this node's own roster name {name!r} [key-substitution]", field="adverts", node=v)
+                raise SecAggError(
+                    f"neighbour {v} claims this node's own roster name {name!r} [key-substitution]",
+                    field="adverts",
+                    node=v,
+                )
             names[v] = str(name)
         if len(set(names.values())) != len(names):
             raise SecAggError("two neighbours carry the same roster name", field="adverts")
         return names
 
-    def _check_graph(self, peers: list[int], params: SecAggParams,
-                     graph: tuple[Collection[int], bytes] | None) -> bytes:
+    def _check_graph(
+        self, peers: list[int], params: SecAggParams, graph: tuple[Collection[int], bytes] | None
+    ) -> bytes:
         """The graph digest, after checking that ``peers`` are this node's neighbours in the
         public graph of ``graph = (members, seed)``."""
         if graph is None:
@@ -510,16 +526,26 @@ class SecAggNode:
             raise SecAggError(f"node {self.node_id} is not a member of the graph it was shown", field="graph")
         expected = neighbour_graph(members, params.degree, seed)[self.node_id]
         if list(expected) != peers:
-            raise SecAggError(f"the neighbours sent ({peers}) are not this node's neighbours in the graph "
-                              f"({list(expected)})", field="graph")
+            raise SecAggError(
+                f"the neighbours sent ({peers}) are not this node's neighbours in the graph ({list(expected)})",
+                field="graph",
+            )
         return graph_digest(members, params.degree, seed)
 
     # -- round 1 ---------------------------------------------------------------------------
 
-    def share(self, release: bytes, params: SecAggParams,
-              neighbours: dict[int, bytes], *, adverts: dict[int, tuple[str, bytes]] | None = None,
-              graph: tuple[Collection[int], bytes] | None = None, colluders: int = 0, min_contributors: int | None = None,
-              member_keys: dict[int, bytes] | None = None) -> tuple[bytes, dict[int, bytes]]:
+    def share(
+        self,
+        release: bytes,
+        params: SecAggParams,
+        neighbours: dict[int, bytes],
+        *,
+        adverts: dict[int, tuple[str, bytes]] | None = None,
+        graph: tuple[Collection[int], bytes] | None = None,
+        colluders: int = 0,
+        min_contributors: int | None = None,
+        member_keys: dict[int, bytes] | None = None,
+    ) -> tuple[bytes, dict[int, bytes]]:
         """Start ``release``: make a fresh mask key pair and self-mask seed, and Shamir-share
         both among ``neighbours`` (``{id: channel public key}``).
 
@@ -547,53 +573,79 @@ class SecAggNode:
         if not isinstance(params, SecAggParams):
             raise SecAggError("must be SecAggParams", field="params")
         if release in self._used:
-            raise SecAggError(f"release {release!r} already started on node {self.node_id}",
-                              field="release")
+            raise SecAggError(f"release {release!r} already started on node {self.node_id}", field="release")
         peers = sorted(_id_set(neighbours, "neighbours"))
         if self.node_id in peers:
-            raise SecAggError(f"node {self.node_id} cannot be its own neighbour",
-                              field="neighbours")
+            raise SecAggError(f"node {self.node_id} cannot be its own neighbour", field="neighbours")
         if len(peers) + 1 < params.threshold:
-            raise SecAggError(f"{len(peers)} neighbours and this node hold fewer shares than the threshold "
-                              f"{params.threshold}", field="neighbours")
+            raise SecAggError(
+                f"{len(peers)} neighbours and this node hold fewer shares than the threshold {params.threshold}",
+                field="neighbours",
+            )
         colluders = _check_int(colluders, "colluders", 0)
         # (t <= holders, checked above, and 2t > holders + colluders give t > colluders too)
         if params.threshold < _least_threshold(len(peers) + 1, colluders) and defences.active("shamir-threshold"):
             # a smaller threshold would let a deviating server (with the colluders' shares of both
             # kinds) collect both kinds of share of one node: the self-mask seed from one group of
             # honest holders, the mask key from another
-            raise SecAggError(f"threshold {params.threshold} is too low for the {len(peers) + 1} share holders (this node and its "
-                              f"{len(peers)} neighbours) with {colluders} colluding: needs 2t > {len(peers) + 1 + colluders}; refused [shamir-threshold]", field="threshold")
+            raise SecAggError(
+                f"threshold {params.threshold} is too low for the {len(peers) + 1} share holders (this node and its "
+                f"{len(peers)} neighbours) with {colluders} colluding: needs 2t > {len(peers) + 1 + colluders}; refused [shamir-threshold]",
+                field="threshold",
+            )
         names, digest, members = {}, b"", None
         if graph is not None:
             members = tuple(sorted({_check_id(v, "members") for v in graph[0]}))
         if min_contributors is not None:
             min_contributors = _check_int(min_contributors, "min_contributors", 1)
             if members is None:
-                raise SecAggError(f"a node with a floor of {min_contributors} contributors needs the sum's "
-                                  "members (the graph); refused [min-contributors]", field="graph")
+                raise SecAggError(
+                    f"a node with a floor of {min_contributors} contributors needs the sum's "
+                    "members (the graph); refused [min-contributors]",
+                    field="graph",
+                )
             if len(members) < min_contributors and defences.active("min-contributors"):
-                raise SecAggError(f"the sum has {len(members)} members, fewer than this node's "
-                                  f"min_contributors {min_contributors}; refused [min-contributors]", field="graph")
+                raise SecAggError(
+                    f"the sum has {len(members)} members, fewer than this node's "
+                    f"min_contributors {min_contributors}; refused [min-contributors]",
+                    field="graph",
+                )
         if self.identity is not None:
             names = self._verify_adverts(peers, neighbours, adverts)
             digest = self._check_graph(peers, params, graph)
             if min_contributors is not None:
-                names = self._verify_members(members, {**(member_keys or {}), **neighbours}, adverts, names, min_contributors)
+                names = self._verify_members(
+                    members, {**(member_keys or {}), **neighbours}, adverts, names, min_contributors
+                )
         elif graph is not None:
             digest = self._check_graph(peers, params, graph)
         channels = {v: _channel(self._channel_key, neighbours[v], v) for v in peers}
         mask_raw, self_seed = os.urandom(_KEY_BYTES), os.urandom(_KEY_BYTES)
         mask_key = _private_key(mask_raw)
-        ciphertexts, own = self._encrypt_shares(release, params.threshold, peers, channels,
-                                                self_seed, mask_raw)
+        ciphertexts, own = self._encrypt_shares(release, params.threshold, peers, channels, self_seed, mask_raw)
         self._used.add(release)
-        self._releases[release] = _Release(params, channels, mask_key, self_seed, peer_keys={v: bytes(neighbours[v]) for v in peers}, own=own,
-                                          names=names, graph=digest, members=members, min_contributors=min_contributors)
+        self._releases[release] = _Release(
+            params,
+            channels,
+            mask_key,
+            self_seed,
+            peer_keys={v: bytes(neighbours[v]) for v in peers},
+            own=own,
+            names=names,
+            graph=digest,
+            members=members,
+            min_contributors=min_contributors,
+        )
         return _public_bytes(mask_key), ciphertexts
 
-    def _verify_members(self, members: tuple[int, ...], keys: dict[int, bytes], adverts: dict[int, tuple[str, bytes]] | None,
-                        names: dict[int, str], floor: int) -> dict[int, str]:
+    def _verify_members(
+        self,
+        members: tuple[int, ...],
+        keys: dict[int, bytes],
+        adverts: dict[int, tuple[str, bytes]] | None,
+        names: dict[int, str],
+        floor: int,
+    ) -> dict[int, str]:
         """``{member: roster name}`` for every member but this node, each checked against its
         signed advertisement (or checked in an earlier round of the run, whose advertisement the
         server need not send again); SecAggError ``[roster]`` for a member without one or with a name
@@ -614,26 +666,35 @@ class SecAggNode:
                 out[v] = str(entry[0])
                 continue
             if ok:
-                ok = entry[0] != ident.name and ident.verify(entry[0], advert_message(self.context, v, str(entry[0]), bytes(key)), entry[1])
+                ok = entry[0] != ident.name and ident.verify(
+                    entry[0], advert_message(self.context, v, str(entry[0]), bytes(key)), entry[1]
+                )
                 if ok:
                     self._verified[v] = (str(entry[0]), bytes(key))
             if not ok:
                 if defences.active("roster"):
-                    raise SecAggError(f"member {v} of the sum carries no valid roster signature (a peer the server "
-                                      "invented?); refused [roster]", field="adverts", node=v)
+                    raise SecAggError(
+                        f"member {v} of the sum carries no valid roster signature (a peer the server "
+                        "invented?); refused [roster]",
+                        field="adverts",
+                        node=v,
+                    )
                 continue
             out[v] = str(entry[0])
         distinct = len(set(out.values()) | {ident.name})
         if defences.active("roster") and len(set(out.values())) != len(out):
             raise SecAggError("two members of the sum carry the same roster name; refused [roster]", field="adverts")
         if defences.active("roster") and distinct < floor:
-            raise SecAggError(f"the sum's members carry {distinct} distinct roster names (this node included), fewer than this node's "
-                              f"min_contributors {floor}; refused [roster]", field="adverts")
+            raise SecAggError(
+                f"the sum's members carry {distinct} distinct roster names (this node included), fewer than this node's "
+                f"min_contributors {floor}; refused [roster]",
+                field="adverts",
+            )
         return out
 
-    def _encrypt_shares(self, release: bytes, t: int, peers: list[int],
-                        channels: dict[int, AESGCM], self_seed: bytes,
-                        mask_raw: bytes) -> tuple[dict[int, bytes], tuple[int, bytes, bytes]]:
+    def _encrypt_shares(
+        self, release: bytes, t: int, peers: list[int], channels: dict[int, AESGCM], self_seed: bytes, mask_raw: bytes
+    ) -> tuple[dict[int, bytes], tuple[int, bytes, bytes]]:
         """Peer ``peers[i]`` gets share index ``i + 1`` of both secrets, encrypted for it; the
         node keeps index ``len(peers) + 1`` for itself."""
         seed_shares = _split(self_seed, t, len(peers) + 1)
@@ -649,8 +710,14 @@ class SecAggNode:
 
     # -- round 2 ---------------------------------------------------------------------------
 
-    def mask(self, release: bytes, x: np.ndarray, mask_keys: dict[int, bytes],
-             ciphertexts: dict[int, bytes], bound: bytes = b"") -> np.ndarray:
+    def mask(
+        self,
+        release: bytes,
+        x: np.ndarray,
+        mask_keys: dict[int, bytes],
+        ciphertexts: dict[int, bytes],
+        bound: bytes = b"",
+    ) -> np.ndarray:
         """Store the shares addressed to this node and return its masked vector ``y``.
 
         ``x``: uint64 vector already reduced modulo ``2**bits``. ``mask_keys``: mask public keys
@@ -663,8 +730,7 @@ class SecAggNode:
         release = _check_release(release)
         state = self._state(release)
         if state.masked:
-            raise SecAggError(f"node {self.node_id} already sent its masked vector for "
-                              f"{release!r}", field="release")
+            raise SecAggError(f"node {self.node_id} already sent its masked vector for {release!r}", field="release")
         x = self._check_input(x, state.params.bits)
         senders = self._check_senders(state, mask_keys, ciphertexts)
         held = {v: self._decrypt_share(state, release, v, ciphertexts[v]) for v in senders}
@@ -678,8 +744,7 @@ class SecAggNode:
     def _state(self, release: bytes) -> _Release:
         state = self._releases.get(release)
         if state is None:
-            raise SecAggError(f"node {self.node_id} has no state for release {release!r}",
-                              field="release")
+            raise SecAggError(f"node {self.node_id} has no state for release {release!r}", field="release")
         return state
 
     @staticmethod
@@ -690,27 +755,27 @@ class SecAggNode:
             raise SecAggError(f"values must be < 2**{bits}", field="x")
         return x
 
-    def _check_senders(self, state: _Release, mask_keys: dict[int, bytes],
-                       ciphertexts: dict[int, bytes]) -> list[int]:
+    def _check_senders(self, state: _Release, mask_keys: dict[int, bytes], ciphertexts: dict[int, bytes]) -> list[int]:
         keys, cts = _id_set(mask_keys, "mask_keys"), _id_set(ciphertexts, "ciphertexts")
         if keys != cts:
-            raise SecAggError("mask keys and ciphertexts must come from the same neighbours",
-                              field="ciphertexts")
+            raise SecAggError("mask keys and ciphertexts must come from the same neighbours", field="ciphertexts")
         strangers = sorted(keys - set(state.channels))
         if strangers:
-            raise SecAggError(f"nodes {strangers} are not neighbours of node {self.node_id}",
-                              field="mask_keys", node=strangers[0])
+            raise SecAggError(
+                f"nodes {strangers} are not neighbours of node {self.node_id}", field="mask_keys", node=strangers[0]
+            )
         if len(keys) + 1 < state.params.threshold:
-            raise SecAggError(f"only {len(keys)} neighbours completed share: with this node, fewer "
-                              f"share holders than the threshold {state.params.threshold}", field="mask_keys")
+            raise SecAggError(
+                f"only {len(keys)} neighbours completed share: with this node, fewer "
+                f"share holders than the threshold {state.params.threshold}",
+                field="mask_keys",
+            )
         return sorted(keys)
 
-    def _decrypt_share(self, state: _Release, release: bytes, sender: int,
-                       blob: object) -> tuple[int, bytes, bytes]:
+    def _decrypt_share(self, state: _Release, release: bytes, sender: int, blob: object) -> tuple[int, bytes, bytes]:
         """``(index, seed share, key share)`` from ``sender``; SecAggError naming it if the
         ciphertext does not authenticate for (sender, this node, release)."""
-        bad = SecAggError(f"share ciphertext from node {sender} failed to authenticate",
-                          node=sender)
+        bad = SecAggError(f"share ciphertext from node {sender} failed to authenticate", node=sender)
         if not isinstance(blob, (bytes, bytearray)) or len(blob) <= _NONCE_BYTES:
             raise bad
         blob = bytes(blob)
@@ -722,10 +787,9 @@ class SecAggNode:
         if len(plain) != _INDEX.size + 2 * _KEY_BYTES:
             raise bad
         (index,) = _INDEX.unpack_from(plain)
-        return index, plain[_INDEX.size:_SHARE_BYTES], plain[_SHARE_BYTES:]
+        return index, plain[_INDEX.size : _SHARE_BYTES], plain[_SHARE_BYTES:]
 
-    def _masked(self, release: bytes, state: _Release, x: np.ndarray,
-                keys: dict[int, bytes]) -> np.ndarray:
+    def _masked(self, release: bytes, state: _Release, x: np.ndarray, keys: dict[int, bytes]) -> np.ndarray:
         bits, n = state.params.bits, x.size
         y = x.astype(np.uint64, copy=True)
         y += expand_mask(state.self_seed, release, n, bits)
@@ -743,8 +807,7 @@ class SecAggNode:
     def _view(self, release: bytes, state: _Release, alive: set[int], gone: set[int]) -> bytes:
         return view_digest(self.context, release, state.graph + state.bound, alive, gone)
 
-    def consistency(self, release: bytes, survivors: Collection[int],
-                    dropped: Collection[int]) -> bytes:
+    def consistency(self, release: bytes, survivors: Collection[int], dropped: Collection[int]) -> bytes:
         """The consistency round of an authenticated node: its signature over the view it is
         shown for ``release`` (the graph of its share round, ``survivors``, ``dropped``), after
         the same checks as :meth:`unmask`. Signed once per release: a second, different view
@@ -756,24 +819,32 @@ class SecAggNode:
         self._check_request(state, alive, gone)
         digest = self._view(release, state, alive, gone)
         if state.signed is not None and state.signed != digest:
-            raise SecAggError(f"node {self.node_id} already signed another view of release {release!r}; refused",
-                              field="survivors")
+            raise SecAggError(
+                f"node {self.node_id} already signed another view of release {release!r}; refused", field="survivors"
+            )
         state.signed = digest
         return ident.sign(view_message(digest, self.node_id))
 
-    def _check_signatures(self, release: bytes, state: _Release, alive: set[int], gone: set[int],
-                          signatures: dict[int, bytes] | None) -> None:
+    def _check_signatures(
+        self, release: bytes, state: _Release, alive: set[int], gone: set[int], signatures: dict[int, bytes] | None
+    ) -> None:
         """SecAggError unless this node signed this very view and ``threshold`` share holders
         (itself and its neighbours, by the roster names they proved in the share round) signed
         it too."""
         ident = self._require_identity("unmask")
         digest = self._view(release, state, alive, gone)
         if state.signed is None:
-            raise SecAggError(f"node {self.node_id} was asked to unmask release {release!r} before signing its view "
-                              "(no consistency round); refused", field="signatures")
+            raise SecAggError(
+                f"node {self.node_id} was asked to unmask release {release!r} before signing its view "
+                "(no consistency round); refused",
+                field="signatures",
+            )
         if state.signed != digest:
-            raise SecAggError(f"the survivors and dropped nodes of the unmask request differ from the view node "
-                              f"{self.node_id} signed; refused [view-consistency]", field="survivors")
+            raise SecAggError(
+                f"the survivors and dropped nodes of the unmask request differ from the view node "
+                f"{self.node_id} signed; refused [view-consistency]",
+                field="survivors",
+            )
         signatures = signatures or {}
         valid = [self.node_id]
         for v, name in sorted(state.names.items()):
@@ -782,26 +853,35 @@ class SecAggNode:
         if state.min_contributors is not None:  # a node with a floor: every survivor signed this very view
             unsigned = sorted(set(alive) - set(valid))
             if unsigned and defences.active("view-consistency"):
-                raise SecAggError(f"survivors {unsigned[:8]}{' ...' if len(unsigned) > 8 else ''} did not sign "
-                                  f"the view node {self.node_id} signed (its plan, broadcast and members): the server may have shown them "
-                                  "another plan, model or member set; refusing to reveal shares [view-consistency]", field="signatures")
+                raise SecAggError(
+                    f"survivors {unsigned[:8]}{' ...' if len(unsigned) > 8 else ''} did not sign "
+                    f"the view node {self.node_id} signed (its plan, broadcast and members): the server may have shown them "
+                    "another plan, model or member set; refusing to reveal shares [view-consistency]",
+                    field="signatures",
+                )
             return
         t = state.params.threshold
         if len(valid) < t:
-            raise SecAggError(f"consistency check failed: {len(valid)} of this node's share holders (itself included: "
-                              f"{valid}) signed the view it was shown, fewer than the threshold {t}; the server may "
-                              "have shown different survivor sets to different nodes; refusing to reveal shares",
-                              field="signatures")
+            raise SecAggError(
+                f"consistency check failed: {len(valid)} of this node's share holders (itself included: "
+                f"{valid}) signed the view it was shown, fewer than the threshold {t}; the server may "
+                "have shown different survivor sets to different nodes; refusing to reveal shares",
+                field="signatures",
+            )
 
     def _masked_state(self, release: bytes) -> _Release:
         state = self._releases.get(release)
         if state is None or not state.masked:
-            raise SecAggError(f"node {self.node_id} holds no shares for release {release!r}",
-                              field="release")
+            raise SecAggError(f"node {self.node_id} holds no shares for release {release!r}", field="release")
         return state
 
-    def unmask(self, release: bytes, survivors: Collection[int],
-               dropped: Collection[int], signatures: dict[int, bytes] | None = None) -> dict[str, dict[int, bytes]]:
+    def unmask(
+        self,
+        release: bytes,
+        survivors: Collection[int],
+        dropped: Collection[int],
+        signatures: dict[int, bytes] | None = None,
+    ) -> dict[str, dict[int, bytes]]:
         """Reveal, for each neighbour whose shares this node holds, its self-mask seed share if
         it is a survivor and its mask-key share if it dropped.
 
@@ -833,29 +913,41 @@ class SecAggNode:
         """Raise if the unmask request is inconsistent or would reveal both kinds of share."""
         both = sorted(alive & gone)
         if both:
-            raise SecAggError(f"nodes {both} listed both as survivors and dropped",
-                              field="dropped", node=both[0])
+            raise SecAggError(f"nodes {both} listed both as survivors and dropped", field="dropped", node=both[0])
         if self.node_id in gone:
-            raise SecAggError(f"node {self.node_id} is itself listed as dropped",
-                              field="dropped", node=self.node_id)
+            raise SecAggError(f"node {self.node_id} is itself listed as dropped", field="dropped", node=self.node_id)
         if len(alive) < state.params.threshold:
-            raise SecAggError(f"{len(alive)} survivors, fewer than the threshold "
-                              f"{state.params.threshold}", field="survivors")
+            raise SecAggError(
+                f"{len(alive)} survivors, fewer than the threshold {state.params.threshold}", field="survivors"
+            )
         if state.members is not None and (alive | gone) - set(state.members) and defences.active("min-contributors"):
             strangers = sorted((alive | gone) - set(state.members))
-            raise SecAggError(f"nodes {strangers[:8]} are listed as survivors or dropped but were not "
-                              "members of the sum; refused [min-contributors]", field="survivors")
-        if state.min_contributors is not None and len(alive) < state.min_contributors and defences.active("min-contributors"):
-            raise SecAggError(f"{len(alive)} survivors, fewer than this node's min_contributors "
-                              f"{state.min_contributors}: the sum would carry less noise than it counts on; refused [min-contributors]", field="survivors")
+            raise SecAggError(
+                f"nodes {strangers[:8]} are listed as survivors or dropped but were not "
+                "members of the sum; refused [min-contributors]",
+                field="survivors",
+            )
+        if (
+            state.min_contributors is not None
+            and len(alive) < state.min_contributors
+            and defences.active("min-contributors")
+        ):
+            raise SecAggError(
+                f"{len(alive)} survivors, fewer than this node's min_contributors "
+                f"{state.min_contributors}: the sum would carry less noise than it counts on; refused [min-contributors]",
+                field="survivors",
+            )
         flips = sorted(
-            v for v in state.held
-            if (v in alive and state.revealed.get(v) == _PAIRWISE)
-            or (v in gone and state.revealed.get(v) == _SELF)
+            v
+            for v in state.held
+            if (v in alive and state.revealed.get(v) == _PAIRWISE) or (v in gone and state.revealed.get(v) == _SELF)
         )
         if flips:
-            raise SecAggError(f"refusing to reveal the other share of nodes {flips} in the "
-                              "same release", field="dropped", node=flips[0])
+            raise SecAggError(
+                f"refusing to reveal the other share of nodes {flips} in the same release",
+                field="dropped",
+                node=flips[0],
+            )
 
     def forget(self, release: bytes) -> None:
         """Drop the state of ``release`` (after its unmask round); the label stays used."""
@@ -867,10 +959,13 @@ class SecAggNode:
         """The node's whole state (its secrets included) as bytes, for a node whose process
         ends after each message (a Flower SuperNode starts one ClientApp process per message and
         keeps ``context.state`` for it). It must stay on the node."""
+
         def raw(key: X25519PrivateKey | None) -> str | None:
             if key is None:
                 return None
-            return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()).hex()
+            return key.private_bytes(
+                serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+            ).hex()
 
         releases = {}
         for label, st in self._releases.items():
@@ -890,8 +985,14 @@ class SecAggNode:
                 "min_contributors": st.min_contributors,
                 "bound": st.bound.hex(),
             }
-        blob = {"node_id": self.node_id, "channel_key": raw(self._channel_key), "used": sorted(u.hex() for u in self._used), "releases": releases,
-                "context": self.context.hex(), "verified": {str(v): [n, k.hex()] for v, (n, k) in self._verified.items()}}
+        blob = {
+            "node_id": self.node_id,
+            "channel_key": raw(self._channel_key),
+            "used": sorted(u.hex() for u in self._used),
+            "releases": releases,
+            "context": self.context.hex(),
+            "verified": {str(v): [n, k.hex()] for v, (n, k) in self._verified.items()},
+        }
         return json.dumps(blob).encode()
 
     @classmethod
@@ -921,7 +1022,9 @@ class SecAggNode:
                     revealed={int(v): str(r) for v, r in st["revealed"].items()},
                     masked=bool(st["masked"]),
                     peer_keys=peer_keys,
-                    own=None if st.get("own") is None else (int(st["own"][0]), bytes.fromhex(st["own"][1]), bytes.fromhex(st["own"][2])),
+                    own=None
+                    if st.get("own") is None
+                    else (int(st["own"][0]), bytes.fromhex(st["own"][1]), bytes.fromhex(st["own"][2])),
                     names={int(v): str(n) for v, n in st.get("names", {}).items()},
                     graph=bytes.fromhex(st.get("graph", "")),
                     signed=None if st.get("signed") is None else bytes.fromhex(st["signed"]),
@@ -969,41 +1072,42 @@ class SecAggServer:
         out = {}
         for v in self._neighbours(node):
             if v not in channel_keys:
-                raise SecAggError(f"node {v} advertised no channel key", field="channel_keys",
-                                  node=v)
+                raise SecAggError(f"node {v} advertised no channel key", field="channel_keys", node=v)
             out[v] = channel_keys[v]
         return out
 
-    def route(self, shares: dict[int, tuple[bytes, dict[int, bytes]]]
-              ) -> dict[int, tuple[dict[int, bytes], dict[int, bytes]]]:
+    def route(
+        self, shares: dict[int, tuple[bytes, dict[int, bytes]]]
+    ) -> dict[int, tuple[dict[int, bytes], dict[int, bytes]]]:
         """From the ``share`` replies ``{sender: (mask public key, {recipient: ciphertext})}``,
         the ``mask`` request of each sender: ``(mask keys of its neighbours that completed
         share, ciphertexts addressed to it)``."""
         for sender, (_, cts) in shares.items():
             if set(cts) != set(self._neighbours(sender)):
-                raise SecAggError(f"node {sender} did not send one ciphertext to each of its "
-                                  "neighbours", field="shares", node=sender)
+                raise SecAggError(
+                    f"node {sender} did not send one ciphertext to each of its neighbours", field="shares", node=sender
+                )
         out = {}
         for node in shares:
             senders = [v for v in self.graph[node] if v in shares]
-            out[node] = ({v: shares[v][0] for v in senders},
-                         {v: shares[v][1][node] for v in senders})
+            out[node] = ({v: shares[v][0] for v in senders}, {v: shares[v][1][node] for v in senders})
         return out
 
-    def unmask_request(self, completed: Collection[int],
-                       survivors: Collection[int]) -> tuple[list[int], list[int]]:
+    def unmask_request(self, completed: Collection[int], survivors: Collection[int]) -> tuple[list[int], list[int]]:
         """``(survivors, dropped)`` to send to every survivor: ``completed`` are the nodes that
         completed ``share``, ``survivors`` those whose masked vector arrived."""
         done, alive = _id_set(completed, "completed"), _id_set(survivors, "survivors")
         strays = sorted(alive - done)
         if strays:
-            raise SecAggError(f"nodes {strays} sent a masked vector without completing share",
-                              field="survivors", node=strays[0])
+            raise SecAggError(
+                f"nodes {strays} sent a masked vector without completing share", field="survivors", node=strays[0]
+            )
         self._check_survivor_count(len(alive))
         return sorted(alive), sorted(done - alive)
 
-    def check_unmask_reply(self, holder: int, reply: dict[str, dict[int, bytes]],
-                           survivors: Collection[int], dropped: Collection[int]) -> None:
+    def check_unmask_reply(
+        self, holder: int, reply: dict[str, dict[int, bytes]], survivors: Collection[int], dropped: Collection[int]
+    ) -> None:
         """SecAggError (naming ``holder``) unless ``holder``'s unmask reply is well formed on its
         own: only shares of the nodes asked about, each held by ``holder`` and at its index. A
         server that checks every reply so can leave a malformed one out and unmask with the
@@ -1012,12 +1116,16 @@ class SecAggServer:
 
     def _check_survivor_count(self, count: int) -> None:
         if count < self.params.threshold:
-            raise SecAggError(f"{count} survivors, fewer than the threshold "
-                              f"{self.params.threshold}", field="survivors")
+            raise SecAggError(f"{count} survivors, fewer than the threshold {self.params.threshold}", field="survivors")
 
-    def unmask(self, release: bytes, length: int, mask_keys: dict[int, bytes],
-               masked: dict[int, np.ndarray],
-               replies: dict[int, dict[str, dict[int, bytes]]]) -> np.ndarray:
+    def unmask(
+        self,
+        release: bytes,
+        length: int,
+        mask_keys: dict[int, bytes],
+        masked: dict[int, np.ndarray],
+        replies: dict[int, dict[str, dict[int, bytes]]],
+    ) -> np.ndarray:
         """The sum modulo ``2**bits`` of the survivors' inputs (uint64, ``length`` words).
 
         ``mask_keys``: ``{node: mask public key}`` of every node that completed ``share``;
@@ -1047,42 +1155,52 @@ class SecAggServer:
         total &= self.params.modulus_mask
         return total
 
-    def _collect(self, replies: dict[int, dict[str, dict[int, bytes]]], alive: set[int],
-                 gone: set[int]) -> tuple[dict[int, dict[int, bytes]], dict[int, dict[int, bytes]]]:
+    def _collect(
+        self, replies: dict[int, dict[str, dict[int, bytes]]], alive: set[int], gone: set[int]
+    ) -> tuple[dict[int, dict[int, bytes]], dict[int, dict[int, bytes]]]:
         """``({survivor: {index: share}}, {dropped: {index: share}})`` from the replies."""
         seed_shares: dict[int, dict[int, bytes]] = {}
         key_shares: dict[int, dict[int, bytes]] = {}
         for holder, reply in replies.items():
             if holder not in alive:
-                raise SecAggError(f"unmask reply from node {holder}, which is not a survivor",
-                                  field="replies", node=holder)
+                raise SecAggError(
+                    f"unmask reply from node {holder}, which is not a survivor", field="replies", node=holder
+                )
             if not isinstance(reply, dict) or set(reply) != {_SELF, _PAIRWISE}:
-                raise SecAggError(f"malformed unmask reply from node {holder}",
-                                  field="replies", node=holder)
+                raise SecAggError(f"malformed unmask reply from node {holder}", field="replies", node=holder)
             for kind, wanted, into in ((_SELF, alive, seed_shares), (_PAIRWISE, gone, key_shares)):
                 for owner, blob in reply[kind].items():
                     self._add_share(into, holder, owner, blob, wanted)
         return seed_shares, key_shares
 
-    def _add_share(self, into: dict[int, dict[int, bytes]], holder: int, owner: int,
-                   blob: object, wanted: set[int]) -> None:
+    def _add_share(
+        self, into: dict[int, dict[int, bytes]], holder: int, owner: int, blob: object, wanted: set[int]
+    ) -> None:
         if owner not in wanted or (owner != holder and owner not in self.graph.get(holder, ())):
-            raise SecAggError(f"node {holder} sent an unexpected share of node {owner}",
-                              field="replies", node=holder)
+            raise SecAggError(f"node {holder} sent an unexpected share of node {owner}", field="replies", node=holder)
         index, share = _decode_share(blob, holder, owner, self.params.degree)
         # the owner gave share i + 1 to its i-th neighbour (sorted ids) and kept degree + 1
         expected = self.params.degree + 1 if owner == holder else self.graph[owner].index(holder) + 1
         if index != expected:
-            raise SecAggError(f"share of node {owner} from node {holder} has index {index}, not the "
-                              f"holder's {expected}", field="replies", node=holder)
+            raise SecAggError(
+                f"share of node {owner} from node {holder} has index {index}, not the holder's {expected}",
+                field="replies",
+                node=holder,
+            )
         slot = into.setdefault(owner, {})
         if index in slot:
-            raise SecAggError(f"duplicate share index {index} of node {owner} (from node "
-                              f"{holder})", field="replies", node=holder)
+            raise SecAggError(
+                f"duplicate share index {index} of node {owner} (from node {holder})", field="replies", node=holder
+            )
         slot[index] = share
 
-    def _check_enough(self, seed_shares: dict[int, dict[int, bytes]], alive: set[int],
-                      key_shares: dict[int, dict[int, bytes]], gone: set[int]) -> None:
+    def _check_enough(
+        self,
+        seed_shares: dict[int, dict[int, bytes]],
+        alive: set[int],
+        key_shares: dict[int, dict[int, bytes]],
+        gone: set[int],
+    ) -> None:
         """SecAggError naming every survivor and dropped node short of ``threshold`` shares."""
         t = self.params.threshold
         short_seed = sorted(v for v in alive if len(seed_shares.get(v, {})) < t)
@@ -1094,8 +1212,9 @@ class SecAggServer:
             parts.append(f"the self-mask seed of nodes {short_seed}")
         if short_key:
             parts.append(f"the mask key of nodes {short_key}")
-        raise SecAggError(f"fewer than {t} shares of " + " and of ".join(parts),
-                          field="replies", node=(short_seed or short_key)[0])
+        raise SecAggError(
+            f"fewer than {t} shares of " + " and of ".join(parts), field="replies", node=(short_seed or short_key)[0]
+        )
 
     def _recover(self, shares: dict[int, dict[int, bytes]], owners: set[int]) -> dict[int, bytes]:
         """The 32-byte secret of every owner from its ``threshold`` lowest-index shares."""
@@ -1106,27 +1225,32 @@ class SecAggServer:
     def _check_keys(keys: dict[int, bytes], mask_keys: dict[int, bytes]) -> None:
         for v, raw in keys.items():
             if _public_bytes(_private_key(raw)) != bytes(mask_keys[v]):
-                raise SecAggError(f"recovered mask key of node {v} does not match its public key",
-                                  field="replies", node=v)
+                raise SecAggError(
+                    f"recovered mask key of node {v} does not match its public key", field="replies", node=v
+                )
 
     def _sum(self, masked: dict[int, np.ndarray], length: int) -> np.ndarray:
         total = np.zeros(length, dtype=np.uint64)
         for u, y in masked.items():
             if not isinstance(y, np.ndarray) or y.dtype != np.uint64 or y.shape != (length,):
-                raise SecAggError(f"masked vector of node {u} is not {length} uint64 words",
-                                  field="masked", node=u)
+                raise SecAggError(f"masked vector of node {u} is not {length} uint64 words", field="masked", node=u)
             total += y
         return total
 
-    def _remove_pairwise(self, total: np.ndarray, release: bytes, v: int,
-                         key: X25519PrivateKey, mask_keys: dict[int, bytes],
-                         alive: set[int]) -> None:
+    def _remove_pairwise(
+        self,
+        total: np.ndarray,
+        release: bytes,
+        v: int,
+        key: X25519PrivateKey,
+        mask_keys: dict[int, bytes],
+        alive: set[int],
+    ) -> None:
         """Undo, in place, the masks that survivors added for their dropped neighbour ``v``."""
         for u in self.graph[v]:
             if u not in alive:
                 continue
-            m = expand_mask(_pairwise_secret(key, mask_keys[u], u), release, total.size,
-                            self.params.bits)
+            m = expand_mask(_pairwise_secret(key, mask_keys[u], u), release, total.size, self.params.bits)
             if u < v:
                 total -= m  # u added +m
             else:

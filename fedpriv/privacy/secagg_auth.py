@@ -87,8 +87,9 @@ def advert_message(context: bytes, node_id: int, name: str, channel_key: bytes) 
     return _ADVERT + _field(bytes(context)) + _id16(node_id) + _field(name.encode()) + _field(bytes(channel_key))
 
 
-def view_digest(context: bytes, release: bytes, graph: bytes, survivors: Collection[int],
-                dropped: Collection[int]) -> bytes:
+def view_digest(
+    context: bytes, release: bytes, graph: bytes, survivors: Collection[int], dropped: Collection[int]
+) -> bytes:
     """SHA-256 of one release's view: run context, release label, the graph (digest of the
     members, degree and seed the node was shown), the sorted survivors and dropped nodes."""
     h = hashlib.sha256(_VIEW)
@@ -108,8 +109,12 @@ def view_message(digest: bytes, node_id: int) -> bytes:
 def graph_digest(members: Iterable[int], degree: int, seed: bytes) -> bytes:
     """SHA-256 of the public neighbour graph's inputs (sorted members, degree, seed)."""
     ids = sorted(int(v) for v in members)
-    return hashlib.sha256(b"fedpriv secagg graph v1" + struct.pack(">II", len(ids), int(degree))
-                          + b"".join(_id16(v) for v in ids) + _field(bytes(seed))).digest()
+    return hashlib.sha256(
+        b"fedpriv secagg graph v1"
+        + struct.pack(">II", len(ids), int(degree))
+        + b"".join(_id16(v) for v in ids)
+        + _field(bytes(seed))
+    ).digest()
 
 
 @dataclass(frozen=True)
@@ -166,15 +171,29 @@ def write_identities(folder: str | os.PathLike, names: Iterable[str]) -> dict[st
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o700)
     keys = {name: Ed25519PrivateKey.generate() for name in names}
-    roster = json.dumps({"version": ROSTER_VERSION, "algorithm": "ed25519",
-                         "nodes": {n: _raw_public(k.public_key()).hex() for n, k in keys.items()}}, indent=1) + "\n"
+    roster = (
+        json.dumps(
+            {
+                "version": ROSTER_VERSION,
+                "algorithm": "ed25519",
+                "nodes": {n: _raw_public(k.public_key()).hex() for n, k in keys.items()},
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     (root / ROSTER_FILE).write_text(roster)
     out = {}
     for name, key in keys.items():
         d = root / name
         d.mkdir(exist_ok=True)
         os.chmod(d, 0o700)
-        _write_private(d / KEY_FILE, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        _write_private(
+            d / KEY_FILE,
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            ),
+        )
         (d / ROSTER_FILE).write_text(roster)
         out[name] = d
     return out
@@ -216,7 +235,9 @@ def load_identity(folder: str | os.PathLike) -> NodeIdentity:
     except OSError as exc:
         raise IdentityError(f"cannot read {key_path}: {exc}", field="signing_key") from None
     if os.name == "posix" and mode & 0o077:
-        raise IdentityError(f"{key_path} is readable by group or others (mode {mode & 0o777:o}); chmod 600 it", field="signing_key")
+        raise IdentityError(
+            f"{key_path} is readable by group or others (mode {mode & 0o777:o}); chmod 600 it", field="signing_key"
+        )
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as exc:

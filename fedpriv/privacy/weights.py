@@ -16,7 +16,10 @@ import numpy as np
 
 from ..errors import ConfigError
 
-def adaptive_omega(counts_hat: np.ndarray, mu: float, n_users: int, beta: float, beta_bar_ratio: float = 1.0) -> np.ndarray:
+
+def adaptive_omega(
+    counts_hat: np.ndarray, mu: float, n_users: int, beta: float, beta_bar_ratio: float = 1.0
+) -> np.ndarray:
     """Eq. 16: omega_i = n̂_i^(-mu) / sqrt(sum_i' n̂_i'^(1 - 2 mu) / (n beta_bar)), beta_bar = ratio * beta.
 
     Noisy counts are floored at 1 (post-processing of the released counts).
@@ -47,7 +50,9 @@ def uniform_user_weights(indptr: np.ndarray, beta: float) -> np.ndarray:
     return clip_user_weights(np.ones(n_ratings), np.arange(n_ratings), indptr, beta)
 
 
-def clip_user_weights(omega: np.ndarray, items: np.ndarray, indptr: np.ndarray, beta: float, mode: str = "clip") -> np.ndarray:
+def clip_user_weights(
+    omega: np.ndarray, items: np.ndarray, indptr: np.ndarray, beta: float, mode: str = "clip"
+) -> np.ndarray:
     """Eq. 12: w_ij = omega_i * min(1, sqrt(beta / sum_{i' in user j} omega_i'^2)).
 
     ``mode="normalize"`` rescales every user to sum_i w_ij^2 = beta exactly (the reference code's

@@ -23,11 +23,30 @@ if TYPE_CHECKING:
 # exported here and loaded on first use (PEP 562), so that ``import fedpriv.run.model`` (a saved
 # model's recommendations) stays light: no torch, no dp-accounting, no Flower
 _EXPORTS = {
-    "ENGINES": "engines", "REPRODUCIBLE_WARNING": "inputs", "RunOptions": "inputs", "_clean": "outputs", "noise_statement": "inputs",
-    "parse_overrides": "inputs", "resolve_data": "inputs", "write_outputs": "outputs", "check_results_folder": "outputs",
-    "Engine": "base", "Trained": "base", "FlowerCallback": "engines", "FlowerGrid": "engines", "FlowerOptions": "engines", "FlowerSimulation": "engines",
-    "InProcess": "engines", "engine_named": "engines",
-    "Job": "job", "Plan": "job", "RatingsPlan": "job", "ServerPlan": "job", "PersonalPlan": "job", "Outcome": "report", "RunReport": "report",
+    "ENGINES": "engines",
+    "REPRODUCIBLE_WARNING": "inputs",
+    "RunOptions": "inputs",
+    "_clean": "outputs",
+    "noise_statement": "inputs",
+    "parse_overrides": "inputs",
+    "resolve_data": "inputs",
+    "write_outputs": "outputs",
+    "check_results_folder": "outputs",
+    "Engine": "base",
+    "Trained": "base",
+    "FlowerCallback": "engines",
+    "FlowerGrid": "engines",
+    "FlowerOptions": "engines",
+    "FlowerSimulation": "engines",
+    "InProcess": "engines",
+    "engine_named": "engines",
+    "Job": "job",
+    "Plan": "job",
+    "RatingsPlan": "job",
+    "ServerPlan": "job",
+    "PersonalPlan": "job",
+    "Outcome": "report",
+    "RunReport": "report",
 }
 __all__ = sorted([*(n for n in _EXPORTS if not n.startswith("_")), "run"])
 
@@ -74,8 +93,20 @@ def run(
 
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", field="--engine")
-    job = Job(algorithm, data, epsilon=epsilon, delta=delta, noise_seed=noise_seed, params=dict(overrides or {}), dataset=dataset)
-    outcome = job.prepare().execute(engine_named(engine, flower_runner=flower_runner, work_dir=work_dir), progress=progress, second_opinion=second_opinion)
+    job = Job(
+        algorithm,
+        data,
+        epsilon=epsilon,
+        delta=delta,
+        noise_seed=noise_seed,
+        params=dict(overrides or {}),
+        dataset=dataset,
+    )
+    outcome = job.prepare().execute(
+        engine_named(engine, flower_runner=flower_runner, work_dir=work_dir),
+        progress=progress,
+        second_opinion=second_opinion,
+    )
     if capture is not None:
         capture.update(state=outcome.state, train=outcome.train, dataset=outcome.dataset)
     return outcome.report.to_json(), outcome.ledger

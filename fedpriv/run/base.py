@@ -17,7 +17,11 @@ if TYPE_CHECKING:
     from .inputs import RunOptions
 
 #: run options that only some engines honour (given to another, refused, never ignored): who honours them
-ENGINE_ONLY_OPTIONS = {"round_timeout": "the Flower engines", "node_wait": "the Flower engines", "users_per_shard": "the in-process engine"}
+ENGINE_ONLY_OPTIONS = {
+    "round_timeout": "the Flower engines",
+    "node_wait": "the Flower engines",
+    "users_per_shard": "the in-process engine",
+}
 
 
 @dataclass
@@ -88,7 +92,10 @@ class Engine:
 
     def train_server(self, plan, cfg, opts: RunOptions, secrets: RunSecrets, *, progress: bool = False) -> Trained:
         """A partitioned deployment's server (no ratings here)."""
-        raise ConfigError("public:DIR holds no ratings: it is the server side of a partitioned deployment (--engine flower)", field="--data")
+        raise ConfigError(
+            "public:DIR holds no ratings: it is the server side of a partitioned deployment (--engine flower)",
+            field="--data",
+        )
 
     def train_personal(self, plan, secrets: RunSecrets, *, progress: bool = False) -> Trained:
         raise NotImplementedError

@@ -25,7 +25,18 @@ from .base import Engine, Trained
 from .flower_engines import FlowerCallback, FlowerGrid, FlowerOptions, FlowerSimulation
 from .inprocess import InProcess
 
-__all__ = ["ENGINES", "ENGINE_NAMES", "Engine", "FlowerCallback", "FlowerGrid", "FlowerOptions", "FlowerSimulation", "InProcess", "Trained", "engine_named"]
+__all__ = [
+    "ENGINES",
+    "ENGINE_NAMES",
+    "Engine",
+    "FlowerCallback",
+    "FlowerGrid",
+    "FlowerOptions",
+    "FlowerSimulation",
+    "InProcess",
+    "Trained",
+    "engine_named",
+]
 
 
 def _inprocess(flower_runner, work_dir, options) -> Engine:

@@ -37,7 +37,14 @@ def execute(plan, engine, *, progress: bool = False, second_opinion: bool = True
     secrets = RunSecrets(plan.job.noise_seed)
     engine.check_options({**plan.job.params, **engine.run_options()})
     done = plan.run_on(engine, secrets, progress=progress, second_opinion=second_opinion)
-    return Outcome(RunReport.from_metrics(done.metrics), done.records, plan.released_model(done), done.state, done.train, plan.dataset)
+    return Outcome(
+        RunReport.from_metrics(done.metrics),
+        done.records,
+        plan.released_model(done),
+        done.state,
+        done.train,
+        plan.dataset,
+    )
 
 
 def _run_options(plan, engine, cfg):
@@ -49,7 +56,9 @@ def _header(plan, engine, cfg, secrets: RunSecrets, data: dict) -> dict:
     """The first keys of ``metrics.json``: the run, the data, the randomness, the aggregation."""
     job = plan.job
     return {
-        **run_header(job.algorithm, plan.spec, engine.name, cfg.seed, job.epsilon, job.delta, plan.private, plan.protocol),
+        **run_header(
+            job.algorithm, plan.spec, engine.name, cfg.seed, job.epsilon, job.delta, plan.private, plan.protocol
+        ),
         **data,
         **noise_statement(secrets),
         # who saw exact sums: the ServerApp's aggregator step (central) or nobody (secure)
@@ -66,8 +75,18 @@ def run_ratings(plan, engine, secrets: RunSecrets, *, progress: bool = False, se
     cfg = copy.deepcopy(plan.config)
     opts = _run_options(plan, engine, cfg)
     inter = plan.dataset.interactions
-    metrics = _header(plan, engine, cfg, secrets, {"n_users": int(inter.n_users), "n_items": int(inter.n_items), "n_ratings": len(inter),
-                                                   "duplicates_dropped": int(plan.dataset.duplicates_dropped)})
+    metrics = _header(
+        plan,
+        engine,
+        cfg,
+        secrets,
+        {
+            "n_users": int(inter.n_users),
+            "n_items": int(inter.n_items),
+            "n_ratings": len(inter),
+            "duplicates_dropped": int(plan.dataset.duplicates_dropped),
+        },
+    )
     trainer = Tuned(engine) if opts.tune else engine
     trained = trainer.train(plan, cfg, opts, secrets, progress=progress)
     metrics.update(trained.measured)
@@ -86,8 +105,20 @@ def run_server(plan, engine, secrets: RunSecrets, *, progress: bool = False, sec
     cfg = copy.deepcopy(plan.config)
     opts = _run_options(plan, engine, cfg)
     public = plan.public
-    metrics = _header(plan, engine, cfg, secrets, {"n_users": int(public.n_users), "n_items": int(public.n_items), "n_ratings": None,  # held by the nodes only
-                                                   "data_source": public.source, "server_holds_ratings": False, "duplicates_dropped": None})
+    metrics = _header(
+        plan,
+        engine,
+        cfg,
+        secrets,
+        {
+            "n_users": int(public.n_users),
+            "n_items": int(public.n_items),
+            "n_ratings": None,  # held by the nodes only
+            "data_source": public.source,
+            "server_holds_ratings": False,
+            "duplicates_dropped": None,
+        },
+    )
     trained = engine.train_server(plan, cfg, opts, secrets, progress=progress)
     metrics.update(trained.measured)
     metrics.update(trained.counters)
@@ -103,10 +134,15 @@ def _recommendation_phase(metrics: dict, trained: Trained, plan, delta: float) -
     (the releases to account, private)."""
     rec_cfg, ledger, rec_ledger = plan.recommend, trained.ledger, trained.rec_ledger
     metrics["recommendation"].update(
-        {"mechanism": rec_cfg.mechanism, "sensitivity_source": rec_cfg.sensitivity, "epsilon_select": rec_cfg.epsilon,
-         "epsilon": epsilon_bounds(rec_ledger, delta)[0], "params": rec_cfg.params,
-         # the score histogram (quantile source) is a secure sum in secure mode
-         "aggregation": trained.state.config.aggregation.mode}
+        {
+            "mechanism": rec_cfg.mechanism,
+            "sensitivity_source": rec_cfg.sensitivity,
+            "epsilon_select": rec_cfg.epsilon,
+            "epsilon": epsilon_bounds(rec_ledger, delta)[0],
+            "params": rec_cfg.params,
+            # the score histogram (quantile source) is a secure sum in secure mode
+            "aggregation": trained.state.config.aggregation.mode,
+        }
     )
     metrics["epsilon_training"] = epsilon_bounds(ledger, delta)[0] if plan.private else None
     return ([*ledger.releases, *rec_ledger.releases] if plan.private else rec_ledger), True
@@ -114,16 +150,24 @@ def _recommendation_phase(metrics: dict, trained: Trained, plan, delta: float) -
 
 def _epsilons(metrics: dict, ledger, delta: float, private: bool, second_opinion: bool) -> None:
     if private:
-        metrics["epsilon_spent"] = epsilon_spent(ledger, delta)  # a tuning seen by the nodes: every run, over the law of K
-        metrics["epsilon_spent_pld"] = epsilon_pld_second_opinion(ledger, delta, metrics["epsilon_spent"]) if second_opinion else None
-        if current_relation() != ADD_REMOVE:  # a deployment (its enrolled count is public): the relation every epsilon here holds under
+        metrics["epsilon_spent"] = epsilon_spent(
+            ledger, delta
+        )  # a tuning seen by the nodes: every run, over the law of K
+        metrics["epsilon_spent_pld"] = (
+            epsilon_pld_second_opinion(ledger, delta, metrics["epsilon_spent"]) if second_opinion else None
+        )
+        if (
+            current_relation() != ADD_REMOVE
+        ):  # a deployment (its enrolled count is public): the relation every epsilon here holds under
             metrics["neighbouring_relation"] = current_relation()
     else:
         metrics["epsilon_spent"] = None
         metrics["epsilon_spent_pld"] = None
 
 
-def finish(metrics: dict, trained: Trained, plan, engine_name: str, opts, t0: float, second_opinion: bool) -> tuple[dict, list[dict]]:
+def finish(
+    metrics: dict, trained: Trained, plan, engine_name: str, opts, t0: float, second_opinion: bool
+) -> tuple[dict, list[dict]]:
     """The run's epsilon (dp-accounting, from the ledger), noise multipliers, timings and
     config in ``metrics``; returns (metrics, ledger records)."""
     state, job = trained.state, plan.job
@@ -134,7 +178,9 @@ def finish(metrics: dict, trained: Trained, plan, engine_name: str, opts, t0: fl
     _epsilons(metrics, ledger, job.delta, private, second_opinion)
     metrics["noise_multipliers"] = dict(state.multipliers)
     metrics["released_mean"] = state.mean
-    metrics["released_n_users"] = int(state.n_users) if private and als.needs_user_count(job.algorithm, state.config) else None
+    metrics["released_n_users"] = (
+        int(state.n_users) if private and als.needs_user_count(job.algorithm, state.config) else None
+    )
     if state.choice is not None:
         metrics["noise_aware"] = state.choice
     warning = delta_warning(job.delta, metrics["released_n_users"] or metrics.get("n_users")) if private else None
@@ -143,8 +189,16 @@ def finish(metrics: dict, trained: Trained, plan, engine_name: str, opts, t0: fl
     metrics["timings"] = trained.timings
     # a tuned run's total time would tell how many runs K were drawn: K stays hidden
     metrics["wall_seconds"] = None if opts.tune else time.perf_counter() - t0
-    metrics["config"] = {"algorithm": job.algorithm, "data": str(plan.spec), "engine": engine_name, "epsilon": job.epsilon, "delta": job.delta,
-                         **asdict(opts), "protocol": plan.protocol, **state.config.to_dict()}  # noise-aware runs: what the rule chose
+    metrics["config"] = {
+        "algorithm": job.algorithm,
+        "data": str(plan.spec),
+        "engine": engine_name,
+        "epsilon": job.epsilon,
+        "delta": job.delta,
+        **asdict(opts),
+        "protocol": plan.protocol,
+        **state.config.to_dict(),
+    }  # noise-aware runs: what the rule chose
     metrics["verdict"] = verdicts(_clean(metrics))  # against the trivial references of the task
     return _clean(metrics), records
 
@@ -161,7 +215,10 @@ def run_personal(plan, engine, secrets: RunSecrets, *, progress: bool = False) -
     plan.evaluation.measure(state, data, measured, on_nodes=trained.on_nodes)
     metrics = {
         **run_header(job.algorithm, plan.spec, engine.name, cfg.seed, job.epsilon, job.delta, private, plan.protocol),
-        "n_users": data.n_users, "samples_per_user": data.samples, "d": data.d, "k": state.k,
+        "n_users": data.n_users,
+        "samples_per_user": data.samples,
+        "d": data.d,
+        "k": state.k,
         **measured,
         "references": personal_references(data),
         **_personal_epsilons(ledger, job.delta, private),
@@ -171,8 +228,15 @@ def run_personal(plan, engine, secrets: RunSecrets, *, progress: bool = False) -
         **trained.counters,
         "timings": trained.timings,
         "wall_seconds": time.perf_counter() - t0,
-        "config": {"algorithm": job.algorithm, "data": str(plan.spec), "engine": engine.name, "epsilon": job.epsilon, "delta": job.delta,
-                   "users_per_node": trained.users_per_node, **cfg.to_dict()},
+        "config": {
+            "algorithm": job.algorithm,
+            "data": str(plan.spec),
+            "engine": engine.name,
+            "epsilon": job.epsilon,
+            "delta": job.delta,
+            "users_per_node": trained.users_per_node,
+            **cfg.to_dict(),
+        },
     }
     metrics.update(noise_statement(secrets))
     metrics["verdict"] = verdicts(_clean(metrics))
@@ -205,6 +269,8 @@ def _personal_epsilons(ledger, delta: float, private: bool) -> dict:
     out["epsilon_spent_pld"] = epsilon_pld_second_opinion(ledger, delta, spent)
     if pure is not None:
         out["epsilon_pure"] = pure
-    if current_relation() != ADD_REMOVE:  # a deployment (its enrolled count is public): every epsilon here holds under it
+    if (
+        current_relation() != ADD_REMOVE
+    ):  # a deployment (its enrolled count is public): every epsilon here holds under it
         out["neighbouring_relation"] = current_relation()
     return out

@@ -48,9 +48,23 @@ def flower_job(plan, cfg, opts, work_dir, secrets, **extra):
         train = split.train
         valid, test = (None, None) if isinstance(split, HeldoutSplit) else (split.valid, split.test)
     return FlowerJob(
-        plan.algorithm, plan.job.epsilon, plan.job.delta, cfg, train, valid, test, plan.rating_range, work_dir, users_per_node=flower_nodes(opts, plan.n_users)[1],
-        implicit=plan.implicit, item_features=plan.dataset.item_features, round_timeout=opts.round_timeout or None, node_wait_seconds=opts.node_wait,
-        secrets=secrets, public=plan.public, **extra,
+        plan.algorithm,
+        plan.job.epsilon,
+        plan.job.delta,
+        cfg,
+        train,
+        valid,
+        test,
+        plan.rating_range,
+        work_dir,
+        users_per_node=flower_nodes(opts, plan.n_users)[1],
+        implicit=plan.implicit,
+        item_features=plan.dataset.item_features,
+        round_timeout=opts.round_timeout or None,
+        node_wait_seconds=opts.node_wait,
+        secrets=secrets,
+        public=plan.public,
+        **extra,
     )
 
 
@@ -58,25 +72,50 @@ def _node_measurements(res, evaluated: bool) -> dict:
     """The node-side evaluation of a Flower run (``evaluated``: the random split or a deployment)."""
     if res.logistic:
         valid, test = res.logistic["valid"], res.logistic["test"]
-        return {"valid_logloss": valid["logloss"], "valid_accuracy": valid["accuracy"], "test_logloss": test["logloss"],
-                "test_accuracy": test["accuracy"], "valid_sliced": valid["sliced"], "sliced": test["sliced"]}
+        return {
+            "valid_logloss": valid["logloss"],
+            "valid_accuracy": valid["accuracy"],
+            "test_logloss": test["logloss"],
+            "test_accuracy": test["accuracy"],
+            "valid_sliced": valid["sliced"],
+            "sliced": test["sliced"],
+        }
     if evaluated:
-        return {"valid_rmse": res.valid_rmse, "valid_sliced": res.valid_sliced, "test_rmse": res.test_rmse, "sliced": res.test_sliced}
+        return {
+            "valid_rmse": res.valid_rmse,
+            "valid_sliced": res.valid_sliced,
+            "test_rmse": res.test_rmse,
+            "sliced": res.test_sliced,
+        }
     return {}
 
 
 def _counters(res, opts, n_users: int) -> dict:
     n_nodes, upn = flower_nodes(opts, n_users)
-    return {"nodes": n_nodes, "users_per_node": upn, "rounds": res.rounds, "bytes_up": res.bytes_up, "bytes_down": res.bytes_down,
-            "round_log": res.round_log, "rejected_replies": res.rejected}
+    return {
+        "nodes": n_nodes,
+        "users_per_node": upn,
+        "rounds": res.rounds,
+        "bytes_up": res.bytes_up,
+        "bytes_down": res.bytes_down,
+        "round_log": res.round_log,
+        "rejected_replies": res.rejected,
+    }
 
 
 def _trained(res, plan, opts, evaluated: bool, ledger=None) -> Trained:
     counters = _counters(res, opts, plan.n_users)
     if plan.recommend is not None:  # the recommendation rounds ran on the nodes with the training
         counters["recommendation"] = res.recommendation
-    return Trained(res.state, res.ledger if ledger is None else ledger, {"rounds": res.round_log}, measured=_node_measurements(res, evaluated),
-                   counters=counters, on_nodes=evaluated or bool(res.logistic), rec_ledger=res.rec_ledger if plan.recommend is not None else None)
+    return Trained(
+        res.state,
+        res.ledger if ledger is None else ledger,
+        {"rounds": res.round_log},
+        measured=_node_measurements(res, evaluated),
+        counters=counters,
+        on_nodes=evaluated or bool(res.logistic),
+        rec_ledger=res.rec_ledger if plan.recommend is not None else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -89,13 +128,20 @@ class FlowerOptions(Engine):
     round_timeout: float | None = None
     node_wait: float | None = None
     work_dir: str | os.PathLike | None = None  # keeps the server's checkpoint (rerun to resume)
-    device: str | None = None  # where the server computes its solves and fits: "cpu" (default), "cuda", "cuda:N" (the nodes: their own config)
+    device: str | None = (
+        None  # where the server computes its solves and fits: "cpu" (default), "cuda", "cuda:N" (the nodes: their own config)
+    )
     name: ClassVar[str] = "flower"
     honours: ClassVar[frozenset[str]] = frozenset({"round_timeout", "node_wait"})
     nodes_see_every_run: ClassVar[bool] = True
 
     def run_options(self) -> dict[str, Any]:
-        return given_options(users_per_node=self.users_per_node, nodes=self.nodes, round_timeout=self.round_timeout, node_wait=self.node_wait)
+        return given_options(
+            users_per_node=self.users_per_node,
+            nodes=self.nodes,
+            round_timeout=self.round_timeout,
+            node_wait=self.node_wait,
+        )
 
     def flower_runner(self) -> Callable | None:
         return None
@@ -118,10 +164,17 @@ class FlowerOptions(Engine):
     def layout(self, opts: RunOptions, plan, secure: bool) -> RunOptions:
         """Resolved once (:mod:`fedpriv.run.nodes`); a deployment's server checks the partition's."""
         public = plan.public
-        layout = node_layout(plan.n_users, nodes=opts.nodes, users_per_node=opts.users_per_node or (public.users_per_node if public is not None else None))
+        layout = node_layout(
+            plan.n_users,
+            nodes=opts.nodes,
+            users_per_node=opts.users_per_node or (public.users_per_node if public is not None else None),
+        )
         opts.nodes, opts.users_per_node = layout.nodes, layout.users_per_node
         if public is not None and opts.users_per_node != public.users_per_node:
-            raise ConfigError(f"the partition put {public.users_per_node} users on each node, got {opts.users_per_node}", field="users-per-node")
+            raise ConfigError(
+                f"the partition put {public.users_per_node} users on each node, got {opts.users_per_node}",
+                field="users-per-node",
+            )
         return opts
 
     def job_fields(self, plan) -> dict:
@@ -138,8 +191,12 @@ class FlowerOptions(Engine):
             opts.nodes = -(-int(job.n_users) // opts.users_per_node)
 
     def _train_job(self, plan, cfg, opts, secrets, progress: bool) -> Trained:
-        tmp = Path(self.work_dir) if self.work_dir else owned_tempdir("fedpriv-flower-")  # a killed run's folder goes with the next run
-        job = flower_job(plan, cfg, opts, tmp, secrets, recommend=plan.recommend, progress=bool(progress), **self.job_fields(plan))
+        tmp = (
+            Path(self.work_dir) if self.work_dir else owned_tempdir("fedpriv-flower-")
+        )  # a killed run's folder goes with the next run
+        job = flower_job(
+            plan, cfg, opts, tmp, secrets, recommend=plan.recommend, progress=bool(progress), **self.job_fields(plan)
+        )
         try:
             res = self._run(job, flower_nodes(opts, plan.n_users)[0])
         finally:
@@ -158,17 +215,46 @@ class FlowerOptions(Engine):
         from ..flower.pam_server import PamJob, run_pam_job_local
 
         given = {**plan.node_params, **self.run_options()}
-        layout = node_layout(plan.dataset.n_users, nodes=given.get("nodes") or None, users_per_node=given.get("users_per_node") or None)
-        job = PamJob(plan.algorithm, plan.job.epsilon, plan.job.delta, plan.config, plan.dataset, self.work_dir, users_per_node=layout.users_per_node,
-                     secrets=secrets, progress=progress)
+        layout = node_layout(
+            plan.dataset.n_users, nodes=given.get("nodes") or None, users_per_node=given.get("users_per_node") or None
+        )
+        job = PamJob(
+            plan.algorithm,
+            plan.job.epsilon,
+            plan.job.delta,
+            plan.config,
+            plan.dataset,
+            self.work_dir,
+            users_per_node=layout.users_per_node,
+            secrets=secrets,
+            progress=progress,
+        )
         res = run_pam_job_local(job, layout.nodes, self._runner())
-        counters = {"rounds": res.rounds, "bytes_up": res.bytes_up, "bytes_down": res.bytes_down, "round_log": res.round_log, "rejected_replies": res.rejected,
-                    "nodes": res.nodes, "users_per_node": layout.users_per_node}
-        return Trained(res.state, res.ledger, res.timings, measured=dict(res.evaluation), counters=counters, on_nodes=True, users_per_node=layout.users_per_node)
+        counters = {
+            "rounds": res.rounds,
+            "bytes_up": res.bytes_up,
+            "bytes_down": res.bytes_down,
+            "round_log": res.round_log,
+            "rejected_replies": res.rejected,
+            "nodes": res.nodes,
+            "users_per_node": layout.users_per_node,
+        }
+        return Trained(
+            res.state,
+            res.ledger,
+            res.timings,
+            measured=dict(res.evaluation),
+            counters=counters,
+            on_nodes=True,
+            users_per_node=layout.users_per_node,
+        )
 
     def check_tuning(self, cfg) -> None:
         if cfg.aggregation.mode != "central":
-            raise ConfigError("private tuning on the Flower engine runs in central mode (its score round is not a secure sum yet)", field="tune")
+            raise ConfigError(
+                "private tuning on the Flower engine runs in central mode (its score round is not a secure sum yet)",
+                field="tune",
+            )
 
     def tuning_candidates(self, plan, opts: RunOptions):
         """One run of private tuning as a Flower job (central mode): trained with the tuning plan's
@@ -197,7 +283,17 @@ class FlowerOptions(Engine):
             root.mkdir(parents=True, exist_ok=True)
             run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=root))
             try:
-                job = flower_job(plan, cfg, opts, run_dir, run_secrets, multipliers=multipliers, tune_score_clip=clip, checkpoint=False, **self.job_fields(plan))
+                job = flower_job(
+                    plan,
+                    cfg,
+                    opts,
+                    run_dir,
+                    run_secrets,
+                    multipliers=multipliers,
+                    tune_score_clip=clip,
+                    checkpoint=False,
+                    **self.job_fields(plan),
+                )
                 with shared_node_ledger(ledger_dir):
                     res = self._run(job, n_nodes)
                 self._adapted(job, opts)
@@ -254,7 +350,9 @@ class FlowerSimulation(FlowerOptions):
         from ..flower.simulation import simulate
 
         ray_address, cpus, gpus, dev = self.ray_address, self.cpus_per_node, self.gpus_per_node, self.node_device
-        return lambda job, n_nodes: simulate(job, n_nodes, ray_address=ray_address, cpus_per_node=cpus, gpus_per_node=gpus, node_device=dev)
+        return lambda job, n_nodes: simulate(
+            job, n_nodes, ray_address=ray_address, cpus_per_node=cpus, gpus_per_node=gpus, node_device=dev
+        )
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,9 @@ def inprocess_shard_size(opts, n_users: int, secure: bool) -> int | None:
         return int(opts.users_per_shard)
     if not (opts.nodes or opts.users_per_node or secure):
         return None
-    layout = node_layout(n_users, nodes=opts.nodes, users_per_node=opts.users_per_node, default_users_per_node=SECURE_USERS_PER_NODE)
+    layout = node_layout(
+        n_users, nodes=opts.nodes, users_per_node=opts.users_per_node, default_users_per_node=SECURE_USERS_PER_NODE
+    )
     return None if layout.nodes == 1 else layout.users_per_node
 
 
@@ -58,13 +60,27 @@ class InProcess(Engine):
 
         train = plan.split.train
         result = train_inprocess(
-            plan.algorithm, train, cfg, rating_range=plan.rating_range, implicit=plan.implicit, epsilon=plan.job.epsilon, delta=plan.job.delta,
-            users_per_shard=opts.users_per_shard or None, item_features=plan.dataset.item_features, progress=progress, secrets=secrets,
+            plan.algorithm,
+            train,
+            cfg,
+            rating_range=plan.rating_range,
+            implicit=plan.implicit,
+            epsilon=plan.job.epsilon,
+            delta=plan.job.delta,
+            users_per_shard=opts.users_per_shard or None,
+            item_features=plan.dataset.item_features,
+            progress=progress,
+            secrets=secrets,
         )
         trained = Trained(result.state, result.ledger, result.timings)
         if plan.recommend is not None:
             trained.recommendation, trained.rec_ledger, _ = recommend_inprocess(
-                result.state, train, plan.split.test, plan.recommend, users_per_shard=opts.users_per_shard or None, secrets=secrets
+                result.state,
+                train,
+                plan.split.test,
+                plan.recommend,
+                users_per_shard=opts.users_per_shard or None,
+                secrets=secrets,
             )
         return trained
 
@@ -73,18 +89,29 @@ class InProcess(Engine):
 
         given = {**plan.node_params, **self.run_options()}
         number = lambda key: int(float(given.get(key) or 0))  # noqa: E731
-        opts = RunOptions(users_per_shard=number("users_per_shard"), users_per_node=number("users_per_node"), nodes=number("nodes"))
+        opts = RunOptions(
+            users_per_shard=number("users_per_shard"), users_per_node=number("users_per_node"), nodes=number("nodes")
+        )
         shard = inprocess_shard_size(opts, plan.dataset.n_users, plan.config.aggregation.secure) or 4096
-        state, ledger, timings = train_personal_inprocess(plan.algorithm, plan.dataset, plan.config, epsilon=plan.job.epsilon if plan.private else None,
-                                                          delta=plan.job.delta, users_per_shard=shard, secrets=secrets, progress=progress)
+        state, ledger, timings = train_personal_inprocess(
+            plan.algorithm,
+            plan.dataset,
+            plan.config,
+            epsilon=plan.job.epsilon if plan.private else None,
+            delta=plan.job.delta,
+            users_per_shard=shard,
+            secrets=secrets,
+            progress=progress,
+        )
         return Trained(state, ledger, timings, users_per_node=number("users_per_node") or 1)
 
     def tuning_candidates(self, plan, opts: RunOptions):
         from ..engine.inprocess import tuning_candidate
 
-        run = tuning_candidate(plan.algorithm, plan.split, plan.rating_range, plan.job.epsilon, plan.job.delta, plan.dataset.item_features)
+        run = tuning_candidate(
+            plan.algorithm, plan.split, plan.rating_range, plan.job.epsilon, plan.job.delta, plan.dataset.item_features
+        )
         return run, (lambda: None)
 
     def selected(self, result, ledger, plan, opts: RunOptions) -> Trained:
         return Trained(result.state, ledger, result.timings)
-

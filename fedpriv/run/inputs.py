@@ -76,9 +76,16 @@ class RunOptions:
             except ValueError:
                 params[key.strip()] = value.strip()
         return RecommendConfig(
-            mechanism=self.recommend, epsilon=self.rec_epsilon, candidates=self.rec_candidates, sensitivity=self.rec_sensitivity,
-            bins=self.rec_bins, hist_epsilon=self.rec_hist_epsilon, hist_delta=self.rec_hist_delta, user_clip=self.rec_user_clip,
-            params=params, exclude_rated=bool(self.rec_exclude_rated),
+            mechanism=self.recommend,
+            epsilon=self.rec_epsilon,
+            candidates=self.rec_candidates,
+            sensitivity=self.rec_sensitivity,
+            bins=self.rec_bins,
+            hist_epsilon=self.rec_hist_epsilon,
+            hist_delta=self.rec_hist_delta,
+            user_clip=self.rec_user_clip,
+            params=params,
+            exclude_rated=bool(self.rec_exclude_rated),
         )
 
 
@@ -126,9 +133,12 @@ def check_privacy_target(epsilon, delta) -> None:
 
         from ..errors import FedprivWarning
 
-        warnings.warn(f"epsilon {eps:g} protects nothing: one user's data may change the odds of any outcome by a factor e^epsilon; "
-                      f"compare with a non-private algorithm instead (above epsilon {TRIVIAL_EPSILON:g} the PLD second opinion is not computed)",
-                      FedprivWarning, stacklevel=2)
+        warnings.warn(
+            f"epsilon {eps:g} protects nothing: one user's data may change the odds of any outcome by a factor e^epsilon; "
+            f"compare with a non-private algorithm instead (above epsilon {TRIVIAL_EPSILON:g} the PLD second opinion is not computed)",
+            FedprivWarning,
+            stacklevel=2,
+        )
 
 
 def resolve_data(data, options=None):
@@ -158,7 +168,10 @@ def resolve_data(data, options=None):
 
         ds = dataset_from_pandas(data, **options)
         return DataSpec("dataframe", path=ds.source or "DataFrame"), ds
-    raise ConfigError(f"expected a data spec string, a DataSpec, a Dataset or a pandas DataFrame, got {type(data).__name__}", field="data")
+    raise ConfigError(
+        f"expected a data spec string, a DataSpec, a Dataset or a pandas DataFrame, got {type(data).__name__}",
+        field="data",
+    )
 
 
 def _spec_with_item_list(data: str, options: dict, items) -> tuple[DataSpec, object]:

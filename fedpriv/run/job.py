@@ -128,7 +128,14 @@ class Plan:
             return None
         from ..algorithms.plans import budget_plan
 
-        return budget_plan(self.algorithm, self.config, self.job.epsilon, self.job.delta, implicit=self.implicit, rating_range=self.rating_range)
+        return budget_plan(
+            self.algorithm,
+            self.config,
+            self.job.epsilon,
+            self.job.delta,
+            implicit=self.implicit,
+            rating_range=self.rating_range,
+        )
 
     def check_budget(self) -> None:
         """The privacy calibration alone (what a Flower run checks before it starts): raises
@@ -165,7 +172,9 @@ class Plan:
             return None
         features = getattr(self.dataset, "item_features", None)
         names = features.names if features is not None else None
-        return Model.from_run(state, done.train if done.train is not None else self.public, done.records, done.metrics, names)
+        return Model.from_run(
+            state, done.train if done.train is not None else self.public, done.records, done.metrics, names
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +238,9 @@ class PersonalPlan(Plan):
             from ..algorithms import pam
 
             data = self.dataset
-            pam.new_pam_state(self.algorithm, self.config, data.d, data.k, data.samples, self.job.epsilon, self.job.delta)
+            pam.new_pam_state(
+                self.algorithm, self.config, data.d, data.k, data.samples, self.job.epsilon, self.job.delta
+            )
         return None
 
     def check_budget(self) -> None:
@@ -245,7 +256,11 @@ class PersonalPlan(Plan):
         from .model import PersonalModel
 
         state = done.state
-        return PersonalModel.from_run(state, done.records, done.metrics) if (state.U is not None or state.theta is not None) else None
+        return (
+            PersonalModel.from_run(state, done.records, done.metrics)
+            if (state.U is not None or state.theta is not None)
+            else None
+        )
 
 
 #: the node keys of a personalization job (read by the engines, not by its configuration)
@@ -271,7 +286,9 @@ def _random(inter, opts: RunOptions, spec, ds):
 def _heldout(inter, opts: RunOptions, spec, ds):
     frac = opts.heldout_fraction or (0.0722 if spec.kind in ("ml-20m", "ml-25m") else 0.1)
     threshold = None if ds.implicit else 3.5
-    return heldout_users_split(inter, valid_fraction=frac, test_fraction=frac, positive_threshold=threshold, seed=opts.split_seed)
+    return heldout_users_split(
+        inter, valid_fraction=frac, test_fraction=frac, positive_threshold=threshold, seed=opts.split_seed
+    )
 
 
 RANDOM = SplitProtocol("random", _random, implicit=False, recommends=True, tunes=True)
@@ -295,7 +312,10 @@ def prepare_plan(job):
     algorithm = job.algorithm
     if algorithm not in als.ALGORITHMS and algorithm not in pam.PAM_ALGORITHMS:
         known = (*als.ALGORITHMS, *pam.PAM_ALGORITHMS)
-        raise ConfigError(f"unknown algorithm {algorithm!r} (known: {', '.join(known)}){did_you_mean(algorithm, known)}", field="algorithm")
+        raise ConfigError(
+            f"unknown algorithm {algorithm!r} (known: {', '.join(known)}){did_you_mean(algorithm, known)}",
+            field="algorithm",
+        )
     private = is_private(algorithm)
     if private and job.epsilon is None:
         raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
@@ -312,7 +332,10 @@ def prepare_plan(job):
     opts = RunOptions.pop_from(overrides)
     cfg = als.ALSConfig.from_overrides(overrides, algorithm)
     if spec.kind == "synthetic-personal":
-        raise ConfigError(f"{algorithm!r} trains on ratings; synthetic-personal data is for {', '.join(pam.PAM_ALGORITHMS)}", field="--data")
+        raise ConfigError(
+            f"{algorithm!r} trains on ratings; synthetic-personal data is for {', '.join(pam.PAM_ALGORITHMS)}",
+            field="--data",
+        )
     ds = ds if ds is not None else load_spec(spec)
     if ds.interactions is None:  # a partitioned deployment's public folder: the server holds no ratings
         return _server_plan(job, spec, ds, private, opts, cfg)
@@ -323,27 +346,51 @@ def _personal_plan(job, spec, ds, private: bool) -> PersonalPlan:
     from ..algorithms import pam
 
     if spec.kind != "synthetic-personal":
-        raise ConfigError(f"{job.algorithm} needs --data synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R", field="--data")
+        raise ConfigError(
+            f"{job.algorithm} needs --data synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R", field="--data"
+        )
     overrides = dict(job.params)
     node_keys = {k: overrides.pop(k) for k in PERSONAL_NODE_KEYS if k in overrides}
     cfg = pam.PAMConfig.from_overrides(overrides)
     ds = ds if ds is not None else load_spec(spec)
-    return PersonalPlan(job=job, spec=spec, private=private, protocol="personalization", evaluation=evaluation_for("personalization", None, cfg),
-                        dataset=ds, config=cfg, node_params=node_keys)
+    return PersonalPlan(
+        job=job,
+        spec=spec,
+        private=private,
+        protocol="personalization",
+        evaluation=evaluation_for("personalization", None, cfg),
+        dataset=ds,
+        config=cfg,
+        node_params=node_keys,
+    )
 
 
 def _server_plan(job, spec, public, private: bool, opts: RunOptions, cfg) -> ServerPlan:
     given = PROTOCOLS.get(opts.split)  # None: auto
     if PROTOCOLS.get(public.protocol) is not RANDOM or given not in (None, RANDOM):
-        raise ConfigError(f"a partitioned deployment evaluates on the nodes with the random split; got {opts.split if given is not None else public.protocol!r}", field="split")
+        raise ConfigError(
+            f"a partitioned deployment evaluates on the nodes with the random split; got {opts.split if given is not None else public.protocol!r}",
+            field="split",
+        )
     if opts.tune:
         raise ConfigError("private tuning runs on the in-process engine", field="tune")
     if opts.split_seed != RunOptions.split_seed and opts.split_seed != public.split_seed:
         raise ConfigError(f"the nodes split with the partition's public seed {public.split_seed}", field="split_seed")
     rating_range = (0.0, 1.0) if public.implicit else tuple(public.rating_range)
     rec_cfg = opts.recommend_config() if opts.recommend else None
-    return ServerPlan(job=job, spec=spec, private=private, protocol=RANDOM.name, evaluation=evaluation_for("deployment", None, cfg), dataset=public,
-                      options=opts, config=cfg, rating_range=rating_range, implicit=public.implicit, recommend=rec_cfg)
+    return ServerPlan(
+        job=job,
+        spec=spec,
+        private=private,
+        protocol=RANDOM.name,
+        evaluation=evaluation_for("deployment", None, cfg),
+        dataset=public,
+        options=opts,
+        config=cfg,
+        rating_range=rating_range,
+        implicit=public.implicit,
+        recommend=rec_cfg,
+    )
 
 
 def _ratings_plan(job, spec, ds, private: bool, opts: RunOptions, cfg, overrides: dict) -> RatingsPlan:
@@ -361,11 +408,29 @@ def _ratings_plan(job, spec, ds, private: bool, opts: RunOptions, cfg, overrides
     rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
     rec_cfg = opts.recommend_config() if opts.recommend else None
     if rec_cfg is not None and (not protocol.recommends or opts.tune):
-        raise ConfigError("private recommendation runs after training on the random split (hits on held-out ratings), without tuning", field="recommend")
+        raise ConfigError(
+            "private recommendation runs after training on the random split (hits on held-out ratings), without tuning",
+            field="recommend",
+        )
     if opts.tune and (not protocol.tunes or not private):
-        raise ConfigError("private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)", field="tune")
-    return RatingsPlan(job=job, spec=spec, private=private, protocol=protocol.name, evaluation=evaluation_for(protocol.name, registry.get(algorithm), cfg),
-                       dataset=ds, options=opts, config=cfg, split=split, rating_range=rating_range, implicit=implicit, recommend=rec_cfg)
+        raise ConfigError(
+            "private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)",
+            field="tune",
+        )
+    return RatingsPlan(
+        job=job,
+        spec=spec,
+        private=private,
+        protocol=protocol.name,
+        evaluation=evaluation_for(protocol.name, registry.get(algorithm), cfg),
+        dataset=ds,
+        options=opts,
+        config=cfg,
+        split=split,
+        rating_range=rating_range,
+        implicit=implicit,
+        recommend=rec_cfg,
+    )
 
 
 def typed_params(config: Any, params: dict) -> tuple[str, dict]:
@@ -373,7 +438,10 @@ def typed_params(config: Any, params: dict) -> tuple[str, dict]:
     from ..algorithms.typed import AlgorithmConfig
 
     if not isinstance(config, AlgorithmConfig):
-        raise ConfigError(f"expected an algorithm name or a typed configuration (fedpriv.algorithms.typed), got {type(config).__name__}", field="algorithm")
+        raise ConfigError(
+            f"expected an algorithm name or a typed configuration (fedpriv.algorithms.typed), got {type(config).__name__}",
+            field="algorithm",
+        )
     try:
         given = config.params()
     except ValueError as exc:

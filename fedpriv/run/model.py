@@ -52,7 +52,9 @@ def public_data_label(spec_text) -> str | None:
     from ..data.spec import FILE_KINDS, PUBLIC_KIND, SYNTHETIC_KINDS, TABULAR_KINDS
 
     kind = str(spec_text).partition(":")[0]
-    return kind if kind in (*FILE_KINDS, *SYNTHETIC_KINDS, *TABULAR_KINDS, PUBLIC_KIND, "dataframe", "dataset") else None
+    return (
+        kind if kind in (*FILE_KINDS, *SYNTHETIC_KINDS, *TABULAR_KINDS, PUBLIC_KIND, "dataframe", "dataset") else None
+    )
 
 
 def public_info(info) -> dict:
@@ -78,13 +80,22 @@ class Model:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_run(cls, state: als.PublicState, train, ledger: list[dict], metrics: dict, item_names: list[str] | None = None) -> Model:
+    def from_run(
+        cls, state: als.PublicState, train, ledger: list[dict], metrics: dict, item_names: list[str] | None = None
+    ) -> Model:
         """The model of a finished run (``train``: its training interactions, for the item ids)."""
         if state.item_factors is None:
             raise ConfigError(f"{state.algorithm} released no item embeddings to save", field="--save-model")
         info = public_info(metrics)  # no metric: they are measured on held-out private ratings
-        return cls(state=state, item_ids=np.asarray(train.item_ids), item_names=item_names, ledger=list(ledger),
-                   epsilon_spent=metrics.get("epsilon_spent"), delta=metrics.get("delta"), info=info)
+        return cls(
+            state=state,
+            item_ids=np.asarray(train.item_ids),
+            item_names=item_names,
+            ledger=list(ledger),
+            epsilon_spent=metrics.get("epsilon_spent"),
+            delta=metrics.get("delta"),
+            info=info,
+        )
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
@@ -135,51 +146,21 @@ class Model:
     def load(cls, path: str | os.PathLike) -> Model:
         """Read a model folder written by :meth:`save` (clear errors naming the file)."""
         path = Path(path)
-        for name in FILES:
-            if not (path / name).is_file():
-                raise DataError(f"not a fedpriv model folder: {name} is missing", path=str(path))
-        try:
-            meta = json.loads((path / "model.json").read_text(encoding="utf-8"))
-            ledger = json.loads((path / "ledger.json").read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DataError(f"not valid JSON: {exc}", path=str(path / "model.json")) from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise DataError(f"unknown model format {meta.get('format') if isinstance(meta, dict) else None!r} (expected {FORMAT})", path=str(path / "model.json"))
-        try:
-            with np.load(path / "model.npz", allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as exc:
-            raise DataError(f"cannot read the arrays: {exc}", path=str(path / "model.npz")) from None
-        try:
-            cfg = ALSConfig.from_dict(meta["config"], meta.get("algorithm"))
-            cfg.validate()
-            n_items = int(meta["n_items"])
-            state = als.PublicState(meta["algorithm"], cfg, n_items, int(meta["n_users_released"]), tuple(meta["rating_range"]),
-                                    implicit=bool(meta["implicit"]), mean=float(meta["mean"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DataError(f"bad or missing field: {exc}", path=str(path / "model.json")) from None
-        V = arrays.get("item_factors")
-        if V is None or V.ndim != 2 or V.shape[0] != n_items or not np.isfinite(V).all():
-            raise DataError(f"item_factors must be a finite ({n_items}, d) array", path=str(path / "model.npz"))
-        state.item_factors = V.astype(np.float32)
-        state.item_bias = arrays.get("item_bias")
-        state.encoder_release = arrays.get("encoder_params")
-        for name in ("counts_hat", "item_support"):
-            value = arrays.get(name)
-            if value is not None and (value.shape != (n_items,) or not np.isfinite(value).all()):
-                raise DataError(f"{name} must be a finite ({n_items},) array", path=str(path / "model.npz"))
-            setattr(state, name, value)
-        B = arrays.get("item_item")
-        if B is not None:
-            if B.ndim != 2 or B.shape[0] != B.shape[1] or B.shape[0] > n_items or not np.isfinite(B).all():
-                raise DataError(f"item_item must be a finite square (M, M) array with M <= {n_items}", path=str(path / "model.npz"))
-            state.item_item = B.astype(np.float32)
+        meta, ledger, arrays = _read_folder(path)
+        state = _public_state(meta, arrays, path)
         ids = arrays["item_ids"] if "item_ids" in arrays else np.asarray(meta.get("item_ids") or [], dtype=object)
-        if len(ids) != n_items:
-            raise DataError(f"expected {n_items} item ids, got {len(ids)}", path=str(path / "model.json"))
+        if len(ids) != state.n_items:
+            raise DataError(f"expected {state.n_items} item ids, got {len(ids)}", path=str(path / "model.json"))
         names = meta.get("item_names")
-        return cls(state=state, item_ids=ids, item_names=names, ledger=ledger, epsilon_spent=meta.get("epsilon_spent"),
-                   delta=meta.get("delta"), info=public_info(meta.get("info")))
+        return cls(
+            state=state,
+            item_ids=ids,
+            item_names=names,
+            ledger=ledger,
+            epsilon_spent=meta.get("epsilon_spent"),
+            delta=meta.get("delta"),
+            info=public_info(meta.get("info")),
+        )
 
     # ------------------------------------------------------------------ recommendations
     def dense_items(self, raw_items) -> np.ndarray:
@@ -199,8 +180,10 @@ class Model:
         if np.issubdtype(ids.dtype, np.number):
             integer = np.issubdtype(ids.dtype, np.integer)
             bounds = np.iinfo(ids.dtype) if integer else None
-            values = [v if v is None or bounds is None or bounds.min <= v <= bounds.max else None
-                      for v in (_as_number(x, integer) for x in raw.tolist())]
+            values = [
+                v if v is None or bounds is None or bounds.min <= v <= bounds.max else None
+                for v in (_as_number(x, integer) for x in raw.tolist())
+            ]
             known = np.array([v is not None for v in values], dtype=bool)
             vals = np.asarray([0 if v is None else v for v in values], dtype=ids.dtype)
             order = np.argsort(ids, kind="stable")
@@ -240,20 +223,43 @@ class Model:
         dense, hit = self._lookup(raw)
         if not hit.all():
             if not hit.any():
-                raise DataError(f"{_unknown_text(raw)} not in the model's catalogue: none of the user's {raw.size:,} "
-                                f"item ids is known ({self._catalogue_hint()})")
+                raise DataError(
+                    f"{_unknown_text(raw)} not in the model's catalogue: none of the user's {raw.size:,} "
+                    f"item ids is known ({self._catalogue_hint()})"
+                )
             y = y[hit]
-            warnings.warn(f"{_unknown_text(raw[~hit])} not in the model's catalogue: left out; the user's vector is solved from "
-                          f"the other {len(dense):,} of their {raw.size:,} ratings", FedprivWarning, stacklevel=3)
+            warnings.warn(
+                f"{_unknown_text(raw[~hit])} not in the model's catalogue: left out; the user's vector is solved from "
+                f"the other {len(dense):,} of their {raw.size:,} ratings",
+                FedprivWarning,
+                stacklevel=3,
+            )
         elif raw.size == 0:
-            warnings.warn("no ratings given: the ranking is the released popularity alone (the same for every new user)",
-                          FedprivWarning, stacklevel=3)
+            warnings.warn(
+                "no ratings given: the ranking is the released popularity alone (the same for every new user)",
+                FedprivWarning,
+                stacklevel=3,
+            )
         if len(np.unique(dense)) != len(dense):
             raise DataError("an item is rated twice")
-        shard = UserShard(user_ids=np.zeros(1, np.int64), indptr=np.array([0, len(dense)], np.int64), items=dense.astype(np.int32), ratings=y)
+        shard = UserShard(
+            user_ids=np.zeros(1, np.int64),
+            indptr=np.array([0, len(dense)], np.int64),
+            items=dense.astype(np.int32),
+            ratings=y,
+        )
         return shard, dense
 
-    def recommend(self, items, ratings=None, k: int = 10, *, exclude_seen: bool = True, as_frame: bool = False, blend: float | None = None):
+    def recommend(
+        self,
+        items,
+        ratings=None,
+        k: int = 10,
+        *,
+        exclude_seen: bool = True,
+        as_frame: bool = False,
+        blend: float | None = None,
+    ):
         """The top ``k`` items for one user from their own ratings: ``items`` (raw ids) and
         ``ratings`` (same length; None for implicit feedback: all 1). The user's vector is
         solved locally (no privacy cost). Ranked by the released popularity plus ``blend``
@@ -279,7 +285,9 @@ class Model:
         everything = np.arange(self.state.n_items)
         if blend is None:
             private = self.state.private
-            blend = ranking.blend_for(self.info.get("epsilon") if private else None, self.delta, self.state.n_items, self.state.n_users)
+            blend = ranking.blend_for(
+                self.info.get("epsilon") if private else None, self.delta, self.state.n_items, self.state.n_users
+            )
         scores = ranking.ranking_scores(shard, self.state, everything, float(blend))[0].astype(np.float64)
         rated = self.predicts_ratings
         rating = client_scores(shard, self.state, everything)[0] if rated else None
@@ -287,8 +295,15 @@ class Model:
             scores[dense] = -np.inf
         k = min(k, int(np.isfinite(scores).sum()))
         top = np.argsort(-scores, kind="stable")[:k]
-        rows = [{"item": _plain(self.item_ids[i]), "score": float(scores[i]), **({"rating": float(rating[i])} if rated else {}),
-                 "name": self.item_names[i] if self.item_names else None} for i in top]
+        rows = [
+            {
+                "item": _plain(self.item_ids[i]),
+                "score": float(scores[i]),
+                **({"rating": float(rating[i])} if rated else {}),
+                "name": self.item_names[i] if self.item_names else None,
+            }
+            for i in top
+        ]
         if not as_frame:
             return rows
         import pandas as pd
@@ -330,13 +345,23 @@ class Model:
             raise ConfigError(f"must be >= 1, got {k}", field="k")
         V = np.asarray(self.state.item_factors, dtype=np.float64)
         if V.shape[1] == 0 or not np.any(V):
-            raise ConfigError(f"{self.state.algorithm} released no item embeddings (rank {V.shape[1]}): nothing to compare", field="item")
+            raise ConfigError(
+                f"{self.state.algorithm} released no item embeddings (rank {V.shape[1]}): nothing to compare",
+                field="item",
+            )
         i = int(self.dense_items([item])[0])
         norms = np.linalg.norm(V, axis=1)
         sims = (V @ V[i]) / np.maximum(norms * norms[i], 1e-12)
         sims[i] = -np.inf
         top = np.argsort(-sims, kind="stable")[: min(k, self.state.n_items - 1)]
-        return [{"item": _plain(self.item_ids[j]), "similarity": float(sims[j]), "name": self.item_names[j] if self.item_names else None} for j in top]
+        return [
+            {
+                "item": _plain(self.item_ids[j]),
+                "similarity": float(sims[j]),
+                "name": self.item_names[j] if self.item_names else None,
+            }
+            for j in top
+        ]
 
     def __repr__(self) -> str:
         eps = f"epsilon {self.epsilon_spent:.3g}" if isinstance(self.epsilon_spent, (int, float)) else "non-private"
@@ -351,7 +376,10 @@ def check_model_folder(path: str | os.PathLike, *, overwrite: bool = False) -> N
     if path.exists() and (not path.is_dir() or any(p.name not in FILES for p in path.iterdir())):
         raise ConfigError(f"{path} exists and is not a fedpriv model folder; choose a new folder", field="--save-model")
     if not overwrite and path.is_dir() and any(path.iterdir()):
-        raise ConfigError(f"{path} holds an earlier model; give --overwrite (overwrite=True) to replace it, or choose a new folder", field="--save-model")
+        raise ConfigError(
+            f"{path} holds an earlier model; give --overwrite (overwrite=True) to replace it, or choose a new folder",
+            field="--save-model",
+        )
 
 
 def read_user_ratings(path: str | os.PathLike, *, implicit: bool = False) -> tuple[list, list[float] | None]:
@@ -373,7 +401,9 @@ def read_user_ratings(path: str | os.PathLike, *, implicit: bool = False) -> tup
     if "item" not in header:
         raise DataError(f"no 'item' column in the header {header}", path=str(path), line=1)
     if not implicit and "rating" not in header:
-        raise DataError(f"no 'rating' column in the header {header} (this model is for explicit ratings)", path=str(path), line=1)
+        raise DataError(
+            f"no 'rating' column in the header {header} (this model is for explicit ratings)", path=str(path), line=1
+        )
     ci, cr = header.index("item"), (header.index("rating") if "rating" in header else None)
     items, ratings = [], []
     for line, row in enumerate(rows[1:], start=2):
@@ -459,19 +489,43 @@ class PersonalModel:
     @classmethod
     def from_run(cls, state, ledger: list[dict], metrics: dict) -> PersonalModel:
         if state.U is None and state.theta is None:
-            raise ConfigError(f"{state.algorithm} releases no shared model (each user learns alone)", field="--save-model")
-        return cls(state.algorithm, state.config.to_dict(), int(state.d), int(state.k), state.U, state.theta, list(ledger),
-                   metrics.get("epsilon_spent"), metrics.get("delta"), public_info(metrics))
+            raise ConfigError(
+                f"{state.algorithm} releases no shared model (each user learns alone)", field="--save-model"
+            )
+        return cls(
+            state.algorithm,
+            state.config.to_dict(),
+            int(state.d),
+            int(state.k),
+            state.U,
+            state.theta,
+            list(ledger),
+            metrics.get("epsilon_spent"),
+            metrics.get("delta"),
+            public_info(metrics),
+        )
 
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
         path = Path(path)
         check_model_folder(path, overwrite=overwrite)
 
         def fill(tmp: Path) -> None:
-            arrays = {name: np.asarray(v, dtype=np.float64) for name, v in (("U", self.U), ("theta", self.theta)) if v is not None}
+            arrays = {
+                name: np.asarray(v, dtype=np.float64)
+                for name, v in (("U", self.U), ("theta", self.theta))
+                if v is not None
+            }
             np.savez(tmp / "model.npz", **arrays)
-            meta = {"format": PERSONAL_FORMAT, "algorithm": self.algorithm, "config": self.config, "d": self.d, "k": self.k,
-                    "epsilon_spent": self.epsilon_spent, "delta": self.delta, "info": public_info(self.info)}
+            meta = {
+                "format": PERSONAL_FORMAT,
+                "algorithm": self.algorithm,
+                "config": self.config,
+                "d": self.d,
+                "k": self.k,
+                "epsilon_spent": self.epsilon_spent,
+                "delta": self.delta,
+                "info": public_info(self.info),
+            }
             (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             (tmp / "ledger.json").write_text(json.dumps(self.ledger, indent=2) + "\n", encoding="utf-8")
 
@@ -481,8 +535,18 @@ class PersonalModel:
     def from_files(cls, path: Path, meta: dict, ledger: list, arrays: dict) -> PersonalModel:
         try:
             d, k = int(meta["d"]), int(meta["k"])
-            model = cls(str(meta["algorithm"]), dict(meta["config"]), d, k, arrays.get("U"), arrays.get("theta"), ledger,
-                        meta.get("epsilon_spent"), meta.get("delta"), public_info(meta.get("info")))
+            model = cls(
+                str(meta["algorithm"]),
+                dict(meta["config"]),
+                d,
+                k,
+                arrays.get("U"),
+                arrays.get("theta"),
+                ledger,
+                meta.get("epsilon_spent"),
+                meta.get("delta"),
+                public_info(meta.get("info")),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"bad or missing field: {exc}", path=str(path / "model.json")) from None
         ok_u = model.U is not None and model.U.shape == (d, k) and np.isfinite(model.U).all()
@@ -526,6 +590,68 @@ class PersonalModel:
         if v is None:
             raise ConfigError("give the user's personal vector (from personalize)", field="v")
         return X @ self.U @ np.asarray(v, dtype=np.float64)
+
+
+
+def _read_folder(path: Path) -> tuple[dict, list, dict]:
+    """(model.json, ledger.json, the arrays of model.npz) of a model folder (DataError naming the file)."""
+    for name in FILES:
+        if not (path / name).is_file():
+            raise DataError(f"not a fedpriv model folder: {name} is missing", path=str(path))
+    try:
+        meta = json.loads((path / "model.json").read_text(encoding="utf-8"))
+        ledger = json.loads((path / "ledger.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"not valid JSON: {exc}", path=str(path / "model.json")) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise DataError(
+            f"unknown model format {meta.get('format') if isinstance(meta, dict) else None!r} (expected {FORMAT})",
+            path=str(path / "model.json"),
+        )
+    try:
+        with np.load(path / "model.npz", allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read the arrays: {exc}", path=str(path / "model.npz")) from None
+    return meta, ledger, arrays
+
+
+def _public_state(meta: dict, arrays: dict, path: Path) -> als.PublicState:
+    """The released public state of a model folder's metadata and arrays, every array checked."""
+    try:
+        cfg = ALSConfig.from_dict(meta["config"], meta.get("algorithm"))
+        cfg.validate()
+        n_items = int(meta["n_items"])
+        state = als.PublicState(
+            meta["algorithm"],
+            cfg,
+            n_items,
+            int(meta["n_users_released"]),
+            tuple(meta["rating_range"]),
+            implicit=bool(meta["implicit"]),
+            mean=float(meta["mean"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"bad or missing field: {exc}", path=str(path / "model.json")) from None
+    V = arrays.get("item_factors")
+    if V is None or V.ndim != 2 or V.shape[0] != n_items or not np.isfinite(V).all():
+        raise DataError(f"item_factors must be a finite ({n_items}, d) array", path=str(path / "model.npz"))
+    state.item_factors = V.astype(np.float32)
+    state.item_bias = arrays.get("item_bias")
+    state.encoder_release = arrays.get("encoder_params")
+    for name in ("counts_hat", "item_support"):
+        value = arrays.get(name)
+        if value is not None and (value.shape != (n_items,) or not np.isfinite(value).all()):
+            raise DataError(f"{name} must be a finite ({n_items},) array", path=str(path / "model.npz"))
+        setattr(state, name, value)
+    B = arrays.get("item_item")
+    if B is not None:
+        if B.ndim != 2 or B.shape[0] != B.shape[1] or B.shape[0] > n_items or not np.isfinite(B).all():
+            raise DataError(
+                f"item_item must be a finite square (M, M) array with M <= {n_items}", path=str(path / "model.npz")
+            )
+        state.item_item = B.astype(np.float32)
+    return state
 
 
 def load_model(path: str | os.PathLike) -> Model | PersonalModel:

@@ -62,8 +62,15 @@ def _count(value, field: str) -> int | None:
     return int(f)
 
 
-def node_layout(n_users: int, *, nodes=None, users_per_node=None, default_users_per_node: int | None = None,
-                nodes_field: str = "--nodes", users_field: str = "--users-per-node") -> NodeLayout:
+def node_layout(
+    n_users: int,
+    *,
+    nodes=None,
+    users_per_node=None,
+    default_users_per_node: int | None = None,
+    nodes_field: str = "--nodes",
+    users_field: str = "--users-per-node",
+) -> NodeLayout:
     """The layout of ``n_users`` training users (module docstring); ``default_users_per_node``:
     the engine's default when neither option is given (None: one node for every user). Raises
     ConfigError naming the option; warns (FedprivWarning) where the layout makes the run trivial."""
@@ -72,14 +79,22 @@ def node_layout(n_users: int, *, nodes=None, users_per_node=None, default_users_
         raise ConfigError("the training split holds no user", field=nodes_field)
     n, u = _count(nodes, nodes_field), _count(users_per_node, users_field)
     if n is not None and n > n_users:
-        raise ConfigError(f"{n:,} nodes for {n_users:,} training users: every node holds at least one user; give at most {n_users:,}", field=nodes_field)
+        raise ConfigError(
+            f"{n:,} nodes for {n_users:,} training users: every node holds at least one user; give at most {n_users:,}",
+            field=nodes_field,
+        )
     if n is not None and u is not None:
         blocks = -(-n_users // u)
         if n < blocks:
-            raise ConfigError(f"{n:,} nodes of {u:,} users hold only {n * u:,} of the {n_users:,} training users: give at least {blocks:,} nodes, "
-                              f"or --nodes alone to split the users over {n:,} nodes", field=nodes_field)
+            raise ConfigError(
+                f"{n:,} nodes of {u:,} users hold only {n * u:,} of the {n_users:,} training users: give at least {blocks:,} nodes, "
+                f"or --nodes alone to split the users over {n:,} nodes",
+                field=nodes_field,
+            )
         if n > blocks:
-            _warn(f"{n - blocks:,} of the {n:,} nodes hold no user ({n_users:,} users in blocks of {u:,} fill {blocks:,} nodes)")
+            _warn(
+                f"{n - blocks:,} of the {n:,} nodes hold no user ({n_users:,} users in blocks of {u:,} fill {blocks:,} nodes)"
+            )
         layout = NodeLayout(n_users, n, u)
     elif n is not None:
         u = math.ceil(n_users / n)
@@ -97,7 +112,9 @@ def node_layout(n_users: int, *, nodes=None, users_per_node=None, default_users_
     else:
         layout = NodeLayout(n_users, n_users, 1)
     if layout.nodes == 1 and (n is not None or u is not None):
-        _warn("the federation is one node holding every user: nothing is federated, and secure aggregation needs at least 2 nodes")
+        _warn(
+            "the federation is one node holding every user: nothing is federated, and secure aggregation needs at least 2 nodes"
+        )
     return layout
 
 

@@ -45,7 +45,10 @@ def check_results_folder(out_dir: str | os.PathLike, *, overwrite: bool = False)
     """Refuse ``--out`` when it holds an earlier run's results, unless ``overwrite``."""
     out = Path(out_dir)
     if not overwrite and out.is_dir() and any((out / name).exists() for name in ("metrics.json", "ledger.json")):
-        raise ConfigError(f"{out} holds an earlier run's results (metrics.json, ledger.json); give --overwrite to replace them, or choose a new folder", field="--out")
+        raise ConfigError(
+            f"{out} holds an earlier run's results (metrics.json, ledger.json); give --overwrite to replace them, or choose a new folder",
+            field="--out",
+        )
 
 
 def write_outputs(out_dir: str | os.PathLike, metrics: dict, ledger: list[dict]) -> None:

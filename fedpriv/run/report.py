@@ -85,7 +85,9 @@ class RunReport:
     def from_metrics(cls, metrics: Mapping[str, Any]) -> RunReport:
         """The report of a ``metrics.json`` document (as :func:`fedpriv.run.execute` builds it)."""
         doc = dict(metrics)
-        scalars = {k: v for k, v in doc.items() if k.startswith(("valid_", "test_")) and not isinstance(v, (list, dict))}
+        scalars = {
+            k: v for k, v in doc.items() if k.startswith(("valid_", "test_")) and not isinstance(v, (list, dict))
+        }
         if "subspace_error" in doc:
             scalars["subspace_error"] = doc["subspace_error"]
         return cls(
@@ -139,8 +141,14 @@ class RunReport:
         return str(self._document.get("neighbouring_relation", "add_remove"))
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items() if isinstance(v, float) and k.startswith("test_"))
-        eps = "non-private" if not self.private else (f"epsilon_spent={self.epsilon_spent:.4g}" if self.epsilon_spent is not None else "epsilon_spent=None")
+        shown = ", ".join(
+            f"{k}={v:.4g}" for k, v in self.metrics.items() if isinstance(v, float) and k.startswith("test_")
+        )
+        eps = (
+            "non-private"
+            if not self.private
+            else (f"epsilon_spent={self.epsilon_spent:.4g}" if self.epsilon_spent is not None else "epsilon_spent=None")
+        )
         return f"RunReport({self.algorithm} on {self.dataset}, {self.engine}, {eps}{', ' + shown if shown else ''})"
 
     # ------------------------------------------------------------------ the verdict
@@ -159,7 +167,9 @@ class RunReport:
             if v.get("worse"):
                 label = _VERDICT_LABELS.get(v["metric"], v["metric"])
                 sign = ">" if v["metric"] in _LOWER_IS_BETTER else "<"
-                by_reference.setdefault(v["reference"], []).append(f"{label} {v['value']:.4f} {sign} {v['reference_value']:.4f}")
+                by_reference.setdefault(v["reference"], []).append(
+                    f"{label} {v['value']:.4f} {sign} {v['reference_value']:.4f}"
+                )
         return "; ".join(f"WORSE than the {ref}: {', '.join(parts)}" for ref, parts in by_reference.items()) or None
 
     @property
@@ -173,7 +183,11 @@ class RunReport:
         cfg = self.config
         if self.get("samples_per_user") is not None:  # personalization: its rank 0 means the data's k
             k = self.get("k")
-            return f"{self.algorithm}: a shared subspace of rank {k}, a personal vector per user" if k is not None else self.algorithm
+            return (
+                f"{self.algorithm}: a shared subspace of rank {k}, a personal vector per user"
+                if k is not None
+                else self.algorithm
+            )
         if "rank" not in cfg:
             return self.algorithm
         rank, steps = cfg.get("rank"), cfg.get("steps")
@@ -183,7 +197,11 @@ class RunReport:
             if _setup_only(self.algorithm):
                 shape = "the most-popular list of the released item counts (it ranks items; it predicts no ratings)"
             else:
-                shape = ("a ranking model" if rank == 0 else f"a ranking model of rank {rank}, {steps} step{'s' if steps != 1 else ''}") + " (it predicts no ratings)"
+                shape = (
+                    "a ranking model"
+                    if rank == 0
+                    else f"a ranking model of rank {rank}, {steps} step{'s' if steps != 1 else ''}"
+                ) + " (it predicts no ratings)"
         choice = self.get("noise_aware")
         if isinstance(choice, dict) and not {"rank", "steps"} <= given:
             return f"{self.algorithm} asked; the noise-aware rule chose {choice['model']}"
@@ -197,41 +215,45 @@ class RunReport:
             return [("privacy", "none (a non-private reference)")]
         spent = "?" if self.epsilon_spent is None else f"{self.epsilon_spent:.4f}"
         target = "" if self.epsilon is None else f" of {self.epsilon:g}"
-        rows = [("privacy", f"epsilon {spent}{target}, delta {self.delta:g}: the guarantee (dp-accounting on the ledger)")]
+        rows = [
+            ("privacy", f"epsilon {spent}{target}, delta {self.delta:g}: the guarantee (dp-accounting on the ledger)")
+        ]
         if self.neighbouring_relation == "replace_one":
-            rows.append(("", "neighbours: one user's data replaced by anybody's (replace-one: the enrolled count is public); "
-                             "adding or removing a user is not hidden"))
+            rows.append(
+                (
+                    "",
+                    "neighbours: one user's data replaced by anybody's (replace-one: the enrolled count is public); "
+                    "adding or removing a user is not hidden",
+                )
+            )
         pld = self.get("epsilon_spent_pld")
         if isinstance(pld, float):
             rows.append(("", f"PLD accounting of the same ledger: {pld:.4f} (a second opinion, not the guarantee)"))
         if self.get("noise") == "reproducible":
-            rows.append(("noise", "reproducible from a noise seed: privacy holds only against those who do not know the seed"))
+            rows.append(
+                ("noise", "reproducible from a noise seed: privacy holds only against those who do not know the seed")
+            )
         return rows
 
-    def summary(self, *, out: str | None = None) -> str:
-        """A short table a person reads: what ran, what it spent, what it scored, where it went."""
-        rows: list[tuple[str, str]] = [("run", f"{self.algorithm} on {self.dataset} ({self.engine} engine" + (f", {self.aggregation} aggregation)" if self.aggregation else ")"))]
-        rows.append(("model", self.model_line()))
-        choice = self.get("noise_aware")
-        if isinstance(choice, dict) and "snr" in str(choice.get("model", "")):
-            rows.append(("", f"snr: the per-item signal against the noise, released users x sqrt(rho) / sqrt(items), rho the zCDP budget of "
-                             f"(epsilon, delta); factors need snr >= {choice.get('factor_snr', 350):g}"))
-        rows += self._privacy_rows()
-        data = [f"{v:,} {k}" for k, v in (("users", self.n_users), ("items", self.n_items), ("ratings", self.n_ratings)) if isinstance(v, int)]
-        if data:
-            rows.append(("data", ", ".join(data)))
-        rated = not _ranks_only(self.algorithm)
+    def _score_rows(self, rated: bool) -> tuple[list[str], tuple[str, str] | None]:
+        """The summary's scores (with their trivial references) and its top-k row."""
         scores = []
         refs = self.get("references") or {}
         for key, label in _METRIC_LABELS:
             v = self.metrics.get(key)
-            if rated and isinstance(v, float) and math.isfinite(v):  # a top-k model's RMSE judges no prediction of its own
+            if (
+                rated and isinstance(v, float) and math.isfinite(v)
+            ):  # a top-k model's RMSE judges no prediction of its own
                 scores.append(f"{label} {v:.4f}")
         if scores and key_is_rmse(self.metrics) and isinstance(refs.get("global_mean_test_rmse"), float):
             lo, hi = refs.get("rating_range") or (None, None)
             scale = f"; ratings {lo:g} to {hi:g}" if lo is not None else ""
             scores.append(f"(global-mean predictor: test RMSE {refs['global_mean_test_rmse']:.4f}{scale})")
-        if scores and isinstance(refs.get("shared_model_test_mse"), float) and isinstance(self.metrics.get("test_mse"), float):
+        if (
+            scores
+            and isinstance(refs.get("shared_model_test_mse"), float)
+            and isinstance(self.metrics.get("test_mse"), float)
+        ):
             scores.append(f"(best shared model: test MSE {refs['shared_model_test_mse']:.4f})")
         for key, v in self.metrics.items():
             if "recall_at" in key and isinstance(v, float) and key.startswith("test_"):
@@ -245,6 +267,37 @@ class RunReport:
             if rank.get("median_train_count") is not None:
                 line += f"; recommended items: median {rank['median_train_count']:.0f} training ratings, {100 * rank['coverage']:.1f}% of the catalogue"
             topk_row = (f"top-{rank['k']}", line + f"; relevant = test ratings >= {rank['threshold']:g}")
+        return scores, topk_row
+
+    def summary(self, *, out: str | None = None) -> str:
+        """A short table a person reads: what ran, what it spent, what it scored, where it went."""
+        rows: list[tuple[str, str]] = [
+            (
+                "run",
+                f"{self.algorithm} on {self.dataset} ({self.engine} engine"
+                + (f", {self.aggregation} aggregation)" if self.aggregation else ")"),
+            )
+        ]
+        rows.append(("model", self.model_line()))
+        choice = self.get("noise_aware")
+        if isinstance(choice, dict) and "snr" in str(choice.get("model", "")):
+            rows.append(
+                (
+                    "",
+                    f"snr: the per-item signal against the noise, released users x sqrt(rho) / sqrt(items), rho the zCDP budget of "
+                    f"(epsilon, delta); factors need snr >= {choice.get('factor_snr', 350):g}",
+                )
+            )
+        rows += self._privacy_rows()
+        data = [
+            f"{v:,} {k}"
+            for k, v in (("users", self.n_users), ("items", self.n_items), ("ratings", self.n_ratings))
+            if isinstance(v, int)
+        ]
+        if data:
+            rows.append(("data", ", ".join(data)))
+        rated = not _ranks_only(self.algorithm)
+        scores, topk_row = self._score_rows(rated)
         if topk_row is not None and not rated:  # a top-k model leads with its ranking
             rows.append(topk_row)
         if scores:
@@ -263,14 +316,29 @@ class RunReport:
             rows.append(("verdict", worse))
         fraction = self.rejected_fraction
         if fraction:
-            rows.append(("rejected", f"{100 * fraction:.1f}% of the replies asked for were rejected (metrics.json rejected_replies gives each reason)"))
+            rows.append(
+                (
+                    "rejected",
+                    f"{100 * fraction:.1f}% of the replies asked for were rejected (metrics.json rejected_replies gives each reason)",
+                )
+            )
         if self.get("delta_warning"):
             rows.append(("warning", self.get("delta_warning")))
         if self.get("rounds") is not None:
-            rows.append(("rounds", f"{self.get('rounds')} protocol rounds on {self.get('nodes')} nodes; {self.get('bytes_up'):,} bytes up, {self.get('bytes_down'):,} down "
-                                   "(evaluation rounds are measurement, not counted)"))
+            rows.append(
+                (
+                    "rounds",
+                    f"{self.get('rounds')} protocol rounds on {self.get('nodes')} nodes; {self.get('bytes_up'):,} bytes up, {self.get('bytes_down'):,} down "
+                    "(evaluation rounds are measurement, not counted)",
+                )
+            )
         elif self.config.get("users_per_shard"):  # the in-process engine's shards (a Flower run counts rounds)
-            rows.append(("nodes", f"{self.config.get('nodes')} nodes of up to {self.config['users_per_shard']} users each, run in this process"))
+            rows.append(
+                (
+                    "nodes",
+                    f"{self.config.get('nodes')} nodes of up to {self.config['users_per_shard']} users each, run in this process",
+                )
+            )
         if self.wall_seconds is not None:
             launcher = self.get("launcher_wall_seconds")
             extra = f" ({launcher:.1f} s with Flower's start-up and stop)" if isinstance(launcher, float) else ""
@@ -281,7 +349,12 @@ class RunReport:
 
 
 #: the verdict's metrics: their labels; those where a lower value is better
-_VERDICT_LABELS = {"test_rmse": "test RMSE", "recall_at_10": "Recall@10", "ndcg_at_10": "NDCG@10", "test_mse": "test MSE"}
+_VERDICT_LABELS = {
+    "test_rmse": "test RMSE",
+    "recall_at_10": "Recall@10",
+    "ndcg_at_10": "NDCG@10",
+    "test_mse": "test MSE",
+}
 _LOWER_IS_BETTER = frozenset({"test_rmse", "test_mse"})
 
 
@@ -315,7 +388,14 @@ def _entry(task: str, metric: str, value, reference: str, reference_value) -> di
     if not (math.isfinite(value) and math.isfinite(reference_value)):
         return None
     worse = value > reference_value if metric in _LOWER_IS_BETTER else value < reference_value
-    return {"task": task, "metric": metric, "value": float(value), "reference": reference, "reference_value": float(reference_value), "worse": bool(worse)}
+    return {
+        "task": task,
+        "metric": metric,
+        "value": float(value),
+        "reference": reference,
+        "reference_value": float(reference_value),
+        "worse": bool(worse),
+    }
 
 
 def verdicts(metrics: Mapping[str, Any]) -> dict[str, dict]:
@@ -343,9 +423,25 @@ def verdicts(metrics: Mapping[str, Any]) -> dict[str, dict]:
 
     if task is not None and registry.is_personalization(task):
         if registry.is_shared_model(algorithm):
-            add(_entry("personalization", "test_mse", metrics.get("test_mse"), "zero predictor", refs.get("zero_predictor_test_mse")))
+            add(
+                _entry(
+                    "personalization",
+                    "test_mse",
+                    metrics.get("test_mse"),
+                    "zero predictor",
+                    refs.get("zero_predictor_test_mse"),
+                )
+            )
         else:
-            add(_entry("personalization", "test_mse", metrics.get("test_mse"), "best shared model", refs.get("shared_model_test_mse")))
+            add(
+                _entry(
+                    "personalization",
+                    "test_mse",
+                    metrics.get("test_mse"),
+                    "best shared model",
+                    refs.get("shared_model_test_mse"),
+                )
+            )
         return out
     if task is None or registry.predicts_ratings(algorithm):
         add(_entry("ratings", "test_rmse", metrics.get("test_rmse"), "global mean", refs.get("global_mean_test_rmse")))
@@ -387,9 +483,11 @@ def check_rejections(report: RunReport | Mapping[str, Any], limit: float = MAX_R
         reason = str(r.get("reason", "?")).split(":")[0]
         reasons[reason] = reasons.get(reason, 0) + 1
     common = ", ".join(f"{n} x {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
-    raise TooManyRejected(f"{len(rejected)} replies rejected, {100 * fraction:.1f}% of those asked for (limit {100 * limit:g}%): "
-                          f"the run is not trustworthy ({common}; metrics.json rejected_replies lists each). "
-                          "Raise the limit with --max-rejected-fraction if this is expected")
+    raise TooManyRejected(
+        f"{len(rejected)} replies rejected, {100 * fraction:.1f}% of those asked for (limit {100 * limit:g}%): "
+        f"the run is not trustworthy ({common}; metrics.json rejected_replies lists each). "
+        "Raise the limit with --max-rejected-fraction if this is expected"
+    )
 
 
 def key_is_rmse(metrics) -> bool:

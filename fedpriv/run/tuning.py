@@ -40,6 +40,7 @@ VIEWS = {
     "all": "every run and K, as a Flower node sees them (repeat_and_compose: each k-fold composition, averaged over the public law of K)",
 }
 
+
 def view_of(option: str, others_see_every_run: bool) -> str:
     """The view a tuning is accounted for (``tune_view``): ``auto`` is ``selected`` where only this
     process sees the runs (in process) and ``all`` where other parties see every run (the Flower
@@ -48,12 +49,26 @@ def view_of(option: str, others_see_every_run: bool) -> str:
         raise ConfigError(f"must be auto, {' or '.join(VIEWS)}, got {option!r}", field="tune_view")
     if others_see_every_run:
         if option == "selected":
-            raise ConfigError("on the Flower engines every node sees every run of the tuning: its epsilon must cover them all (tune_view=all)", field="tune_view")
+            raise ConfigError(
+                "on the Flower engines every node sees every run of the tuning: its epsilon must cover them all (tune_view=all)",
+                field="tune_view",
+            )
         return "all"
     return "selected" if option == "auto" else option
 
 
-PLAN_KEYS = ("steps", "share_users", "share_mean", "share_counts", "share_b", "share_gravity", "gravity", "ssp_resamples", "ssp_steps", "sgd_sampling_rate")
+PLAN_KEYS = (
+    "steps",
+    "share_users",
+    "share_mean",
+    "share_counts",
+    "share_b",
+    "share_gravity",
+    "gravity",
+    "ssp_resamples",
+    "ssp_steps",
+    "sgd_sampling_rate",
+)
 
 
 def parse_grid(text: str) -> dict[str, list[str]]:
@@ -89,7 +104,10 @@ def check_same_plan(algorithm: str, configs: list[als.ALSConfig], implicit: bool
     for cfg in configs[1:]:
         if als.plan_releases(algorithm, cfg, implicit) != ref:
             bad = [k for k in grid if k in PLAN_KEYS] or list(grid)
-            raise ConfigError("candidates change the release plan (number of releases or budget shares); tune other keys", field=f"tune: {bad[0]}")
+            raise ConfigError(
+                "candidates change the release plan (number of releases or budget shares); tune other keys",
+                field=f"tune: {bad[0]}",
+            )
 
 
 #: ``train_candidate(cfg, multipliers, secrets, clip, index) -> (result, run ledger, exact score sum)``:
@@ -140,7 +158,9 @@ def tune(
             c = int(pick_rng.integers(len(configs)))
         cfg = configs[c]  # same public seed in every run: a per-run seed in the output would reveal the run's index
         res, run_ledger, total = train_candidate(cfg, plan.multipliers, secrets.child(f"run{r}"), clip, r)
-        noisy = run_ledger.gaussian(SCORE_RELEASE, total, sensitivity=score_sensitivity(clip), noise_multiplier=plan.multipliers[SCORE_RELEASE])
+        noisy = run_ledger.gaussian(
+            SCORE_RELEASE, total, sensitivity=score_sensitivity(clip), noise_multiplier=plan.multipliers[SCORE_RELEASE]
+        )
         score = float(noisy[0])
         ledgers.append(run_ledger)
         if best is None or score < best[0]:
@@ -152,17 +172,30 @@ def tune(
     return best[2], parent, _selected_report(grid, len(configs), tuning, clip, best), plan
 
 
-def _calibrated(algorithm: str, base_overrides: dict, grid: dict, tuning: TuningPlan, rating_range, epsilon: float, delta: float, view: str):
+def _calibrated(
+    algorithm: str,
+    base_overrides: dict,
+    grid: dict,
+    tuning: TuningPlan,
+    rating_range,
+    epsilon: float,
+    delta: float,
+    view: str,
+):
     """(the grid's candidate configurations, the one budget plan that covers every run)."""
     spec = registry.get(algorithm)
     if not spec.private:
         raise ConfigError(f"tuning is for private algorithms ({algorithm} is not private)", field="tune")
     if spec.logistic:
-        raise ConfigError(f"private tuning scores validation MSE; {algorithm} (logistic) is not supported yet", field="tune")
+        raise ConfigError(
+            f"private tuning scores validation MSE; {algorithm} (logistic) is not supported yet", field="tune"
+        )
     configs = candidate_configs(base_overrides, grid, algorithm)
     check_same_plan(algorithm, configs, False, grid)
     if view == "all":  # every run is seen: calibrated so that their composition over the law of K spends epsilon
-        return configs, all_runs_plan_of(budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range), tuning, rating_range)
+        return configs, all_runs_plan_of(
+            budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range), tuning, rating_range
+        )
     return configs, budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)
 
 
@@ -179,6 +212,7 @@ def _selected_report(grid: dict, n_candidates: int, tuning: TuningPlan, clip: fl
         "selected": best[1],
         "selected_noised_score_sum": best[0],
     }
+
 
 class Tuned:
     """Private tuning around any engine: the engine trains one candidate at a time
@@ -201,9 +235,18 @@ class Tuned:
         candidate, cleanup = self.engine.tuning_candidates(plan, opts)
         try:
             result, ledger, report, _ = tune(
-                plan.algorithm, plan.split, base, parse_grid(opts.tune), TuningPlan(opts.tune_mean, opts.tune_shape, opts.tune_share, opts.tune_score_clip),
-                rating_range=plan.rating_range, epsilon=plan.job.epsilon, delta=plan.job.delta, item_features=plan.dataset.item_features,
-                secrets=secrets, train_candidate=candidate, view=view,
+                plan.algorithm,
+                plan.split,
+                base,
+                parse_grid(opts.tune),
+                TuningPlan(opts.tune_mean, opts.tune_shape, opts.tune_share, opts.tune_score_clip),
+                rating_range=plan.rating_range,
+                epsilon=plan.job.epsilon,
+                delta=plan.job.delta,
+                item_features=plan.dataset.item_features,
+                secrets=secrets,
+                train_candidate=candidate,
+                view=view,
             )
         finally:
             cleanup()

@@ -132,7 +132,9 @@ def count_statistic(tasks: np.ndarray, users: np.ndarray, m: int, n_users: int, 
     return np.bincount(tasks, weights=a[users], minlength=m).astype(np.float64)
 
 
-def user_weights(omega: np.ndarray, tasks: np.ndarray, users: np.ndarray, n_users: int, beta: float, mode: str) -> np.ndarray:
+def user_weights(
+    omega: np.ndarray, tasks: np.ndarray, users: np.ndarray, n_users: int, beta: float, mode: str
+) -> np.ndarray:
     """Per-sample weights w_ij (eq. 12, in the samples' order): sum_i w_ij^2 <= beta per user."""
     order = np.argsort(users, kind="stable")
     indptr = np.concatenate([[0], np.cumsum(np.bincount(users, minlength=n_users))])
@@ -142,7 +144,14 @@ def user_weights(omega: np.ndarray, tasks: np.ndarray, users: np.ndarray, n_user
 
 
 def ssp_statistics(
-    x: np.ndarray, tasks: np.ndarray, users: np.ndarray, y: np.ndarray, w: np.ndarray, m: int, x_clip: float, y_clip: float
+    x: np.ndarray,
+    tasks: np.ndarray,
+    users: np.ndarray,
+    y: np.ndarray,
+    w: np.ndarray,
+    m: int,
+    x_clip: float,
+    y_clip: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A_i = sum_j w_ij x_j x_j^T (m, d, d) and b_i = sum_j w_ij y_ij x_j (m, d), clipped inputs."""
     xs = clip_rows(np.asarray(x, dtype=np.float64), x_clip)[users]
@@ -155,8 +164,16 @@ def ssp_statistics(
 
 
 def gd_gradient(
-    theta: np.ndarray, x: np.ndarray, tasks: np.ndarray, users: np.ndarray, y: np.ndarray, w: np.ndarray,
-    m: int, x_clip: float, y_clip: float, grad_clip: float,
+    theta: np.ndarray,
+    x: np.ndarray,
+    tasks: np.ndarray,
+    users: np.ndarray,
+    y: np.ndarray,
+    w: np.ndarray,
+    m: int,
+    x_clip: float,
+    y_clip: float,
+    grad_clip: float,
 ) -> np.ndarray:
     """sum_j w_ij clip((x_j^T theta_i - y_ij) x_j, Gamma) per task (m, d): the data part of the gradient."""
     xs = clip_rows(np.asarray(x, dtype=np.float64), x_clip)[users]
@@ -183,7 +200,10 @@ def plan_multitask(method: str, cfg: MultiTaskConfig) -> list[PlannedRelease]:
     rest = 1.0 - cfg.share_counts
     out = [PlannedRelease("mt_counts", 1, cfg.share_counts)]
     if method == "ssp":
-        out += [PlannedRelease("mt_ssp_A", 1, rest * (1 - cfg.share_b)), PlannedRelease("mt_ssp_b", 1, rest * cfg.share_b)]
+        out += [
+            PlannedRelease("mt_ssp_A", 1, rest * (1 - cfg.share_b)),
+            PlannedRelease("mt_ssp_b", 1, rest * cfg.share_b),
+        ]
     elif method == "noisy_gd":
         out.append(PlannedRelease("mt_gd_grad", int(cfg.steps), rest / cfg.steps))
     else:
@@ -204,13 +224,24 @@ def noise_multipliers(method: str, cfg: MultiTaskConfig, epsilon: float, delta: 
 
 
 # ---------------------------------------------------------------------------- algorithms
-def _release(ledger: PrivacyLedger | None, name: str, value: np.ndarray, cfg: MultiTaskConfig, z: dict[str, float] | None, symmetric: bool = False) -> np.ndarray:
+def _release(
+    ledger: PrivacyLedger | None,
+    name: str,
+    value: np.ndarray,
+    cfg: MultiTaskConfig,
+    z: dict[str, float] | None,
+    symmetric: bool = False,
+) -> np.ndarray:
     if ledger is None or z is None:
         return value
-    return ledger.gaussian(name, value, sensitivity=sensitivities(cfg)[name], noise_multiplier=z[name], symmetric=symmetric)
+    return ledger.gaussian(
+        name, value, sensitivity=sensitivities(cfg)[name], noise_multiplier=z[name], symmetric=symmetric
+    )
 
 
-def fit_ssp(x, tasks, users, y, w, m: int, cfg: MultiTaskConfig, ledger: PrivacyLedger | None, z: dict[str, float] | None) -> np.ndarray:
+def fit_ssp(
+    x, tasks, users, y, w, m: int, cfg: MultiTaskConfig, ledger: PrivacyLedger | None, z: dict[str, float] | None
+) -> np.ndarray:
     """Alg. 1: theta_i = (PSD(Â_i) + lambda I)^-1 b̂_i, projected on the domain ball."""
     A, b = ssp_statistics(x, tasks, users, y, w, m, cfg.x_clip, cfg.y_clip)
     A_hat = _release(ledger, "mt_ssp_A", A, cfg, z, symmetric=True)
@@ -222,7 +253,15 @@ def fit_ssp(x, tasks, users, y, w, m: int, cfg: MultiTaskConfig, ledger: Privacy
 
 
 def fit_noisy_gd(
-    x, tasks, users, y, w, m: int, cfg: MultiTaskConfig, ledger: PrivacyLedger | None, z: dict[str, float] | None,
+    x,
+    tasks,
+    users,
+    y,
+    w,
+    m: int,
+    cfg: MultiTaskConfig,
+    ledger: PrivacyLedger | None,
+    z: dict[str, float] | None,
     smoothness: np.ndarray,
 ) -> np.ndarray:
     """Alg. 2: theta_i <- Pi_C[theta_i - lr / L_i (g_i + noise + lambda theta_i)], from theta = 0.

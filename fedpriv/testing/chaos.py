@@ -54,7 +54,9 @@ class _Wrapping:
         return lambda handler: self.app.evaluate(*args, **kwargs)(self.wrap(handler))
 
 
-def make_chaos_app(fault_rate: float, *, modes=("raise", "timeout", "garbage"), stall_seconds: float = 12.0) -> ClientApp:
+def make_chaos_app(
+    fault_rate: float, *, modes=("raise", "timeout", "garbage"), stall_seconds: float = 12.0
+) -> ClientApp:
     """A ClientApp where each message fails with probability ``fault_rate`` in one of ``modes``."""
     app = ClientApp()
 
@@ -94,4 +96,3 @@ def kill_when(seen: Callable[[], bool], kill: Callable[[], object], interval: fl
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return killed, done, thread
-

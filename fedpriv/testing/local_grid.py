@@ -32,8 +32,18 @@ from flwr.supercore.task_identity import TaskIdentity
 
 
 class LocalGrid:
-    def __init__(self, n_nodes: int, client_app=None, on_round=None, observer=None, run_config: dict | None = None, node_config=None,
-                 reply_observer=None, identity: bool = True, node_policy=None):
+    def __init__(
+        self,
+        n_nodes: int,
+        client_app=None,
+        on_round=None,
+        observer=None,
+        run_config: dict | None = None,
+        node_config=None,
+        reply_observer=None,
+        identity: bool = True,
+        node_policy=None,
+    ):
         if client_app is None:
             from fedpriv.flower.client_app import app as client_app
         for key in ("run_id", "node_id", "task_id"):  # Message() needs a task identity
@@ -48,9 +58,13 @@ class LocalGrid:
         self.on_round = on_round  # called with (grid, message_type or "get_node_ids") before each round / node listing
         self.message_types: list[str] = []
         self.observer = observer  # called with (node id, message) for every message a node receives
-        self.reply_observer = reply_observer  # called with (node id, reply) for every reply the server receives (error replies too)
+        self.reply_observer = (
+            reply_observer  # called with (node id, reply) for every reply the server receives (error replies too)
+        )
         self.run_config = dict(run_config or {})  # the run config every node's context carries
-        self.states: dict[int, RecordDict] = {}  # each node's own context.state, kept across messages (as a SuperNode does)
+        self.states: dict[
+            int, RecordDict
+        ] = {}  # each node's own context.state, kept across messages (as a SuperNode does)
         self.node_config = node_config  # partition id -> extra node config (e.g. a deployment node's own data-dir)
         self.identities: dict[int, str] = {}  # partition id -> its identity folder (node-config fedpriv-identity)
         if identity:
@@ -79,7 +93,11 @@ class LocalGrid:
 
         if self.node_policy is not None:
             return self.node_policy.node_config_items()
-        return {} if os.environ.get(POLICY_ENV) else NodePolicy.permissive().with_changes(aggregation=self.mode).node_config_items()
+        return (
+            {}
+            if os.environ.get(POLICY_ENV)
+            else NodePolicy.permissive().with_changes(aggregation=self.mode).node_config_items()
+        )
 
     def get_node_ids(self) -> list[int]:
         if self.on_round is not None:
@@ -123,7 +141,10 @@ class LocalGrid:
             try:
                 reply = self.app(msg, ctx)
             except Exception as exc:  # noqa: BLE001 - as a SuperNode does: the node's error becomes an error reply
-                reply = Message(error=Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+                reply = Message(
+                    error=Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"),
+                    reply_to=msg,
+                )
             if self.reply_observer is not None:
                 self.reply_observer(nid, reply)
             replies.append(reply)

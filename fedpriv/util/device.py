@@ -43,12 +43,20 @@ def checked(name: str) -> str:
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError(f"device {name!r} was asked for, but torch sees no CUDA device on this machine (torch {torch.__version__}); use device 'cpu'", field="device")
+            raise ConfigError(
+                f"device {name!r} was asked for, but torch sees no CUDA device on this machine (torch {torch.__version__}); use device 'cpu'",
+                field="device",
+            )
         index = int(name[5:]) if ":" in name else 0
         if index >= torch.cuda.device_count():
-            raise ConfigError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)", field="device")
+            raise ConfigError(
+                f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)", field="device"
+            )
         return name
-    raise ConfigError(f"unknown device {name!r}: 'cpu' (default), 'cuda', 'cuda:N' or 'torch:cpu' (the GPU path on the CPU, for tests)", field="device")
+    raise ConfigError(
+        f"unknown device {name!r}: 'cpu' (default), 'cuda', 'cuda:N' or 'torch:cpu' (the GPU path on the CPU, for tests)",
+        field="device",
+    )
 
 
 def current() -> str:
@@ -234,8 +242,10 @@ class DeviceArray(NDArrayOperatorsMixin):
     def __getitem__(self, key):
         """Integers and slices (the basic indexes torch takes): the part, still on the device
         (copied alone where host code reads it); any other index reads the host copy."""
-        basic = all(k is None or k is Ellipsis or isinstance(k, int) or (isinstance(k, slice) and (k.step or 1) > 0)
-                    for k in (key if isinstance(key, tuple) else (key,)))
+        basic = all(
+            k is None or k is Ellipsis or isinstance(k, int) or (isinstance(k, slice) and (k.step or 1) > 0)
+            for k in (key if isinstance(key, tuple) else (key,))
+        )
         if not basic or self._host is not None:
             return self.host()[key]
         return DeviceArray(self.tensor[key], self.device)
@@ -311,7 +321,9 @@ def as_tensor(x, dev, dtype=None, *, own: bool = False):
     if on_device is not None:
         return on_device.to(dtype=dtype or on_device.dtype, copy=own)
     x = np.asarray(x)
-    copied = not x.flags.writeable or any(s < 0 for s in x.strides)  # torch takes neither a read-only array nor negative strides
+    copied = not x.flags.writeable or any(
+        s < 0 for s in x.strides
+    )  # torch takes neither a read-only array nor negative strides
     t = torch.from_numpy(x.copy() if copied else x)
     if not t.is_contiguous():
         t, copied = t.contiguous(), True

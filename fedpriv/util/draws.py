@@ -47,5 +47,3 @@ def public_gaussian(rng: np.random.Generator, shape, *, why: str, scale: float =
     """
     with _sanctioned(f"public:{why}"):
         return rng.normal(0.0, scale, size=shape)
-
-

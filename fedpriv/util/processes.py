@@ -35,7 +35,9 @@ def pids_matching(*needles: str) -> list[int]:
     """PIDs (ours excluded) of the processes whose command line contains every one of ``needles``."""
     if not _proc_ok():  # e.g. macOS: pgrep on the first needle, filter on the others
         r = subprocess.run(["pgrep", "-fl", needles[0]], check=False, capture_output=True, text=True)
-        return sorted(int(line.split()[0]) for line in r.stdout.splitlines() if line.strip() and all(n in line for n in needles))
+        return sorted(
+            int(line.split()[0]) for line in r.stdout.splitlines() if line.strip() and all(n in line for n in needles)
+        )
     me = os.getpid()
     out = []
     for entry in os.listdir("/proc"):

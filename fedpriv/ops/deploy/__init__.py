@@ -64,7 +64,14 @@ from __future__ import annotations
 
 from .certs import make_certs, make_node_keys, verify_server_cert
 from .cli import add_deploy_arguments, deploy_command, deploy_main
-from .commands import connection_toml, flwr_run_command, node_config, register_command, superlink_command, supernode_command
+from .commands import (
+    connection_toml,
+    flwr_run_command,
+    node_config,
+    register_command,
+    superlink_command,
+    supernode_command,
+)
 from .compose import compose_services, compose_yaml
 from .config import (
     CLI_SECONDS,

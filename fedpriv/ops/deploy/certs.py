@@ -11,7 +11,9 @@ from pathlib import Path
 from .config import LOCAL_HOSTS
 
 
-def make_certs(certs_dir: str | os.PathLike, names: list[str] | tuple[str, ...] = LOCAL_HOSTS, days: int = 365) -> dict[str, Path]:
+def make_certs(
+    certs_dir: str | os.PathLike, names: list[str] | tuple[str, ...] = LOCAL_HOSTS, days: int = 365
+) -> dict[str, Path]:
     """A self-signed CA and a server certificate signed by it, valid for ``names`` (IP
     addresses and DNS names in the SAN): ``ca.crt``, ``server.pem``, ``server.key``."""
     from cryptography import x509
@@ -24,7 +26,12 @@ def make_certs(certs_dir: str | os.PathLike, names: list[str] | tuple[str, ...] 
     now = datetime.datetime.now(datetime.timezone.utc)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    ca_name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedpriv"), x509.NameAttribute(NameOID.COMMON_NAME, "fedpriv deployment CA")])
+    ca_name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedpriv"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "fedpriv deployment CA"),
+        ]
+    )
     ca = (
         x509.CertificateBuilder()
         .subject_name(ca_name)
@@ -35,8 +42,17 @@ def make_certs(certs_dir: str | os.PathLike, names: list[str] | tuple[str, ...] 
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False, key_agreement=False,
-                          key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
@@ -51,7 +67,14 @@ def make_certs(certs_dir: str | os.PathLike, names: list[str] | tuple[str, ...] 
             sans.append(x509.DNSName(name))
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedpriv"), x509.NameAttribute(NameOID.COMMON_NAME, "fedpriv superlink")]))
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedpriv"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, "fedpriv superlink"),
+                ]
+            )
+        )
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -61,8 +84,17 @@ def make_certs(certs_dir: str | os.PathLike, names: list[str] | tuple[str, ...] 
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
-            x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=True, data_encipherment=False, key_agreement=False,
-                          key_cert_sign=False, crl_sign=False, encipher_only=False, decipher_only=False),
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
             critical=True,
         )
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
@@ -72,7 +104,10 @@ def make_certs(certs_dir: str | os.PathLike, names: list[str] | tuple[str, ...] 
     paths = {"ca": certs_dir / "ca.crt", "cert": certs_dir / "server.pem", "key": certs_dir / "server.key"}
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(paths["key"], key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    _write_private(
+        paths["key"],
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     return paths
 
 
@@ -85,8 +120,15 @@ def make_node_keys(private_path: str | os.PathLike, public_path: str | os.PathLi
     key = ec.generate_private_key(ec.SECP384R1())
     Path(private_path).parent.mkdir(parents=True, exist_ok=True)
     Path(public_path).parent.mkdir(parents=True, exist_ok=True)
-    _write_private(Path(private_path), key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
-    Path(public_path).write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n")
+    _write_private(
+        Path(private_path),
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+    )
+    Path(public_path).write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n"
+    )
 
 
 def _write_private(path: Path, data: bytes) -> None:

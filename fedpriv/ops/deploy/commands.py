@@ -31,7 +31,14 @@ def superlink_command(cfg: DeployConfig) -> list[str]:
         "--disable-runtime-dependency-installation",
     ]  # fmt: skip
     if cfg.tls:
-        cmd += ["--ssl-ca-certfile", str(cfg.ca_cert), "--ssl-certfile", str(cfg.server_cert), "--ssl-keyfile", str(cfg.server_key)]
+        cmd += [
+            "--ssl-ca-certfile",
+            str(cfg.ca_cert),
+            "--ssl-certfile",
+            str(cfg.server_cert),
+            "--ssl-keyfile",
+            str(cfg.server_key),
+        ]
     else:
         cmd += ["--insecure"]
     if cfg.auth:
@@ -44,7 +51,9 @@ def node_config(cfg: DeployConfig, i: int) -> str:
     parts = [f"partition-id={i}", f"num-partitions={cfg.nodes}"]
     if cfg.data is not None:
         parts.append(f"data-dir={json.dumps(str(cfg.node_data_dir(i)))}")
-    for key, value in cfg.policy(i).node_config_items().items():  # the node's own privacy policy (fedpriv.flower.node_policy)
+    for key, value in (
+        cfg.policy(i).node_config_items().items()
+    ):  # the node's own privacy policy (fedpriv.flower.node_policy)
         parts.append(f"{key}={json.dumps(value if isinstance(value, (bool, int, float)) else str(value))}")
     return " ".join(parts)
 
@@ -75,14 +84,30 @@ def register_command(cfg: DeployConfig, i: int) -> list[str]:
 
 def flwr_run_command(cfg: DeployConfig) -> list[str]:
     """``flwr run APP deploy --stream --run-config FILE`` (app folder and run config in the run folder)."""
-    return [_exe(cfg, "flwr"), "run", str(cfg.app_dir), CONNECTION, "--stream", "--run-config", str(cfg.run_config_file)]
+    return [
+        _exe(cfg, "flwr"),
+        "run",
+        str(cfg.app_dir),
+        CONNECTION,
+        "--stream",
+        "--run-config",
+        str(cfg.run_config_file),
+    ]
 
 
 def connection_toml(cfg: DeployConfig) -> str:
     """``FLWR_HOME/config.toml`` with the connection ``deploy`` to this SuperLink's Control API."""
-    lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]", f"address = {json.dumps(cfg.control_address)}"]
+    lines = [
+        "[superlink]",
+        f'default = "{CONNECTION}"',
+        "",
+        f"[superlink.{CONNECTION}]",
+        f"address = {json.dumps(cfg.control_address)}",
+    ]
     if cfg.tls:
-        lines.append(f"root-certificates = {json.dumps(str(cfg.ca_cert.resolve() if not cfg.ca_cert.is_absolute() else cfg.ca_cert))}")
+        lines.append(
+            f"root-certificates = {json.dumps(str(cfg.ca_cert.resolve() if not cfg.ca_cert.is_absolute() else cfg.ca_cert))}"
+        )
     else:
         lines.append("insecure = true")
     return "\n".join(lines) + "\n"

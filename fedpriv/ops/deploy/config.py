@@ -59,7 +59,9 @@ class DeployConfig:
     san: list[str] = field(default_factory=list)  # extra names in the server certificate
     bin_dir: str | None = None  # folder of flower-superlink / flower-supernode / flwr (None: PATH)
     fleet_api: str | None = None  # "grpc-rere" or "http" (None: the installed Flower's, see .flower_version)
-    node_policy: dict = field(default_factory=dict)  # each node's own privacy policy: policy-* overrides of the deployment's secure default (policy())
+    node_policy: dict = field(
+        default_factory=dict
+    )  # each node's own privacy policy: policy-* overrides of the deployment's secure default (policy())
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -68,19 +70,34 @@ class DeployConfig:
     def validate(self) -> "DeployConfig":
         _positive_int(self.nodes, "--nodes")
         _positive_int(self.users_per_node, "--users-per-node")
-        ports = {"--fleet-port": self.fleet_port, "--control-port": self.control_port, "--node-port-base": self.node_port_base}
+        ports = {
+            "--fleet-port": self.fleet_port,
+            "--control-port": self.control_port,
+            "--node-port-base": self.node_port_base,
+        }
         for name, port in ports.items():
             if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
                 raise ConfigError(f"must be a port number in 1..65535, got {port!r}", field=name)
         if self.node_port_base + self.nodes - 1 > 65535:
-            raise ConfigError(f"{self.nodes} nodes need ports {self.node_port_base}..{self.node_port_base + self.nodes - 1}", field="--node-port-base")
+            raise ConfigError(
+                f"{self.nodes} nodes need ports {self.node_port_base}..{self.node_port_base + self.nodes - 1}",
+                field="--node-port-base",
+            )
         node_ports = range(self.node_port_base, self.node_port_base + self.nodes)
         if self.fleet_port == self.control_port or self.fleet_port in node_ports or self.control_port in node_ports:
-            raise ConfigError(f"fleet {self.fleet_port}, control {self.control_port} and node ports {node_ports.start}..{node_ports.stop - 1} must not overlap", field="--fleet-port")
+            raise ConfigError(
+                f"fleet {self.fleet_port}, control {self.control_port} and node ports {node_ports.start}..{node_ports.stop - 1} must not overlap",
+                field="--fleet-port",
+            )
         if self.fleet_api is not None and self.fleet_api not in TRANSPORTS:
-            raise ConfigError(f"must be one of {', '.join(TRANSPORTS)} (or unset: the installed Flower's), got {self.fleet_api!r}", field="fleet_api")
+            raise ConfigError(
+                f"must be one of {', '.join(TRANSPORTS)} (or unset: the installed Flower's), got {self.fleet_api!r}",
+                field="fleet_api",
+            )
         if self.auth and not self.tls:
-            raise ConfigError("SuperNode authentication needs TLS: drop --insecure or add --no-auth", field="--insecure")
+            raise ConfigError(
+                "SuperNode authentication needs TLS: drop --insecure or add --no-auth", field="--insecure"
+            )
         for name, host in (("bind_host", self.bind_host), ("superlink_host", self.superlink_host)):
             if not host or any(c.isspace() for c in host) or "," in host:
                 raise ConfigError(f"not a host name or address: {host!r}", field=name)
@@ -92,7 +109,10 @@ class DeployConfig:
             from ...data.spec import parse_data_spec
 
             if parse_data_spec(self.data).kind == "synthetic-personal":
-                raise ConfigError("per-node data is written for rating data; start PAM jobs without --data at `deploy up`", field="--data")
+                raise ConfigError(
+                    "per-node data is written for rating data; start PAM jobs without --data at `deploy up`",
+                    field="--data",
+                )
         return self
 
     # -- files
@@ -212,7 +232,10 @@ class DeployConfig:
         run_dir = Path(run_dir).expanduser().resolve()
         path = run_dir / STATE_FILE
         if not path.is_file():
-            raise ConfigError(f"no deployment in {run_dir} ({STATE_FILE} missing): run `fedpriv deploy up` (or `prepare`) first", field="--run-dir")
+            raise ConfigError(
+                f"no deployment in {run_dir} ({STATE_FILE} missing): run `fedpriv deploy up` (or `prepare`) first",
+                field="--run-dir",
+            )
         d = json.loads(path.read_text())
         known = {f.name for f in dataclasses.fields(cls)} - {"run_dir", "bin_dir"}
         cfg = cls(run_dir=run_dir, bin_dir=_bin_dir(), **{k: v for k, v in d.items() if k in known})
@@ -243,7 +266,16 @@ def docker_config(nodes: int = 3, *, data: bool = True, tls: bool = True, auth: 
     named volume of the node's own (its data mount is read-only): the budget holds across runs,
     restarts and ``docker compose down``; ``down -v`` removes the volumes, and the budget with them."""
     return DeployConfig(
-        run_dir=Path(DOCKER_RUN_DIR), nodes=nodes, tls=tls, auth=auth, data="(docker)" if data else None,
-        bind_host="127.0.0.1", superlink_host="127.0.0.1", san=[], bin_dir=None, fleet_api=docker_transport(),
-        node_policy={"policy-ledger": DOCKER_NODE_LEDGER}, **DOCKER_PORTS,
+        run_dir=Path(DOCKER_RUN_DIR),
+        nodes=nodes,
+        tls=tls,
+        auth=auth,
+        data="(docker)" if data else None,
+        bind_host="127.0.0.1",
+        superlink_host="127.0.0.1",
+        san=[],
+        bin_dir=None,
+        fleet_api=docker_transport(),
+        node_policy={"policy-ledger": DOCKER_NODE_LEDGER},
+        **DOCKER_PORTS,
     )

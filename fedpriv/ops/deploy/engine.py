@@ -40,13 +40,22 @@ class Deployment(FlowerOptions):
         cfg, job = self.cfg, plan.job
         n_parts = launcher.flower_partitions(plan, cfg.users_per_node)
         if n_parts > cfg.nodes:
-            raise ConfigError(f"{n_parts} partitions of {cfg.users_per_node} users need {n_parts} nodes; the deployment has {cfg.nodes}", field="--users-per-node")
+            raise ConfigError(
+                f"{n_parts} partitions of {cfg.users_per_node} users need {n_parts} nodes; the deployment has {cfg.nodes}",
+                field="--users-per-node",
+            )
         if cfg.run_dir.joinpath(PIDS_FILE).is_file() and not running(cfg):
-            raise ConfigError(f"the deployment in {cfg.run_dir} is not running: `fedpriv deploy up` first", field="--run-dir")
+            raise ConfigError(
+                f"the deployment in {cfg.run_dir} is not running: `fedpriv deploy up` first", field="--run-dir"
+            )
         out_dir = Path(self.out).expanduser().resolve() if self.out is not None else cfg.out_dir
         run_config = launcher.job_run_config(
-            job, launcher.absolute_data_spec(job.data if isinstance(job.data, str) else str(plan.spec)), users_per_node=cfg.users_per_node,
-            nodes=cfg.nodes, round_timeout=self.round_timeout or 0.0, node_wait=self.node_wait if self.node_wait is not None else 120.0,
+            job,
+            launcher.absolute_data_spec(job.data if isinstance(job.data, str) else str(plan.spec)),
+            users_per_node=cfg.users_per_node,
+            nodes=cfg.nodes,
+            round_timeout=self.round_timeout or 0.0,
+            node_wait=self.node_wait if self.node_wait is not None else 120.0,
             server_device=self.device,
         )
         run_config["out"] = str(out_dir)
@@ -58,7 +67,13 @@ class Deployment(FlowerOptions):
         before = _stamp(out_dir)
         earlier = {r.get("run-id") for r in list_runs(cfg)}
         try:
-            code, tail = launcher.run_streaming(flwr_run_command(cfg), cwd=cfg.run_dir, env=_env(cfg, cfg.flwr_home), quiet=self.quiet, timeout=self.timeout)
+            code, tail = launcher.run_streaming(
+                flwr_run_command(cfg),
+                cwd=cfg.run_dir,
+                env=_env(cfg, cfg.flwr_home),
+                quiet=self.quiet,
+                timeout=self.timeout,
+            )
         except BaseException:  # timeout or interrupt: `flwr run` is stopped, stop the run on the SuperLink too
             stop_runs(cfg, exclude=earlier)
             raise
@@ -69,9 +84,13 @@ class Deployment(FlowerOptions):
             launcher.raise_run_failure(code, tail, "the run wrote no new metrics.json")
         metrics = json.loads(metrics_path.read_text())
         if metrics.get("private") and metrics.get("neighbouring_relation") != REPLACE_ONE:
-            raise PrivacyError(f"the ServerApp accounted this deployment's epsilon under {metrics.get('neighbouring_relation', 'add_remove')!r}, not replace-one "
-                               f"(its enrolled count is public): {metrics_path} does not hold")
-        return Outcome(RunReport.from_metrics(metrics), json.loads(ledger_path.read_text()), None, None, None, plan.dataset)
+            raise PrivacyError(
+                f"the ServerApp accounted this deployment's epsilon under {metrics.get('neighbouring_relation', 'add_remove')!r}, not replace-one "
+                f"(its enrolled count is public): {metrics_path} does not hold"
+            )
+        return Outcome(
+            RunReport.from_metrics(metrics), json.loads(ledger_path.read_text()), None, None, None, plan.dataset
+        )
 
 
 def _app(cfg: DeployConfig) -> None:

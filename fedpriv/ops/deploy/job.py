@@ -40,7 +40,9 @@ def run_deployed_job(
         overrides.setdefault("aggregation", aggregation)
     for key in FIXED_BY_UP:
         if key in overrides:
-            raise ConfigError("fixed by `fedpriv deploy up` (the nodes hold their data already); give it to `deploy up`", field=key)
+            raise ConfigError(
+                "fixed by `fedpriv deploy up` (the nodes hold their data already); give it to `deploy up`", field=key
+            )
     for key, option in (("round_timeout", "--round-timeout"), ("node_wait", "--node-wait")):
         if key in overrides:
             raise ConfigError(f"give it as {option} (a run-config key of its own)", field=key)
@@ -52,14 +54,23 @@ def run_deployed_job(
             raise ConfigError(f"must be a finite number >= 0, got {value!r}", field=name)
     from ...algorithms.pam import PAM_ALGORITHMS
 
-    if cfg.data is None and algorithm in PAM_ALGORITHMS:  # synthetic-personal data: the ServerApp generates it and broadcasts its folder
+    if (
+        cfg.data is None and algorithm in PAM_ALGORITHMS
+    ):  # synthetic-personal data: the ServerApp generates it and broadcasts its folder
         if data is None:
-            raise ConfigError("give --data synthetic-personal:... (the deployment was started without per-node data)", field="--data")
+            raise ConfigError(
+                "give --data synthetic-personal:... (the deployment was started without per-node data)", field="--data"
+            )
     elif cfg.data is None:
-        raise ConfigError("the deployment was started without per-node data: give --data to `fedpriv deploy up` "
-                          "(the nodes hold the ratings; the server of a deployment holds none)", field="--data")
+        raise ConfigError(
+            "the deployment was started without per-node data: give --data to `fedpriv deploy up` "
+            "(the nodes hold the ratings; the server of a deployment holds none)",
+            field="--data",
+        )
     elif data is not None and launcher.absolute_data_spec(data) != launcher.absolute_data_spec(cfg.data):
-        raise ConfigError(f"the nodes hold partitions of {cfg.data!r}; run with that data (or omit --data)", field="--data")
+        raise ConfigError(
+            f"the nodes hold partitions of {cfg.data!r}; run with that data (or omit --data)", field="--data"
+        )
     else:  # the ServerApp starts from the partition's public metadata only: it never opens a ratings file
         data = f"public:{cfg.run_dir / 'public'}"
     from ...run import Job
@@ -67,9 +78,21 @@ def run_deployed_job(
 
     from ...privacy.accounting import REPLACE_ONE, neighbouring
 
-    with neighbouring(REPLACE_ONE):  # the enrolled count is public: every epsilon holds for replace-one (the ServerApp's too)
-        plan = Job(algorithm, data, epsilon=epsilon, delta=delta, params=overrides).prepare()  # every check of `fedpriv run`, no training
-        engine = Deployment(cfg=cfg, out=out, quiet=quiet, timeout=timeout, round_timeout=float(round_timeout), node_wait=float(node_wait), work_dir=work_dir)
+    with neighbouring(
+        REPLACE_ONE
+    ):  # the enrolled count is public: every epsilon holds for replace-one (the ServerApp's too)
+        plan = Job(
+            algorithm, data, epsilon=epsilon, delta=delta, params=overrides
+        ).prepare()  # every check of `fedpriv run`, no training
+        engine = Deployment(
+            cfg=cfg,
+            out=out,
+            quiet=quiet,
+            timeout=timeout,
+            round_timeout=float(round_timeout),
+            node_wait=float(node_wait),
+            work_dir=work_dir,
+        )
         outcome = plan.execute(engine)
     metrics = outcome.report.to_json()
     metrics["deploy_wall_seconds"] = time.perf_counter() - t0

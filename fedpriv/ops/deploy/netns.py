@@ -87,7 +87,9 @@ def unavailable() -> str | None:
     import subprocess
 
     try:
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--check"], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--check"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None if r.returncode == 0 else ((r.stdout + r.stderr).strip().splitlines() or [f"exit {r.returncode}"])[-1]
@@ -211,7 +213,11 @@ def run_in_own_network(ports: list[int], command: list[str]) -> int:
             listeners = [_loopback_listener(port) for port in ports]
             socket.send_fds(child_sock, [b"ok"], [s.fileno() for s in listeners])
         except BaseException as exc:  # noqa: BLE001
-            print(f"fedpriv netns: could not give the SuperNode a network namespace of its own: {exc}", file=sys.stderr, flush=True)
+            print(
+                f"fedpriv netns: could not give the SuperNode a network namespace of its own: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
             child_sock.send(b"no")
             os._exit(70)
         for s in listeners:

@@ -35,13 +35,21 @@ class Partition:
     def public_meta(self, nodes: int) -> dict:
         inter = self.interactions
         return {
-            "source": self.source, "n_users": int(inter.n_users), "n_items": int(inter.n_items),
-            "rating_range": [float(x) for x in self.rating_range], "implicit": False, "protocol": "random",
-            "split_seed": int(self.split_seed), "nodes": int(nodes), "users_per_node": int(self.users_per_node),
+            "source": self.source,
+            "n_users": int(inter.n_users),
+            "n_items": int(inter.n_items),
+            "rating_range": [float(x) for x in self.rating_range],
+            "implicit": False,
+            "protocol": "random",
+            "split_seed": int(self.split_seed),
+            "nodes": int(nodes),
+            "users_per_node": int(self.users_per_node),
         }
 
 
-def split_job(data: str, users_per_node: int, split_seed: int = SPLIT_SEED, options: dict[str, str] | None = None) -> Partition:
+def split_job(
+    data: str, users_per_node: int, split_seed: int = SPLIT_SEED, options: dict[str, str] | None = None
+) -> Partition:
     """Load ``data`` (the data owner's side; ``options``: the ``--data-opt`` options of a
     csv/parquet file) and cut it into node blocks. Partitioned deployments use the random split,
     evaluated on the nodes (the held-out-users protocol evaluates on the server and is refused
@@ -54,9 +62,19 @@ def split_job(data: str, users_per_node: int, split_seed: int = SPLIT_SEED, opti
     ds = load_spec(spec)
     require_declared_catalogue(ds, spec, "a deployment")  # its public metadata fixes n_items for every run
     if ds.implicit or spec.kind in HELDOUT_KINDS:
-        raise ConfigError(f"{spec.kind}: a partitioned deployment evaluates on its nodes with the random split; "
-                          "the held-out-users protocol (implicit data) is not supported there yet", field="--data")
-    return Partition(ds.interactions, ds.item_features, tuple(ds.rating_range), str(spec), max(1, int(users_per_node)), int(split_seed))
+        raise ConfigError(
+            f"{spec.kind}: a partitioned deployment evaluates on its nodes with the random split; "
+            "the held-out-users protocol (implicit data) is not supported there yet",
+            field="--data",
+        )
+    return Partition(
+        ds.interactions,
+        ds.item_features,
+        tuple(ds.rating_range),
+        str(spec),
+        max(1, int(users_per_node)),
+        int(split_seed),
+    )
 
 
 def n_partitions(part: Partition) -> int:
@@ -70,7 +88,10 @@ def write_partition(part: Partition, nodes: int, out: Path, node_dir=None) -> No
     from ...data.public import write_node_ratings, write_public
 
     if n_partitions(part) > nodes:
-        raise ConfigError(f"{n_partitions(part)} partitions of {part.users_per_node} users need at least {n_partitions(part)} nodes, got {nodes}", field="--nodes")
+        raise ConfigError(
+            f"{n_partitions(part)} partitions of {part.users_per_node} users need at least {n_partitions(part)} nodes, got {nodes}",
+            field="--nodes",
+        )
     out = Path(out)
     public = write_public(out / "public", part.public_meta(nodes), part.interactions.item_ids, part.item_features)
     for i in range(nodes):

@@ -43,11 +43,17 @@ def prepare(cfg: DeployConfig, *, job=None) -> DeployConfig:
     cfg.validate()
     live = running(DeployConfig(run_dir=cfg.run_dir, nodes=1))
     if live:
-        raise ConfigError(f"a deployment is running in {cfg.run_dir} (PIDs {', '.join(str(e['pid']) for e in live)}): `fedpriv deploy down` first", field="--run-dir")
+        raise ConfigError(
+            f"a deployment is running in {cfg.run_dir} (PIDs {', '.join(str(e['pid']) for e in live)}): `fedpriv deploy down` first",
+            field="--run-dir",
+        )
     if cfg.data is not None and job is None:
         job = split_job(cfg.data, cfg.users_per_node)
     if job is not None and n_partitions(job) > cfg.nodes:
-        raise ConfigError(f"{n_partitions(job)} partitions of {cfg.users_per_node} users need at least {n_partitions(job)} nodes, got {cfg.nodes}", field="--nodes")
+        raise ConfigError(
+            f"{n_partitions(job)} partitions of {cfg.users_per_node} users need at least {n_partitions(job)} nodes, got {cfg.nodes}",
+            field="--nodes",
+        )
     created = not cfg.run_dir.exists()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".prepare-", dir=cfg.run_dir))
@@ -64,7 +70,9 @@ def prepare(cfg: DeployConfig, *, job=None) -> DeployConfig:
             # there, node-config data-dir; the server never sees node-data)
             from ...flower.node_identity import DATA_SUBDIR, provision_into
 
-            provision_into({i: stage / cfg.node_data_dir(i).relative_to(cfg.run_dir) / DATA_SUBDIR for i in range(cfg.nodes)})
+            provision_into(
+                {i: stage / cfg.node_data_dir(i).relative_to(cfg.run_dir) / DATA_SUBDIR for i in range(cfg.nodes)}
+            )
         (stage / "flwr-home").mkdir()
         (stage / "flwr-home" / "config.toml").write_text(connection_toml(cfg))
         state = cfg.to_dict()

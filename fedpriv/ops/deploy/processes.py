@@ -33,7 +33,9 @@ def _env(cfg: DeployConfig, home: Path) -> dict[str, str]:
     return env
 
 
-CLIENTAPP_SLOTS_ENV = "FEDPRIV_CLIENTAPP_SLOTS"  # ClientApp processes running at once on this host (default: 8 per core)
+CLIENTAPP_SLOTS_ENV = (
+    "FEDPRIV_CLIENTAPP_SLOTS"  # ClientApp processes running at once on this host (default: 8 per core)
+)
 
 
 def clientapp_gate(cfg: DeployConfig) -> Path | None:
@@ -64,12 +66,12 @@ def clientapp_gate(cfg: DeployConfig) -> Path | None:
         "#!/bin/sh\n"
         f"# fedpriv deploy: at most {n} flwr-clientapp processes at once on this host (see fedpriv/ops/deploy/processes.py)\n"
         f"i=0; while [ $i -lt {n} ]; do\n"
-        f"  exec 9>\"{gate}/slots/$i\"\n"
-        f"  if {flock} -n 9; then exec \"{real}\" \"$@\"; fi\n"
+        f'  exec 9>"{gate}/slots/$i"\n'
+        f'  if {flock} -n 9; then exec "{real}" "$@"; fi\n'
         "  i=$((i+1))\n"
         "done\n"
-        f"exec 9>\"{gate}/slots/$(($$ % {n}))\"\n"
-        f"{flock} 9 && exec \"{real}\" \"$@\"\n"
+        f'exec 9>"{gate}/slots/$(($$ % {n}))"\n'
+        f'{flock} 9 && exec "{real}" "$@"\n'
         "exit 1\n"
     )
     script.chmod(0o755)
@@ -89,10 +91,15 @@ def node_netns_prefix(cfg: DeployConfig) -> list[str]:
         return []
     unprotected = f"set {NODE_NETNS_ENV}=0 to start the SuperNodes in the host's network anyway, where every process on this host can claim their tasks and read their state"
     if cfg.superlink_host not in LOCAL_HOSTS:
-        raise ConfigError(f"a SuperNode in a network namespace of its own reaches the SuperLink on the host's loopback only, not {cfg.superlink_host}: {unprotected}", field=NODE_NETNS_ENV)
+        raise ConfigError(
+            f"a SuperNode in a network namespace of its own reaches the SuperLink on the host's loopback only, not {cfg.superlink_host}: {unprotected}",
+            field=NODE_NETNS_ENV,
+        )
     why = netns.unavailable()
     if why:
-        raise ConfigError(f"cannot give each SuperNode a network namespace of its own ({why}): {unprotected}", field=NODE_NETNS_ENV)
+        raise ConfigError(
+            f"cannot give each SuperNode a network namespace of its own ({why}): {unprotected}", field=NODE_NETNS_ENV
+        )
     return [sys.executable, str(Path(netns.__file__).resolve()), "--forward", str(cfg.fleet_api_port), "--"]
 
 
@@ -102,7 +109,15 @@ def _spawn(cfg: DeployConfig, name: str, cmd: list[str], home: Path, gate: Path 
     if gate is not None:
         env["PATH"] = f"{gate}{os.pathsep}{env.get('PATH', '')}"
     with open(cfg.logs_dir / f"{name}.log", "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=cfg.run_dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cfg.run_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return {"name": name, "pid": proc.pid, "start": _start_ticks(proc.pid), "cmd": cmd}
 
 
@@ -186,7 +201,15 @@ def _flwr_cli(cfg: DeployConfig, cmd: list[str], timeout: float = CLI_SECONDS) -
     """Run a ``flwr`` CLI command against the connection ``deploy``: (exit code, output)."""
     write_connection(cfg)
     try:
-        r = subprocess.run(cmd, cwd=cfg.run_dir, env=_env(cfg, cfg.flwr_home), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            cmd,
+            cwd=cfg.run_dir,
+            env=_env(cfg, cfg.flwr_home),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return 124, f"`{' '.join(cmd)}` did not finish within {timeout:g} s"
     return r.returncode, launcher.ANSI_ESCAPE.sub("", r.stdout + r.stderr)
@@ -230,7 +253,9 @@ def stop_runs(cfg: DeployConfig, exclude=()) -> list[str]:
     return stopped
 
 
-def register_supernodes(cfg: DeployConfig, *, wait: float = 60.0, indices: list[int] | None = None, workers: int = 4) -> list[str]:
+def register_supernodes(
+    cfg: DeployConfig, *, wait: float = 60.0, indices: list[int] | None = None, workers: int = 4
+) -> list[str]:
     """Register the public key of every node (or of ``indices``) with the SuperLink, waiting up
     to ``wait`` seconds for its Control API; returns the node ids. A key registered before
     counts as registered."""
@@ -263,11 +288,19 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
     cfg.run_dir = Path(cfg.run_dir).expanduser().resolve()
     if cfg.bin_dir is None:
         cfg.bin_dir = _bin_dir()
-    if cfg.fleet_api is not None and cfg.fleet_api != fleet_transport():  # the processes started here are the installed Flower's
-        raise ConfigError(f"the installed Flower {'.'.join(map(str, flwr_version()))} speaks {fleet_transport()} to its SuperNodes, not {cfg.fleet_api}", field="fleet_api")
+    if (
+        cfg.fleet_api is not None and cfg.fleet_api != fleet_transport()
+    ):  # the processes started here are the installed Flower's
+        raise ConfigError(
+            f"the installed Flower {'.'.join(map(str, flwr_version()))} speaks {fleet_transport()} to its SuperNodes, not {cfg.fleet_api}",
+            field="fleet_api",
+        )
     live = running(DeployConfig(run_dir=cfg.run_dir, nodes=1))
     if live:
-        raise ConfigError(f"a deployment is running in {cfg.run_dir} (PIDs {', '.join(str(e['pid']) for e in live)}): `fedpriv deploy down` first", field="--run-dir")
+        raise ConfigError(
+            f"a deployment is running in {cfg.run_dir} (PIDs {', '.join(str(e['pid']) for e in live)}): `fedpriv deploy down` first",
+            field="--run-dir",
+        )
     # fresh loopback ports unless given (0 = choose)
     if 0 in (cfg.fleet_port, cfg.control_port, cfg.node_port_base):
         chosen = iter(free_ports(2))
@@ -288,11 +321,16 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
         entries.append(_spawn(cfg, "superlink", superlink_command(cfg), cfg.flwr_home))
         _write_pids(cfg, entries)
         deadline = time.monotonic() + wait
-        while not all(_port_open(cfg.superlink_host, port) for port in cfg.superlink_ports):  # Fleet API on a port of its own only on gRPC-rere
+        while not all(
+            _port_open(cfg.superlink_host, port) for port in cfg.superlink_ports
+        ):  # Fleet API on a port of its own only on gRPC-rere
             if not launcher.pid_alive(entries[0]["pid"]):
                 raise FedprivError("the SuperLink exited; its log:\n" + _tail(cfg.logs_dir / "superlink.log"))
             if time.monotonic() > deadline:
-                raise FedprivError(f"the SuperLink did not listen within {wait:g} s; its log:\n" + _tail(cfg.logs_dir / "superlink.log"))
+                raise FedprivError(
+                    f"the SuperLink did not listen within {wait:g} s; its log:\n"
+                    + _tail(cfg.logs_dir / "superlink.log")
+                )
             time.sleep(0.3)
         register_supernodes(cfg, wait=max(5.0, deadline - time.monotonic()))
         wave = node_wave()
@@ -345,12 +383,19 @@ def wait_for_supernodes(cfg: DeployConfig, entries: list[dict], deadline: float)
             if e["name"].startswith("supernode") and not launcher.pid_alive(e["pid"]):
                 raise FedprivError(f"{e['name']} exited; its log:\n" + _tail(cfg.logs_dir / f"{e['name']}.log"))
         try:
-            online = sum(1 for n in list_nodes(cfg, timeout=max(10.0, min(CLI_SECONDS, deadline - time.monotonic()))) if n.get("status") == "online")
+            online = sum(
+                1
+                for n in list_nodes(cfg, timeout=max(10.0, min(CLI_SECONDS, deadline - time.monotonic())))
+                if n.get("status") == "online"
+            )
             error = ""
         except FedprivError as exc:
             error = f" (last `flwr supernode ls`: {exc})"
         if online >= cfg.nodes:
             return
         if time.monotonic() > deadline:
-            raise FedprivError(f"{online} of {cfg.nodes} SuperNodes online after the wait{error}; last SuperNode log:\n" + _tail(cfg.logs_dir / f"supernode-{cfg.nodes - 1}.log"))
+            raise FedprivError(
+                f"{online} of {cfg.nodes} SuperNodes online after the wait{error}; last SuperNode log:\n"
+                + _tail(cfg.logs_dir / f"supernode-{cfg.nodes - 1}.log")
+            )
         time.sleep(1.0 if cfg.nodes <= 10 else 3.0)

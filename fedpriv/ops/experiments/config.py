@@ -172,7 +172,11 @@ def _lists(path: Path, key: str, space) -> dict:
 def _check_keys(path: Path, where: str, tbl: dict, allowed: set[str]) -> None:
     unknown = sorted(set(tbl) - allowed)
     if unknown:
-        raise _err(path, f"{where}.{unknown[0]}" if where else unknown[0], f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        raise _err(
+            path,
+            f"{where}.{unknown[0]}" if where else unknown[0],
+            f"unknown key (allowed: {', '.join(sorted(allowed))})",
+        )
 
 
 def default_data_root() -> str:
@@ -183,8 +187,15 @@ def default_data_root() -> str:
     return os.environ.get("FEDPRIV_DATA") or "data"
 
 
-def load(path: str | Path, *, quick: bool = False, data_root: str | None = None, engine: str | None = None,
-         dataset_specs: dict[str, str] | None = None, only_datasets: list[str] | None = None) -> Experiment:
+def load(
+    path: str | Path,
+    *,
+    quick: bool = False,
+    data_root: str | None = None,
+    engine: str | None = None,
+    dataset_specs: dict[str, str] | None = None,
+    only_datasets: list[str] | None = None,
+) -> Experiment:
     """Parse and validate one config; ``quick`` applies its ``[quick]`` table.
     ``dataset_specs`` (``--dataset NAME=SPEC``) adds or replaces data sets; ``only_datasets``
     (``--datasets``) replaces the grid's list (e.g. a paper-scale ``ml-20m``). ``data_root``:
@@ -200,9 +211,13 @@ def load(path: str | Path, *, quick: bool = False, data_root: str | None = None,
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", field=str(path)) from None
-    _check_keys(path, "", doc, {"experiment", "datasets", "grid", "search", "methods", "analysis", "plots", "quick", "settings"})
+    _check_keys(
+        path, "", doc, {"experiment", "datasets", "grid", "search", "methods", "analysis", "plots", "quick", "settings"}
+    )
     exp = _table(path, doc, "experiment", required=True)
-    _check_keys(path, "experiment", exp, {"name", "title", "description", "kind", "engine", "order", "headline", "commands"})
+    _check_keys(
+        path, "experiment", exp, {"name", "title", "description", "kind", "engine", "order", "headline", "commands"}
+    )
     name = _str(path, exp, "name", "experiment")
     if not name or any(c in name for c in "/\\ ") or name.startswith("."):
         raise _err(path, "experiment.name", f"must be a plain folder name, got {name!r}")
@@ -211,7 +226,11 @@ def load(path: str | Path, *, quick: bool = False, data_root: str | None = None,
         raise _err(path, "experiment.kind", f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
     eng = engine or _str(path, exp, "engine", "experiment", "inprocess")
     if eng not in ENGINES:
-        raise _err(path, "experiment.engine" if engine is None else "--engine", f"unknown engine {eng!r} (known: {', '.join(ENGINES)})")
+        raise _err(
+            path,
+            "experiment.engine" if engine is None else "--engine",
+            f"unknown engine {eng!r} (known: {', '.join(ENGINES)})",
+        )
     order = exp.get("order", 100)
     if not isinstance(order, int) or isinstance(order, bool):
         raise _err(path, "experiment.order", f"must be an integer, got {order!r}")
@@ -255,9 +274,18 @@ def load(path: str | Path, *, quick: bool = False, data_root: str | None = None,
             raise _err(path, f"{key}.validation", "must be a data spec string")
         options = _table(path, val, "options")
         if not all(isinstance(v, (str, int, float, bool)) for v in options.values()):
-            raise _err(path, f"{key}.options", "must map option names to strings or numbers (e.g. rating_range = \"1,5\", items = \"{data}/items.csv\")")
-        options = {str(k): (str(int(v)) if isinstance(v, bool) else str(v)).replace("{data}", data_root) for k, v in options.items()}
-        datasets[dname] = DatasetEntry(dname, spec, valid.replace("{data}", data_root) if valid else None, str(val.get("label", dname)), options)
+            raise _err(
+                path,
+                f"{key}.options",
+                'must map option names to strings or numbers (e.g. rating_range = "1,5", items = "{data}/items.csv")',
+            )
+        options = {
+            str(k): (str(int(v)) if isinstance(v, bool) else str(v)).replace("{data}", data_root)
+            for k, v in options.items()
+        }
+        datasets[dname] = DatasetEntry(
+            dname, spec, valid.replace("{data}", data_root) if valid else None, str(val.get("label", dname)), options
+        )
     for dname, spec in (dataset_specs or {}).items():
         old = datasets.get(dname)
         datasets[dname] = DatasetEntry(dname, spec.replace("{data}", data_root), None, old.labels if old else dname)
@@ -265,7 +293,9 @@ def load(path: str | Path, *, quick: bool = False, data_root: str | None = None,
         if kind in ("selection_scenarios", "selection_bandit"):
             raise _err(path, "--datasets", f"a {kind} experiment has no data sets")
         grid["datasets"] = list(only_datasets)
-    for dname, spec, options in [(d.name, d.spec, d.options) for d in datasets.values()] + [(d.name, d.validation, d.options) for d in datasets.values() if d.validation]:
+    for dname, spec, options in [(d.name, d.spec, d.options) for d in datasets.values()] + [
+        (d.name, d.validation, d.options) for d in datasets.values() if d.validation
+    ]:
         from ...data.spec import parse_data_spec
 
         try:
@@ -278,7 +308,11 @@ def load(path: str | Path, *, quick: bool = False, data_root: str | None = None,
         raise _err(path, "grid.datasets", "must be a list of data set names")
     for d in grid_datasets:
         if d not in datasets:
-            raise _err(path, "grid.datasets" if not only_datasets else "--datasets", f"unknown data set {d!r} (defined in [datasets]: {', '.join(datasets) or 'none'}; add one with --dataset NAME=SPEC)")
+            raise _err(
+                path,
+                "grid.datasets" if not only_datasets else "--datasets",
+                f"unknown data set {d!r} (defined in [datasets]: {', '.join(datasets) or 'none'}; add one with --dataset NAME=SPEC)",
+            )
     for d, p in quick_dataset_params.items():
         if d not in datasets:
             raise _err(path, "quick.dataset_params", f"unknown data set {d!r}")
@@ -308,8 +342,15 @@ def load(path: str | Path, *, quick: bool = False, data_root: str | None = None,
     include_defaults = search.get("include_defaults", False)
     if not isinstance(include_defaults, bool):
         raise _err(path, "search.include_defaults", f"must be true or false, got {include_defaults!r}")
-    search_cfg = {"trials": s_trials, "scope": scope, "reference_epsilon": float(ref_eps), "metric": metric, "seed": search_seed, "mode": mode,
-                  "include_defaults": include_defaults}
+    search_cfg = {
+        "trials": s_trials,
+        "scope": scope,
+        "reference_epsilon": float(ref_eps),
+        "metric": metric,
+        "seed": search_seed,
+        "mode": mode,
+        "include_defaults": include_defaults,
+    }
 
     from ...algorithms import als, pam
     from ...algorithms.names import is_private
@@ -356,21 +397,43 @@ def load(path: str | Path, *, quick: bool = False, data_root: str | None = None,
         sweep = m.get("sweep")
         forced = dict(quick_method_params.get(mname, {}))
         if sweep is None:
-            methods.append(Method(mname, alg, mp, ms, mds, dps, base=mname, private=private, label=label, forced=forced))
+            methods.append(
+                Method(mname, alg, mp, ms, mds, dps, base=mname, private=private, label=label, forced=forced)
+            )
             continue
         sweep = _lists(path, f"{key}.sweep", sweep)
         if len(sweep) != 1:
             raise _err(path, f"{key}.sweep", "must have exactly one key")
-        (skey, values), = sweep.items()
+        ((skey, values),) = sweep.items()
         for v in values:
-            methods.append(Method(f"{mname} {skey}={v}", alg, {**mp, skey: v}, ms, mds, dps, skey, v, base=mname, private=private, label=f"{label} {skey}={v}", forced=forced))
+            methods.append(
+                Method(
+                    f"{mname} {skey}={v}",
+                    alg,
+                    {**mp, skey: v},
+                    ms,
+                    mds,
+                    dps,
+                    skey,
+                    v,
+                    base=mname,
+                    private=private,
+                    label=f"{label} {skey}={v}",
+                    forced=forced,
+                )
+            )
     if kind == "grid" and not methods:
         raise _err(path, "methods", "no method to run")
     if kind == "grid" and any(m.private for m in methods) and epsilons == [None]:
         raise _err(path, "grid.epsilons", "private methods need epsilons")
 
     analysis = dict(_table(path, doc, "analysis"))
-    _check_keys(path, "analysis", analysis, {"neighbours", "neighbours_k", "reference_method", "titles", "neighbours_epsilon", "neighbours_shown"})
+    _check_keys(
+        path,
+        "analysis",
+        analysis,
+        {"neighbours", "neighbours_k", "reference_method", "titles", "neighbours_epsilon", "neighbours_shown"},
+    )
     if analysis.get("neighbours"):
         ref = analysis.get("reference_method")
         if not isinstance(ref, str) or ref not in {m.name for m in methods}:
@@ -387,7 +450,12 @@ def load(path: str | Path, *, quick: bool = False, data_root: str | None = None,
         key = f"plots[{i}]"
         if not isinstance(p, dict):
             raise _err(path, key, "must be a table")
-        _check_keys(path, key, p, {"type", "x", "y", "file", "title", "epsilon", "logx", "logy", "datasets", "methods", "ylabel", "dataset"})
+        _check_keys(
+            path,
+            key,
+            p,
+            {"type", "x", "y", "file", "title", "epsilon", "logx", "logy", "datasets", "methods", "ylabel", "dataset"},
+        )
         if p.get("type") not in PLOT_TYPES:
             raise _err(path, f"{key}.type", f"must be one of {', '.join(PLOT_TYPES)}, got {p.get('type')!r}")
         _str(path, p, "file", key)
@@ -400,8 +468,26 @@ def load(path: str | Path, *, quick: bool = False, data_root: str | None = None,
     if not isinstance(desc, str):
         raise _err(path, "experiment.description", "must be a string")
     return Experiment(
-        path=path, text=text, name=name, title=_str(path, exp, "title", "experiment", name), description=desc, kind=kind, engine=eng,
-        order=order, headline=str(exp.get("headline", "")), datasets=datasets, grid_datasets=grid_datasets,
-        epsilons=[None if e is None else float(e) for e in epsilons], seeds=int(seeds), delta=float(delta), params=params,
-        methods=methods, search=search_cfg, analysis=analysis, plots=plots, settings=settings, quick=quick, commands=list(commands),
+        path=path,
+        text=text,
+        name=name,
+        title=_str(path, exp, "title", "experiment", name),
+        description=desc,
+        kind=kind,
+        engine=eng,
+        order=order,
+        headline=str(exp.get("headline", "")),
+        datasets=datasets,
+        grid_datasets=grid_datasets,
+        epsilons=[None if e is None else float(e) for e in epsilons],
+        seeds=int(seeds),
+        delta=float(delta),
+        params=params,
+        methods=methods,
+        search=search_cfg,
+        analysis=analysis,
+        plots=plots,
+        settings=settings,
+        quick=quick,
+        commands=list(commands),
     )

@@ -42,10 +42,31 @@ from .config import Experiment, Method
 
 BASE_SEED = 1234
 FIRST_COLUMNS = (
-    "experiment", "cell", "method", "algorithm", "dataset", "epsilon", "delta", "seed", "engine", "params", "run_dir",
-    "epsilon_spent", "rounds", "bytes_up", "bytes_down", "seconds",
+    "experiment",
+    "cell",
+    "method",
+    "algorithm",
+    "dataset",
+    "epsilon",
+    "delta",
+    "seed",
+    "engine",
+    "params",
+    "run_dir",
+    "epsilon_spent",
+    "rounds",
+    "bytes_up",
+    "bytes_down",
+    "seconds",
 )
-_REC_KEYS = ("mse_to_best", "hit_rate", "argmax_hit_rate", "uniform_hit_rate", "spearman_mean_binned", "spearman_positive_share")
+_REC_KEYS = (
+    "mse_to_best",
+    "hit_rate",
+    "argmax_hit_rate",
+    "uniform_hit_rate",
+    "spearman_mean_binned",
+    "spearman_positive_share",
+)
 _AUTO_METRICS = (("valid_rmse", "min"), ("valid_recall_at_20", "max"), ("valid_logloss", "min"))
 _VALIDATION_METRICS = (("test_rmse", "min"), ("test_recall_at_20", "max"), ("test_mse", "min"), ("test_logloss", "min"))
 
@@ -115,7 +136,7 @@ HIGHER_IS_BETTER = ("recall", "accuracy", "hit", "overlap")
 
 
 def metric_direction(metric: str) -> str:
-    """"max" for a metric where higher is better, else "min"."""
+    """ "max" for a metric where higher is better, else "min"."""
     return "max" if any(word in metric for word in HIGHER_IS_BETTER) else "min"
 
 
@@ -195,13 +216,30 @@ class GridRunner:
         return self.cache[spec]
 
     # ------------------------------------------------------------------ one run
-    def run_one(self, cell: Cell, params: dict, seed: int, *, spec: str, run_dir: str | None, epsilon, capture: dict | None = None) -> dict:
+    def run_one(
+        self,
+        cell: Cell,
+        params: dict,
+        seed: int,
+        *,
+        spec: str,
+        run_dir: str | None,
+        epsilon,
+        capture: dict | None = None,
+    ) -> dict:
         from ...run import Job, engine_named, write_outputs
 
         exp, m = self.exp, cell.method
         t = time.perf_counter()
-        job = Job(m.algorithm, spec, epsilon=epsilon if m.private else None, delta=exp.delta, params={**params, "seed": seed},
-                  data_options=self.options(spec), dataset=self.load(spec))
+        job = Job(
+            m.algorithm,
+            spec,
+            epsilon=epsilon if m.private else None,
+            delta=exp.delta,
+            params={**params, "seed": seed},
+            data_options=self.options(spec),
+            dataset=self.load(spec),
+        )
         # the RDP epsilon is reported; the PLD cross-check costs a second per run
         outcome = job.prepare().execute(engine_named(exp.engine), second_opinion=False)
         metrics, ledger = outcome.report.to_json(), outcome.ledger
@@ -211,10 +249,21 @@ class GridRunner:
         if run_dir:
             write_outputs(self.out / run_dir, metrics, ledger)
         row = {
-            "experiment": exp.name, "method": m.name, "algorithm": m.algorithm, "dataset": cell.dataset,
-            "epsilon": epsilon if m.private else None, "delta": exp.delta, "seed": seed, "engine": exp.engine,
-            "params": json.dumps(params, sort_keys=True), "run_dir": run_dir or "", "epsilon_spent": metrics.get("epsilon_spent"),
-            "rounds": metrics.get("rounds"), "bytes_up": metrics.get("bytes_up"), "bytes_down": metrics.get("bytes_down"), "seconds": round(seconds, 3),
+            "experiment": exp.name,
+            "method": m.name,
+            "algorithm": m.algorithm,
+            "dataset": cell.dataset,
+            "epsilon": epsilon if m.private else None,
+            "delta": exp.delta,
+            "seed": seed,
+            "engine": exp.engine,
+            "params": json.dumps(params, sort_keys=True),
+            "run_dir": run_dir or "",
+            "epsilon_spent": metrics.get("epsilon_spent"),
+            "rounds": metrics.get("rounds"),
+            "bytes_up": metrics.get("bytes_up"),
+            "bytes_down": metrics.get("bytes_down"),
+            "seconds": round(seconds, 3),
         }
         if m.sweep_key:
             row["sweep_key"], row["sweep_value"] = m.sweep_key, m.sweep_value
@@ -234,9 +283,21 @@ class GridRunner:
         if exp.search["scope"] == "reference" and m.private:
             eps = exp.search["reference_epsilon"]
         spec = ds.validation or ds.spec
-        key_doc = {"spec": spec, "algorithm": m.algorithm, "base": base, "space": m.search, "trials": exp.search["trials"], "seed": exp.search["seed"],
-                   "metric": exp.search["metric"], "mode": exp.search["mode"], "epsilon": eps, "delta": exp.delta, "engine": exp.engine, "draws": m.base,
-                   **({"include_defaults": True} if exp.search.get("include_defaults") else {})}
+        key_doc = {
+            "spec": spec,
+            "algorithm": m.algorithm,
+            "base": base,
+            "space": m.search,
+            "trials": exp.search["trials"],
+            "seed": exp.search["seed"],
+            "metric": exp.search["metric"],
+            "mode": exp.search["mode"],
+            "epsilon": eps,
+            "delta": exp.delta,
+            "engine": exp.engine,
+            "draws": m.base,
+            **({"include_defaults": True} if exp.search.get("include_defaults") else {}),
+        }
         key = stable_hash(key_doc)
         path = self.out / "search" / f"{key}.json"
         if path.exists():
@@ -255,25 +316,39 @@ class GridRunner:
             best = min(range(len(trials)), key=lambda i: _score(trials[i].get(metric), direction))
             for i, r in enumerate(trials):
                 r["selected"] = int(i == best)
-            doc = {"key": key, "definition": key_doc, "trials": trials, "best": best, "metric": metric, "direction": direction}
+            doc = {
+                "key": key,
+                "definition": key_doc,
+                "trials": trials,
+                "best": best,
+                "metric": metric,
+                "direction": direction,
+            }
             _atomic_json(path, doc)
         best = doc["trials"][doc["best"]]
         chosen = cell_params(exp, cell, json.loads(best["candidate"]))
         for r in doc["trials"]:
-            self.search_rows.append({**r, "cell": f"{cell.dataset}|{m.name}|{cell.epsilon}", "search_key": key, "for_epsilon": cell.epsilon})
+            self.search_rows.append(
+                {**r, "cell": f"{cell.dataset}|{m.name}|{cell.epsilon}", "search_key": key, "for_epsilon": cell.epsilon}
+            )
         return chosen, best
 
     def _search_metric(self, row: dict, validation: bool) -> tuple[str, str]:
         metric = self.exp.search["metric"]
         if metric != "auto":
             if metric not in row:
-                raise ConfigError(f"the runs report no metric {metric!r} (they report: {', '.join(k for k in row if k.startswith(('valid_', 'test_')))})",
-                                  field=f"{self.exp.path}: search.metric")
+                raise ConfigError(
+                    f"the runs report no metric {metric!r} (they report: {', '.join(k for k in row if k.startswith(('valid_', 'test_')))})",
+                    field=f"{self.exp.path}: search.metric",
+                )
             return metric, metric_direction(metric)
-        for name, direction in (_VALIDATION_METRICS if validation else _AUTO_METRICS):
+        for name, direction in _VALIDATION_METRICS if validation else _AUTO_METRICS:
             if name in row:
                 return name, direction
-        raise ConfigError("no validation metric in the runs: set search.metric, or give the data set a validation data set", field=f"{self.exp.path}: search.metric")
+        raise ConfigError(
+            "no validation metric in the runs: set search.metric, or give the data set a validation data set",
+            field=f"{self.exp.path}: search.metric",
+        )
 
     # ------------------------------------------------------------------ cells
     def run_cell(self, cell: Cell) -> list[dict] | None:
@@ -283,8 +358,17 @@ class GridRunner:
             self.skipped.append({"cell": cell.label, "reason": reason})
             return None
         chosen, best = self.search(cell)
-        key_doc = {"spec": exp.datasets[cell.dataset].spec, "method": m.name, "algorithm": m.algorithm, "params": chosen, "epsilon": cell.epsilon,
-                   "delta": exp.delta, "seeds": exp.seeds, "engine": exp.engine, "neighbours": bool(exp.analysis.get("neighbours"))}
+        key_doc = {
+            "spec": exp.datasets[cell.dataset].spec,
+            "method": m.name,
+            "algorithm": m.algorithm,
+            "params": chosen,
+            "epsilon": cell.epsilon,
+            "delta": exp.delta,
+            "seeds": exp.seeds,
+            "engine": exp.engine,
+            "neighbours": bool(exp.analysis.get("neighbours")),
+        }
         key = stable_hash(key_doc)
         path = self.out / "cells" / f"{key}.json"
         if path.exists():
@@ -294,7 +378,15 @@ class GridRunner:
             rows, t0 = [], time.perf_counter()
             for s in range(1, exp.seeds + 1):
                 cap: dict = {}
-                row = self.run_one(cell, chosen, BASE_SEED + s, spec=exp.datasets[cell.dataset].spec, run_dir=f"runs/{key}-s{s}", epsilon=cell.epsilon, capture=cap)
+                row = self.run_one(
+                    cell,
+                    chosen,
+                    BASE_SEED + s,
+                    spec=exp.datasets[cell.dataset].spec,
+                    run_dir=f"runs/{key}-s{s}",
+                    epsilon=cell.epsilon,
+                    capture=cap,
+                )
                 if best is not None:
                     row["search_value_at_selection"] = best.get("search_value")
                     row["search_metric"] = best.get("search_metric")

@@ -21,12 +21,19 @@ import numpy as np
 from .grid import as_number
 
 _LABELS = {
-    "test_rmse": "test RMSE", "valid_rmse": "validation RMSE", "test_recall_at_20": "test Recall@20", "test_mse": "test MSE",
-    "bytes_up": "bytes up", "bytes_down": "bytes down", "rounds": "rounds", "seconds": "seconds per run", "epsilon": "ε",
-    "rec_mse_to_best": "MSE of the pick to the best score", "rec_hit_rate": "hit rate", "nn_overlap": "neighbour overlap",
+    "test_rmse": "test RMSE",
+    "valid_rmse": "validation RMSE",
+    "test_recall_at_20": "test Recall@20",
+    "test_mse": "test MSE",
+    "bytes_up": "bytes up",
+    "bytes_down": "bytes down",
+    "rounds": "rounds",
+    "seconds": "seconds per run",
+    "epsilon": "ε",
+    "rec_mse_to_best": "MSE of the pick to the best score",
+    "rec_hit_rate": "hit rate",
+    "nn_overlap": "neighbour overlap",
 }
-
-
 
 
 def _mean_std(vals):
@@ -64,7 +71,11 @@ def _save(fig, plt, path: Path, title: str) -> None:
 def _select(rows, spec):
     ds = spec.get("datasets")
     ms = spec.get("methods")
-    return [r for r in rows if (ds is None or r["dataset"] in ds) and (ms is None or r["method"] in ms or r.get("method_base") in ms)]
+    return [
+        r
+        for r in rows
+        if (ds is None or r["dataset"] in ds) and (ms is None or r["method"] in ms or r.get("method_base") in ms)
+    ]
 
 
 def draw(spec: dict, rows: list[dict], out_png: Path, labels: dict | None = None) -> str | None:
@@ -160,7 +171,11 @@ def _sweep(spec, rows, out_png, labels):
 def _buckets(spec, rows, out_png, labels):
     prefix = "nn_overlap_bucket" if spec["type"] == "overlap" else spec["y"]
     eps = as_number(spec.get("epsilon"))
-    keep = [r for r in rows if (eps is None or as_number(r.get("epsilon")) in (eps, None)) and as_number(r.get(f"{prefix}_0")) is not None]
+    keep = [
+        r
+        for r in rows
+        if (eps is None or as_number(r.get("epsilon")) in (eps, None)) and as_number(r.get(f"{prefix}_0")) is not None
+    ]
     if spec["type"] == "overlap":
         keep = [r for r in keep if as_number(r.get("epsilon")) is not None]
     if not keep:
@@ -173,13 +188,24 @@ def _buckets(spec, rows, out_png, labels):
         for i, m in enumerate(methods):
             mr = [r for r in keep if r["dataset"] == d and r["method"] == m]
             ms = [_mean_std([r.get(f"{prefix}_{b}") for r in mr]) for b in range(5)]
-            ax.bar(np.arange(5) + (i - (len(methods) - 1) / 2) * width, [a or 0 for a, _ in ms], width, yerr=[s or 0 for _, s in ms], capsize=2, label=m)
+            ax.bar(
+                np.arange(5) + (i - (len(methods) - 1) / 2) * width,
+                [a or 0 for a, _ in ms],
+                width,
+                yerr=[s or 0 for _, s in ms],
+                capsize=2,
+                label=m,
+            )
         if spec.get("chance", {}).get(d) is not None:
             ax.axhline(spec["chance"][d], ls="--", color="0.2", lw=1.2, label="chance (random neighbours)")
         ax.set_xticks(range(5))
         ax.set_xticklabels(["0 (rarest)", "1", "2", "3", "4 (most rated)"], fontsize=8)
         ax.set_xlabel("item-frequency bucket")
-        ax.set_ylabel("top-k neighbour overlap with non-private" if spec["type"] == "overlap" else _ylabel(spec, prefix.replace("_bucket", "")))
+        ax.set_ylabel(
+            "top-k neighbour overlap with non-private"
+            if spec["type"] == "overlap"
+            else _ylabel(spec, prefix.replace("_bucket", ""))
+        )
         ax.set_title(labels.get(d, d) + (f", ε={eps:g}" if eps else ""), fontsize=10)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)
@@ -191,14 +217,27 @@ def _bars(spec, rows, out_png, labels):
     ys = spec["y"] if isinstance(spec["y"], list) else [spec["y"]]
     eps = as_number(spec.get("epsilon"))
     rows = [r for r in rows if eps is None or as_number(r.get("epsilon")) in (eps, None)]
-    panels = [(d, y) for d in _datasets(rows) for y in ys if any(as_number(r.get(y)) is not None for r in rows if r["dataset"] == d)]
+    panels = [
+        (d, y)
+        for d in _datasets(rows)
+        for y in ys
+        if any(as_number(r.get(y)) is not None for r in rows if r["dataset"] == d)
+    ]
     if not panels:
         return None
     fig, axes, plt = _figure(len(panels), panel=(4.2, 3.4))
     for ax, (d, y) in zip(axes, panels):
-        methods = list(dict.fromkeys(r["method"] for r in rows if r["dataset"] == d and as_number(r.get(y)) is not None))
+        methods = list(
+            dict.fromkeys(r["method"] for r in rows if r["dataset"] == d and as_number(r.get(y)) is not None)
+        )
         ms = [_mean_std([r.get(y) for r in rows if r["dataset"] == d and r["method"] == m]) for m in methods]
-        ax.bar(range(len(methods)), [a for a, _ in ms], yerr=[s for _, s in ms], capsize=3, color=[f"C{i}" for i in range(len(methods))])
+        ax.bar(
+            range(len(methods)),
+            [a for a, _ in ms],
+            yerr=[s for _, s in ms],
+            capsize=3,
+            color=[f"C{i}" for i in range(len(methods))],
+        )
         ax.set_xticks(range(len(methods)))
         ax.set_xticklabels(methods, rotation=20, ha="right", fontsize=8)
         if spec.get("logy") or y.startswith("bytes"):

@@ -33,8 +33,19 @@ from .grid import (
 )
 
 SUMMARY_METRICS = (
-    "test_rmse", "test_recall_at_20", "test_mse", "test_logloss", "subspace_error", "rec_mse_to_best", "rec_hit_rate", "nn_overlap",
-    "final_regret_mean", "post_shift_regret_mean", "mse", "test_ranking_recall_at_10", "test_ranking_ndcg_at_10",
+    "test_rmse",
+    "test_recall_at_20",
+    "test_mse",
+    "test_logloss",
+    "subspace_error",
+    "rec_mse_to_best",
+    "rec_hit_rate",
+    "nn_overlap",
+    "final_regret_mean",
+    "post_shift_regret_mean",
+    "mse",
+    "test_ranking_recall_at_10",
+    "test_ranking_ndcg_at_10",
 )
 
 
@@ -69,7 +80,9 @@ def summary_rows(rows: list[dict], keys=("dataset", "method", "epsilon")) -> lis
 
 def primary_metrics(exp) -> list[str]:
     """Candidate headline metrics: the plotted ones first, then the usual test metrics."""
-    return [p["y"] for p in exp.plots if p["type"] in ("curve", "sweep") and isinstance(p.get("y"), str)] + list(SUMMARY_METRICS)
+    return [p["y"] for p in exp.plots if p["type"] in ("curve", "sweep") and isinstance(p.get("y"), str)] + list(
+        SUMMARY_METRICS
+    )
 
 
 def grid_headline(exp, summary: list[dict]) -> list[str]:
@@ -90,8 +103,10 @@ def grid_headline(exp, summary: list[dict]) -> list[str]:
             if not cand:
                 continue
             best = (min if direction == "min" else max)(cand, key=lambda r: r[f"{metric}_mean"])
-            lines.append(f"{d}, ε = {e:g}: best {best['method']} with {metric} {best[f'{metric}_mean']:.4g} ± {best[f'{metric}_std']:.2g} "
-                         f"(n = {best['n']})" + (f"; {ref_txt}" if ref_txt else ""))
+            lines.append(
+                f"{d}, ε = {e:g}: best {best['method']} with {metric} {best[f'{metric}_mean']:.4g} ± {best[f'{metric}_std']:.2g} "
+                f"(n = {best['n']})" + (f"; {ref_txt}" if ref_txt else "")
+            )
     return lines
 
 
@@ -122,14 +137,26 @@ def neighbours_table(exp, runner: GridRunner, out: Path) -> list[dict]:
                 continue
             nn = np.load(path)
             for title, idx in found:
-                rows.append({"item": title, "model": r["method"] + ("" if r["epsilon"] is None else f" (ε={r['epsilon']:g})"),
-                             "neighbours": "; ".join(names[j] for j in nn[idx])})
+                rows.append(
+                    {
+                        "item": title,
+                        "model": r["method"] + ("" if r["epsilon"] is None else f" (ε={r['epsilon']:g})"),
+                        "neighbours": "; ".join(names[j] for j in nn[idx]),
+                    }
+                )
         if rows:
             rows.sort(key=lambda x: (titles.index(x["item"]), x["model"]))
             name = f"tables/neighbours_{d}.csv"
             write_csv(out / name, rows, first=("item", "model", "neighbours"))
-            tables.append({"file": name, "title": f"Nearest neighbours on {d}",
-                           "caption": f"The {exp.analysis.get('neighbours_shown', 5)} most cosine-similar items under each model (first seed; private models at ε = {eps:g})." if eps else ""})
+            tables.append(
+                {
+                    "file": name,
+                    "title": f"Nearest neighbours on {d}",
+                    "caption": f"The {exp.analysis.get('neighbours_shown', 5)} most cosine-similar items under each model (first seed; private models at ε = {eps:g})."
+                    if eps
+                    else "",
+                }
+            )
     return tables
 
 
@@ -159,15 +186,39 @@ def run_grid(exp, out: Path, cache: dict, *, log=print, require_data: bool = Fal
     tables = []
     if summary:
         write_csv(out / "tables/summary.csv", summary, first=("dataset", "method", "epsilon", "n"))
-        tables.append({"file": "tables/summary.csv", "title": "Summary", "caption": "Mean ± std over noise seeds of the configuration chosen on validation; epsilon_spent is the largest over the seeds, from each run's ledger."})
+        tables.append(
+            {
+                "file": "tables/summary.csv",
+                "title": "Summary",
+                "caption": "Mean ± std over noise seeds of the configuration chosen on validation; epsilon_spent is the largest over the seeds, from each run's ledger.",
+            }
+        )
     chosen = {}
     for r in rows:
-        chosen.setdefault((r["dataset"], r["method"], r["epsilon"]), {
-            "dataset": r["dataset"], "method": r["method"], "epsilon": r["epsilon"], "search_metric": r.get("search_metric"),
-            "validation_at_selection": r.get("search_value_at_selection"), "params": r["params"]})
+        chosen.setdefault(
+            (r["dataset"], r["method"], r["epsilon"]),
+            {
+                "dataset": r["dataset"],
+                "method": r["method"],
+                "epsilon": r["epsilon"],
+                "search_metric": r.get("search_metric"),
+                "validation_at_selection": r.get("search_value_at_selection"),
+                "params": r["params"],
+            },
+        )
     if chosen:
-        write_csv(out / "tables/chosen.csv", list(chosen.values()), first=("dataset", "method", "epsilon", "search_metric", "validation_at_selection", "params"))
-        tables.append({"file": "tables/chosen.csv", "title": "Chosen configurations", "caption": "The configuration each cell chose on its validation metric (every trial is in the search listing)."})
+        write_csv(
+            out / "tables/chosen.csv",
+            list(chosen.values()),
+            first=("dataset", "method", "epsilon", "search_metric", "validation_at_selection", "params"),
+        )
+        tables.append(
+            {
+                "file": "tables/chosen.csv",
+                "title": "Chosen configurations",
+                "caption": "The configuration each cell chose on its validation metric (every trial is in the search listing).",
+            }
+        )
     if exp.analysis.get("neighbours"):
         tables += neighbours_table(exp, runner, out)
     plots = []
@@ -187,19 +238,40 @@ def run_grid(exp, out: Path, cache: dict, *, log=print, require_data: bool = Fal
         cap = draw(spec, rows, png, labels)
         if cap is not None:
             plots.append({"file": f"plots/{spec['file']}.png", "caption": cap})
-    return {"rows": rows, "search_rows": search_rows, "skipped": runner.skipped, "tables": tables, "plots": plots,
-            "headline": grid_headline(exp, summary), "cells": counts,
-            "run_seconds": sum(as_number(r.get("seconds")) or 0.0 for r in [*rows, *search_rows])}
+    return {
+        "rows": rows,
+        "search_rows": search_rows,
+        "skipped": runner.skipped,
+        "tables": tables,
+        "plots": plots,
+        "headline": grid_headline(exp, summary),
+        "cells": counts,
+        "run_seconds": sum(as_number(r.get("seconds")) or 0.0 for r in [*rows, *search_rows]),
+    }
 
 
 def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, log=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     meta = {
-        "name": exp.name, "title": exp.title, "description": exp.description, "kind": exp.kind, "config_file": str(exp.path),
-        "config_text": exp.text, "quick": exp.quick, "engine": exp.engine, "order": exp.order, "started": _now(), "finished": None,
-        "seconds": None, "cells": {"total": 0, "done": 0, "skipped": 0}, "skipped": [], "plots": [], "tables": [],
-        "headline": [exp.headline] if exp.headline else [], "commands": exp.commands,
+        "name": exp.name,
+        "title": exp.title,
+        "description": exp.description,
+        "kind": exp.kind,
+        "config_file": str(exp.path),
+        "config_text": exp.text,
+        "quick": exp.quick,
+        "engine": exp.engine,
+        "order": exp.order,
+        "started": _now(),
+        "finished": None,
+        "seconds": None,
+        "cells": {"total": 0, "done": 0, "skipped": 0},
+        "skipped": [],
+        "plots": [],
+        "tables": [],
+        "headline": [exp.headline] if exp.headline else [],
+        "commands": exp.commands,
     }
     log(f"experiment {exp.name} ({exp.kind}{', quick' if exp.quick else ''}) -> {out}")
 
@@ -213,20 +285,47 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
         from . import kinds
 
         if exp.engine != "inprocess":
-            log(f"  note: {exp.kind} runs in-process (it times or simulates on one machine); --engine {exp.engine} does not apply")
+            log(
+                f"  note: {exp.kind} runs in-process (it times or simulates on one machine); --engine {exp.engine} does not apply"
+            )
         meta["engine"] = "inprocess"
         res = kinds.run_kind(exp, out, cache, log=log, require_data=require_data)
-    rows, search_rows, skipped, tables, plots, headline = (res[k] for k in ("rows", "search_rows", "skipped", "tables", "plots", "headline"))
+    rows, search_rows, skipped, tables, plots, headline = (
+        res[k] for k in ("rows", "search_rows", "skipped", "tables", "plots", "headline")
+    )
     meta["cells"] = res["cells"]
     write_csv(out / "results.csv", rows)
     if search_rows:
-        write_csv(out / "search.csv", search_rows, first=(*FIRST_COLUMNS, "search_key", "for_epsilon", "trial", "candidate", "search_metric", "search_value", "selected"))
+        write_csv(
+            out / "search.csv",
+            search_rows,
+            first=(
+                *FIRST_COLUMNS,
+                "search_key",
+                "for_epsilon",
+                "trial",
+                "candidate",
+                "search_metric",
+                "search_value",
+                "selected",
+            ),
+        )
     elif (out / "search.csv").exists():
         (out / "search.csv").unlink()
-    meta.update({"skipped": skipped, "plots": plots, "tables": tables, "headline": meta["headline"] + headline,
-                 "finished": _now(), "seconds": time.perf_counter() - t0, "runs": len(rows), "search_trials": len(search_rows),
-                 # the runs' own wall time, whether computed now or in an earlier (resumed) invocation
-                 "run_seconds": res["run_seconds"]})
+    meta.update(
+        {
+            "skipped": skipped,
+            "plots": plots,
+            "tables": tables,
+            "headline": meta["headline"] + headline,
+            "finished": _now(),
+            "seconds": time.perf_counter() - t0,
+            "runs": len(rows),
+            "search_trials": len(search_rows),
+            # the runs' own wall time, whether computed now or in an earlier (resumed) invocation
+            "run_seconds": res["run_seconds"],
+        }
+    )
     _atomic_json(out / "experiment.json", meta)
     log(f"experiment {exp.name}: {len(rows)} runs, {len(skipped)} cells skipped, {meta['seconds']:.1f} s")
     for h in headline:
@@ -244,16 +343,33 @@ def parse_dataset_specs(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def run_configs(configs: list[str], out: str | Path, *, quick: bool = False, engine: str | None = None, data_root: str | None = None,
-                require_data: bool = False, only: list[str] | None = None, dataset_specs: dict[str, str] | None = None,
-                only_datasets: list[str] | None = None, log=print) -> list[dict]:
+def run_configs(
+    configs: list[str],
+    out: str | Path,
+    *,
+    quick: bool = False,
+    engine: str | None = None,
+    data_root: str | None = None,
+    require_data: bool = False,
+    only: list[str] | None = None,
+    dataset_specs: dict[str, str] | None = None,
+    only_datasets: list[str] | None = None,
+    log=print,
+) -> list[dict]:
     if not configs:
         raise ConfigError("give at least one config file", field="CONFIG")
-    exps = [config_mod.load(c, quick=quick, data_root=data_root, engine=engine, dataset_specs=dataset_specs, only_datasets=only_datasets) for c in configs]
+    exps = [
+        config_mod.load(
+            c, quick=quick, data_root=data_root, engine=engine, dataset_specs=dataset_specs, only_datasets=only_datasets
+        )
+        for c in configs
+    ]
     seen: dict = {}
     for e in exps:
         if e.name in seen:
-            raise ConfigError(f"experiment name {e.name!r} is used by {seen[e.name]} too", field=f"{e.path}: experiment.name")
+            raise ConfigError(
+                f"experiment name {e.name!r} is used by {seen[e.name]} too", field=f"{e.path}: experiment.name"
+            )
         seen[e.name] = e.path
     if only:
         unknown = [n for n in only if n not in seen]
@@ -273,16 +389,42 @@ def run_configs(configs: list[str], out: str | Path, *, quick: bool = False, eng
 
 
 def add_experiment_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("configs", nargs="+", metavar="CONFIG", help="experiment configs (TOML), e.g. simulations/experiments/*.toml")
-    p.add_argument("--out", required=True, help="results folder (one subfolder per experiment; finished cells are reused)")
-    p.add_argument("--quick", action="store_true", help="each config's [quick] values: small data and grids (CI runs this)")
+    p.add_argument(
+        "configs", nargs="+", metavar="CONFIG", help="experiment configs (TOML), e.g. simulations/experiments/*.toml"
+    )
+    p.add_argument(
+        "--out", required=True, help="results folder (one subfolder per experiment; finished cells are reused)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="each config's [quick] values: small data and grids (CI runs this)"
+    )
     p.add_argument("--engine", default=None, help="inprocess or flower: overrides every config's engine")
-    p.add_argument("--data-root", default=None, help="folder of the downloaded data sets ({data} in the configs; default: $FEDPRIV_DATA, else ./data)")
-    p.add_argument("--require-data", action="store_true", help="a missing data set is an error (default: its cells are skipped and listed)")
-    p.add_argument("--only", default=None, metavar="NAME[,NAME...]", help="run only these experiments (by name, comma-separated)")
-    p.add_argument("--dataset", action="append", default=[], metavar="NAME=SPEC",
-                   help="add or replace a data set of every config, e.g. ml-20m=ml-20m:/data/ml-20m.zip (repeatable)")
-    p.add_argument("--datasets", default=None, metavar="NAME[,NAME...]", help="run these data sets (comma-separated) instead of each config's grid.datasets")
+    p.add_argument(
+        "--data-root",
+        default=None,
+        help="folder of the downloaded data sets ({data} in the configs; default: $FEDPRIV_DATA, else ./data)",
+    )
+    p.add_argument(
+        "--require-data",
+        action="store_true",
+        help="a missing data set is an error (default: its cells are skipped and listed)",
+    )
+    p.add_argument(
+        "--only", default=None, metavar="NAME[,NAME...]", help="run only these experiments (by name, comma-separated)"
+    )
+    p.add_argument(
+        "--dataset",
+        action="append",
+        default=[],
+        metavar="NAME=SPEC",
+        help="add or replace a data set of every config, e.g. ml-20m=ml-20m:/data/ml-20m.zip (repeatable)",
+    )
+    p.add_argument(
+        "--datasets",
+        default=None,
+        metavar="NAME[,NAME...]",
+        help="run these data sets (comma-separated) instead of each config's grid.datasets",
+    )
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -290,8 +432,31 @@ def _names(text: str | None) -> list[str] | None:
 
 
 def experiment_command(args) -> int:
-    metas = run_configs(args.configs, args.out, quick=args.quick, engine=args.engine, data_root=args.data_root, require_data=args.require_data,
-                        only=_names(args.only), dataset_specs=parse_dataset_specs(args.dataset), only_datasets=_names(args.datasets),
-                        log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(json.dumps({"experiments": [{"name": m["name"], "runs": m["runs"], "skipped": len(m["skipped"]), "seconds": round(m["seconds"], 1)} for m in metas]}))
+    metas = run_configs(
+        args.configs,
+        args.out,
+        quick=args.quick,
+        engine=args.engine,
+        data_root=args.data_root,
+        require_data=args.require_data,
+        only=_names(args.only),
+        dataset_specs=parse_dataset_specs(args.dataset),
+        only_datasets=_names(args.datasets),
+        log=lambda s: print(s, file=sys.stderr, flush=True),
+    )
+    print(
+        json.dumps(
+            {
+                "experiments": [
+                    {
+                        "name": m["name"],
+                        "runs": m["runs"],
+                        "skipped": len(m["skipped"]),
+                        "seconds": round(m["seconds"], 1),
+                    }
+                    for m in metas
+                ]
+            }
+        )
+    )
     return 0

@@ -145,7 +145,9 @@ class Environment:
 
         def g(m: float, s: float) -> float:
             z = m / s
-            return m * 0.5 * (1.0 + math.erf(z / math.sqrt(2.0))) + s * math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+            return m * 0.5 * (1.0 + math.erf(z / math.sqrt(2.0))) + s * math.exp(-0.5 * z * z) / math.sqrt(
+                2.0 * math.pi
+            )
 
         return np.array([g(m, s) - g(m - 1.0, s) for m, s in zip(loc, scale)])
 
@@ -196,7 +198,16 @@ class HybridCounter:
 
     MAX_LEVELS = 62
 
-    def __init__(self, ledger: PrivacyLedger, n_streams: int, epsilon: float, *, horizon: int | None = None, sensitivity: float = 1.0, prefix: str = MEAN_PREFIX):
+    def __init__(
+        self,
+        ledger: PrivacyLedger,
+        n_streams: int,
+        epsilon: float,
+        *,
+        horizon: int | None = None,
+        sensitivity: float = 1.0,
+        prefix: str = MEAN_PREFIX,
+    ):
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise ConfigError(f"must be a finite positive number, got {epsilon}", field="eps_mean")
         if horizon is not None and horizon < 1:
@@ -248,7 +259,9 @@ class HybridCounter:
             e = idx[epoch_end]
             val = np.zeros(self.S)
             val[e] = block[epoch_end]
-            noisy = self.ledger.laplace(self.prefix + "log", val, sensitivity=self.sensitivity, epsilon=self.eps_log, disjoint=True)
+            noisy = self.ledger.laplace(
+                self.prefix + "log", val, sensitivity=self.sensitivity, epsilon=self.eps_log, disjoint=True
+            )
             self.log_total[e] += noisy[e]
             self.alpha[e] = 0.0
             self.alpha_hat[e] = 0.0
@@ -259,7 +272,13 @@ class HybridCounter:
             s = idx[sel]
             val = np.zeros(self.S)
             val[s] = block[sel]
-            noisy = self.ledger.laplace(f"{self.prefix}level{int(level)}", val, sensitivity=self.sensitivity, epsilon=self.level_epsilon(int(level)), disjoint=True)
+            noisy = self.ledger.laplace(
+                f"{self.prefix}level{int(level)}",
+                val,
+                sensitivity=self.sensitivity,
+                epsilon=self.level_epsilon(int(level)),
+                disjoint=True,
+            )
             self.alpha[s, :level] = 0.0
             self.alpha_hat[s, :level] = 0.0
             self.alpha[s, level] = block[sel]
@@ -285,7 +304,14 @@ class HybridCounter:
 
 
 # ---------------------------------------------------------------------- private quantiles
-def private_quantile(ledger: PrivacyLedger, name: str, observations: np.ndarray, p: float, epsilon: float, grid: np.ndarray = QUANTILE_GRID) -> float:
+def private_quantile(
+    ledger: PrivacyLedger,
+    name: str,
+    observations: np.ndarray,
+    p: float,
+    epsilon: float,
+    grid: np.ndarray = QUANTILE_GRID,
+) -> float:
     """The p-quantile of ``observations`` (a window of n values; n public) by the exponential
     mechanism over the public ``grid``: candidate x has score |#{obs <= x} - p n| (lower is
     better, sensitivity 1 when one observation is replaced). Disjoint windows: ``disjoint=True``."""
@@ -295,7 +321,9 @@ def private_quantile(ledger: PrivacyLedger, name: str, observations: np.ndarray,
 
 
 # ---------------------------------------------------------------------- simulation
-def _validate(policy: str, T: int, shift_at: int, reps: int, eps_select: float, eps_mean: float, eps_quantile: float, window: int) -> None:
+def _validate(
+    policy: str, T: int, shift_at: int, reps: int, eps_select: float, eps_mean: float, eps_quantile: float, window: int
+) -> None:
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})", field="policies")
     if not (isinstance(T, (int, np.integer)) and T >= 2):
@@ -312,7 +340,9 @@ def _validate(policy: str, T: int, shift_at: int, reps: int, eps_select: float, 
 
 
 def _ledger_seed(seed: int, policy: str) -> int:
-    return int(np.random.SeedSequence([int(seed), POLICIES.index(policy), 0x1ED6E2]).generate_state(1, dtype=np.uint64)[0])
+    return int(
+        np.random.SeedSequence([int(seed), POLICIES.index(policy), 0x1ED6E2]).generate_state(1, dtype=np.uint64)[0]
+    )
 
 
 def _release_epsilons(ledger: PrivacyLedger, delta: float) -> dict:
@@ -388,7 +418,9 @@ def simulate_bandit(
             fail[rows, a] += ~hit
     else:
         ledger = PrivacyLedger(seed=_ledger_seed(seed, policy))
-        actions = _run_private(policy, rewards, ledger, eps_select, eps_mean, eps_quantile, window, mechanism_params or {})
+        actions = _run_private(
+            policy, rewards, ledger, eps_select, eps_mean, eps_quantile, window, mechanism_params or {}
+        )
     phase = (np.arange(T) >= shift_at).astype(np.int64)
     inst = best[phase][:, None] - means[phase[:, None], actions]  # (T, reps)
     cum = np.cumsum(inst, axis=0)
@@ -415,14 +447,28 @@ def simulate_bandit(
         "actions": actions,
     }
     if policy in PRIVATE:
-        out.update(eps_select=eps_select, eps_mean=eps_mean, eps_quantile=eps_quantile if policy in NEEDS_SENSITIVITIES else 0.0, window=window)
+        out.update(
+            eps_select=eps_select,
+            eps_mean=eps_mean,
+            eps_quantile=eps_quantile if policy in NEEDS_SENSITIVITIES else 0.0,
+            window=window,
+        )
         out.update(_release_epsilons(ledger, delta))
     if return_ledger:
         out["ledger"] = ledger
     return out
 
 
-def _run_private(policy: str, rewards: np.ndarray, ledger: PrivacyLedger, eps_select: float, eps_mean: float, eps_quantile: float, window: int, mechanism_params: dict) -> np.ndarray:
+def _run_private(
+    policy: str,
+    rewards: np.ndarray,
+    ledger: PrivacyLedger,
+    eps_select: float,
+    eps_mean: float,
+    eps_quantile: float,
+    window: int,
+    mechanism_params: dict,
+) -> np.ndarray:
     T, reps, k = rewards.shape
     rows = np.arange(reps)
     counter = HybridCounter(ledger, reps * k, eps_mean, horizon=T)
@@ -435,7 +481,9 @@ def _run_private(policy: str, rewards: np.ndarray, ledger: PrivacyLedger, eps_se
     for t in range(T):
         sums = counter.estimates().reshape(reps, k)
         scores = np.where(n > 0, np.clip(sums / np.maximum(n, 1), 0.0, 1.0), 0.5)
-        a = np.asarray(ledger.select(ACTION_NAME, policy, scores, sens, epsilon=eps_select, **mechanism_params), dtype=np.int64)
+        a = np.asarray(
+            ledger.select(ACTION_NAME, policy, scores, sens, epsilon=eps_select, **mechanism_params), dtype=np.int64
+        )
         actions[t] = a
         r = rewards[t, rows, a]
         mask = np.zeros((reps, k), dtype=bool)
@@ -529,12 +577,30 @@ def run_bandit(
     for p, label, c in runs:
         t1 = time.perf_counter()
         kw = {"ucb_c": c} if c is not None else {}
-        res = simulate_bandit(p, T, shift_at, reps, seed, eps_select, eps_mean, eps_quantile, window, env=env, delta=delta, **kw)
+        res = simulate_bandit(
+            p, T, shift_at, reps, seed, eps_select, eps_mean, eps_quantile, window, env=env, delta=delta, **kw
+        )
         res["seconds"] = time.perf_counter() - t1
         res["label"] = label
         results.append(res)
         row = {"label": label, "ucb_c": c}
-        row.update({k: res[k] for k in ("policy", "private", "final_regret_mean", "final_regret_std", "regret_at_shift_mean", "regret_at_shift_std", "post_shift_regret_mean", "post_shift_regret_std", "pre_shift_arm1_share", "post_shift_arm1_share")})
+        row.update(
+            {
+                k: res[k]
+                for k in (
+                    "policy",
+                    "private",
+                    "final_regret_mean",
+                    "final_regret_std",
+                    "regret_at_shift_mean",
+                    "regret_at_shift_std",
+                    "post_shift_regret_mean",
+                    "post_shift_regret_std",
+                    "pre_shift_arm1_share",
+                    "post_shift_arm1_share",
+                )
+            }
+        )
         for key in ("epsilon_per_action", "epsilon_means", "epsilon_quantiles", "epsilon_total"):
             row[key] = res.get(key)
         row["seconds"] = round(res["seconds"], 3)
@@ -544,27 +610,60 @@ def run_bandit(
     summary = {
         "best": min(rows, key=lambda r: r["final_regret_mean"])["label"],
         "best_private": min(private_rows, key=lambda r: r["final_regret_mean"])["label"] if private_rows else None,
-        "best_private_after_shift": min(private_rows, key=lambda r: r["post_shift_regret_mean"])["label"] if private_rows else None,
+        "best_private_after_shift": min(private_rows, key=lambda r: r["post_shift_regret_mean"])["label"]
+        if private_rows
+        else None,
         "private_beating_ucb_after_shift": {
-            r["label"]: [q["label"] for q in private_rows if q["post_shift_regret_mean"] < r["post_shift_regret_mean"]] for r in rows if r["policy"] == "ucb"
+            r["label"]: [q["label"] for q in private_rows if q["post_shift_regret_mean"] < r["post_shift_regret_mean"]]
+            for r in rows
+            if r["policy"] == "ucb"
         },
     }
     before, after = env.params(False), env.params(True)
     doc = {
         "experiment": "two-armed bandit, the arms' means and variances swapped at the shift (Antonova et al. 2025, Sec. IX / App. H); fedpriv.studies.selection.bandit",
         "config": {
-            "horizon": T, "shift_at": shift_at, "reps": reps, "seed": seed, "policies": policies, "ucb_c": ucb_cs,
-            "eps_select": eps_select, "eps_mean": eps_mean, "eps_quantile": eps_quantile, "window": window,
-            "delta": delta, "quantile_grid": {"lo": 0.0, "hi": 1.0, "points": len(QUANTILE_GRID)}, "sensitivity_floor": SENSITIVITY_FLOOR,
+            "horizon": T,
+            "shift_at": shift_at,
+            "reps": reps,
+            "seed": seed,
+            "policies": policies,
+            "ucb_c": ucb_cs,
+            "eps_select": eps_select,
+            "eps_mean": eps_mean,
+            "eps_quantile": eps_quantile,
+            "window": window,
+            "delta": delta,
+            "quantile_grid": {"lo": 0.0, "hi": 1.0, "points": len(QUANTILE_GRID)},
+            "sensitivity_floor": SENSITIVITY_FLOOR,
             "mechanism_params": {p: _mech_defaults(p) for p in policies if p in PRIVATE},
             "environment": {
-                "before_shift": {"loc": before[0].tolist(), "scale": before[1].tolist(), "clipped_mean": env.clipped_means(False).tolist(), "spread_10_90": env.spreads(False).tolist()},
-                "after_shift": {"loc": after[0].tolist(), "scale": after[1].tolist(), "clipped_mean": env.clipped_means(True).tolist(), "spread_10_90": env.spreads(True).tolist()},
+                "before_shift": {
+                    "loc": before[0].tolist(),
+                    "scale": before[1].tolist(),
+                    "clipped_mean": env.clipped_means(False).tolist(),
+                    "spread_10_90": env.spreads(False).tolist(),
+                },
+                "after_shift": {
+                    "loc": after[0].tolist(),
+                    "scale": after[1].tolist(),
+                    "clipped_mean": env.clipped_means(True).tolist(),
+                    "spread_10_90": env.spreads(True).tolist(),
+                },
             },
         },
         "rows": rows,
         "summary": summary,
-        "curves": {"t": (idx + 1).tolist(), **{r["label"]: {"mean": r["regret_mean"][idx].round(4).tolist(), "std": r["regret_std"][idx].round(4).tolist()} for r in results}},
+        "curves": {
+            "t": (idx + 1).tolist(),
+            **{
+                r["label"]: {
+                    "mean": r["regret_mean"][idx].round(4).tolist(),
+                    "std": r["regret_std"][idx].round(4).tolist(),
+                }
+                for r in results
+            },
+        },
         "seconds": round(time.perf_counter() - t0, 2),
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -598,16 +697,53 @@ def _parse_policies(values: Sequence[str] | None) -> list[str]:
 def add_bandit_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``fedpriv selection bandit``."""
     parser.add_argument("--out", required=True, help="output folder for bandit.json and bandit.png")
-    parser.add_argument("--horizon", type=int, default=None, help=f"number of steps T (default {DEFAULTS['horizon']}; --quick {QUICK['horizon']}); the arms swap at T/2")
-    parser.add_argument("--reps", type=int, default=None, help=f"independent repetitions (default {DEFAULTS['reps']}; --quick {QUICK['reps']})")
+    parser.add_argument(
+        "--horizon",
+        type=int,
+        default=None,
+        help=f"number of steps T (default {DEFAULTS['horizon']}; --quick {QUICK['horizon']}); the arms swap at T/2",
+    )
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help=f"independent repetitions (default {DEFAULTS['reps']}; --quick {QUICK['reps']})",
+    )
     parser.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    parser.add_argument("--quick", action="store_true", help=f"T={QUICK['horizon']}, {QUICK['reps']} repetitions (a few seconds)")
-    parser.add_argument("--policies", nargs="+", default=None, metavar="P", help=f"comma- or space-separated, from {', '.join(POLICIES)} or 'all' (default: {','.join(DEFAULT_POLICIES)})")
-    parser.add_argument("--eps-select", type=float, default=DEFAULTS["eps_select"], help="epsilon of each private action")
-    parser.add_argument("--eps-mean", type=float, default=DEFAULTS["eps_mean"], help="epsilon of the released mean sequences (hybrid counter)")
-    parser.add_argument("--eps-quantile", type=float, default=DEFAULTS["eps_quantile"], help="epsilon of each (q10, q90) pair of a window")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"T={QUICK['horizon']}, {QUICK['reps']} repetitions (a few seconds)"
+    )
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        default=None,
+        metavar="P",
+        help=f"comma- or space-separated, from {', '.join(POLICIES)} or 'all' (default: {','.join(DEFAULT_POLICIES)})",
+    )
+    parser.add_argument(
+        "--eps-select", type=float, default=DEFAULTS["eps_select"], help="epsilon of each private action"
+    )
+    parser.add_argument(
+        "--eps-mean",
+        type=float,
+        default=DEFAULTS["eps_mean"],
+        help="epsilon of the released mean sequences (hybrid counter)",
+    )
+    parser.add_argument(
+        "--eps-quantile",
+        type=float,
+        default=DEFAULTS["eps_quantile"],
+        help="epsilon of each (q10, q90) pair of a window",
+    )
     parser.add_argument("--window", type=int, default=DEFAULTS["window"], help="rewards per sensitivity window W")
-    parser.add_argument("--ucb-c", type=float, nargs="+", default=None, metavar="C", help=f"UCB optimism constant(s), one row each (default {' '.join(f'{c:.4g}' for c in DEFAULT_UCB_C)})")
+    parser.add_argument(
+        "--ucb-c",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="C",
+        help=f"UCB optimism constant(s), one row each (default {' '.join(f'{c:.4g}' for c in DEFAULT_UCB_C)})",
+    )
 
 
 def bandit_command(args: argparse.Namespace) -> int:
@@ -622,12 +758,25 @@ def bandit_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"must be >= 0, got {args.seed}", field="seed")
     policies = _parse_policies(args.policies)
     ucb_c = DEFAULT_UCB_C if getattr(args, "ucb_c", None) is None else args.ucb_c
-    doc = run_bandit(args.out, policies, T, reps, args.seed, args.eps_select, args.eps_mean, args.eps_quantile, args.window, ucb_c=ucb_c)
+    doc = run_bandit(
+        args.out,
+        policies,
+        T,
+        reps,
+        args.seed,
+        args.eps_select,
+        args.eps_mean,
+        args.eps_quantile,
+        args.window,
+        ucb_c=ucb_c,
+    )
 
     def fmt(v) -> str:
         return "-" if v is None else f"{v:.3f}"
 
-    print(f"{'policy':<13} {'final regret':>16} {'at shift':>9} {'after shift':>12} {'arm 1 after':>11} {'eps/action':>10} {'eps means':>9} {'eps quant':>9}")
+    print(
+        f"{'policy':<13} {'final regret':>16} {'at shift':>9} {'after shift':>12} {'arm 1 after':>11} {'eps/action':>10} {'eps means':>9} {'eps quant':>9}"
+    )
     for r in doc["rows"]:
         print(
             f"{r['label']:<13} {r['final_regret_mean']:>8.1f} ± {r['final_regret_std']:<5.1f} {r['regret_at_shift_mean']:>9.1f} "

@@ -61,7 +61,9 @@ def selector_law(logits, selector: str) -> np.ndarray:
     raise ConfigError(f"must be one of {M.SELECTORS}, got {selector!r}", field="selector")
 
 
-def gem_law(scores, sens, epsilon: float, sign: int, beta: float = 0.1, selector: str = "exp", t: float | None = None) -> np.ndarray:
+def gem_law(
+    scores, sens, epsilon: float, sign: int, beta: float = 0.1, selector: str = "exp", t: float | None = None
+) -> np.ndarray:
     """Law of GEM (sign -1), mGEM (+1) or the unshifted variant (0) at budget ``epsilon``:
     the selector's law on eps * normalised_scores / 2 with t = gem_t(k, beta, eps) unless given
     (paper §IV-C/D, spec §2-3)."""
@@ -196,7 +198,9 @@ def probabilities(name: str, scores, sens, epsilon, **params) -> np.ndarray:
     return rnmh_law(q, d, eps)
 
 
-def cgem_law(scores, sens, epsilon: float, lam: float, beta: float, selector: str, correlation: str, buckets: int) -> np.ndarray:
+def cgem_law(
+    scores, sens, epsilon: float, lam: float, beta: float, selector: str, correlation: str, buckets: int
+) -> np.ndarray:
     """Combined GEM law (spec §4, §9.11): with bit = [corr(q, Delta) > 0] and keep probability
     p = 1/(1+e^-eps1), P = p*P_mGEM(eps2) + (1-p)*P_GEM(eps2) if bit else the reverse;
     eps1 = lam*eps, eps2 = (1-lam)*eps."""

@@ -215,7 +215,9 @@ def bimodal(correlation: str) -> Scenario:
     def sample(rng: np.random.Generator, trials: int) -> np.ndarray:
         return np.broadcast_to(q, (trials, K)).copy()
 
-    return Scenario(name, f"Scenario {num}: bimodal, {_CORR_WORD[correlation]} correlation", "bimodal", sample, sensitivities=sens)
+    return Scenario(
+        name, f"Scenario {num}: bimodal, {_CORR_WORD[correlation]} correlation", "bimodal", sample, sensitivities=sens
+    )
 
 
 def realistic(correlation: str) -> Scenario:
@@ -287,12 +289,20 @@ def polarised(strength: str) -> Scenario:
         return np.where(g, base1, base0) + sd * rng.standard_normal((trials, K))
 
     num = 7 if strength == "strong" else 8
-    return Scenario(f"s{num}-polarised-{strength}", f"Scenario {num}: {strength} polarisation", "polarised", sample, n_groups=2)
+    return Scenario(
+        f"s{num}-polarised-{strength}", f"Scenario {num}: {strength} polarisation", "polarised", sample, n_groups=2
+    )
 
 
 def all_scenarios() -> dict[str, Scenario]:
-    out = [bimodal("positive"), bimodal("negative"), bimodal("none"),
-           realistic("positive"), realistic("negative"), realistic("none")]
+    out = [
+        bimodal("positive"),
+        bimodal("negative"),
+        bimodal("none"),
+        realistic("positive"),
+        realistic("negative"),
+        realistic("none"),
+    ]
     out += [increasing_correlation(c) for c in CORRELATION_C]
     out += [polarised("strong"), polarised("weak")]
     return {s.name: s for s in out}
@@ -377,8 +387,14 @@ def run_cell(inst: Instance, label: str, epsilon: float, seed: int) -> np.ndarra
     cell_seed = _seed_of(seed, inst.scenario.name, label, repr(float(epsilon)))
     if name in mech.PRIVATE:
         ledger = PrivacyLedger(seed=cell_seed)
-        return ledger.select(f"selection/{inst.scenario.name}/{label}", name, inst.scores, inst.sensitivities,
-                             epsilon=float(epsilon), **params)
+        return ledger.select(
+            f"selection/{inst.scenario.name}/{label}",
+            name,
+            inst.scores,
+            inst.sensitivities,
+            epsilon=float(epsilon),
+            **params,
+        )
     rng = np.random.default_rng(cell_seed)
     with public_draws(f"{name}: non-private reference"):
         return mech.select(name, inst.scores, inst.sensitivities, float(epsilon), rng, **params)
@@ -422,15 +438,23 @@ def expand_scenarios(scenarios: Sequence[str] | None) -> list[str]:
         elif s in SCENARIOS:
             out.append(s)
         else:
-            raise ConfigError(f"unknown scenario {s!r} (known: {', '.join(SCENARIOS)}, or a group: {', '.join(GROUPS)}, all)",
-                              field="--scenarios")
+            raise ConfigError(
+                f"unknown scenario {s!r} (known: {', '.join(SCENARIOS)}, or a group: {', '.join(GROUPS)}, all)",
+                field="--scenarios",
+            )
     if not out:
         raise ConfigError("no scenario given", field="--scenarios")
     return list(dict.fromkeys(out))
 
 
-def run_scenarios(epsilons: Sequence[float] = DEFAULT_EPSILONS, trials: int = DEFAULT_TRIALS, seed: int = 0,
-                  scenarios: Sequence[str] | None = None, mechanisms: Sequence[str] | None = None, progress=None) -> list[dict]:
+def run_scenarios(
+    epsilons: Sequence[float] = DEFAULT_EPSILONS,
+    trials: int = DEFAULT_TRIALS,
+    seed: int = 0,
+    scenarios: Sequence[str] | None = None,
+    mechanisms: Sequence[str] | None = None,
+    progress=None,
+) -> list[dict]:
     """MSE of every (scenario, mechanism, ε) cell; rows with keys :data:`ROW_KEYS`.
     ``progress``: called with one line after each scenario (what is done, the time so far)."""
     eps, trials, names, labels = _check(epsilons, trials, scenarios, mechanisms)
@@ -448,18 +472,22 @@ def run_scenarios(epsilons: Sequence[float] = DEFAULT_EPSILONS, trials: int = DE
             for e in eps:
                 sel = np.asarray(run_cell(inst, label, e, seed), dtype=np.int64)
                 err2 = (inst.opt - inst.scores[ar, sel]) ** 2
-                rows.append({
-                    "scenario": sname,
-                    "mechanism": label,
-                    "epsilon": e,
-                    "mse": float(err2.mean()),
-                    "mse_se": float(err2.std(ddof=1) / math.sqrt(trials)),
-                    "spearman": rho,
-                    "weighted_correlation": wcorr,
-                    "trials": trials,
-                })
+                rows.append(
+                    {
+                        "scenario": sname,
+                        "mechanism": label,
+                        "epsilon": e,
+                        "mse": float(err2.mean()),
+                        "mse_se": float(err2.std(ddof=1) / math.sqrt(trials)),
+                        "spearman": rho,
+                        "weighted_correlation": wcorr,
+                        "trials": trials,
+                    }
+                )
         if progress is not None:
-            progress(f"scenarios: {k + 1}/{len(names)} done ({sname}), {len(rows)} cells, {time.perf_counter() - t0:.0f} s")
+            progress(
+                f"scenarios: {k + 1}/{len(names)} done ({sname}), {len(rows)} cells, {time.perf_counter() - t0:.0f} s"
+            )
     return rows
 
 
@@ -477,8 +505,19 @@ _STYLE = {
     "cgem-lam0.25": dict(color="tab:green", lw=1.4, ls="--"),
     "cgem-lam0.5": dict(color="tab:green", lw=1.4, ls=":"),
 }
-_LABEL = {"rnm": "RNM", "uniform": "random", "rnmh": "RNMH (not DP)", "em": "EM", "gem": "GEM", "mgem": "mGEM",
-          "rs": "RS$_\\gamma$", "krr": "kRR", "cgem": "cGEM", "cgem-lam0.25": "cGEM λ=0.25", "cgem-lam0.5": "cGEM λ=0.5"}
+_LABEL = {
+    "rnm": "RNM",
+    "uniform": "random",
+    "rnmh": "RNMH (not DP)",
+    "em": "EM",
+    "gem": "GEM",
+    "mgem": "mGEM",
+    "rs": "RS$_\\gamma$",
+    "krr": "kRR",
+    "cgem": "cGEM",
+    "cgem-lam0.25": "cGEM λ=0.25",
+    "cgem-lam0.5": "cGEM λ=0.5",
+}
 
 
 def _style(label):
@@ -529,8 +568,13 @@ def _plot_group(cells, names, title):
         ax.set_ylabel("MSE")
         ax.grid(True, which="major", alpha=0.3)
     fig.suptitle(title)
-    fig.legend([handles[k] for k in handles], [_LABEL.get(k, k) for k in handles], loc="outside lower center",
-               ncols=min(len(handles), 6), fontsize=8)
+    fig.legend(
+        [handles[k] for k in handles],
+        [_LABEL.get(k, k) for k in handles],
+        loc="outside lower center",
+        ncols=min(len(handles), 6),
+        fontsize=8,
+    )
     return fig
 
 
@@ -562,8 +606,13 @@ def _plot_relative(cells, names):
         ax.set_ylabel("MSE / MSE of RNM")
         ax.set_title(f"Increasing correlation, ε = {e:g}", fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
-    fig.legend([handles[k] for k in handles], [_LABEL.get(k, k) for k in handles], loc="outside lower center",
-               ncols=min(len(handles), 6), fontsize=8)
+    fig.legend(
+        [handles[k] for k in handles],
+        [_LABEL.get(k, k) for k in handles],
+        loc="outside lower center",
+        ncols=min(len(handles), 6),
+        fontsize=8,
+    )
     return fig
 
 
@@ -651,17 +700,38 @@ def write_scenario_outputs(rows: list[dict], out_dir: str | Path) -> list[Path]:
 def add_scenarios_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Arguments of ``fedpriv selection scenarios``."""
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (selection.json and PNG figures)")
-    parser.add_argument("--epsilons", type=float, nargs="+", default=None, metavar="EPS",
-                        help="privacy budgets (default 0.01 0.02 0.05 0.1 0.2 0.5 1 2 4 8 16; --quick: 0.1 1 8)")
-    parser.add_argument("--trials", type=int, default=None, metavar="N",
-                        help=f"trials (score sets) per scenario (default {DEFAULT_TRIALS}; --quick: {QUICK_TRIALS})")
+    parser.add_argument(
+        "--epsilons",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="EPS",
+        help="privacy budgets (default 0.01 0.02 0.05 0.1 0.2 0.5 1 2 4 8 16; --quick: 0.1 1 8)",
+    )
+    parser.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"trials (score sets) per scenario (default {DEFAULT_TRIALS}; --quick: {QUICK_TRIALS})",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the scores and of the selection noise (default 0)")
     parser.add_argument("--quick", action="store_true", help=f"few epsilons and {QUICK_TRIALS} trials (a smoke run)")
-    parser.add_argument("--scenarios", nargs="+", default=None, metavar="NAME",
-                        help="scenario names or groups (bimodal, realistic, correlation, polarised; default all): "
-                        + ", ".join(SCENARIOS))
-    parser.add_argument("--mechanisms", nargs="+", default=None, metavar="NAME",
-                        help="mechanisms (default: all, plus cgem-lam0.25 and cgem-lam0.5 on the polarised scenarios)")
+    parser.add_argument(
+        "--scenarios",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="scenario names or groups (bimodal, realistic, correlation, polarised; default all): "
+        + ", ".join(SCENARIOS),
+    )
+    parser.add_argument(
+        "--mechanisms",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="mechanisms (default: all, plus cgem-lam0.25 and cgem-lam0.5 on the polarised scenarios)",
+    )
     return parser
 
 
@@ -700,10 +770,18 @@ def scenarios_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"seed must be a non-negative integer, got {args.seed!r}", field="--seed")
     _check(epsilons, trials, args.scenarios, args.mechanisms)
     t0 = time.perf_counter()
-    rows = run_scenarios(epsilons, trials, int(args.seed), args.scenarios, args.mechanisms,
-                         progress=lambda line: print(line, file=sys.stderr, flush=True))
+    rows = run_scenarios(
+        epsilons,
+        trials,
+        int(args.seed),
+        args.scenarios,
+        args.mechanisms,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     paths = write_scenario_outputs(rows, out)
     print(_summary(rows))
-    print(f"{len(rows)} cells ({trials} trials each) in {time.perf_counter() - t0:.1f} s; wrote "
-          + ", ".join(str(p) for p in paths))
+    print(
+        f"{len(rows)} cells ({trials} trials each) in {time.perf_counter() - t0:.1f} s; wrote "
+        + ", ".join(str(p) for p in paths)
+    )
     return 0

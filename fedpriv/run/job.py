@@ -23,20 +23,19 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..algorithms import als, registry
+from ..algorithms import registry
+from ..algorithms.families import Family, FamilyConfig, FamilyData, families, family_of
 from ..algorithms.evaluations import evaluation_for
-from ..algorithms.names import is_private
 from ..data.spec import HELDOUT_KINDS, load_spec, require_declared_catalogue
 from ..data.splits import heldout_users_split, random_split
-from ..errors import ConfigError, did_you_mean
+from ..errors import ConfigError
+from ..privacy.accounting import ADD_REMOVE
 from .inputs import RunOptions, check_privacy_target, resolve_data
 
 if TYPE_CHECKING:
-    from ..algorithms.config import ALSConfig, PAMConfig
     from ..algorithms.evaluations import Evaluation
     from ..algorithms.recommend import RecommendConfig
     from ..data.loaders import Dataset
-    from ..data.personal import PersonalData
     from ..data.public import PublicData
     from ..data.spec import DataSpec
     from ..data.splits import HeldoutSplit, RatingSplit
@@ -89,30 +88,50 @@ class Job:
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """A checked job with its data loaded, ready to run on any engine: one of the kinds below
-    (:class:`RatingsPlan`, :class:`ServerPlan`, :class:`PersonalPlan`). ``protocol`` is what
-    ``metrics.json`` calls the split; ``evaluation`` measures the trained state
-    (:mod:`fedpriv.algorithms.evaluations`), chosen once by :func:`prepare_plan`."""
+    """A checked job with its data loaded, ready to run on any engine: one kind for every family
+    and place. ``family``: the algorithm's :class:`~fedpriv.algorithms.families.Family`;
+    ``here``: the data is held here (False: the server of a partitioned deployment, whose
+    ratings stay on the nodes); ``protocol`` is what ``metrics.json`` calls the split;
+    ``evaluation`` measures the trained state (:mod:`fedpriv.algorithms.evaluations`), chosen
+    once by :func:`prepare_plan`; ``options``: the run options (split, tuning, recommendation,
+    node layout). ``split``, ``rating_range``, ``implicit`` and ``recommend`` belong to the
+    rating family's plans held here (None otherwise)."""
 
     job: Job
     spec: DataSpec
+    family: Family
     private: bool
     protocol: str
     evaluation: Evaluation
+    dataset: Dataset | PublicData | FamilyData  # a deployment's server holds PublicData; a block family, its own
+    config: FamilyConfig  # the algorithm's configuration, of the family's type
+    options: RunOptions
+    here: bool = True
+    split: RatingSplit | HeldoutSplit | None = None
+    rating_range: tuple[float, float] | None = None
+    implicit: bool = False
+    recommend: RecommendConfig | None = None
 
     @property
     def algorithm(self) -> str:
         return self.job.algorithm
 
     @property
+    def relation(self) -> str:
+        """The neighbouring relation every epsilon of the run holds under."""
+        return getattr(self.job, "relation", ADD_REMOVE)
+
+    @property
     def n_users(self) -> int:
         """Users of the federation (the training users; a deployment's enrolled users)."""
-        return int(self.dataset.n_users)
+        if self.split is not None:
+            return int(self.split.train.n_users)
+        return int(self.family.n_users(self.dataset))
 
     @property
     def public(self) -> PublicData | None:
-        """A deployment server's public data (None for the other kinds)."""
-        return None
+        """A deployment server's public data (None when the data is held here)."""
+        return None if self.here else self.dataset
 
     def partitions(self, users_per_node: int) -> int:
         """The number of nodes that hold ``users_per_node`` users each."""
@@ -122,29 +141,19 @@ class Plan:
 
     def budget(self) -> BudgetPlan | None:
         """The calibrated budget plan (every release with its share, multiplier and
-        sensitivity) of a private run, before the noise-aware rule; None when non-private.
-        Raises ConfigError/PrivacyError when the target cannot be met."""
+        sensitivity) of a private rating run, before the noise-aware rule; None when
+        non-private, or for a block family (whose plan is checked). Raises
+        ConfigError/PrivacyError when the target cannot be met."""
         if not self.private:
             return None
-        from ..algorithms.plans import budget_plan
-
-        return budget_plan(
-            self.algorithm,
-            self.config,
-            self.job.epsilon,
-            self.job.delta,
-            implicit=self.implicit,
-            rating_range=self.rating_range,
-        )
+        return self.family.budget(self)
 
     def check_budget(self) -> None:
         """The privacy calibration alone (what a Flower run checks before it starts): raises
         ConfigError/PrivacyError when (epsilon, delta) cannot be met."""
         if not self.private or self.job.epsilon is None:
             return
-        from ..algorithms import als
-
-        als.calibrate_plan(self.algorithm, self.config, self.implicit, self.job.epsilon, self.job.delta)
+        self.family.check_budget(self)
 
     def execute(self, engine: Engine | None = None, *, progress: bool = False, second_opinion: bool = True) -> Outcome:
         """Train on ``engine`` (default :class:`~fedpriv.run.engines.InProcess`) and evaluate."""
@@ -153,118 +162,11 @@ class Plan:
         engine = engine if engine is not None else InProcess()
         return engine.execute(self, progress=progress, second_opinion=second_opinion)
 
-    def execute_here(self, engine: Engine, *, progress: bool = False, second_opinion: bool = True) -> Outcome:
-        """Train on ``engine`` in this process and measure (:func:`fedpriv.run.execute.execute`)."""
-        from .execute import execute
-
-        return execute(self, engine, progress=progress, second_opinion=second_opinion)
-
-    def run_on(self, engine: Engine, secrets: RunSecrets, *, progress: bool, second_opinion: bool) -> Finished:
-        """Train on ``engine`` and measure (:mod:`fedpriv.run.execute`): what each kind runs."""
-        raise NotImplementedError
-
-    def released_model(self, done: Finished) -> Model | None:
+    def released_model(self, done: Finished) -> Model | PersonalModel | None:
         """The released model of a finished run (None when nothing shared was released)."""
-        from .model import Model
+        from .model import released_model
 
-        state = done.state
-        if state is None or getattr(state, "item_factors", None) is None:
-            return None
-        features = getattr(self.dataset, "item_features", None)
-        names = features.names if features is not None else None
-        return Model.from_run(
-            state, done.train if done.train is not None else self.public, done.records, done.metrics, names
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class RatingsPlan(Plan):
-    """A rating or interaction data set held here, split for evaluation."""
-
-    dataset: Dataset
-    options: RunOptions
-    config: ALSConfig
-    split: RatingSplit | HeldoutSplit
-    rating_range: tuple[float, float]
-    implicit: bool
-    recommend: RecommendConfig | None
-
-    @property
-    def n_users(self) -> int:
-        return int(self.split.train.n_users)
-
-    def run_on(self, engine: Engine, secrets: RunSecrets, *, progress: bool, second_opinion: bool) -> Finished:
-        from .execute import run_ratings
-
-        return run_ratings(self, engine, secrets, progress=progress, second_opinion=second_opinion)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerPlan(Plan):
-    """The server of a partitioned deployment: public metadata only, the ratings stay on the nodes."""
-
-    dataset: PublicData
-    options: RunOptions
-    config: ALSConfig
-    rating_range: tuple[float, float]
-    implicit: bool
-    recommend: RecommendConfig | None
-    split: None = None  # the ratings stay on the nodes
-
-    @property
-    def public(self) -> PublicData:
-        return self.dataset
-
-    def run_on(self, engine: Engine, secrets: RunSecrets, *, progress: bool, second_opinion: bool) -> Finished:
-        from .execute import run_server
-
-        return run_server(self, engine, secrets, progress=progress, second_opinion=second_opinion)
-
-
-@dataclass(frozen=True, kw_only=True)
-class PersonalPlan(Plan):
-    """A personalization algorithm on its own synthetic tasks; ``node_params``: the node layout
-    keys given with the job (``users_per_node``, ``users_per_shard``, ``nodes``)."""
-
-    dataset: PersonalData
-    config: PAMConfig
-    node_params: Mapping[str, int | float | str] = field(default_factory=dict, repr=False)
-    implicit: bool = False
-    rating_range: None = None
-    split: None = None
-
-    def budget(self) -> BudgetPlan | None:
-        if self.private:
-            from ..algorithms import pam
-
-            data = self.dataset
-            pam.new_pam_state(
-                self.algorithm, self.config, data.d, data.k, data.samples, self.job.epsilon, self.job.delta
-            )
-        return None
-
-    def check_budget(self) -> None:
-        if self.private and self.job.epsilon is not None:
-            self.budget()
-
-    def run_on(self, engine: Engine, secrets: RunSecrets, *, progress: bool, second_opinion: bool) -> Finished:
-        from .execute import run_personal
-
-        return run_personal(self, engine, secrets, progress=progress)
-
-    def released_model(self, done: Finished) -> PersonalModel | None:
-        from .model import PersonalModel
-
-        state = done.state
-        return (
-            PersonalModel.from_run(state, done.records, done.metrics)
-            if (state.U is not None or state.theta is not None)
-            else None
-        )
-
-
-#: the node keys of a personalization job (read by the engines, not by its configuration)
-PERSONAL_NODE_KEYS = ("users_per_node", "users_per_shard", "nodes")
+        return released_model(self, done)
 
 
 @dataclass(frozen=True)
@@ -307,16 +209,9 @@ def split_protocol(option: str, spec, ds) -> SplitProtocol:
 
 def prepare_plan(job):
     """The checked plan of ``job`` (see the module docstring)."""
-    from ..algorithms import pam
-
+    family = family_of(job.algorithm)
     algorithm = job.algorithm
-    if algorithm not in als.ALGORITHMS and algorithm not in pam.PAM_ALGORITHMS:
-        known = (*als.ALGORITHMS, *pam.PAM_ALGORITHMS)
-        raise ConfigError(
-            f"unknown algorithm {algorithm!r} (known: {', '.join(known)}){did_you_mean(algorithm, known)}",
-            field="algorithm",
-        )
-    private = is_private(algorithm)
+    private = family.private(algorithm)
     if private and job.epsilon is None:
         raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
     if private:
@@ -326,46 +221,46 @@ def prepare_plan(job):
     spec, ds = resolve_data(job.data, job.data_options)
     if job.dataset is not None:
         ds = job.dataset
-    if algorithm in pam.PAM_ALGORITHMS:
-        return _personal_plan(job, spec, ds, private)
+    if family.blocks:
+        return _block_plan(job, family, spec, ds, private)
     overrides = dict(job.params)
     opts = RunOptions.pop_from(overrides)
-    cfg = als.ALSConfig.from_overrides(overrides, algorithm)
+    cfg = family.parse(overrides, algorithm)
+    generated = [a for f in families() if f.server_generates_data for a in f.algorithms()]
     if spec.kind == "synthetic-personal":
         raise ConfigError(
-            f"{algorithm!r} trains on ratings; synthetic-personal data is for {', '.join(pam.PAM_ALGORITHMS)}",
-            field="--data",
+            f"{algorithm!r} trains on ratings; synthetic-personal data is for {', '.join(generated)}", field="--data"
         )
     ds = ds if ds is not None else load_spec(spec)
     if ds.interactions is None:  # a partitioned deployment's public folder: the server holds no ratings
-        return _server_plan(job, spec, ds, private, opts, cfg)
-    return _ratings_plan(job, spec, ds, private, opts, cfg, overrides)
+        return _server_plan(job, family, spec, ds, private, opts, cfg)
+    return _ratings_plan(job, family, spec, ds, private, opts, cfg, overrides)
 
 
-def _personal_plan(job, spec, ds, private: bool) -> PersonalPlan:
-    from ..algorithms import pam
+#: the run options a block family's job takes (its node layout; the others are the rating family's)
+BLOCK_OPTIONS = ("users_per_node", "users_per_shard", "nodes")
 
-    if spec.kind != "synthetic-personal":
-        raise ConfigError(
-            f"{job.algorithm} needs --data synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R", field="--data"
-        )
+
+def _block_plan(job, family, spec, ds, private: bool) -> Plan:
+    """A block family's plan: its own data and config; of the run options, the node layout."""
     overrides = dict(job.params)
-    node_keys = {k: overrides.pop(k) for k in PERSONAL_NODE_KEYS if k in overrides}
-    cfg = pam.PAMConfig.from_overrides(overrides)
-    ds = ds if ds is not None else load_spec(spec)
-    return PersonalPlan(
+    opts = RunOptions.pop_from({k: overrides.pop(k) for k in BLOCK_OPTIONS if k in overrides})
+    data = family.load(spec, ds, job.algorithm)
+    cfg = family.parse(overrides, job.algorithm)
+    return Plan(
         job=job,
         spec=spec,
+        family=family,
         private=private,
-        protocol="personalization",
-        evaluation=evaluation_for("personalization", None, cfg),
-        dataset=ds,
+        protocol=family.protocol,
+        evaluation=family.evaluation(cfg),
+        dataset=data,
         config=cfg,
-        node_params=node_keys,
+        options=opts,
     )
 
 
-def _server_plan(job, spec, public, private: bool, opts: RunOptions, cfg) -> ServerPlan:
+def _server_plan(job, family, spec, public, private: bool, opts: RunOptions, cfg) -> Plan:
     given = PROTOCOLS.get(opts.split)  # None: auto
     if PROTOCOLS.get(public.protocol) is not RANDOM or given not in (None, RANDOM):
         raise ConfigError(
@@ -378,9 +273,11 @@ def _server_plan(job, spec, public, private: bool, opts: RunOptions, cfg) -> Ser
         raise ConfigError(f"the nodes split with the partition's public seed {public.split_seed}", field="split_seed")
     rating_range = (0.0, 1.0) if public.implicit else tuple(public.rating_range)
     rec_cfg = opts.recommend_config() if opts.recommend else None
-    return ServerPlan(
+    return Plan(
         job=job,
         spec=spec,
+        family=family,
+        here=False,
         private=private,
         protocol=RANDOM.name,
         evaluation=evaluation_for("deployment", None, cfg),
@@ -393,7 +290,7 @@ def _server_plan(job, spec, public, private: bool, opts: RunOptions, cfg) -> Ser
     )
 
 
-def _ratings_plan(job, spec, ds, private: bool, opts: RunOptions, cfg, overrides: dict) -> RatingsPlan:
+def _ratings_plan(job, family, spec, ds, private: bool, opts: RunOptions, cfg, overrides: dict) -> Plan:
     algorithm = job.algorithm
     # a private run needs an item catalogue that does not depend on the ratings (before any training)
     if registry.get(algorithm).private:
@@ -417,9 +314,10 @@ def _ratings_plan(job, spec, ds, private: bool, opts: RunOptions, cfg, overrides
             "private tuning runs with a private algorithm on the in-process engine and the random split (RMSE)",
             field="tune",
         )
-    return RatingsPlan(
+    return Plan(
         job=job,
         spec=spec,
+        family=family,
         private=private,
         protocol=protocol.name,
         evaluation=evaluation_for(protocol.name, registry.get(algorithm), cfg),

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -117,21 +117,14 @@ class _keywords:
 
 def _engine(engine, options: dict[str, Any]):
     """An engine object of ``engine`` (a name or an Engine) and its keyword options."""
-    from .ops.launcher import FlwrRun
-    from .run import Engine, InProcess
+    from .ops.engines import engine_named
+    from .run import Engine
 
     if isinstance(engine, Engine):
         if options:
             raise ConfigError(f"give {', '.join(options)} to the engine object", field="engine")
         return engine
-    if engine == "inprocess":
-        return InProcess(**options)
-    if engine == "flower":
-        return FlwrRun(**options)
-    raise ConfigError(
-        f"unknown engine {engine!r} (known: inprocess, flower, or an engine object of fedpriv.run){did_you_mean(engine, ('inprocess', 'flower'))}",
-        field="engine",
-    )
+    return engine_named(engine, "engine", **options)
 
 
 def load_data(data: str | DataSpec | pd.DataFrame, **options: Any) -> Dataset:

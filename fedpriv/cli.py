@@ -13,7 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .errors import ConfigError, DataError, FedprivError, did_you_mean
+from .errors import ConfigError, DataError, FedprivError
 
 
 #: the subcommands and their help; :data:`ADDERS` adds each one's arguments and sets the handler
@@ -82,8 +82,8 @@ def _add_run(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--engine",
         default="inprocess",
-        help="inprocess (default: this process) or flower (`flwr run` on Flower's local simulation runtime; "
-        "its SuperLink is stopped when the job ends)",
+        help="inprocess (default: this process), flower (`flwr run` on Flower's local simulation runtime; "
+        "its SuperLink is stopped when the job ends) or ray (Flower's simulation runtime in this process)",
     )
     r.add_argument(
         "--aggregation",
@@ -309,9 +309,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def _run(args) -> int:
-    from .ops.launcher import FlwrRun
+    from .ops.engines import engine_named
     from .run.model import check_model_folder
-    from .run import InProcess, Job, check_results_folder, parse_overrides, write_outputs
+    from .run import Job, check_results_folder, parse_overrides, write_outputs
     from .run.report import MAX_REJECTED_FRACTION, TooManyRejected, check_rejections
 
     limit = MAX_REJECTED_FRACTION if args.max_rejected_fraction is None else float(args.max_rejected_fraction)
@@ -333,15 +333,10 @@ def _run(args) -> int:
             checked(args.device)
         except ConfigError as exc:
             raise exc.renamed({"device": "--device"}) from None
-    if args.engine == "flower":
-        engine = FlwrRun(nodes=args.nodes, users_per_node=args.users_per_node, quiet=args.quiet, device=args.device)
-    elif args.engine == "inprocess":
-        engine = InProcess(nodes=args.nodes, users_per_node=args.users_per_node, device=args.device)
-    else:
-        raise ConfigError(
-            f"unknown engine {args.engine!r} (known: inprocess, flower){did_you_mean(args.engine, ('inprocess', 'flower'))}",
-            field="--engine",
-        )
+    options = {"nodes": args.nodes, "users_per_node": args.users_per_node, "device": args.device}
+    if args.engine == "flower":  # the launcher prints Flower's log unless quiet
+        options["quiet"] = args.quiet
+    engine = engine_named(args.engine, "--engine", **options)
     # before training: a refused folder costs nothing
     check_results_folder(args.out, overwrite=args.overwrite)
     if args.save_model is not None:

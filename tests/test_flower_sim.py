@@ -73,7 +73,7 @@ def test_heldout_users_protocol_on_both_engines(tmp_path):
 
     data = "synthetic-mf:users=200,items=60,ratings=5000,seed=6"
     common = {"split": "heldout", "rank": "3", "steps": "2", "heldout_fraction": "0.1"}
-    fl, fl_ledger = run("adadpals", data, epsilon=4.0, overrides={**common, "users_per_node": "10"}, engine="flower", progress=False, work_dir=tmp_path, noise_seed=5)
+    fl, fl_ledger = run("adadpals", data, epsilon=4.0, overrides={**common, "users_per_node": "10"}, engine="ray", progress=False, work_dir=tmp_path, noise_seed=5)
     ip, ip_ledger = run("adadpals", data, epsilon=4.0, overrides={**common, "users_per_shard": "10"}, progress=False, noise_seed=5)
     assert fl["protocol"] == ip["protocol"] == "heldout" and fl["nodes"] >= 16
     assert fl_ledger == ip_ledger and "gravity" in {r["name"] for r in fl_ledger} and "mean" not in {r["name"] for r in fl_ledger}

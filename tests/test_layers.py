@@ -162,9 +162,9 @@ def test_no_two_public_functions_share_a_name():
 
 
 def _algorithm_names() -> set[str]:
-    from fedpriv.algorithms import pam, registry
+    from fedpriv.algorithms.families import all_algorithms
 
-    return set(registry.names()) | set(pam.PAM_ALGORITHMS)
+    return set(all_algorithms())
 
 
 #: the modules that may spell an algorithm's name in a comparison: its own module, and the registry

@@ -147,7 +147,10 @@ def multitask_data():
 @pytest.mark.parametrize("schedule", ["full", "disjoint"])
 def test_personalization_draws_noise_only_through_the_ledger(personal_data, guarded_rng, algorithm, schedule):
     from fedpriv.algorithms import pam
-    from fedpriv.engine.personal import train_personal_inprocess as train_pam
+    from fedpriv.engine.blocks import train_blocks
+
+    def train_pam(*args, **kw):
+        return train_blocks(pam.FAMILY, *args, **kw)
 
     private = algorithm in pam.PRIVATE
     state, ledger, _ = train_pam(algorithm, personal_data, pam.PAMConfig(epochs=2, schedule=schedule, net_size=50), epsilon=2.0 if private else None, delta=1e-6)

@@ -113,10 +113,11 @@ def test_rating_messages_load_no_heavy_module(tmp_path, data, algorithm):
 def test_personalization_messages_load_no_heavy_module(tmp_path):
     from fedpriv.algorithms.pam import PAMConfig
     from fedpriv.data.personal import make_personal
-    from fedpriv.flower.pam_server import PamJob
+    from fedpriv.algorithms import pam
+    from fedpriv.flower.block_server import BlockJob
 
     rec = _Recorder()
-    job = PamJob("pam", 4.0, 1e-5, PAMConfig(), make_personal(60, 8, 6, 2, 0.01, seed=1), tmp_path / "job", users_per_node=6, secrets=RunSecrets(3))
+    job = BlockJob(pam.FAMILY, "pam", 4.0, 1e-5, PAMConfig(), make_personal(60, 8, 6, 2, 0.01, seed=1), tmp_path / "job", users_per_node=6, secrets=RunSecrets(3))
     run_job(FakeGrid(10, client_app=rec), job)
     res = _replay(rec.log, tmp_path)
     assert res["errors"] == [] and res["messages"] == len(rec.log) > 10

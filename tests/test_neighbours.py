@@ -21,7 +21,7 @@ from fedpriv.algorithms import als, pam, registry
 from fedpriv.data.personal import make_personal
 from fedpriv.data.splits import random_split
 from fedpriv.engine.inprocess import train_inprocess
-from fedpriv.engine.personal import train_personal_inprocess as train_personal
+from fedpriv.engine.blocks import train_blocks
 from fedpriv.privacy.neighbours import ReplayLedger, influence
 from fedpriv.privacy.randomness import RunSecrets
 
@@ -83,9 +83,9 @@ def test_pam_removing_a_user_moves_each_release_within_its_sensitivity(schedule)
     cfg = pam.PAMConfig(schedule=schedule, epochs=3)
     for index in (0, 150, 299):
         on_d = ReplayLedger()
-        train_personal("pam", data, cfg, epsilon=2.0, delta=1e-6, users_per_shard=64, secrets=RunSecrets(5), ledger=on_d)
+        train_blocks(pam.FAMILY, "pam", data, cfg, epsilon=2.0, delta=1e-6, users_per_shard=64, secrets=RunSecrets(5), ledger=on_d)
         on_d_prime = ReplayLedger(replay=on_d)
-        train_personal("pam", data.without(index), cfg, epsilon=2.0, delta=1e-6, users_per_shard=64, secrets=RunSecrets(5), ledger=on_d_prime)
+        train_blocks(pam.FAMILY, "pam", data.without(index), cfg, epsilon=2.0, delta=1e-6, users_per_shard=64, secrets=RunSecrets(5), ledger=on_d_prime)
         moved = influence(on_d, on_d_prime)
         assert set(moved) == {"init_M", "am_A", "am_b"}
         assert all(r <= TOL for r in moved.values()), moved

@@ -99,7 +99,7 @@ def test_a_plaintext_handler_is_refused_by_a_secure_node_and_answers_without_the
     assert off["recovered"] is True and off["exact_item_counts"] is True  # positive control: the exact item counts
 
 
-@pytest.mark.parametrize("message_type", ["query.users", "query.mean", "query.bias", "train", "evaluate", "query.rec_hist", "query.pam_step"])
+@pytest.mark.parametrize("message_type", ["query.users", "query.mean", "query.bias", "train", "evaluate", "query.rec_hist", "query.block"])
 def test_every_plaintext_handler_refuses_on_a_secure_node(setup, message_type):
     grid = LocalGrid(2, node_policy=setup.policy(True))
     errors = []

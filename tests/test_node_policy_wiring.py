@@ -183,7 +183,8 @@ def test_flower_tuning_candidates_share_one_node_ledger_folder(tmp_path, monkeyp
 
     plan = _TinyPlan()
     engine = FlowerCallback(runner=runner, work_dir=str(tmp_path / "tune"))
-    candidate, cleanup = engine.tuning_candidates(plan, RunOptions(nodes=NODES, users_per_node=6))
+    candidates = engine.tuning_candidates(plan, RunOptions(nodes=NODES, users_per_node=6))
+    candidate, cleanup = candidates.run, candidates.cleanup
     for r in range(3):
         with pytest.raises(_Stop):
             candidate(ALSConfig.from_overrides({"rank": "2", "steps": "1"}), {}, RunSecrets(r), 1.0, r)
@@ -201,6 +202,7 @@ class _TinyPlan:
         self.algorithm, self.rating_range, self.implicit, self.public, self.n_users = "adadpals", (1.0, 5.0), False, None, 24
         self.job = type("J", (), {"epsilon": 4.0, "delta": 1e-5})()
         self.dataset = type("D", (), {"item_features": None})()
+        self.config = ALSConfig.from_overrides({"rank": "2", "steps": "1"})
 
 
 def test_a_central_job_refuses_to_start_on_secure_nodes_with_a_clear_error(tmp_path, split):

@@ -182,6 +182,7 @@ def test_saved_data_round_trip(tmp_path, table):
 
 def test_job_prepare_trains_nothing_and_the_plan_runs_on_any_engine():
     from fedpriv.run import FlowerSimulation, InProcess, Job, Plan, RunReport
+    from fedpriv.run.base import engine_options
 
     plan = Job("adadpals", "synthetic-mf:users=60,items=20,ratings=1200,seed=2", epsilon=2.0, noise_seed=1, params={"rank": 2, "steps": 1}).prepare()
     assert isinstance(plan, Plan) and plan.n_users == plan.split.train.n_users and plan.partitions(7) == -(-plan.n_users // 7)
@@ -195,7 +196,7 @@ def test_job_prepare_trains_nothing_and_the_plan_runs_on_any_engine():
     assert a.report.to_json()["config"]["users_per_shard"] == 10
     assert a.report.metrics["test_rmse"] == pytest.approx(b.report.metrics["test_rmse"], rel=1e-6)
     assert "epsilon" in a.report.summary() and "test RMSE" in a.report.summary()
-    assert isinstance(FlowerSimulation(users_per_node=5).run_options(), dict)
+    assert engine_options(FlowerSimulation(users_per_node=5)) == {"users_per_node": 5}
 
 
 def test_python_errors_name_keywords_and_the_cli_names_flags(tmp_path):

@@ -13,12 +13,17 @@ from fedpriv.cli import main
 from fedpriv.data.personal import make_personal
 from fedpriv.errors import ConfigError
 from fedpriv.algorithms.pam import evaluate_personal
-from fedpriv.engine.personal import train_personal_inprocess
 from fedpriv.privacy.accounting import epsilon_rdp, gaussian_epsilon_closed_form, zcdp_rho
 from fedpriv.privacy.randomness import RunSecrets
 from fedpriv.run import run
 
 SPEC = "synthetic-personal:users=400,samples=8,d=6,k=2,noise=0.01,seed=3"
+from fedpriv.engine.blocks import train_blocks
+
+
+def train_personal_inprocess(algorithm, data, cfg, **kw):
+    """pam's in-process run: the generic block engine with pam's family."""
+    return train_blocks(pam.FAMILY, algorithm, data, cfg, **kw)
 
 
 def _state(schedule="full", d=6, k=2, m=8, **kw):
@@ -131,7 +136,7 @@ def test_cli_contract_and_bad_input(tmp_path, capsys):
 def test_flower_and_inprocess_engines_agree(algorithm, schedule):
     over = {"epochs": "3", "schedule": schedule, "net_size": "200"}
     mi, li = run(algorithm, SPEC, epsilon=2.0, overrides=dict(over), progress=False, noise_seed=13)
-    mf, lf = run(algorithm, SPEC, epsilon=2.0, overrides={**over, "users_per_node": "40"}, engine="flower", progress=False, noise_seed=13)
+    mf, lf = run(algorithm, SPEC, epsilon=2.0, overrides={**over, "users_per_node": "40"}, engine="ray", progress=False, noise_seed=13)
     assert mf["test_mse"] == pytest.approx(mi["test_mse"], rel=1e-6)
     assert mf["subspace_error"] == pytest.approx(mi["subspace_error"], rel=1e-6, abs=1e-9)
     assert lf == li and mf["rejected_replies"] == []
@@ -187,7 +192,12 @@ def test_node_replies_are_validated_before_they_are_summed():
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
     from fedpriv.flower import codec
-    from fedpriv.flower.pam_server import _decode
+    from fedpriv.algorithms.families import ReplyPart
+    from fedpriv.flower.block_server import decode_reply
+
+    def _decode(content, keys, bounds, max_users, ranges):
+        parts = [ReplyPart(k, n, bounds[k], ranges.get(k)) for k, n in keys.items()]
+        return decode_reply(content, parts, max_users, bounded=True)
 
     def reply(n_users, **arrays):
         return RecordDict({"contrib": ArrayRecord({k: codec.to_array(np.asarray(v, np.float64)) for k, v in arrays.items()}), "meta": ConfigRecord({"n_users": n_users})})

@@ -17,11 +17,11 @@ DATA = "synthetic-personal:users=120,samples=8,d=5,k=2,noise=0.1,seed=1"
 
 
 def _flower(tmp_path):
-    from fedpriv.flower.pam_server import run_pam_job
+    from fedpriv.flower.block_server import run_block_job
     from fedpriv.run import FlowerCallback
     from fedpriv.testing.local_grid import LocalGrid
 
-    return FlowerCallback(runner=lambda job, n: run_pam_job(LocalGrid(n), job), users_per_node=30, work_dir=tmp_path)
+    return FlowerCallback(runner=lambda job, n: run_block_job(LocalGrid(n), job), users_per_node=30, work_dir=tmp_path)
 
 
 @pytest.mark.parametrize("aggregation", ["central", "secure"])
@@ -32,8 +32,8 @@ def test_pam_runs_through_the_shared_loop_on_both_engines(tmp_path, monkeypatch,
     calls = []
     real = loop.train_rounds
     monkeypatch.setattr(loop, "train_rounds", lambda *a, **k: calls.append(type(a[0]).__name__) or real(*a, **k))
-    import fedpriv.engine.personal as personal
-    import fedpriv.flower.pam_server as pam_server
+    import fedpriv.engine.blocks as personal
+    import fedpriv.flower.block_server as pam_server
 
     monkeypatch.setattr(personal, "train_rounds", loop.train_rounds)
     monkeypatch.setattr(pam_server, "train_rounds", loop.train_rounds)
@@ -42,7 +42,7 @@ def test_pam_runs_through_the_shared_loop_on_both_engines(tmp_path, monkeypatch,
     plan = Job(algorithm, DATA, epsilon=4.0, noise_seed=6, params=params).prepare()
     ip = plan.execute(InProcess())
     fl = plan.execute(_flower(tmp_path))
-    assert calls == ["BlockTransport", "_GridPamTransport"]  # both engines went through the one loop
+    assert calls == ["BlockTransport", "_GridBlockTransport"]  # both engines went through the one loop
     assert fl.ledger == ip.ledger and ip.ledger
     assert {r["mechanism"] for r in ip.ledger} == {"gaussian" if aggregation == "central" else "skellam"}
     assert ip.report.epsilon_spent <= 4.0 * (1 + 1e-6)

@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 
 from fedpriv.algorithms import pam, protocol
-from fedpriv.algorithms.evaluations import HeldoutUsers, Logistic, OnNodes, Personalization, RatingRegression
+from fedpriv.algorithms.evaluations import BlockEvaluation, HeldoutUsers, Logistic, OnNodes, RatingRegression
 from fedpriv.engine.inprocess import ShardTransport, make_shards, new_state
 from fedpriv.engine.loop import make_aggregator, train_rounds
-from fedpriv.engine.personal import BlockTransport
+from fedpriv.engine.blocks import BlockTransport
 from fedpriv.privacy.randomness import user_keys
-from fedpriv.run import Engine, InProcess, Job, PersonalPlan, RatingsPlan, Trained
+from fedpriv.run import Engine, InProcess, Job, Plan, Trained
+from fedpriv.run.base import Candidates
 from fedpriv.run.inprocess import inprocess_shard_size
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fedpriv"
@@ -51,7 +52,8 @@ class ThreadBlocks(BlockTransport):
         self.pool = pool
 
     def sums(self, kind: str, state, step: int = 0, group: int | None = None) -> tuple:
-        parts = list(self.pool.map(lambda b: pam.client_round(kind, self.data.X[b[1]], self.data.y[b[1]], state), list(self._blocks(group))))
+        family, data = self.family, self.data
+        parts = list(self.pool.map(lambda b: family.client_round(kind, family.block(data, b[1]), state), list(self._blocks(group))))
         return tuple(np.sum(column, axis=0) for column in zip(*parts))
 
 
@@ -64,27 +66,31 @@ class ThreadPoolEngine(Engine):
     workers: int = 4
     name: ClassVar[str] = "threads"
 
-    def layout(self, opts, plan, secure: bool):
-        opts.users_per_node = self.users_per_node
-        opts.users_per_shard = inprocess_shard_size(opts, plan.n_users, secure) or 0
-        return opts
+    def layout(self, opts, plan):
+        opts = dataclasses.replace(opts, users_per_node=self.users_per_node)
+        return dataclasses.replace(opts, users_per_shard=inprocess_shard_size(opts, plan.n_users, plan.config.aggregation.secure) or 0)
 
-    def train(self, plan, cfg, opts, secrets, *, progress: bool = False) -> Trained:
-        train = plan.split.train
+    def train(self, plan, opts, secrets, *, progress: bool = False) -> Trained:
+        if plan.family.blocks:
+            return self._train_blocks(plan, secrets)
+        train, cfg = plan.split.train, self.config(plan)
         state, ledger = new_state(plan.algorithm, cfg, train, plan.rating_range, plan.implicit, plan.job.epsilon, plan.job.delta, secrets=secrets)
         shards = make_shards(train, opts.users_per_shard or None, secrets.client_key())
         with ThreadPoolExecutor(self.workers) as pool:
             train_rounds(ThreadShards(shards, pool, secrets.reproducible), make_aggregator(cfg, ledger), state, item_features=plan.dataset.item_features)
         return Trained(state, ledger, {"threads": self.workers})
 
-    def train_personal(self, plan, secrets, *, progress: bool = False) -> Trained:
-        cfg, data = plan.config, plan.dataset
-        state, ledger = pam.new_pam_state(plan.algorithm, cfg, data.d, data.k, data.samples, plan.job.epsilon if plan.private else None, plan.job.delta,
-                                          secrets.ledger_seed())
-        keys = user_keys(secrets.client_key(), data.user_ids)
-        groups = pam.user_groups(keys, cfg.epochs) if cfg.schedule == "disjoint" else None
+    def config(self, plan):
+        return plan.config
+
+    def _train_blocks(self, plan, secrets) -> Trained:
+        family, cfg, data = plan.family, plan.config, plan.dataset
+        state, ledger = family.new_state(plan.algorithm, cfg, data, plan.job.epsilon if plan.private else None, plan.job.delta,
+                                         secrets.ledger_seed(), plan.relation)
+        keys = user_keys(secrets.client_key(), family.user_ids(data))
+        groups = family.user_groups(keys, state)
         with ThreadPoolExecutor(self.workers) as pool:
-            transport = ThreadBlocks(data, self.users_per_node, groups, keys, secrets.reproducible, pool=pool)
+            transport = ThreadBlocks(family, data, self.users_per_node, groups, keys, secrets.reproducible, pool=pool)
             train_rounds(transport, make_aggregator(cfg, ledger), state)
         return Trained(state, ledger, {"threads": self.workers}, users_per_node=self.users_per_node)
 
@@ -100,7 +106,7 @@ def _same_run(job: Job, **inprocess):
 
 def test_a_new_engine_defined_here_runs_a_rating_job_like_the_inprocess_engine():
     plan, ours, theirs = _same_run(Job("adadpals", DATA, epsilon=5.0, noise_seed=3, params={"rank": 2, "steps": 2}), users_per_node=50)
-    assert isinstance(plan, RatingsPlan) and isinstance(plan.evaluation, RatingRegression)
+    assert isinstance(plan, Plan) and plan.here and isinstance(plan.evaluation, RatingRegression)
     for key in ("valid_rmse", "test_rmse"):
         assert ours.report.metrics[key] == pytest.approx(theirs.report.metrics[key], rel=1e-9)
     assert ours.report["ranking"]["recall"] == pytest.approx(theirs.report["ranking"]["recall"], rel=1e-9)
@@ -109,8 +115,8 @@ def test_a_new_engine_defined_here_runs_a_rating_job_like_the_inprocess_engine()
     # a positive control: the comparisons can fail, an engine that trains another plan gives another ledger
     @dataclasses.dataclass(frozen=True)
     class OneStepLess(ThreadPoolEngine):
-        def train(self, plan, cfg, opts, secrets, *, progress: bool = False) -> Trained:
-            return super().train(plan, dataclasses.replace(cfg, steps=cfg.steps - 1), opts, secrets)
+        def config(self, plan):
+            return dataclasses.replace(plan.config, steps=plan.config.steps - 1)
 
     assert plan.execute(OneStepLess(), second_opinion=False).ledger != theirs.ledger
 
@@ -128,7 +134,7 @@ def test_a_new_engine_defined_here_runs_a_ranking_job_like_the_inprocess_engine(
 def test_a_new_engine_defined_here_runs_a_personalization_job_like_the_inprocess_engine():
     job = Job("pam", "synthetic-personal:users=200,samples=10,d=6,k=2,noise=0.1,seed=3", epsilon=4.0, noise_seed=5, params={"users_per_node": 50})
     plan, ours, theirs = _same_run(job)
-    assert isinstance(plan, PersonalPlan) and isinstance(plan.evaluation, Personalization)
+    assert plan.family is pam.FAMILY and isinstance(plan.evaluation, BlockEvaluation)
     assert ours.report.metrics["test_mse"] == pytest.approx(theirs.report.metrics["test_mse"], rel=1e-9)
     assert ours.report.metrics["subspace_error"] == pytest.approx(theirs.report.metrics["subspace_error"], rel=1e-9)
 
@@ -149,10 +155,8 @@ def test_private_tuning_wraps_a_new_engine_without_it_knowing():
     @dataclasses.dataclass(frozen=True)
     class Tunable(ThreadPoolEngine):
         def tuning_candidates(self, plan, opts):
-            return InProcess().tuning_candidates(plan, opts)
-
-        def selected(self, result, ledger, plan, opts):
-            return Trained(result.state, ledger, {})
+            run = InProcess().tuning_candidates(plan, opts).run
+            return Candidates(run, lambda result, ledger: Trained(result.state, ledger, {}))
 
     params = {"tune": "reg_item_private=0.5/5/50", "tune_mean": 2, "rank": 2, "steps": 1}
     plan = Job("adadpals", DATA, epsilon=4.0, noise_seed=9, params=params).prepare()
@@ -193,8 +197,9 @@ def test_functions_of_the_run_layer_are_short():
 
 
 def test_plans_have_no_field_typed_any():
-    from fedpriv.run.job import Plan, ServerPlan
+    import fedpriv.run.job as job
 
-    for kind in (Plan, RatingsPlan, ServerPlan, PersonalPlan):
+    assert not any(hasattr(job, name) for name in ("RatingsPlan", "ServerPlan", "PersonalPlan")), "one Plan for every family"
+    for kind in (Plan,):
         loose = [f.name for f in dataclasses.fields(kind) if "Any" in str(f.type)]
         assert not loose, f"{kind.__name__}: {loose}"

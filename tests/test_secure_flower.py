@@ -136,14 +136,14 @@ def test_secure_personalization_agrees_across_engines(tmp_path, algorithm, sched
     the in-process blocks and the Flower nodes release the same model and ledger; the disjoint
     schedule keeps its parallel composition (groups) in secure mode."""
     from fedpriv.testing.local_grid import LocalGrid
-    from fedpriv.flower.pam_server import run_pam_job
+    from fedpriv.flower.block_server import run_block_job
     from fedpriv.run import run
 
     data = "synthetic-personal:users=120,samples=8,d=5,k=2,noise=0.1,seed=1"
     ov = {"aggregation": "secure", **({"schedule": schedule, "epochs": "3"} if algorithm == "pam" else {})}
     kw = dict(epsilon=5.0, progress=False, noise_seed=4, second_opinion=False)
     m_in, led_in = run(algorithm, data, overrides={**ov, "users_per_shard": "30"}, **kw)
-    m_fl, led_fl = run(algorithm, data, overrides={**ov, "users_per_node": "30"}, engine="flower", flower_runner=lambda job, n: run_pam_job(LocalGrid(n), job), work_dir=tmp_path, **kw)
+    m_fl, led_fl = run(algorithm, data, overrides={**ov, "users_per_node": "30"}, engine="flower", flower_runner=lambda job, n: run_block_job(LocalGrid(n), job), work_dir=tmp_path, **kw)
     assert led_in == led_fl and {r["mechanism"] for r in led_fl} == {"skellam"}
     assert m_fl["test_mse"] == pytest.approx(m_in["test_mse"], rel=1e-9)
     assert m_fl["epsilon_spent"] == pytest.approx(5.0, rel=1e-3)

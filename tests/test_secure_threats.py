@@ -126,7 +126,7 @@ def test_a_node_refuses_an_exact_sum_of_a_private_statistic(kind):
         secure_client.mask(msg, ctx)
 
 
-@pytest.mark.parametrize("kind", ["eval", "rec_eval", "pam_eval"])
+@pytest.mark.parametrize("kind", ["eval", "rec_eval", "block_eval"])
 def test_a_node_refuses_a_noised_plan_for_a_measurement(kind):
     from fedpriv.flower import secure_client
     from fedpriv.testing.local_grid import LocalGrid

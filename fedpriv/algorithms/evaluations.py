@@ -12,7 +12,8 @@ what the released model gives here is added.
   list (:mod:`fedpriv.algorithms.ranking`);
 - :class:`Logistic`: valid/test log loss and accuracy;
 - :class:`HeldoutUsers`: Recall@k of held-out users folded in from their history;
-- :class:`Personalization`: the personalization algorithms' test MSE and subspace error;
+- :class:`BlockEvaluation`: a block family's measurement (DP model personalization's test MSE
+  and subspace error);
 - :class:`OnNodes`: a deployment's server, which holds no ratings: the nodes measured everything.
 
 A family with a metric of its own registers ``evaluation=`` on its
@@ -117,21 +118,6 @@ class HeldoutUsers(Evaluation):
 
 
 @dataclass(frozen=True)
-class Personalization(Evaluation):
-    """Test MSE and subspace error of a personalization run (``split``: the PersonalData, whose
-    users keep their own test samples); a Flower run's nodes measured them already."""
-
-    users_per_shard: int = 4096
-
-    def measure(self, state, split, metrics: dict, *, on_nodes: bool = False) -> None:
-        if on_nodes:
-            return
-        from . import pam
-
-        metrics.update(pam.evaluate_personal(state, split, self.users_per_shard))
-
-
-@dataclass(frozen=True)
 class OnNodes(Evaluation):
     """A partitioned deployment's server: it holds no ratings, the nodes measured everything."""
 
@@ -143,7 +129,6 @@ class OnNodes(Evaluation):
 _BY_PROTOCOL = {
     "random": RatingRegression,
     "heldout": HeldoutUsers,
-    "personalization": Personalization,
     "deployment": OnNodes,
 }
 
@@ -158,3 +143,23 @@ def evaluation_for(protocol: str, spec, cfg) -> Evaluation:
         return Logistic()
     kind = _BY_PROTOCOL[protocol]
     return kind(k=cfg.eval_k) if kind is HeldoutUsers else kind()
+
+
+@dataclass(frozen=True)
+class BlockEvaluation(Evaluation):
+    """A block family's measurement (:class:`~fedpriv.algorithms.families.Family`): the sum of
+    every block's evaluation sums, read by the family; a Flower run's nodes measured already."""
+
+    family: object
+    users_per_shard: int = 4096
+
+    def measure(self, state, split, metrics: dict, *, on_nodes: bool = False) -> None:
+        if on_nodes:
+            return
+        from .shards import split_users
+
+        family = self.family
+        n = family.n_users(split)
+        index = np.arange(n)
+        sums = sum(family.eval_sums(family.block(split, index[u]), state) for u in split_users(n, self.users_per_shard))
+        metrics.update(family.evaluate_sums(sums, split, state))

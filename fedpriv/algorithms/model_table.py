@@ -7,23 +7,19 @@ from __future__ import annotations
 
 import textwrap
 
-from . import pam, registry
+from . import registry
 
 
 def model_rows() -> list[tuple[str, str, str, bool, str]]:
     """(group, name, task kind, private, summary) of every algorithm, registered or
     personalization, grouped by :data:`registry.GROUPS` in registration order."""
-    rows = [
-        (registry.TASKS[s.task][0], s.name, registry.kind_of(s.task), s.private, s.summary)
-        for s in map(registry.get, registry.names())
-    ]
-    rows += [
-        (registry.TASKS[task][0], name, registry.kind_of(task), name in pam.PRIVATE, text)
-        for name, (task, text) in registry.PERSONALIZATION.items()
-    ]
-    missing = set(pam.PAM_ALGORITHMS) - set(registry.PERSONALIZATION)
-    if missing:
-        raise ValueError(f"personalization algorithms without a task: {sorted(missing)}")
+    from .families import families
+
+    rows = []
+    for family in families():
+        for name in family.algorithms():
+            task, text = family.describe(name)
+            rows.append((registry.TASKS[task][0], name, registry.kind_of(task), family.private(name), text))
     return sorted(rows, key=lambda r: registry.GROUPS.index(r[0]))
 
 

@@ -45,6 +45,7 @@ from .config import PAMConfig  # noqa: F401 - re-exported
 from ..privacy.clipping import clip_rows
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import PURPOSE_GROUP, user_uniform
+from .families import Family, ReplyPart, register_family
 from .kernels import from_upper, upper
 
 if TYPE_CHECKING:
@@ -560,3 +561,184 @@ def evaluate_personal(state: PAMState, data, users_per_shard: int = 4096) -> dic
     out = {"test_mse": float(sums[0] / max(sums[1], 1.0) + data.noise**2)}
     out["subspace_error"] = subspace_error(state.U, data.U_star) if state.U is not None else None
     return out
+
+
+# ---------------------------------------------------------------------------- the family
+@dataclass(frozen=True)
+class PersonalBlock:
+    """A node's block of users as a client holds it: their samples, and the ground truth that
+    only the measurement reads (never a training input)."""
+
+    X: np.ndarray
+    y: np.ndarray
+    V_star: np.ndarray
+    U_star: np.ndarray
+    noise: float
+
+
+_FILES = ("pam_X.npy", "pam_y.npy", "pam_V_star.npy", "pam_U_star.npy", "pam_meta.json")
+
+
+class PersonalFamily(Family):
+    """DP model personalization as a block family: each node holds a block of users' samples,
+    on synthetic tasks the ServerApp generates (``synthetic-personal``)."""
+
+    name = "personal"
+    rounds = PERSONAL
+    server_generates_data = True
+    protocol = "personalization"
+
+    def algorithms(self) -> tuple[str, ...]:
+        return PAM_ALGORITHMS
+
+    def private(self, algorithm: str) -> bool:
+        return algorithm in PRIVATE
+
+    def describe(self, algorithm: str) -> tuple[str, str]:
+        from .registry import PERSONALIZATION
+
+        return PERSONALIZATION[algorithm]
+
+    def parse(self, overrides: dict, algorithm: str) -> PAMConfig:
+        return PAMConfig.from_overrides(overrides)
+
+    def evaluation(self, cfg):
+        from .evaluations import BlockEvaluation
+
+        return BlockEvaluation(self)
+
+    def load(self, spec, dataset, algorithm: str):
+        if spec.kind != "synthetic-personal":
+            raise ConfigError(
+                f"{algorithm} needs --data synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R", field="--data"
+            )
+        from ..data.spec import load_spec
+
+        return dataset if dataset is not None else load_spec(spec)
+
+    def user_ids(self, data) -> np.ndarray:
+        return data.user_ids
+
+    def new_state(self, algorithm: str, cfg, data, epsilon, delta, ledger_seed, relation: str):
+        return new_pam_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta, ledger_seed)
+
+    def block(self, data, users: np.ndarray) -> PersonalBlock:
+        return PersonalBlock(data.X[users], data.y[users], data.V_star[users], data.U_star, data.noise)
+
+    def client_round(self, kind: str, block: PersonalBlock, state: PAMState) -> tuple:
+        return client_round(kind, block.X, block.y, state)
+
+    def reply_parts(self, kind: str, state: PAMState) -> list[ReplyPart]:
+        if kind == "pam_init":
+            d = state.d
+            return [ReplyPart("values", d * (d + 1) // 2, pam_sensitivity("init_M", state))]
+        if kind == "pam_exp":
+            # every entry of a user's score vector is in [0, s]: L2 norm <= s sqrt(N) per user
+            n, s_user = len(exp_net(state)), pam_sensitivity("exp_U", state)
+            return [ReplyPart("scores", n, s_user * math.sqrt(n), entry_range=s_user)]
+        (name_a, n_a), (name_b, n_b) = summed_parts(kind, state)
+        return [
+            ReplyPart("A_upper", n_a, pam_sensitivity(name_a, state)),
+            ReplyPart("b", n_b, pam_sensitivity(name_b, state)),
+        ]
+
+    def part_bounds(self, kind: str, state: PAMState) -> list[tuple[str, int, float]]:
+        return [(n, length, pam_sensitivity(n, state)) for n, length in summed_parts(kind, state)]
+
+    def user_groups(self, keys: np.ndarray, state: PAMState) -> np.ndarray | None:
+        return user_groups(keys, state.config.epochs) if state.config.schedule == "disjoint" else None
+
+    def eval_sums(self, block: PersonalBlock, state: PAMState) -> np.ndarray:
+        return client_eval_sums(block.X, block.y, block.V_star, block.U_star, state, block.noise)
+
+    def evaluate_sums(self, sums: np.ndarray, data, state: PAMState) -> dict:
+        out = {"test_mse": float(sums[0] / max(sums[1], 1.0) + data.noise**2)}
+        out["subspace_error"] = subspace_error(state.U, data.U_star) if state.U is not None else None
+        return out
+
+    def write_node_data(self, folder, data) -> None:
+        import json
+
+        np.save(folder / "pam_X.npy", np.ascontiguousarray(data.X, dtype=np.float32))
+        np.save(folder / "pam_y.npy", np.ascontiguousarray(data.y, dtype=np.float32))
+        # ground truth: measurement only (population MSE on the nodes), never a training input
+        np.save(folder / "pam_V_star.npy", data.V_star)
+        np.save(folder / "pam_U_star.npy", data.U_star)
+        (folder / "pam_meta.json").write_text(json.dumps({"n_users": data.n_users, "noise": data.noise}))
+
+    def load_block(self, folder: str, partition_id: int, users_per_node: int):
+        from .shards import user_block
+
+        X, y, V, U, meta = _mapped(folder)
+        users = user_block(partition_id, users_per_node, meta["n_users"])
+        arrays = (np.asarray(X[users]), np.asarray(y[users]), np.asarray(V[users]))
+        for a in arrays:
+            a.setflags(write=False)
+        return users, PersonalBlock(*arrays, U, meta["noise"])
+
+    def encode_state(self, state: PAMState) -> tuple[dict, dict]:
+        import json
+
+        arrays = {name: value for name, value in (("U", state.U), ("theta", state.theta)) if value is not None}
+        scalars = {
+            "algorithm": state.algorithm,
+            "config": json.dumps(state.config.to_dict()),
+            "d": state.d,
+            "k": state.k,
+            "samples": state.samples,
+        }
+        return arrays, scalars
+
+    def decode_state(self, arrays: dict, scalars: dict) -> PAMState:
+        import json
+
+        state = PAMState(
+            str(scalars["algorithm"]),
+            PAMConfig.from_overrides(json.loads(str(scalars["config"]))),
+            int(scalars["d"]),
+            int(scalars["k"]),
+            int(scalars["samples"]),
+            {},
+        )
+        state.U = arrays.get("U")
+        state.theta = arrays.get("theta")
+        return state
+
+    def round_label(self, kind: str, step: int, state: PAMState) -> str:
+        if kind in ("pam_init", "pam_exp"):
+            return kind[4:]
+        return "single" if state.algorithm == "pam-single-model" else f"step{step + 1}"
+
+    def report_keys(self, data, state: PAMState) -> dict:
+        return {"samples_per_user": data.samples, "d": data.d, "k": state.k}
+
+    def references(self, data) -> dict:
+        """The trivial references, as test MSEs of the same measurement (the population MSE
+        |theta - theta*_j|^2 + noise^2, averaged over the users): the best shared model (one
+        vector for every user: the mean of their true models, no personalization) and the zero
+        predictor. Measured on the ground truth, never training input."""
+        theta_star = np.asarray(data.V_star, dtype=np.float64) @ np.asarray(data.U_star, dtype=np.float64).T
+        noise = float(data.noise) ** 2
+        if not len(theta_star):
+            return {"shared_model_test_mse": None, "zero_predictor_test_mse": None}
+        shared = float(np.mean(np.sum((theta_star - theta_star.mean(axis=0)) ** 2, axis=1))) + noise
+        zero = float(np.mean(np.sum(theta_star**2, axis=1))) + noise
+        return {"shared_model_test_mse": shared, "zero_predictor_test_mse": zero}
+
+
+@lru_cache(maxsize=4)
+def _mapped(folder: str):
+    import json
+    from pathlib import Path
+
+    f = Path(folder)
+    return (
+        np.load(f / "pam_X.npy", mmap_mode="r"),
+        np.load(f / "pam_y.npy", mmap_mode="r"),
+        np.load(f / "pam_V_star.npy", mmap_mode="r"),
+        np.load(f / "pam_U_star.npy"),
+        json.loads((f / "pam_meta.json").read_text()),
+    )
+
+
+FAMILY = register_family(PersonalFamily())

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from . import als, defaults, pam, protocol, secure
+from . import als, defaults, protocol, secure
 
 
 class RatingRounds:
@@ -100,6 +100,8 @@ class RatingRounds:
 RATING = RatingRounds()
 
 
-def rounds_of(state) -> RatingRounds | pam.PersonalRounds:
-    """The rounds of the family whose public state this is."""
-    return pam.PERSONAL if isinstance(state, pam.PAMState) else RATING
+def rounds_of(state):
+    """The rounds of the family whose public state this is (:func:`fedpriv.algorithms.families.family_of`)."""
+    from .families import family_of
+
+    return family_of(state.algorithm).rounds

@@ -1,46 +1,49 @@
-"""The in-process driver of the DP model personalization algorithms (:mod:`fedpriv.algorithms.pam`)
-over user blocks; the Flower driver is :mod:`fedpriv.flower.pam_server`. Both call the same
-client, aggregator and server functions through the one loop (:mod:`fedpriv.engine.loop`)."""
+"""The in-process driver of every block family (:class:`~fedpriv.algorithms.families.Family`:
+DP model personalization and any family a user adds): the family's client function on blocks
+of users, each block playing one node, through the one loop (:mod:`fedpriv.engine.loop`). The
+Flower driver is :mod:`fedpriv.flower.block_server`; both call the same family functions."""
 
 from __future__ import annotations
 
 import time
 
 import numpy as np
-
 from tqdm.auto import tqdm
 
-from ..algorithms import pam
+from ..algorithms.families import Family, block_values
 from ..algorithms.shards import split_users
-from ..data.personal import PersonalData
 from ..privacy import distributed
+from ..privacy.accounting import ADD_REMOVE
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RunSecrets, node_noise_rng, user_keys
 from .loop import Hooks, make_aggregator, step_seconds, train_rounds
 
 
-def train_personal_inprocess(
+def train_blocks(
+    family: Family,
     algorithm: str,
-    data: PersonalData,
-    cfg: pam.PAMConfig,
+    data,
+    cfg,
     *,
     epsilon: float | None,
     delta: float,
+    relation: str = ADD_REMOVE,
     users_per_shard: int = 4096,
     secrets: RunSecrets | None = None,
     ledger: PrivacyLedger | None = None,
     progress: bool = False,
-) -> tuple[pam.PAMState, PrivacyLedger, dict]:
-    """``secrets``: the run's secret randomness (default fresh); ``ledger``: release through this
-    ledger instead of the run's own (sensitivity tests replay one run's releases in another).
-    The rounds are the one loop's (:func:`fedpriv.engine.loop.train_rounds`)."""
+) -> tuple[object, PrivacyLedger, dict]:
+    """(released state, ledger, timings) of a run of ``family`` on ``data``. ``secrets``: the
+    run's secret randomness (default fresh); ``ledger``: release through this ledger instead of
+    the run's own (sensitivity tests replay one run's releases in another)."""
     t0 = time.perf_counter()
     secrets = secrets if secrets is not None else RunSecrets()
-    state, own = pam.new_pam_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta, secrets.ledger_seed())
+    state, own = family.new_state(algorithm, cfg, data, epsilon, delta, secrets.ledger_seed(), relation)
     ledger = ledger if ledger is not None else own
-    keys = user_keys(secrets.client_key(), data.user_ids)
-    group_of = pam.user_groups(keys, cfg.epochs) if cfg.schedule == "disjoint" else None
-    transport = BlockTransport(data, users_per_shard, group_of, keys, secrets.reproducible)
+    keys = user_keys(secrets.client_key(), family.user_ids(data))
+    transport = BlockTransport(
+        family, data, users_per_shard, family.user_groups(keys, state), keys, secrets.reproducible
+    )
     hooks = Hooks()
     train_rounds(
         transport,
@@ -54,18 +57,20 @@ def train_personal_inprocess(
 
 
 class BlockTransport:
-    """The personalization rounds' clients in process: the client functions on user blocks
-    (each block plays one node, as a Flower node holds one block)."""
+    """A block family's clients in process: its client function on blocks of users (each block
+    plays one node, as a Flower node holds one block)."""
 
     def __init__(
         self,
-        data: PersonalData,
+        family: Family,
+        data,
         users_per_shard: int,
         group_of: np.ndarray | None,
         keys: np.ndarray | None = None,
         reproducible: bool = False,
     ):
-        self.data, self.size, self.group_of = data, users_per_shard, group_of
+        self.family, self.data, self.size, self.group_of = family, data, users_per_shard, group_of
+        self.n_users = family.n_users(data)
         self.keys, self.reproducible = keys, reproducible
 
     def start(self, state, server) -> None:
@@ -75,12 +80,12 @@ class BlockTransport:
         pass
 
     def population(self) -> tuple[int, int]:
-        return len(split_users(self.data.n_users, self.size)), max(1, self.data.n_users)
+        return len(split_users(self.n_users, self.size)), max(1, self.n_users)
 
     def _blocks(self, group):
         """(block slice, its users of ``group``) of every block."""
-        for u in split_users(self.data.n_users, self.size):
-            users = np.arange(self.data.n_users)[u]
+        for u in split_users(self.n_users, self.size):
+            users = np.arange(self.n_users)[u]
             if group is not None:
                 users = users[self.group_of[users] == group]
             yield u, users
@@ -88,21 +93,24 @@ class BlockTransport:
     def sums(self, kind: str, state, step: int = 0, group: int | None = None) -> tuple:
         total = None
         for _, users in self._blocks(group):
-            part = pam.client_round(kind, self.data.X[users], self.data.y[users], state)
+            part = self.family.client_round(kind, self.family.block(self.data, users), state)
             total = part if total is None else tuple(a + b for a, b in zip(total, part))
+        if total is None:
+            raise ValueError(f"round {kind!r}: no block of users")
         return total
 
     def secure_sum(self, kind: str, plan, state, step: int, group: int | None = None):
         """The arithmetic of secure summation without its cryptography: each block's words (its
         users' statistics, those of the step's group only, plus the block's Skellam share)."""
         total = np.zeros(plan.length, dtype=np.uint64)
-        n = 0
+        n, keys = 0, self.keys
+        assert keys is not None, "secure rounds: every block draws its noise from its users' keys"
         for u, users in self._blocks(group):
-            values = pam.pam_node_values(kind, self.data.X[users], self.data.y[users], state)
+            values = block_values(self.family, kind, self.family.block(self.data, users), state)
             total = distributed.add_words(
                 plan,
                 total,
-                distributed.encode(plan, values, node_noise_rng(self.keys[u], f"{kind}-{step}", self.reproducible)),
+                distributed.encode(plan, values, node_noise_rng(keys[u], f"{kind}-{step}", self.reproducible)),
             )
             n += 1
         return (lambda: total), n

@@ -37,7 +37,8 @@ def make_shards(train: Interactions, users_per_shard: int | None, client_key: by
     """User shards of ``train``; with ``client_key``, each user carries its secret key (a PRF of
     its raw id: :func:`fedpriv.privacy.randomness.user_keys`), the source of its own random
     choices."""
-    keys = user_keys(client_key, train.user_ids) if client_key is not None else None
+    raw = train.user_ids if train.user_ids is not None else np.arange(train.n_users)
+    keys = user_keys(client_key, raw) if client_key is not None else None
     if not users_per_shard or users_per_shard >= train.n_users:
         return [shard_users(train, keys=keys)]
     return [shard_users(train, users, keys) for users in split_users(train.n_users, users_per_shard)]
@@ -78,6 +79,8 @@ def new_state(
             raise ConfigError(f"no noise multiplier for {sorted(missing)}", field="multipliers")
         state.multipliers = dict(multipliers)
     elif state.private:
+        if epsilon is None:
+            raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
         state.multipliers = als.calibrate_plan(algorithm, cfg, implicit, epsilon, delta)
         budget = (epsilon, delta)
     secrets = secrets if secrets is not None else RunSecrets()

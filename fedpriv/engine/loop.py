@@ -63,6 +63,14 @@ class RatingTransport:
     (a setup release's summed vector) and ``step`` (the clients' step contributions, which the
     algorithm's step sums)."""
 
+    def vector(self, kind: str, length: int, state: als.PublicState) -> np.ndarray:
+        """The clients' summed vector of the pre-processing release ``kind``."""
+        raise NotImplementedError
+
+    def step(self, state: als.PublicState, step: int) -> list:
+        """The clients' contributions to alternating step ``step``."""
+        raise NotImplementedError
+
     def sums(self, kind: str, state: als.PublicState, step: int = 0, group: int | None = None) -> tuple:
         if kind == "step":
             return state.spec.alternating_step().sums(self.step(state, step), state)
@@ -92,7 +100,7 @@ class SecureAggregator:
     over Flower, or its arithmetic simulated in process), the ledger checks the budget and
     records each part before it is decoded. No code here sees an exact sum."""
 
-    def __init__(self, ledger: PrivacyLedger, dropout: float = 0.0, colluders: int = 1):
+    def __init__(self, ledger: PrivacyLedger | None, dropout: float = 0.0, colluders: int = 1):
         self.ledger, self.dropout, self.colluders = ledger, dropout, colluders
         self.client_seconds = 0.0
 

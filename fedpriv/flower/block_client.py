@@ -1,61 +1,42 @@
-"""DP model personalization on a Flower node: its block of users' samples (memory-mapped
-files), the broadcast state, and the handlers (``query.pam_*``). The personal vectors v_j are
-solved and kept here; only clipped statistics leave the node. Imports no server code."""
+"""Every block family on a Flower node (:class:`~fedpriv.algorithms.families.Family`): its
+block of users (the family's files), the broadcast state, and two handlers (``query.block_info``
+and ``query.block``, the round's kind in the message). Personal vectors and every other value of
+a user stay here; only the family's clipped statistics leave the node. The family is looked up
+in this node's own catalogue (the families its operator installed), never loaded from a message.
+Imports no server code."""
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from ..algorithms import pam
+from ..algorithms.families import EVAL_KIND, Family, family_named
 from . import codec
-from .partition import node_users
-
-
-@lru_cache(maxsize=4)
-def _mapped(folder: str):
-    f = Path(folder)
-    return (
-        np.load(f / "pam_X.npy", mmap_mode="r"),
-        np.load(f / "pam_y.npy", mmap_mode="r"),
-        np.load(f / "pam_V_star.npy", mmap_mode="r"),
-        np.load(f / "pam_U_star.npy"),
-        json.loads((f / "pam_meta.json").read_text()),
-    )
 
 
 @lru_cache(maxsize=64)
-def load_block(folder: str, partition_id: int, users_per_node: int):
-    """The block of one node (cached per worker process, like the rating shards): its users and
-    their samples, ground truth and the data's metadata, read-only."""
-    X, y, V, U, meta = _mapped(folder)
-    users = node_users(partition_id, users_per_node, meta["n_users"])
-    block = (users, np.asarray(X[users]), np.asarray(y[users]), np.asarray(V[users]))
-    for a in block:
-        a.setflags(write=False)
-    return (*block, U, meta)
+def load_block(family: Family, folder: str, partition_id: int, users_per_node: int):
+    """(users, block) of one node (cached per worker process, like the rating shards)."""
+    return family.load_block(folder, partition_id, users_per_node)
 
 
-# ------------------------------------------------------------------ messages
-def decode_pam_state(content: RecordDict):
+def decode_block_state(content: RecordDict):
+    """(family, state, kind, data folder, users per node, group) of a round's message."""
     cfg = content.config_records["cfg"]
-    arrays = content.array_records["state"]
-    state = pam.PAMState(
-        str(cfg["algorithm"]),
-        pam.PAMConfig.from_overrides(json.loads(str(cfg["config"]))),
-        int(cfg["d"]),
-        int(cfg["k"]),
-        int(cfg["samples"]),
-        {},
-    )
-    state.U = arrays["U"].numpy() if "U" in arrays else None
-    state.theta = arrays["theta"].numpy() if "theta" in arrays else None
+    family = family_named(str(cfg["family"]))
+    arrays = {k: v.numpy() for k, v in content.array_records["state"].items()}
+    state = family.decode_state(arrays, dict(cfg))
     group = int(cfg.get("group", -1))
-    return state, str(cfg["data_dir"]), int(cfg["users_per_node"]), None if group < 0 else group
+    return (
+        family,
+        state,
+        str(cfg["kind"]),
+        str(cfg["data_dir"]),
+        int(cfg["users_per_node"]),
+        (None if group < 0 else group),
+    )
 
 
 def _reply(msg: Message, arrays: dict, n_users: int) -> Message:
@@ -69,68 +50,46 @@ def _reply(msg: Message, arrays: dict, n_users: int) -> Message:
 
 
 def node_block(msg: Message, context: Context, with_keys: bool = False):
-    """(state, users, X, y, V, U, meta, block keys, reproducible) of this node for the round of
-    ``msg``: with the disjoint schedule, only the users of the step's group (drawn by each user
-    from its secret key); ``block keys``: the secret keys of all the block's users, derived only
-    when needed (the disjoint schedule, or ``with_keys``), else None."""
+    """(family, state, kind, users, block, block keys, reproducible, group) of this node for the
+    round of ``msg``: with a disjoint schedule only the users of the step's group (drawn by each
+    user from its secret key); ``block keys``: the secret keys of the block's users, derived only
+    when needed (a disjoint schedule, or ``with_keys``), else None."""
     from ..privacy.randomness import user_keys
     from .node_secrets import node_key, raw_user_ids
 
-    state, data_dir, upn, group = decode_pam_state(msg.content)
-    users, X, y, V, U, meta = load_block(data_dir, int(context.node_config.get("partition-id", 0)), upn)
+    family, state, kind, data_dir, upn, group = decode_block_state(msg.content)
+    users, block = load_block(family, data_dir, int(context.node_config.get("partition-id", 0)), upn)
     keys, reproducible = None, False
     if with_keys or group is not None:
         key, reproducible = node_key(msg.content.config_records["cfg"], context)
         keys = user_keys(key, raw_user_ids(data_dir, users))
     if group is not None:  # disjoint schedule: only the users of this step's group contribute
-        keep = pam.user_groups(keys, state.config.epochs) == group
-        users, X, y, V = users[keep], X[keep], y[keep], V[keep]
-    return state, users, X, y, V, U, meta, keys, reproducible
+        keep = family.user_groups(keys, state) == group
+        users = users[keep]
+        block = family.block(block, np.flatnonzero(keep))
+    return family, state, kind, users, block, keys, reproducible, group
 
 
 # ------------------------------------------------------------------ client handlers
-def register_pam_handlers(app) -> None:
-    """Add the personalization handlers to fedpriv's ClientApp."""
+def register_block_handlers(app) -> None:
+    """Add the block families' handlers to fedpriv's ClientApp."""
 
-    def pid(context: Context) -> int:
-        return int(context.node_config.get("partition-id", 0))
+    @app.query("block_info")
+    def block_info(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config.get("partition-id", 0))
+        return Message(RecordDict({"meta": ConfigRecord({"partition_id": pid})}), reply_to=msg)  # not data
 
-    def block(msg: Message, context: Context):
+    @app.query("block")
+    def block_round(msg: Message, context: Context) -> Message:
         from .node_policy import node_policy, refuse
 
-        if node_policy(context).aggregation == "secure":  # every caller of block() is a plaintext handler
+        if node_policy(context).aggregation == "secure":  # a plaintext handler
             raise refuse(
                 f"plaintext handler {msg.metadata.message_type!r}",
                 "this node is configured for secure aggregation (policy-aggregation=secure)",
             )
-        return node_block(msg, context)[:7]
-
-    @app.query("pam_info")
-    def pam_info(msg: Message, context: Context) -> Message:
-        return Message(
-            RecordDict({"meta": ConfigRecord({"partition_id": pid(context)})}), reply_to=msg
-        )  # configuration, not data
-
-    @app.query("pam_init")
-    def pam_init(msg: Message, context: Context) -> Message:
-        state, users, X, y, *_ = block(msg, context)
-        return _reply(msg, {"values": pam.client_init_stats(X, y, state)}, len(users))
-
-    @app.query("pam_step")
-    def pam_step(msg: Message, context: Context) -> Message:
-        state, users, X, y, *_ = block(msg, context)
-        A, b = pam.client_step_stats(X, y, state)
-        return _reply(msg, {"A_upper": A, "b": b}, len(users))
-
-    @app.query("pam_exp")
-    def pam_exp(msg: Message, context: Context) -> Message:
-        state, users, X, y, *_ = block(msg, context)
-        return _reply(msg, {"scores": pam.client_exp_scores(X, y, state)}, len(users))
-
-    @app.query("pam_eval")
-    def pam_eval(msg: Message, context: Context) -> Message:
-        state, users, X, y, V, U, meta = block(msg, context)
-        return _reply(msg, {"values": pam.client_eval_sums(X, y, V, U, state, meta["noise"])}, len(users))
-
-
-# ------------------------------------------------------------------ server loop
+        family, state, kind, users, block, *_ = node_block(msg, context)
+        if kind == EVAL_KIND:
+            return _reply(msg, {"values": family.eval_sums(block, state)}, len(users))
+        parts = family.reply_parts(kind, state)
+        return _reply(msg, {p.name: v for p, v in zip(parts, family.client_round(kind, block, state))}, len(users))

@@ -14,7 +14,7 @@ from ..algorithms import evaluation
 from ..errors import ConfigError
 from ..algorithms import als, protocol
 from . import codec
-from .pam_client import register_pam_handlers
+from .block_client import register_block_handlers
 from .recommend_handlers import register_recommend_handlers
 from .secure_client import register_secure_handlers
 from .node_device import on_node_device
@@ -127,7 +127,7 @@ def register_handlers(app) -> None:
         app.query(kind)(plaintext(_pre_release(kind)))  # plaintext handlers: refused by a node whose policy is secure
     app.train()(plaintext(on_node_device(node_train), "train"))  # the node's own device (fedpriv.flower.node_device)
     app.evaluate()(plaintext(node_evaluate, "evaluate"))
-    register_pam_handlers(app)  # DP model personalization (fedpriv.flower.pam_client)
+    register_block_handlers(app)  # the block families: DP model personalization, ... (fedpriv.flower.block_client)
     register_recommend_handlers(app)  # private recommendation (fedpriv.flower.recommend_handlers)
     register_secure_handlers(app)  # secure aggregation rounds (fedpriv.flower.secure_client)
 

@@ -17,7 +17,7 @@ Fields (:class:`NodePolicy`):
 
 ``aggregation``
     ``"secure"``: only the secure-summation handlers answer (``secagg_*``, ``info``,
-    ``pam_info`` and the recommendation's picks); every plaintext handler refuses.
+    ``block_info`` and the recommendation's picks); every plaintext handler refuses.
     ``"central"`` or ``"any"``: the plaintext handlers answer too (central mode trusts the server).
 ``max_epsilon`` / ``delta`` / ``relation``
     The node's budget: every secure release this node adds a noise share to is recorded in a

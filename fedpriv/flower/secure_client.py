@@ -191,7 +191,7 @@ def share(msg: Message, context: Context) -> Message:
     )
 
 
-MEASUREMENTS = ("eval", "pam_eval", "rec_eval")  # kinds summed exactly (no noise): aggregate measurements only
+MEASUREMENTS = ("eval", "block_eval", "rec_eval")  # kinds summed exactly (no noise): aggregate measurements only
 
 
 def _plan(sec, kind: str):
@@ -217,8 +217,8 @@ def mask(msg: Message, context: Context) -> Message:
     plan = _plan(sec, kind)
     if kind in MEASUREMENTS:
         check_measurement(context, kind)  # counted per run, before any sum is computed
-    if kind.startswith("pam_"):  # DP model personalization: the node's block of users
-        return _mask_pam(msg, context, kind, step, plan)
+    if "family" in content.config_records.get("cfg", {}):  # a block family: the node's block of users
+        return _mask_block(msg, context, kind, step, plan)
     if kind == "eval":
         return masked_reply(msg, context, plan.encode(node_eval(msg, context)))
     if kind == "rec_eval":  # kept on the node by its recommendation reply
@@ -255,24 +255,20 @@ def mask(msg: Message, context: Context) -> Message:
     return masked_reply(msg, context, words)
 
 
-def _mask_pam(msg: Message, context: Context, kind: str, step: int, plan) -> Message:
-    from ..algorithms import pam
+def _mask_block(msg: Message, context: Context, kind: str, step: int, plan) -> Message:
+    """A block family's masked words (:mod:`fedpriv.flower.block_client`): its evaluation sums
+    (a measurement), or its clipped statistics plus this node's noise share."""
+    from ..algorithms.families import block_values
     from ..privacy.distributed import encode
-    from .pam_client import decode_pam_state, node_block
+    from .block_client import node_block
 
-    state, users, X, y, V, U, meta, keys, reproducible = node_block(msg, context, with_keys=True)
-    if kind == "pam_eval":
-        return masked_reply(
-            msg, context, plan.encode({"values": pam.client_eval_sums(X, y, V, U, state, meta["noise"])})
-        )
-    values = pam.pam_node_values(kind, X, y, state)
-    group = decode_pam_state(msg.content)[
-        3
-    ]  # disjoint schedule: only this group's users contribute (parallel composition)
-    own = [
-        (n, k, pam.pam_sensitivity(n, state)) for n, k in pam.summed_parts(kind, state)
-    ]  # this node's own clipping bound
-    check_plan(context, kind, plan, own, None if group is None else (state.config.epochs, group))
+    family, state, _, users, block, keys, reproducible, group = node_block(msg, context, with_keys=True)
+    if kind in MEASUREMENTS:
+        return masked_reply(msg, context, plan.encode({"values": family.eval_sums(block, state)}))
+    values = block_values(family, kind, block, state)
+    # this node's own clipping bound; a disjoint schedule: only this group's users contribute
+    own = family.part_bounds(kind, state)
+    check_plan(context, kind, plan, own, None if group is None else (family.rounds.groups(state), group))
     words = encode(plan, values, node_noise_rng(keys, f"{kind}-{step}", reproducible))
     return masked_reply(msg, context, words)
 

@@ -78,6 +78,9 @@ class FlowerJob:
     # FEDPRIV_RUN_TOKEN in its info reply, else the job runs in a federation it did not start
     run_token: str = ""
 
+    def serve(self, grid: Grid) -> FlowerResult:
+        return serve_ratings(grid, self)
+
     @property
     def shape(self):
         """``n_users`` and ``n_items``: of the training ratings, or of the public metadata."""
@@ -474,12 +477,10 @@ def _tune_score(job: FlowerJob, rounds: Rounds, content) -> np.ndarray:
     return total
 
 
-def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
-    """One job over the nodes of ``grid``: the info round, then the loop of
-    :func:`fedpriv.engine.loop.train_rounds` (checkpointed after every step), the evaluation and the
-    private recommendation."""
+def run_job(grid: Grid, job) -> FlowerResult:
+    """One job over the nodes of ``grid``: a rating job (:class:`FlowerJob`) or a block family's
+    (:class:`~fedpriv.flower.block_server.BlockJob`), each served by its own ``serve``."""
     from ..util import threads
-    from .pam_server import PamJob, run_pam_job
 
     threads.configure()  # the server's solves: its kernels' threads and allocator
     operate = getattr(
@@ -487,9 +488,12 @@ def run_job(grid: Grid, job: FlowerJob) -> FlowerResult:
     )  # an in-process grid whose nodes the caller operates (fedpriv.testing.local_grid)
     if operate is not None:
         operate(job)
+    return job.serve(grid)
 
-    if isinstance(job, PamJob):  # DP model personalization: its own rounds
-        return run_pam_job(grid, job)
+
+def serve_ratings(grid: Grid, job: FlowerJob) -> FlowerResult:
+    """A rating job: the info round, then the loop of :func:`fedpriv.engine.loop.train_rounds`
+    (checkpointed after every step), the evaluation and the private recommendation."""
     cfg, n_users = job.cfg, job.n_users
     if job.train is not None:  # simulation: the server writes the nodes' folders
         parts = {"train": job.train, "valid": job.valid, "test": job.test}

@@ -166,7 +166,11 @@ def simulate(
     try:
         from .node_device import ENV as DEVICE_ENV
 
+        from ..algorithms.families import FAMILIES_ENV
+
         env = {POLICY_ENV: policy_file, **({DEVICE_ENV: node_device} if node_device else {})}
+        if os.environ.get(FAMILIES_ENV):  # the families this process serves: the simulated nodes serve them too
+            env[FAMILIES_ENV] = os.environ[FAMILIES_ENV]
         return _simulate(
             job,
             num_nodes,

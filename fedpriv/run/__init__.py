@@ -39,12 +39,9 @@ _EXPORTS = {
     "FlowerOptions": "engines",
     "FlowerSimulation": "engines",
     "InProcess": "engines",
-    "engine_named": "engines",
+    "engine_for_run": "engines",
     "Job": "job",
     "Plan": "job",
-    "RatingsPlan": "job",
-    "ServerPlan": "job",
-    "PersonalPlan": "job",
     "Outcome": "report",
     "RunReport": "report",
 }
@@ -88,7 +85,7 @@ def run(
     ``flower_runner(job, n_nodes)`` runs a Flower job (default: a new simulation); ``capture``
     (a dict) receives the trained public ``state``, the ``train`` interactions and the
     ``dataset``; ``second_opinion=False`` skips the PLD cross-check ``epsilon_spent_pld``."""
-    from .engines import ENGINE_NAMES as ENGINES, engine_named
+    from .engines import ENGINE_NAMES as ENGINES, engine_for_run
     from .job import Job
 
     if engine not in ENGINES:
@@ -103,7 +100,7 @@ def run(
         dataset=dataset,
     )
     outcome = job.prepare().execute(
-        engine_named(engine, flower_runner=flower_runner, work_dir=work_dir),
+        engine_for_run(engine, flower_runner=flower_runner, work_dir=work_dir),
         progress=progress,
         second_opinion=second_opinion,
     )

@@ -14,7 +14,7 @@ Every engine returns the same :class:`~fedpriv.run.report.Outcome`, and the same
 ``save_model`` and report work on each. A running gRPC deployment is the engine
 :class:`fedpriv.ops.deploy.engine.Deployment` (``fedpriv deploy run``), whose ServerApp is a
 :class:`FlowerGrid` over the SuperNodes. Engine names exist only at the edges (``--engine``, the
-run config): :func:`engine_named`."""
+run config): :func:`engine_for_run` here, :func:`fedpriv.ops.engines.engine_named` at the edges."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ __all__ = [
     "FlowerSimulation",
     "InProcess",
     "Trained",
-    "engine_named",
+    "engine_for_run",
 ]
 
 
@@ -43,22 +43,31 @@ def _inprocess(flower_runner, work_dir, options) -> Engine:
     return InProcess(**options)
 
 
-def _flower(flower_runner, work_dir, options) -> Engine:
-    if flower_runner is not None:
-        return FlowerCallback(runner=flower_runner, work_dir=work_dir, **options)
+def _ray(flower_runner, work_dir, options) -> Engine:
     return FlowerSimulation(work_dir=work_dir, **options)
 
 
-#: the engines of ``--engine`` and the run config
-_BY_NAME = {"inprocess": _inprocess, "flower": _flower}
+def _flower(flower_runner, work_dir, options) -> Engine:
+    if flower_runner is None:
+        raise ConfigError(
+            "'flower' is `flwr run` in a subprocess (fedpriv.train, the command line: fedpriv.ops.engines); "
+            "here give engine='ray' for Flower's simulation runtime in this process, or a flower_runner",
+            field="engine",
+        )
+    return FlowerCallback(runner=flower_runner, work_dir=work_dir, **options)
+
+
+#: the engines this layer builds by name (the names of fedpriv.ops.engines.ENGINES: ``flower`` is
+#: `flwr run`, an operations engine, reached here only through a ``flower_runner`` callback)
+_BY_NAME = {"inprocess": _inprocess, "ray": _ray, "flower": _flower}
 ENGINE_NAMES = tuple(_BY_NAME)
 ENGINES = ENGINE_NAMES
 
 
-def engine_named(name: str, *, flower_runner: Callable | None = None, work_dir=None, **options) -> Engine:
-    """The engine of a name at the edges (``--engine``, the run config): ``inprocess`` or
-    ``flower`` (with ``flower_runner``: that callback; without: Flower's simulation runtime in
-    this process)."""
+def engine_for_run(name: str, *, flower_runner: Callable | None = None, work_dir=None, **options) -> Engine:
+    """The engine of a name at the edges of this layer (``fedpriv.run.run``): ``inprocess``,
+    ``ray`` (Flower's simulation runtime in this process), or ``flower`` with ``flower_runner``
+    (the fedpriv ServerApp through that callback)."""
     make = _BY_NAME.get(name)
     if make is None:
         raise ConfigError(f"unknown engine {name!r} (known: {', '.join(ENGINE_NAMES)})", field="engine")

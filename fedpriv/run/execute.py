@@ -1,7 +1,7 @@
 """One run, the same for every engine: the engine trains the plan (:class:`~fedpriv.run.base.Trained`),
-the plan's evaluation measures it, and the ledger gives every epsilon of ``metrics.json``. Each
-kind of plan runs here through :meth:`~fedpriv.run.job.Plan.run_on`: :func:`run_ratings`,
-:func:`run_server` (a deployment's server) and :func:`run_personal`. Private tuning wraps the
+the plan's evaluation measures it, and the ledger gives every epsilon of ``metrics.json``. A rating
+plan runs through :func:`run_ratings` (its ratings here, or on the nodes of a deployment), a
+block family's through :func:`run_blocks`. Private tuning wraps the
 engine (:class:`~fedpriv.run.tuning.Tuned`)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..algorithms import als
 from ..algorithms.metrics import run_header
 from ..privacy.accounting import ADD_REMOVE, current_relation, epsilon_bounds, epsilon_pld_second_opinion, epsilon_spent
 from ..privacy.randomness import RunSecrets
-from .base import Trained
+from .base import Trained, check_options, engine_options
 from .inputs import noise_statement
 from .outputs import _clean, delta_warning
 from .report import Outcome, RunReport, verdicts
@@ -35,8 +35,11 @@ class Finished:
 def execute(plan, engine, *, progress: bool = False, second_opinion: bool = True) -> Outcome:
     """Run ``plan`` on ``engine``: the :class:`~fedpriv.run.report.Outcome`."""
     secrets = RunSecrets(plan.job.noise_seed)
-    engine.check_options({**plan.job.params, **engine.run_options()})
-    done = plan.run_on(engine, secrets, progress=progress, second_opinion=second_opinion)
+    check_options(engine, {**plan.job.params, **engine_options(engine)})
+    # the engines train the plan's own config (the noise-aware rule gives the state a new one)
+    plan = dataclasses.replace(plan, config=copy.deepcopy(plan.config))
+    run = run_blocks if plan.family.blocks else run_ratings
+    done = run(plan, engine, secrets, progress=progress, second_opinion=second_opinion)
     return Outcome(
         RunReport.from_metrics(done.metrics),
         done.records,
@@ -47,9 +50,8 @@ def execute(plan, engine, *, progress: bool = False, second_opinion: bool = True
     )
 
 
-def _run_options(plan, engine, cfg):
-    opts = dataclasses.replace(plan.options, **engine.run_options())
-    return engine.layout(opts, plan, cfg.aggregation.secure)
+def _run_options(plan, engine):
+    return engine.layout(dataclasses.replace(plan.options, **engine_options(engine)), plan)
 
 
 def _header(plan, engine, cfg, secrets: RunSecrets, data: dict) -> dict:
@@ -66,67 +68,47 @@ def _header(plan, engine, cfg, secrets: RunSecrets, data: dict) -> dict:
     }
 
 
-def run_ratings(plan, engine, secrets: RunSecrets, *, progress: bool = False, second_opinion: bool = True) -> Finished:
-    """A rating run: trained by ``engine`` (wrapped by the tuning when ``tune`` is set),
-    measured by the plan's evaluation."""
-    from .tuning import Tuned
-
-    t0 = time.perf_counter()
-    cfg = copy.deepcopy(plan.config)
-    opts = _run_options(plan, engine, cfg)
-    inter = plan.dataset.interactions
-    metrics = _header(
-        plan,
-        engine,
-        cfg,
-        secrets,
-        {
+def _data_keys(plan) -> dict:
+    """The data keys of a rating run's ``metrics.json``: of the ratings held here, or of a
+    partitioned deployment's public metadata (the ratings stay on the nodes)."""
+    if plan.here:
+        inter = plan.dataset.interactions
+        return {
             "n_users": int(inter.n_users),
             "n_items": int(inter.n_items),
             "n_ratings": len(inter),
             "duplicates_dropped": int(plan.dataset.duplicates_dropped),
-        },
-    )
+        }
+    public = plan.public
+    return {
+        "n_users": int(public.n_users),
+        "n_items": int(public.n_items),
+        "n_ratings": None,  # held by the nodes only
+        "data_source": public.source,
+        "server_holds_ratings": False,
+        "duplicates_dropped": None,
+    }
+
+
+def run_ratings(plan, engine, secrets: RunSecrets, *, progress: bool = False, second_opinion: bool = True) -> Finished:
+    """A rating run, its ratings held here or on the nodes: trained by ``engine`` (wrapped by the
+    tuning when ``tune`` is set), measured by the plan's evaluation."""
+    from .tuning import Tuned
+
+    t0 = time.perf_counter()
+    opts = _run_options(plan, engine)
+    metrics = _header(plan, engine, plan.config, secrets, _data_keys(plan))
     trainer = Tuned(engine) if opts.tune else engine
-    trained = trainer.train(plan, cfg, opts, secrets, progress=progress)
+    trained = trainer.train(plan, opts, secrets, progress=progress)
+    opts = trained.options or opts
     metrics.update(trained.measured)
     metrics.update(trained.counters)
-    plan.evaluation.measure(trained.state, plan.split, metrics, on_nodes=trained.on_nodes)
+    plan.evaluation.measure(trained.state, plan.split, metrics, on_nodes=trained.on_nodes or not plan.here)
     metrics.update(trained.after)
     if trained.recommendation is not None:
         metrics["recommendation"] = trained.recommendation
     metrics, records = finish(metrics, trained, plan, engine.name, opts, t0, second_opinion)
-    return Finished(metrics, records, trained.state, plan.split.train)
-
-
-def run_server(plan, engine, secrets: RunSecrets, *, progress: bool = False, second_opinion: bool = True) -> Finished:
-    """A partitioned deployment's server: public data only; the nodes train and evaluate."""
-    t0 = time.perf_counter()
-    cfg = copy.deepcopy(plan.config)
-    opts = _run_options(plan, engine, cfg)
-    public = plan.public
-    metrics = _header(
-        plan,
-        engine,
-        cfg,
-        secrets,
-        {
-            "n_users": int(public.n_users),
-            "n_items": int(public.n_items),
-            "n_ratings": None,  # held by the nodes only
-            "data_source": public.source,
-            "server_holds_ratings": False,
-            "duplicates_dropped": None,
-        },
-    )
-    trained = engine.train_server(plan, cfg, opts, secrets, progress=progress)
-    metrics.update(trained.measured)
-    metrics.update(trained.counters)
-    plan.evaluation.measure(trained.state, None, metrics, on_nodes=True)
-    if trained.recommendation is not None:
-        metrics["recommendation"] = trained.recommendation
-    metrics, records = finish(metrics, trained, plan, engine.name, opts, t0, second_opinion)
-    return Finished(metrics, records, trained.state, None)
+    return Finished(metrics, records, trained.state, plan.split.train if plan.here else None)
 
 
 def _recommendation_phase(metrics: dict, trained: Trained, plan, delta: float) -> tuple:
@@ -203,24 +185,24 @@ def finish(
     return _clean(metrics), records
 
 
-def run_personal(plan, engine, secrets: RunSecrets, *, progress: bool = False) -> Finished:
-    """A personalization run: (metrics, ledger records, released state), the CLI contract."""
+def run_blocks(plan, engine, secrets: RunSecrets, *, progress: bool = False, second_opinion: bool = True) -> Finished:
+    """A block family's run (:class:`~fedpriv.algorithms.families.Family`: DP model
+    personalization, ...): (metrics, ledger records, released state), the CLI contract."""
     from ..privacy.accounting import zcdp_rho
 
     t0 = time.perf_counter()
-    job, cfg, data = plan.job, plan.config, plan.dataset
-    trained = engine.train_personal(plan, secrets, progress=progress)
+    job, cfg, data, family = plan.job, plan.config, plan.dataset, plan.family
+    opts = _run_options(plan, engine)
+    trained = engine.train(plan, opts, secrets, progress=progress)
     state, ledger, private = trained.state, trained.ledger, plan.private
     measured = dict(trained.measured)
     plan.evaluation.measure(state, data, measured, on_nodes=trained.on_nodes)
     metrics = {
         **run_header(job.algorithm, plan.spec, engine.name, cfg.seed, job.epsilon, job.delta, private, plan.protocol),
-        "n_users": data.n_users,
-        "samples_per_user": data.samples,
-        "d": data.d,
-        "k": state.k,
+        "n_users": plan.n_users,
+        **family.report_keys(data, state),
         **measured,
-        "references": personal_references(data),
+        "references": family.references(data),
         **_personal_epsilons(ledger, job.delta, private),
         "rho_zcdp": zcdp_rho(ledger) if private else None,
         "noise_multipliers": dict(state.multipliers),
@@ -241,22 +223,6 @@ def run_personal(plan, engine, secrets: RunSecrets, *, progress: bool = False) -
     metrics.update(noise_statement(secrets))
     metrics["verdict"] = verdicts(_clean(metrics))
     return Finished(_clean(metrics), ledger.to_list(), state, None)
-
-
-def personal_references(data) -> dict:
-    """The trivial references of a personalization run, as test MSEs of the same measurement
-    (the population MSE |theta - theta*_j|^2 + noise^2, averaged over the users): the best shared
-    model (one vector for every user: the mean of their true models, no personalization) and
-    the zero predictor. Measured on the ground truth, never training input."""
-    import numpy as np
-
-    theta_star = np.asarray(data.V_star, dtype=np.float64) @ np.asarray(data.U_star, dtype=np.float64).T
-    noise = float(data.noise) ** 2
-    if not len(theta_star):
-        return {"shared_model_test_mse": None, "zero_predictor_test_mse": None}
-    shared = float(np.mean(np.sum((theta_star - theta_star.mean(axis=0)) ** 2, axis=1))) + noise
-    zero = float(np.mean(np.sum(theta_star**2, axis=1))) + noise
-    return {"shared_model_test_mse": shared, "zero_predictor_test_mse": zero}
 
 
 def _personal_epsilons(ledger, delta: float, private: bool) -> dict:

@@ -1,11 +1,14 @@
 """The Flower engines: the fedpriv ServerApp logic (:mod:`fedpriv.flower.server_app`,
-:mod:`fedpriv.flower.pam_server`) run through ``runner(job, n_nodes)``:
+:mod:`fedpriv.flower.block_server`) run through ``runner(job, n_nodes)``:
 
 - :class:`FlowerGrid`: on any Flower ``Grid`` (the ``flwr run`` ServerApp hands it Flower's grid;
   tests use an in-memory one);
 - :class:`FlowerSimulation`: Flower's simulation runtime (Ray) started in this process, or an
   existing Ray cluster (``ray_address``);
 - :class:`FlowerCallback`: any ``runner(job, n_nodes)`` (tests, fault injection, benchmarks).
+
+A rating plan runs as a :class:`~fedpriv.flower.server_app.FlowerJob`, a block family's as a
+:class:`~fedpriv.flower.block_server.BlockJob`; the runner serves either (``job.serve(grid)``).
 
 The nodes evaluate their own held-out ratings; every node sees every run of a private tuning."""
 
@@ -14,14 +17,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from ..errors import ConfigError
 from ..privacy.randomness import RunSecrets
 from ..util.workdirs import owned_tempdir
-from .base import Engine, Trained, given_options
+from .base import Candidates, Engine, Trained
 from .inputs import RunOptions
 from .nodes import node_layout
 
@@ -132,18 +135,11 @@ class FlowerOptions(Engine):
         None  # where the server computes its solves and fits: "cpu" (default), "cuda", "cuda:N" (the nodes: their own config)
     )
     name: ClassVar[str] = "flower"
+    sets: ClassVar[tuple[str, ...]] = ("users_per_node", "nodes", "round_timeout", "node_wait")
     honours: ClassVar[frozenset[str]] = frozenset({"round_timeout", "node_wait"})
     nodes_see_every_run: ClassVar[bool] = True
 
-    def run_options(self) -> dict[str, Any]:
-        return given_options(
-            users_per_node=self.users_per_node,
-            nodes=self.nodes,
-            round_timeout=self.round_timeout,
-            node_wait=self.node_wait,
-        )
-
-    def flower_runner(self) -> Callable | None:
+    def _flower_runner(self) -> Callable | None:
         return None
 
     def execute(self, plan, *, progress: bool = False, second_opinion: bool = True):
@@ -153,23 +149,27 @@ class FlowerOptions(Engine):
             return super().execute(plan, progress=progress, second_opinion=second_opinion)
 
     def _runner(self) -> Callable:
-        runner = self.flower_runner()
+        runner = self._flower_runner()
         if runner is None:
-            from ..flower.simulation import simulate as runner
+            from ..flower.simulation import simulate
+
+            return simulate
         return runner
 
     def _run(self, job, n_nodes: int):
         return self._runner()(job, n_nodes)
 
-    def layout(self, opts: RunOptions, plan, secure: bool) -> RunOptions:
+    def layout(self, opts: RunOptions, plan) -> RunOptions:
         """Resolved once (:mod:`fedpriv.run.nodes`); a deployment's server checks the partition's."""
+        if plan.family.blocks:  # a block family: laid out in train()
+            return opts
         public = plan.public
         layout = node_layout(
             plan.n_users,
             nodes=opts.nodes,
             users_per_node=opts.users_per_node or (public.users_per_node if public is not None else None),
         )
-        opts.nodes, opts.users_per_node = layout.nodes, layout.users_per_node
+        opts = replace(opts, nodes=layout.nodes, users_per_node=layout.users_per_node)
         if public is not None and opts.users_per_node != public.users_per_node:
             raise ConfigError(
                 f"the partition put {public.users_per_node} users on each node, got {opts.users_per_node}",
@@ -177,59 +177,67 @@ class FlowerOptions(Engine):
             )
         return opts
 
-    def job_fields(self, plan) -> dict:
+    def _job_fields(self, plan) -> dict:
         """Fields of the :class:`~fedpriv.flower.server_app.FlowerJob` this engine sets (a run
         token, users per node from the registered nodes)."""
         return {}
 
     @staticmethod
-    def _adapted(job, opts) -> None:
+    def _adapted(job, opts) -> RunOptions:
         """``opts`` with the layout a job of ``users_from_nodes`` found (its users per node,
         set by the ServerApp from the registered nodes): what metrics.json reports."""
         if getattr(job, "users_from_nodes", False) and job.users_per_node >= 1:
-            opts.users_per_node = int(job.users_per_node)
-            opts.nodes = -(-int(job.n_users) // opts.users_per_node)
+            upn = int(job.users_per_node)
+            return replace(opts, users_per_node=upn, nodes=-(-int(job.n_users) // upn))
+        return opts
 
-    def _train_job(self, plan, cfg, opts, secrets, progress: bool) -> Trained:
+    def _train_job(self, plan, opts, secrets, progress: bool) -> Trained:
         tmp = (
             Path(self.work_dir) if self.work_dir else owned_tempdir("fedpriv-flower-")
         )  # a killed run's folder goes with the next run
         job = flower_job(
-            plan, cfg, opts, tmp, secrets, recommend=plan.recommend, progress=bool(progress), **self.job_fields(plan)
+            plan,
+            plan.config,
+            opts,
+            tmp,
+            secrets,
+            recommend=plan.recommend,
+            progress=bool(progress),
+            **self._job_fields(plan),
         )
         try:
             res = self._run(job, flower_nodes(opts, plan.n_users)[0])
         finally:
             if not self.work_dir:
                 shutil.rmtree(tmp, ignore_errors=True)
-        self._adapted(job, opts)
-        return _trained(res, plan, opts, evaluated=job.valid is not None or plan.public is not None)
+        opts = self._adapted(job, opts)
+        trained = _trained(res, plan, opts, evaluated=job.valid is not None or plan.public is not None)
+        trained.options = opts
+        return trained
 
-    def train(self, plan, cfg, opts: RunOptions, secrets: RunSecrets, *, progress: bool = False) -> Trained:
-        return self._train_job(plan, cfg, opts, secrets, progress)
+    def train(self, plan, opts: RunOptions, secrets: RunSecrets, *, progress: bool = False) -> Trained:
+        if plan.family.blocks:
+            return self._train_blocks(plan, opts, secrets, progress)
+        return self._train_job(plan, opts, secrets, progress)
 
-    def train_server(self, plan, cfg, opts: RunOptions, secrets: RunSecrets, *, progress: bool = False) -> Trained:
-        return self._train_job(plan, cfg, opts, secrets, progress)
+    def _train_blocks(self, plan, opts: RunOptions, secrets: RunSecrets, progress: bool) -> Trained:
+        from ..flower.block_server import BlockJob, run_block_job_local
 
-    def train_personal(self, plan, secrets: RunSecrets, *, progress: bool = False) -> Trained:
-        from ..flower.pam_server import PamJob, run_pam_job_local
-
-        given = {**plan.node_params, **self.run_options()}
-        layout = node_layout(
-            plan.dataset.n_users, nodes=given.get("nodes") or None, users_per_node=given.get("users_per_node") or None
-        )
-        job = PamJob(
+        layout = node_layout(plan.n_users, nodes=opts.nodes or None, users_per_node=opts.users_per_node or None)
+        job = BlockJob(
+            plan.family,
             plan.algorithm,
             plan.job.epsilon,
             plan.job.delta,
             plan.config,
             plan.dataset,
-            self.work_dir,
+            Path(self.work_dir) if self.work_dir else None,
             users_per_node=layout.users_per_node,
             secrets=secrets,
             progress=progress,
+            relation=plan.relation,
         )
-        res = run_pam_job_local(job, layout.nodes, self._runner())
+        res = run_block_job_local(job, layout.nodes, self._runner())
         counters = {
             "rounds": res.rounds,
             "bytes_up": res.bytes_up,
@@ -249,17 +257,19 @@ class FlowerOptions(Engine):
             users_per_node=layout.users_per_node,
         )
 
-    def check_tuning(self, cfg) -> None:
-        if cfg.aggregation.mode != "central":
+    def tuning_candidates(self, plan, opts: RunOptions) -> Candidates:
+        """One run of private tuning as a Flower job (central mode): trained with the tuning plan's
+        multipliers, then scored on the nodes (each sends its users' clipped validation MSEs,
+        summed here; the tuning adds the noise); :func:`_tuning_candidates`."""
+        if plan.config.aggregation.mode != "central":
             raise ConfigError(
                 "private tuning on the Flower engine runs in central mode (its score round is not a secure sum yet)",
                 field="tune",
             )
+        return self._tuning_candidates(plan, opts)
 
-    def tuning_candidates(self, plan, opts: RunOptions):
-        """One run of private tuning as a Flower job (central mode): trained with the tuning plan's
-        multipliers, then scored on the nodes (each sends its users' clipped validation MSEs,
-        summed here; the tuning adds the noise).
+    def _tuning_candidates(self, plan, opts: RunOptions) -> Candidates:
+        """The candidates of a tuning on this engine.
 
         One node ledger for the whole tuning: every candidate is a job of its own (its own work
         folder, removed after it), but the simulated nodes this engine starts keep their ledgers
@@ -277,6 +287,7 @@ class FlowerOptions(Engine):
         root = Path(self.work_dir) if self.work_dir else owned_tempdir("fedpriv-tune-")
         root.mkdir(parents=True, exist_ok=True)
         ledger_dir = Path(tempfile.mkdtemp(prefix="node-ledger-", dir=root))  # one for every candidate of this tuning
+        adapted = [opts]  # the layout the runs found (users per node from the registered nodes)
 
         def run_candidate(cfg, multipliers, run_secrets, clip, index):
             # a folder of its own, named by no index and removed after the run: none is left to count K
@@ -292,11 +303,11 @@ class FlowerOptions(Engine):
                     multipliers=multipliers,
                     tune_score_clip=clip,
                     checkpoint=False,
-                    **self.job_fields(plan),
+                    **self._job_fields(plan),
                 )
                 with shared_node_ledger(ledger_dir):
                     res = self._run(job, n_nodes)
-                self._adapted(job, opts)
+                adapted[0] = self._adapted(job, opts)
             finally:
                 shutil.rmtree(run_dir, ignore_errors=True)
             return res, res.ledger, res.score_total
@@ -304,11 +315,12 @@ class FlowerOptions(Engine):
         def cleanup():
             shutil.rmtree(root if own else ledger_dir, ignore_errors=True)
 
-        return run_candidate, cleanup
+        def selected(result, ledger) -> Trained:  # the selected run's own evaluation on the nodes, rounds and bytes
+            trained = _trained(result, plan, adapted[0], evaluated=True, ledger=ledger)
+            trained.options = adapted[0]
+            return trained
 
-    def selected(self, result, ledger, plan, opts: RunOptions) -> Trained:
-        """The selected run's own evaluation on the nodes, rounds and bytes."""
-        return _trained(result, plan, opts, evaluated=True, ledger=ledger)
+        return Candidates(run_candidate, selected, cleanup)
 
 
 @dataclass(frozen=True)
@@ -323,12 +335,12 @@ class FlowerGrid(FlowerOptions):
     # the users over the nodes that register (ceil(users / nodes)) instead of one node per user
     users_from_nodes: bool = False
 
-    def job_fields(self, plan) -> dict:
+    def _job_fields(self, plan) -> dict:
         adapt = self.users_from_nodes and not self.users_per_node and not self.nodes and plan.public is None
         adapt = adapt and not plan.options.users_per_node and not plan.options.nodes  # nodes=... in `set`: that layout
         return {"run_token": self.run_token, "users_from_nodes": adapt}
 
-    def flower_runner(self) -> Callable:
+    def _flower_runner(self) -> Callable:
         from ..flower.server_app import run_job
 
         grid = self.grid
@@ -346,7 +358,7 @@ class FlowerSimulation(FlowerOptions):
     gpus_per_node: float = 0.0  # Ray's GPU share per node actor (docs/how-to/gpu.md)
     node_device: str | None = None  # where the nodes compute their step ("cuda" needs gpus_per_node > 0)
 
-    def flower_runner(self) -> Callable:
+    def _flower_runner(self) -> Callable:
         from ..flower.simulation import simulate
 
         ray_address, cpus, gpus, dev = self.ray_address, self.cpus_per_node, self.gpus_per_node, self.node_device
@@ -361,5 +373,5 @@ class FlowerCallback(FlowerOptions):
 
     runner: Callable | None = None
 
-    def flower_runner(self) -> Callable | None:
+    def _flower_runner(self) -> Callable | None:
         return self.runner

@@ -1,12 +1,14 @@
-"""The in-process engine: every client's step in this process, on shards of users that play the
-nodes (:mod:`fedpriv.engine.inprocess`, :mod:`fedpriv.engine.personal`)."""
+"""The in-process engine: every client's step in this process, on shards of users (the rating
+family, :mod:`fedpriv.engine.inprocess`) or blocks of users (a block family,
+:mod:`fedpriv.engine.blocks`) that play the nodes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
-from .base import Engine, Trained, given_options
+from ..errors import ConfigError
+from .base import Candidates, Engine, Trained
 from .inputs import RunOptions
 from .nodes import SECURE_USERS_PER_NODE, node_layout
 
@@ -38,10 +40,8 @@ class InProcess(Engine):
     users_per_node: int | None = None
     device: str | None = None  # where the kernels compute: "cpu" (default), "cuda", "cuda:N" (fedpriv.util.device)
     name: ClassVar[str] = "inprocess"
+    sets: ClassVar[tuple[str, ...]] = ("users_per_shard", "nodes", "users_per_node")
     honours: ClassVar[frozenset[str]] = frozenset({"users_per_shard"})
-
-    def run_options(self) -> dict[str, Any]:
-        return given_options(users_per_shard=self.users_per_shard, nodes=self.nodes, users_per_node=self.users_per_node)
 
     def execute(self, plan, *, progress: bool = False, second_opinion: bool = True):
         from ..util import device
@@ -49,20 +49,29 @@ class InProcess(Engine):
         with device.use(self.device):  # the same releases and ledger on every device
             return super().execute(plan, progress=progress, second_opinion=second_opinion)
 
-    def layout(self, opts: RunOptions, plan, secure: bool) -> RunOptions:
-        opts.users_per_shard = inprocess_shard_size(opts, plan.n_users, secure) or 0
-        if opts.users_per_shard:  # recorded as on every engine: the nodes the shards play
-            opts.users_per_node, opts.nodes = opts.users_per_shard, -(-plan.n_users // opts.users_per_shard)
-        return opts
+    def layout(self, opts: RunOptions, plan) -> RunOptions:
+        if plan.family.blocks:  # a block family: its blocks are laid out in train()
+            return opts
+        shard = inprocess_shard_size(opts, plan.n_users, plan.config.aggregation.secure) or 0
+        if shard:  # recorded as on every engine: the nodes the shards play
+            return replace(opts, users_per_shard=shard, users_per_node=shard, nodes=-(-plan.n_users // shard))
+        return replace(opts, users_per_shard=shard)
 
-    def train(self, plan, cfg, opts: RunOptions, secrets, *, progress: bool = False) -> Trained:
+    def train(self, plan, opts: RunOptions, secrets, *, progress: bool = False) -> Trained:
+        if plan.family.blocks:
+            return self._train_blocks(plan, opts, secrets, progress)
+        if not plan.here:
+            raise ConfigError(
+                "public:DIR holds no ratings: it is the server side of a partitioned deployment (--engine flower)",
+                field="--data",
+            )
         from ..engine.inprocess import recommend_inprocess, train_inprocess
 
         train = plan.split.train
         result = train_inprocess(
             plan.algorithm,
             train,
-            cfg,
+            plan.config,
             rating_range=plan.rating_range,
             implicit=plan.implicit,
             epsilon=plan.job.epsilon,
@@ -84,34 +93,28 @@ class InProcess(Engine):
             )
         return trained
 
-    def train_personal(self, plan, secrets, *, progress: bool = False) -> Trained:
-        from ..engine.personal import train_personal_inprocess
+    def _train_blocks(self, plan, opts: RunOptions, secrets, progress: bool) -> Trained:
+        from ..engine.blocks import train_blocks
 
-        given = {**plan.node_params, **self.run_options()}
-        number = lambda key: int(float(given.get(key) or 0))  # noqa: E731
-        opts = RunOptions(
-            users_per_shard=number("users_per_shard"), users_per_node=number("users_per_node"), nodes=number("nodes")
-        )
-        shard = inprocess_shard_size(opts, plan.dataset.n_users, plan.config.aggregation.secure) or 4096
-        state, ledger, timings = train_personal_inprocess(
+        shard = inprocess_shard_size(opts, plan.n_users, plan.config.aggregation.secure) or 4096
+        state, ledger, timings = train_blocks(
+            plan.family,
             plan.algorithm,
             plan.dataset,
             plan.config,
             epsilon=plan.job.epsilon if plan.private else None,
             delta=plan.job.delta,
+            relation=plan.relation,
             users_per_shard=shard,
             secrets=secrets,
             progress=progress,
         )
-        return Trained(state, ledger, timings, users_per_node=number("users_per_node") or 1)
+        return Trained(state, ledger, timings, users_per_node=opts.users_per_node or 1)
 
-    def tuning_candidates(self, plan, opts: RunOptions):
+    def tuning_candidates(self, plan, opts: RunOptions) -> Candidates:
         from ..engine.inprocess import tuning_candidate
 
         run = tuning_candidate(
             plan.algorithm, plan.split, plan.rating_range, plan.job.epsilon, plan.job.delta, plan.dataset.item_features
         )
-        return run, (lambda: None)
-
-    def selected(self, result, ledger, plan, opts: RunOptions) -> Trained:
-        return Trained(result.state, ledger, result.timings)
+        return Candidates(run, lambda result, ledger: Trained(result.state, ledger, result.timings))

@@ -16,9 +16,10 @@ from ..privacy.randomness import RunSecrets
 SPLITS = ("auto", "random", "heldout")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunOptions:
-    """Run-level settings (not hyperparameters of the algorithm)."""
+    """Run-level settings (not hyperparameters of the algorithm); frozen: an engine's layout
+    returns a changed copy (``dataclasses.replace``)."""
 
     split: str = "auto"  # 'random' (RMSE), 'heldout' (Recall@k) or 'auto' (by data set)
     split_seed: int = 1234
@@ -47,15 +48,16 @@ class RunOptions:
 
     @classmethod
     def pop_from(cls, overrides: dict) -> RunOptions:
-        opts = cls()
+        defaults, values = cls(), {}
         for key in list(overrides):
             if key in cls.__dataclass_fields__:
                 raw = overrides.pop(key)
-                typ = type(getattr(opts, key))
+                typ = type(getattr(defaults, key))
                 try:
-                    setattr(opts, key, typ(float(raw)) if typ is int else typ(raw))
+                    values[key] = typ(float(raw)) if typ is int else typ(raw)
                 except ValueError:
                     raise ConfigError(f"expected {typ.__name__}, got {raw!r}", field=key) from None
+        opts = cls(**values)
         if opts.split not in SPLITS:
             raise ConfigError(f"must be auto, random or heldout, got {opts.split!r}", field="split")
         if opts.recommend:
@@ -186,6 +188,8 @@ def _spec_with_item_list(data: str, options: dict, items) -> tuple[DataSpec, obj
     if spec.kind not in TABULAR_KINDS:
         raise ConfigError(f"items= applies to csv:/parquet: data and DataFrames, not {spec.kind}: data", field="items")
     params = {k: v for k, v in spec.params.items() if k != "items"}
+    if spec.path is None:
+        raise ConfigError(f"{spec.kind}: data needs a file", field="data")
     ds = load_tabular(spec.kind, spec.path, **params, items=items)
     return DataSpec(spec.kind, path=spec.path, params=params), ds
 

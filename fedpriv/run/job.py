@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 from ..algorithms import registry
 from ..algorithms.families import Family, FamilyConfig, FamilyData, families, family_of
@@ -131,7 +131,7 @@ class Plan:
     @property
     def public(self) -> PublicData | None:
         """A deployment server's public data (None when the data is held here)."""
-        return None if self.here else self.dataset
+        return None if self.here else cast("PublicData", self.dataset)
 
     def partitions(self, users_per_node: int) -> int:
         """The number of nodes that hold ``users_per_node`` users each."""
@@ -161,6 +161,12 @@ class Plan:
 
         engine = engine if engine is not None else InProcess()
         return engine.execute(self, progress=progress, second_opinion=second_opinion)
+
+    def execute_here(self, engine: Engine, *, progress: bool = False, second_opinion: bool = True) -> Outcome:
+        """Train on ``engine`` in this process and measure (:func:`fedpriv.run.execute.execute`)."""
+        from .execute import execute
+
+        return execute(self, engine, progress=progress, second_opinion=second_opinion)
 
     def released_model(self, done: Finished) -> Model | PersonalModel | None:
         """The released model of a finished run (None when nothing shared was released)."""
@@ -302,7 +308,8 @@ def _ratings_plan(job, family, spec, ds, private: bool, opts: RunOptions, cfg, o
     implicit = protocol.implicit or ds.implicit
     if protocol.implicit and cfg.gravity == 0 and "gravity" not in overrides:
         cfg.gravity = 0.1
-    rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
+    lo, hi = (0.0, 1.0) if implicit else (float(ds.rating_range[0]), float(ds.rating_range[1]))
+    rating_range = (lo, hi)
     rec_cfg = opts.recommend_config() if opts.recommend else None
     if rec_cfg is not None and (not protocol.recommends or opts.tune):
         raise ConfigError(

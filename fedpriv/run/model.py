@@ -29,6 +29,7 @@ import json
 import os
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +107,7 @@ class Model:
         check_model_folder(path, overwrite=overwrite)
 
         def fill(tmp: Path) -> None:
-            arrays = {"item_factors": np.asarray(self.state.item_factors, dtype=np.float32)}
+            arrays: dict[str, Any] = {"item_factors": np.asarray(self.state.item_factors, dtype=np.float32)}
             if self.state.item_bias is not None:
                 arrays["item_bias"] = np.asarray(self.state.item_bias, dtype=np.float64)
             if self.state.encoder_release is not None:
@@ -299,7 +300,7 @@ class Model:
             {
                 "item": _plain(self.item_ids[i]),
                 "score": float(scores[i]),
-                **({"rating": float(rating[i])} if rated else {}),
+                **({"rating": float(rating[i])} if rating is not None else {}),
                 "name": self.item_names[i] if self.item_names else None,
             }
             for i in top
@@ -510,7 +511,7 @@ class PersonalModel:
         check_model_folder(path, overwrite=overwrite)
 
         def fill(tmp: Path) -> None:
-            arrays = {
+            arrays: dict[str, Any] = {
                 name: np.asarray(v, dtype=np.float64)
                 for name, v in (("U", self.U), ("theta", self.theta))
                 if v is not None
@@ -592,7 +593,6 @@ class PersonalModel:
         return X @ self.U @ np.asarray(v, dtype=np.float64)
 
 
-
 def _read_folder(path: Path) -> tuple[dict, list, dict]:
     """(model.json, ledger.json, the arrays of model.npz) of a model folder (DataError naming the file)."""
     for name in FILES:
@@ -670,3 +670,31 @@ def load_model(path: str | os.PathLike) -> Model | PersonalModel:
             raise DataError(f"cannot read the model: {exc}", path=str(path)) from None
         return PersonalModel.from_files(path, meta, ledger, arrays)
     return Model.load(path)
+
+
+# ---------------------------------------------------------------------------- a run's model
+def _rating_model(plan, done) -> Model | None:
+    state = done.state
+    if state is None or getattr(state, "item_factors", None) is None:
+        return None
+    features = getattr(plan.dataset, "item_features", None)
+    names = features.names if features is not None else None
+    train = done.train if done.train is not None else plan.public
+    return Model.from_run(state, train, done.records, done.metrics, names)
+
+
+def _personal_model(plan, done) -> PersonalModel | None:
+    state = done.state
+    if state.U is None and state.theta is None:
+        return None
+    return PersonalModel.from_run(state, done.records, done.metrics)
+
+
+def released_model(plan, done) -> Model | PersonalModel | None:
+    """The model a finished run of ``plan`` released, by the plan's family (None when nothing
+    shared was released, or for a family whose model this module does not know)."""
+    from ..algorithms import pam
+    from ..algorithms.ratings import RATINGS
+
+    make = {RATINGS: _rating_model, pam.FAMILY: _personal_model}.get(plan.family)
+    return make(plan, done) if make is not None else None

@@ -169,6 +169,7 @@ def tune(
         parent.repeat_and_compose("tuning", ledgers, shape=tuning.shape, mean=tuning.mean)
     else:
         parent.repeat_and_select("tuning", ledgers, shape=tuning.shape, mean=tuning.mean)
+    assert best is not None, "a tuning runs at least one candidate"
     return best[2], parent, _selected_report(grid, len(configs), tuning, clip, best), plan
 
 
@@ -225,14 +226,13 @@ class Tuned:
     def __init__(self, engine):
         self.engine = engine
 
-    def train(self, plan, cfg, opts, secrets, *, progress: bool = False):
+    def train(self, plan, opts, secrets, *, progress: bool = False):
         from ..privacy.plan import TuningPlan
         from .inputs import RunOptions
 
-        self.engine.check_tuning(cfg)
         base = {k: v for k, v in plan.job.params.items() if k not in RunOptions.__dataclass_fields__}
         view = view_of(opts.tune_view, self.engine.nodes_see_every_run)
-        candidate, cleanup = self.engine.tuning_candidates(plan, opts)
+        candidates = self.engine.tuning_candidates(plan, opts)
         try:
             result, ledger, report, _ = tune(
                 plan.algorithm,
@@ -245,11 +245,11 @@ class Tuned:
                 delta=plan.job.delta,
                 item_features=plan.dataset.item_features,
                 secrets=secrets,
-                train_candidate=candidate,
+                train_candidate=candidates.run,
                 view=view,
             )
         finally:
-            cleanup()
-        trained = self.engine.selected(result, ledger, plan, opts)
+            candidates.cleanup()
+        trained = candidates.selected(result, ledger)
         trained.after = {"tuning": {**report, "accounting": VIEWS[view]}}
         return trained

@@ -52,11 +52,10 @@ def run_deployed_job(
     for name, value in (("--round-timeout", round_timeout), ("--node-wait", node_wait)):
         if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
             raise ConfigError(f"must be a finite number >= 0, got {value!r}", field=name)
-    from ...algorithms.pam import PAM_ALGORITHMS
+    from ...algorithms.families import family_of
 
-    if (
-        cfg.data is None and algorithm in PAM_ALGORITHMS
-    ):  # synthetic-personal data: the ServerApp generates it and broadcasts its folder
+    # a family whose data the ServerApp generates (synthetic-personal) and broadcasts as a folder
+    if cfg.data is None and family_of(algorithm).server_generates_data:
         if data is None:
             raise ConfigError(
                 "give --data synthetic-personal:... (the deployment was started without per-node data)", field="--data"

@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import ConfigError
+from ..engines import ENGINE_NAMES as ENGINES  # the one table of engines
 
 KINDS = ("grid", "time_evolution", "selection_scenarios", "selection_bandit")
-ENGINES = ("inprocess", "flower")
 PLOT_TYPES = ("curve", "sweep", "buckets", "bars", "overlap")
 _GRID_KEYS = {"datasets", "epsilons", "seeds", "delta", "params", "methods"}
 _SEARCH_KEYS = {"trials", "scope", "reference_epsilon", "metric", "seed", "mode", "include_defaults"}
@@ -352,10 +352,10 @@ def load(
         "include_defaults": include_defaults,
     }
 
-    from ...algorithms import als, pam
+    from ...algorithms.families import all_algorithms
     from ...algorithms.names import is_private
 
-    known_algs = (*als.ALGORITHMS, *pam.PAM_ALGORITHMS)
+    known_algs = all_algorithms()
     methods: list[Method] = []
     only = grid.get("methods")
     if only is not None and (not isinstance(only, list) or not all(isinstance(m, str) for m in only)):

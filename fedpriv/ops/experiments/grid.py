@@ -227,7 +227,8 @@ class GridRunner:
         epsilon,
         capture: dict | None = None,
     ) -> dict:
-        from ...run import Job, engine_named, write_outputs
+        from ...run import Job, write_outputs
+        from ..engines import engine_named
 
         exp, m = self.exp, cell.method
         t = time.perf_counter()

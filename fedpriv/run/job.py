@@ -19,7 +19,7 @@ holds hyperparameters and run options as Python values (``{"rank": 8, "aggregati
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -404,7 +404,7 @@ def _ratings_plan(job, spec, ds, private: bool, opts: RunOptions, cfg, overrides
     split = protocol.make(ds.interactions, opts, spec, ds)
     implicit = protocol.implicit or ds.implicit
     if protocol.implicit and cfg.gravity == 0 and "gravity" not in overrides:
-        cfg.gravity = 0.1
+        cfg = replace(cfg, gravity=0.1)
     rating_range = (0.0, 1.0) if implicit else tuple(float(x) for x in ds.rating_range)
     rec_cfg = opts.recommend_config() if opts.recommend else None
     if rec_cfg is not None and (not protocol.recommends or opts.tune):

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -151,11 +153,12 @@ class _CountingStep:
     def server(self, release, state, server):
         self.calls["server"] += 1
         A, b, g = release
-        state.config.reg_item_private *= 2.0
+        cfg = state.config
+        state.config = dataclasses.replace(cfg, reg_item_private=cfg.reg_item_private * 2.0)
         try:
             self.inner.server((A, b, g), state, server)
         finally:
-            state.config.reg_item_private /= 2.0
+            state.config = cfg
 
 
 COUNTING_STEP = _CountingStep()

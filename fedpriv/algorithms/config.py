@@ -7,7 +7,7 @@ imports neither torch nor dp-accounting (a test checks it)."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..errors import ConfigError, did_you_mean
 from . import registry
@@ -48,23 +48,25 @@ def _own_options(spec) -> set[str]:
     return {f.name for f in fields(spec.options)} if spec.options is not None else set()
 
 
-def _parse(cls, overrides: dict, also: frozenset = frozenset()):
-    """An instance of the dataclass ``cls`` with ``overrides`` parsed strictly into its fields
-    (the engine keys into its :class:`Aggregation`, when it has one); ``also``: keys parsed
+def _parse(cls, overrides: dict, also: frozenset = frozenset(), **whole):
+    """An instance of the (frozen) dataclass ``cls``, built whole: ``overrides`` parsed strictly
+    into its fields (the engine keys into its :class:`Aggregation`, when it has one), then the
+    fields of ``whole`` as they are (an algorithm's parsed options); ``also``: keys parsed
     elsewhere (an algorithm's own options), named among the known ones in an error."""
     overrides, engine = _split_engine(cls, overrides)
     known = {f.name for f in fields(cls)} - {"aggregation"}
-    cfg = cls()
+    base = cls()  # the defaults: each field's type
+    values: dict = {}
     for key, raw in overrides.items():
         if key not in known:
             shown = sorted(
                 (known | also | (set(Aggregation.KEYS) if engine is not None else set())) - {"given", "options"}
             )  # filled by the parser, never set by hand
             raise ConfigError(f"unknown key (known: {', '.join(shown)}){did_you_mean(key, shown)}", field=key)
-        setattr(cfg, key, _coerce(key, raw, type(getattr(cfg, key))))
+        values[key] = _coerce(key, raw, type(getattr(base, key)))
     if engine is not None:
-        cfg.aggregation = engine
-    return cfg
+        values["aggregation"] = engine
+    return cls(**{**values, **whole})
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ def _check_reads(overrides: dict, algorithm: str) -> None:
             raise ConfigError(f"{algorithm} does not use this key (it is read by {', '.join(readers)})", field=key)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ALSConfig:
     """Hyperparameters the ALS family shares (every field can be set with ``--set key=value``);
     an algorithm's own keys are its spec's options dataclass, held in ``options`` (DP-SGD and
@@ -220,9 +222,10 @@ class ALSConfig:
                 if spec.options is not None
                 else None
             )
-        cfg = _parse(cls, overrides, registry.get(algorithm).option_keys if algorithm is not None else frozenset())
-        if algorithm is not None:
-            cfg.options = options
+        if algorithm is None:
+            cfg = _parse(cls, overrides)
+        else:
+            cfg = _parse(cls, overrides, registry.get(algorithm).option_keys, options=options)
         cfg.validate()
         return cfg
 
@@ -237,7 +240,8 @@ class ALSConfig:
         spec = registry.get(algorithm)
         cfg = _parse(cls, {k: v for k, v in overrides.items() if k not in spec.option_keys}, spec.option_keys)
         if spec.options is not None:
-            cfg.options = _parse(spec.options, {k: v for k, v in overrides.items() if k in spec.option_keys})
+            own = {k: v for k, v in overrides.items() if k in spec.option_keys}
+            cfg = replace(cfg, options=_parse(spec.options, own))
         cfg.validate()
         return cfg
 
@@ -322,18 +326,18 @@ class ALSConfig:
         cfg = _parse(cls, d)
         spec = registry.get(algorithm) if algorithm is not None else None
         if spec is not None and spec.options is not None and is_flat(spec.options):
-            cfg.options = _parse(spec.options, {k: v for k, v in flat.items() if k in spec.option_keys})
+            cfg = replace(cfg, options=_parse(spec.options, {k: v for k, v in flat.items() if k in spec.option_keys}))
         elif nested is not None:
             if spec is None or spec.options is None:
                 raise ConfigError(
                     f"options {sorted(nested)} belong to no algorithm's config (algorithm: {algorithm!r})",
                     field="options",
                 )
-            cfg.options = _parse(spec.options, nested)
+            cfg = replace(cfg, options=_parse(spec.options, nested))
         return cfg
 
 
-@dataclass
+@dataclass(frozen=True)
 class PAMConfig:
     """Hyperparameters (``--set key=value``)."""
 

@@ -155,9 +155,10 @@ def noise_aware_config(cfg, algorithm: str, epsilon: float, delta: float, n_item
         if k not in cfg.given
     }
     own = registry.get(algorithm).option_keys  # the algorithm's own options (cfg.options)
-    new = dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if k not in own})
+    changes = {k: v for k, v in chosen.items() if k not in own}
     if own & set(chosen):
-        new.options = dataclasses.replace(cfg.options, **{k: v for k, v in chosen.items() if k in own})
+        changes["options"] = dataclasses.replace(cfg.options, **{k: v for k, v in chosen.items() if k in own})
+    new = dataclasses.replace(cfg, **changes)
     new.validate()
     return new
 
@@ -217,7 +218,9 @@ def explain(algorithm: str, cfg, epsilon: float, delta: float, n_items: int, n_u
 def apply(state, ledger) -> None:
     """Replace the state's config by the rule's choice for the keys not given, and recalibrate
     the rest of the plan around the released user count (see the module docstring). Nothing
-    happens without a budgeted ledger (a run inside private tuning keeps its config)."""
+    happens without a budgeted ledger (a run inside private tuning keeps its config). The
+    configs are frozen: the state holds the new one (:func:`noise_aware_config`), the config it
+    held before (the plan's) stays as it was."""
     cfg = state.config
     if not state.private or ledger is None or ledger.budget is None:
         return

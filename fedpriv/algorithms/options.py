@@ -48,7 +48,7 @@ class _Checked:
                 raise ConfigError(f"must be {what}, got {value!r}", field=f.name)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sampled(_Checked):
     """Poisson-sampled gradient rounds: each user joins a round with probability
     ``sgd_sampling_rate``, its gradient clipped to L2 norm ``sgd_clip``."""
@@ -57,7 +57,7 @@ class Sampled(_Checked):
     sgd_clip: float = 1.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class DPSGDOptions(Sampled):
     """``dpsgd``: federated DP-SGD on the item factors, one round per step."""
 
@@ -65,7 +65,7 @@ class DPSGDOptions(Sampled):
     sgd_weight_decay: float = 1e-3
 
 
-@dataclass
+@dataclass(frozen=True)
 class EncoderOptions(_Checked):
     """The public-feature encoder: its fields ("id" adds the item id), the embedding width per
     field (0: the output dimension) and the L2 weight decay of its parameters."""
@@ -75,7 +75,7 @@ class EncoderOptions(_Checked):
     enc_weight_decay: float = 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerSteps(EncoderOptions):
     """The server's encoder steps on released statistics: ``ssp_steps`` Adam steps of rate
     ``ssp_lr`` per alternating step, on ``ssp_batch_items`` items each (0: all)."""
@@ -85,14 +85,14 @@ class ServerSteps(EncoderOptions):
     ssp_batch_items: int = 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class SSPOptions(ServerSteps):
     """``am-ssp``, ``am-ssp1``: independent noise draws per step (0: am-ssp 1, am-ssp1 ssp_steps)."""
 
     ssp_resamples: int = 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConvexOptions(ServerSteps):
     """``am-ssp-convex``: label 1 when the rating is >= ``convex_threshold``; Newton steps of
     the clients' local logistic solves."""
@@ -101,7 +101,7 @@ class ConvexOptions(ServerSteps):
     newton_steps: int = 5
 
 
-@dataclass
+@dataclass(frozen=True)
 class EncoderDPSGDOptions(EncoderOptions, Sampled):
     """``am-dpsgd``: the encoder trained on noised gradient sums, Adam at ``encoder_sgd_lr``."""
 

@@ -34,6 +34,7 @@ party like every algorithm here, so both engines run the same code:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,8 +49,24 @@ SOURCES = ("quantile", "norm", "range")
 CORR_BINS = np.linspace(-1.0, 1.0, 21)  # Spearman histogram edges
 
 
-@dataclass
+class ReadOnlyDict(dict):
+    """A dict that refuses changes: a frozen config's mapping field. Still a dict to JSON,
+    ``dataclasses.asdict``, copies and pickles (which rebuild it from a plain dict)."""
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError(f"{type(self).__name__} is read-only (a new config: dataclasses.replace)")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self):
+        return type(self), (dict(self),)
+
+
+@dataclass(frozen=True)
 class RecommendConfig:
+    """The private recommendation phase's settings; frozen (a change is a new config:
+    ``dataclasses.replace``), its ``params`` a read-only copy of the mapping given."""
+
     mechanism: str = "mgem"
     epsilon: float = 1.0  # per-user pure epsilon of the one reported item
     candidates: int = 100
@@ -60,7 +77,10 @@ class RecommendConfig:
     hist_delta: float = 1e-6
     user_clip: float = 1.0  # norm source
     exclude_rated: bool = True  # score the user's training items lo_a (recommend unseen items)
-    params: dict = field(default_factory=dict)  # mechanism parameters (beta, lam, eta, ...)
+    params: Mapping = field(default_factory=dict)  # mechanism parameters (beta, lam, eta, ...), read-only
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", ReadOnlyDict(self.params))
 
     def validate(self) -> None:
         from ..privacy import selection as mechanisms

@@ -89,7 +89,7 @@ LOWRANK_KEEP_UNITS = (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class TopKOptions:
     """``topk_items``: head items the model covers (0: none, private popularity); ``topk_reg``:
     the ridge (private: in units of sigma sqrt(M); ease: absolute); ``topk_blend``: weight of

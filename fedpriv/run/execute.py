@@ -6,7 +6,6 @@ engine (:class:`~fedpriv.run.tuning.Tuned`)."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from dataclasses import asdict, dataclass
@@ -36,8 +35,7 @@ def execute(plan, engine, *, progress: bool = False, second_opinion: bool = True
     """Run ``plan`` on ``engine``: the :class:`~fedpriv.run.report.Outcome`."""
     secrets = RunSecrets(plan.job.noise_seed)
     check_options(engine, {**plan.job.params, **engine_options(engine)})
-    # the engines train the plan's own config (the noise-aware rule gives the state a new one)
-    plan = dataclasses.replace(plan, config=copy.deepcopy(plan.config))
+    # the engines train the plan's own (frozen) config; the noise-aware rule gives the state a new one
     run = run_blocks if plan.family.blocks else run_ratings
     done = run(plan, engine, secrets, progress=progress, second_opinion=second_opinion)
     return Outcome(

@@ -19,7 +19,7 @@ holds hyperparameters and run options as Python values (``{"rank": 8, "aggregati
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
@@ -307,7 +307,7 @@ def _ratings_plan(job, family, spec, ds, private: bool, opts: RunOptions, cfg, o
     split = protocol.make(ds.interactions, opts, spec, ds)
     implicit = protocol.implicit or ds.implicit
     if protocol.implicit and cfg.gravity == 0 and "gravity" not in overrides:
-        cfg.gravity = 0.1
+        cfg = replace(cfg, gravity=0.1)
     lo, hi = (0.0, 1.0) if implicit else (float(ds.rating_range[0]), float(ds.rating_range[1]))
     rating_range = (lo, hi)
     rec_cfg = opts.recommend_config() if opts.recommend else None

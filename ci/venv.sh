@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Creates (if needed) a virtual environment and installs fedpriv (editable, with its test and docs
-# extras) into it at the versions of a constraints file:
+# Creates (if needed) a virtual environment and installs fedpriv (editable, with its torch, test,
+# docs and lint extras) into it at the versions of a constraints file:
 #
 #   bash ci/venv.sh VENV CONSTRAINTS            e.g. bash ci/venv.sh .venv ci/constraints-oldest.txt
 #   bash ci/venv.sh VENV CONSTRAINTS --relock   install with only the pins above the '# ---' line
@@ -24,12 +24,15 @@ torch_version=$(pin torch)
     || { echo "ci/venv.sh: fedpriv needs Python 3.11, 3.12 or 3.13; $PY is $("$PY" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || echo missing) (set PYTHON=python3.11)" >&2; exit 2; }
 "$venv/bin/python" -c "import pip" 2>/dev/null || "$PY" -m venv --clear "$venv"  # none yet, or half-made by a stop
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-# nothing to do when the venv was made from these very files and still imports this checkout's fedpriv
+extras=torch,test,docs,lint  # the stamp below covers them: another list installs again
+# nothing to do when the venv was made from these very files (and extras) and still imports this
+# checkout's fedpriv
 stamp="$venv/.fedpriv-installed"
-want=$(cat pyproject.toml "$constraints" | "$venv/bin/python" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read() + sys.version.encode()).hexdigest())')
+want=$({ cat pyproject.toml "$constraints"; echo "extras: $extras"; } \
+    | "$venv/bin/python" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read() + sys.version.encode()).hexdigest())')
 if [ -z "$relock" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
     && [ "$("$venv/bin/python" -c 'import fedpriv, os; print(os.path.dirname(os.path.dirname(fedpriv.__file__)))' 2>/dev/null)" = "$PWD" ]; then
-    echo "$venv: up to date (pyproject.toml and $constraints unchanged)" >&2
+    echo "$venv: up to date (pyproject.toml, $constraints and the extras $extras unchanged)" >&2
     exit 0
 fi
 rm -f "$stamp"
@@ -41,7 +44,7 @@ fi
 if [ "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch").split("+")[0])' 2>/dev/null)" != "$torch_version" ]; then
     "${pip[@]}" install --quiet "torch==$torch_version"
 fi
-"${pip[@]}" install --quiet -c "$use" -e '.[torch,test,docs]'
+"${pip[@]}" install --quiet -c "$use" -e ".[$extras]"
 if [ "$relock" = --relock ]; then
     rm -f "$use"
     top=$(sed '/^# ---/q' "$constraints")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates the virtual environments (if needed), installs fedpriv with its test extras, runs the tests
+# Creates the virtual environments (if needed), installs fedpriv with its test and lint extras, runs the tests
 # on the oldest and the newest supported Flower (pyproject.toml: flwr>=1.39,<1.43):
 #
 #   .venv         the OLDEST stack, ci/constraints-oldest.txt (Flower 1.39.0, torch 2.13.0)
@@ -7,15 +7,17 @@
 #
 # `bash scripts/test.sh` (what CI runs through .ci/run; about 80 minutes on a 2-core machine):
 #   1. the default suite on 1.39 (under 10 minutes);
-#   2. the deployment suite, each test once, split over the two Fleet API transports: on 1.39
+#   2. lint and types (ci/lint.sh: `ruff check fedpriv`, then mypy on the run and engine layers,
+#      pyproject.toml [tool.mypy]);
+#   3. the deployment suite, each test once, split over the two Fleet API transports: on 1.39
 #      (gRPC-rere) the loopback deployments of tests/test_deploy.py, the Runtime API attack
 #      (tests/test_hostnet.py) and the Ray-cluster tests; on 1.42 (HTTP) the rest: the Docker
 #      test, the two-host namespaces, replace-one accounting and the Flower example (the
 #      documented walk-throughs of docs/how-to/deployment.md and docker/README.md, which repeat
 #      tests/test_deploy.py and tests/test_docker.py, under --all);
-#   3. the documented install on Python 3.13 in a fresh venv (ci/install-check.sh: no torch or
+#   4. the documented install on Python 3.13 in a fresh venv (ci/install-check.sh: no torch or
 #      nvidia package, the main job runs), and `pip install .` resolving beside Flower 1.42.0;
-#   4. the Flower-engine tests (marker `flower`: `flwr run`, the Flower simulation, a Flower grid) on 1.42.
+#   5. the Flower-engine tests (marker `flower`: `flwr run`, the Flower simulation, a Flower grid) on 1.42.
 # `bash scripts/test.sh --all` (about 3 hours) adds the slow suite (the default suite's slowest
 # tests, tests/conftest.py SLOW_TESTS), the experiments suite (every config in
 # simulations/experiments/ in --quick mode, its HTML report checked in headless Chromium) and
@@ -25,7 +27,7 @@
 # is downloaded. The whole run (no arguments, or --all) first sets up what its suites need from
 # the system, as root with apt: Debian's chromium, docker.io, docker-compose and debootstrap, and
 # a Docker daemon; it prints each suite's wall time. With other arguments it sets up nothing of
-# the system (no package, no daemon) and runs pytest once with them in .venv (e.g.
+# the system (no package, no daemon), lints nothing and runs pytest once with them in .venv (e.g.
 # `bash scripts/test.sh tests/test_ledger.py`); run one in the newest stack with
 # `bash ci/venv.sh .venv-newest ci/constraints-newest.txt && .venv-newest/bin/python -m pytest ...`.
 set -euo pipefail
@@ -93,6 +95,8 @@ suite() {
 }
 suite "default suite" .venv
 step .venv/bin/python -m pytest -q -m "not deployment and not experiments and not flower and not slow" --durations=15
+suite "lint and types (ci/lint.sh: ruff, mypy)" .venv
+step bash ci/lint.sh .venv
 # the deployment tests that run on Flower 1.39's gRPC-rere Fleet API (the others on 1.42's HTTP);
 # --all runs every one on both
 ON_OLDEST=(tests/test_deploy.py tests/test_hostnet.py tests/test_ray_cluster.py tests/test_ray_two_hosts.py)

@@ -82,7 +82,7 @@ class Skip:
 SKIPPED: dict[str, Skip] = {
     "README.md#1": Skip("a389425614", "creates a virtual environment and pip-installs fedpriv (network; would change the shared .venv); tests/test_packaging.py builds and installs the package"),
     "README.md#2": Skip("0c03bb6a75", "pip-installs a built wheel into the environment (would change the shared .venv); tests/test_packaging.py builds the wheel and installs it in a fresh venv"),
-    "README.md#3": Skip("8920353cf4", "scripts/test.sh runs every test suite (this file included; > 10 min) and both scripts pip-install into .venv; run.sh's job (`flwr run .`) is tests/test_flwr_run.py"),
+    "README.md#3": Skip("3e54e58e0e", "scripts/test.sh runs every test suite (this file included; > 10 min) and both scripts pip-install into .venv; run.sh's job (`flwr run .`) is tests/test_flwr_run.py"),
     "README.md#7": Skip("04f74cd23b", "root and Docker (Debian base image, compose); tests/test_docker.py (deployment suite) builds the images and runs docker/compose.yml"),
     "README.md#8": Skip("f3e6aa6197", "pip-installs the docs extras (network) and opens a browser (xdg-open); tests/test_docs.py builds the site strictly"),
     "docs/how-to/deployment.md#2": Skip("12ed55c46b", "several hosts (10.0.0.1 and the nodes' hosts) and placeholders for a real deployment (SPEC, U, i); the deployment suite runs the same processes on loopback (tests/test_deploy.py)"),
@@ -101,7 +101,7 @@ SKIPPED: dict[str, Skip] = {
     "docs/results/defaults-grid.md#1": Skip("73b1edded1", "the defaults benchmark: 12 minutes of training on the four data sets"),
     "docs/results/index.md#1": Skip("7173028b12", "every shipped experiment config in full (hours); tests/test_experiments.py (experiments suite) runs every config with --quick and renders the report"),
     "docs/results/index.md#2": Skip("75e9226dcf", "the ML-100K hyperparameter search: 40 trials x 3 seeds of training (tens of minutes)"),
-    "docs/tutorials/flwr-run.md#1": Skip("48a7f6b3b8", "scripts/test.sh runs every test suite (this file included; > 10 min) and both scripts pip-install into .venv; run.sh's job (`flwr run .`) is tests/test_flwr_run.py"),
+    "docs/tutorials/flwr-run.md#1": Skip("522b5f8546", "scripts/test.sh runs every test suite (this file included; > 10 min) and both scripts pip-install into .venv; run.sh's job (`flwr run .`) is tests/test_flwr_run.py"),
     "docker/README.md#1": Skip("6fc14cbd69", "installs Debian packages (root, network)"),
     "docker/README.md#2": Skip("55a3e46f09", "root and Docker (debootstrap, docker build); tests/test_docker.py (deployment suite)"),
     "docker/README.md#4": Skip("6737c32292", "Docker (docker-compose up, logs, exec); tests/test_docker.py (deployment suite)"),

@@ -118,7 +118,8 @@ def has_bias_stage(algorithm: str, cfg: ALSConfig) -> bool:
     spec = registry.get(algorithm)
     if spec.contribution != "stats" and cfg.steps > 0:  # its steps estimate their own biases
         raise ConfigError(
-            f"{algorithm} has no bias stage before its steps (the ALS and AM-SSP families only; with steps=0 it is the bias model alone)",
+            f"{algorithm} has no bias stage before its steps "
+            "(the ALS and AM-SSP families only; with steps=0 it is the bias model alone)",
             field="bias_stage",
         )
     return True

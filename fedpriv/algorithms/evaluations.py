@@ -1,8 +1,8 @@
 """Evaluation objects: what a run measures on its held-out data, one class per protocol.
 
-A :class:`~fedpriv.run.job.Plan` picks its evaluation once (:func:`fedpriv.run.job.prepare_plan`) (:func:`evaluation_for`, from the
-split protocol and the algorithm's spec) and the run layer calls ``measure(state, split,
-metrics, on_nodes=...)`` after any engine has trained: the evaluation adds its keys of
+A :class:`~fedpriv.run.job.Plan` picks its evaluation once (:func:`fedpriv.run.job.prepare_plan`)
+(:func:`evaluation_for`, from the split protocol and the algorithm's spec) and the run layer calls
+``measure(state, split, metrics, on_nodes=...)`` after any engine has trained: the evaluation adds its keys of
 ``metrics.json``. ``on_nodes``: the engine already measured the node-side part (a Flower run's
 nodes evaluate their own held-out ratings and the engine put the sums in ``metrics``), so only
 what the released model gives here is added.

@@ -174,7 +174,8 @@ def native_segment_stats(
             or (shape is None and a.shape != (n_wy,))
         ):
             raise TypeError(
-                f"native segment_stats: {name} must be a C-contiguous {np.dtype(dtype).name} array of shape {shape or (n_wy,)}"
+                f"native segment_stats: {name} must be a C-contiguous {np.dtype(dtype).name} "
+                f"array of shape {shape or (n_wy,)}"
             )
     if not 0 <= s0 <= s1 <= n_seg:
         raise ValueError(f"native segment_stats: segment range {s0}..{s1} outside 0..{n_seg}")

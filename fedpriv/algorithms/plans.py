@@ -44,10 +44,11 @@ def budget_plan(
         )
     if secure:
         plan.notes.append(
-            "Secure aggregation: each release is a secure sum of the nodes' words (scaled so that one user moves them by "
-            "2^20 or more integers, rounded, plus each node's share of Skellam noise). Its noise has standard deviation "
-            "kappa * z * Delta2 in integer units, Delta2 the rounded sensitivity, kappa^2 = 1 + 3.5 / (z Delta2)^2, which "
-            "keeps its (xi, rho)-zCDP below the Gaussian's at every order. The Skellam RDP bound (Agarwal, Kairouz and "
+            "Secure aggregation: each release is a secure sum of the nodes' words (scaled so that one user moves "
+            "them by 2^20 or more integers, rounded, plus each node's share of Skellam noise). Its noise has standard "
+            "deviation kappa * z * Delta2 in integer units, Delta2 the rounded sensitivity, "
+            "kappa^2 = 1 + 3.5 / (z Delta2)^2, which keeps its (xi, rho)-zCDP below the Gaussian's at every order. "
+            "The Skellam RDP bound (Agarwal, Kairouz and "
             "Liu 2021) is proven at integer orders only, so the run's ledger is accounted at integer orders and this "
             "plan is calibrated at them: the Skellam releases the run records spend at most the RDP epsilon above. "
             "Sampled releases are planned unsampled (no amplification "

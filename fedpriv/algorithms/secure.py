@@ -40,7 +40,8 @@ def check_secure(state: als.PublicState) -> None:
         )
     if spec.noisings(state.config) != 1:
         raise ConfigError(
-            f"{state.algorithm} noises each step's statistics {spec.noisings(state.config)} times (SSP1); secure aggregation releases each sum once: use am-ssp, or ssp_resamples=1",
+            f"{state.algorithm} noises each step's statistics {spec.noisings(state.config)} times (SSP1); "
+            "secure aggregation releases each sum once: use am-ssp, or ssp_resamples=1",
             field="aggregation",
         )
 

@@ -59,11 +59,14 @@ register_release(RELEASE, lambda cfg, rating_range: 1.0)  # ||upper(x x^T)||_2 <
 #: the rule's constants, chosen on the validation ratings of ML-100K and ml-latest-small (2-3
 #: noise seeds; benchmarks/topk.py --part valid): the signal S = n_users sqrt(rho) (rho the
 #: zCDP budget of epsilon, delta; halved under replace-one) decides
-SIGNAL_MIN = 350.0  # below: private popularity (validation: ML-100K at epsilon 1, S 137: 0.06 against 0.14; Last.fm held-out users at epsilon 1, S 274: 0.094 against 0.115)
+SIGNAL_MIN = 350.0  # below: private popularity (validation: ML-100K at epsilon 1, S 137: 0.06 against 0.14;
+#                     Last.fm held-out users at epsilon 1, S 274: 0.094 against 0.115)
 HEAD_PER_SIGNAL = 0.75  # head size M = 0.75 S (ml-latest-small: 1000 items beat 2000 at epsilon 20, 500 beat 1000 at 5)
 HEAD_MAX = 2000  # at most this many head items (the statistic grows as M^2)
 REG_UNITS = 8.0  # lambda in units of sigma sqrt(M) (8, 16, 32 within 0.002 on ml-latest-small)
-BLEND = 0.5  # weight of the standardized released log-popularity (validation Recall@10, 3 seeds, against 1.0: ML-100K eps 5 0.1948/0.1951, eps 20 0.2260/0.2238; ml-latest-small eps 5 0.1612/0.1607, eps 20 0.1916/0.1892; 70k synthetic eps 5 0.1625/0.1623)
+BLEND = 0.5  # weight of the standardized released log-popularity (validation Recall@10, 3 seeds, against 1.0:
+#              ML-100K eps 5 0.1948/0.1951, eps 20 0.2260/0.2238; ml-latest-small eps 5 0.1612/0.1607,
+#              eps 20 0.1916/0.1892; 70k synthetic eps 5 0.1625/0.1623)
 SHARE_COUNTS = 0.1  # the counts' budget share when the statistic is released
 #: a rating below the top fifth of the scale (lo + LIKED_FROM (hi - lo): 4.2 on 1-5, 4.1 on 0.5-5;
 #: implicit data: every item) weighs LOW_WEIGHT in the user's row, one in it 1, before the row is
@@ -383,7 +386,8 @@ class TopKRule:
             )
         return (
             f"EASE on the released co-occurrence of the {m} head items (signal {S:.3g} >= {SIGNAL_MIN:g}; "
-            f"head {HEAD_PER_SIGNAL:g} x signal, at most {HEAD_MAX}), ridge {_options(cfg).topk_reg:g} noise std x sqrt(M)"
+            f"head {HEAD_PER_SIGNAL:g} x signal, at most {HEAD_MAX}), "
+            f"ridge {_options(cfg).topk_reg:g} noise std x sqrt(M)"
         )
 
 
@@ -409,7 +413,8 @@ class LowRankRule(TopKRule):
             return super().explain(cfg, epsilon, delta, n_items, n_users)
         return (
             f"rank-{cfg.rank} sketch of the released co-occurrence of the {m} head items, {cfg.steps} power steps "
-            f"(signal {S:.3g} >= {SIGNAL_MIN:g}; head {LOWRANK_HEAD_PER_ROOT_SIGNAL:g} x sqrt(signal)), shrinkage {_options(cfg).topk_reg:g} noise std x sqrt(M)"
+            f"(signal {S:.3g} >= {SIGNAL_MIN:g}; head {LOWRANK_HEAD_PER_ROOT_SIGNAL:g} x sqrt(signal)), "
+            f"shrinkage {_options(cfg).topk_reg:g} noise std x sqrt(M)"
         )
 
 
@@ -461,7 +466,10 @@ SPEC = register(
         no_rating_weights,
         task="top-k",
         needs_user_count=True,
-        summary="private top-k (the default private recommender): EASE on one released item co-occurrence of the head items (private popularity when it does not pay; M^2/2 words per client)",
+        summary=(
+            "private top-k (the default private recommender): EASE on one released item co-occurrence "
+            "of the head items (private popularity when it does not pay; M^2/2 words per client)"
+        ),
         defaults=(
             ("rank", "0"),
             ("steps", "1"),
@@ -506,7 +514,10 @@ LOWRANK = register(
         no_rating_weights,
         task="top-k",
         needs_user_count=True,
-        summary="private top-k, low-rank form: a rank-d sketch of the released item co-occurrence by the noisy power method, O(items x d) per client (private popularity when it does not pay)",
+        summary=(
+            "private top-k, low-rank form: a rank-d sketch of the released item co-occurrence by the noisy "
+            "power method, O(items x d) per client (private popularity when it does not pay)"
+        ),
         defaults=(
             ("rank", "32"),
             ("steps", "3"),

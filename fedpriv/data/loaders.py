@@ -63,7 +63,10 @@ class Dataset:
         inter = self.interactions
         kind = "implicit" if self.implicit else f"ratings {self.rating_range[0]:g}-{self.rating_range[1]:g}"
         features = f", {self.item_features.matrix.shape[1]} item features" if self.item_features is not None else ""
-        return f"Dataset({inter.name or self.source}: {inter.n_users:,} users, {inter.n_items:,} items, {len(inter.ratings):,} {kind}{features})"
+        return (
+            f"Dataset({inter.name or self.source}: {inter.n_users:,} users, {inter.n_items:,} items, "
+            f"{len(inter.ratings):,} {kind}{features})"
+        )
 
 
 # --------------------------------------------------------------------------- file layouts

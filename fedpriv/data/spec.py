@@ -100,8 +100,8 @@ _CATALOGUE_REMEDY = {
     ),
     "frame": (
         "items=[ids] (every item id, rated or not: fedpriv.train(..., data_options={'items': ids}), "
-        "fedpriv.load_data(df, items=ids) or dataset_from_pandas(df, items=ids)) or a features table features=DataFrame; "
-        "for a csv:/parquet: file, --data-opt items=FILE"
+        "fedpriv.load_data(df, items=ids) or dataset_from_pandas(df, items=ids)) "
+        "or a features table features=DataFrame; for a csv:/parquet: file, --data-opt items=FILE"
     ),
     "builtin": (
         "the data set's item metadata file next to its ratings (ML-100K u.item, ML-1M/10M movies.dat, "

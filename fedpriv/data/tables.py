@@ -475,8 +475,9 @@ def _read_user_table(data: bytes | Path, layout: Layout, where: str) -> Table:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", pd.errors.ParserWarning)
                 frame = pd.read_csv(
-                    io.BytesIO(data) if isinstance(data, bytes) else data, sep=sep, header=0 if header else None, dtype=str, keep_default_na=False, na_filter=False,
-                    skip_blank_lines=False, index_col=False, engine="c", encoding=encoding,
+                    io.BytesIO(data) if isinstance(data, bytes) else data, sep=sep, header=0 if header else None,
+                    dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False, index_col=False,
+                    engine="c", encoding=encoding,
                 )  # fmt: skip
             break
         except UnicodeDecodeError:

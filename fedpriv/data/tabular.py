@@ -210,7 +210,8 @@ def parse_options(kind: str, options: Mapping[str, str] | None) -> dict:
         key = str(key).strip()
         if key not in _PARSERS:
             raise ConfigError(
-                f"unknown option {key!r} for {kind}: data (known: {', '.join(OPTION_NAMES)}){did_you_mean(key, OPTION_NAMES)}",
+                f"unknown option {key!r} for {kind}: data (known: {', '.join(OPTION_NAMES)})"
+                f"{did_you_mean(key, OPTION_NAMES)}",
                 field=OPTION_FLAG,
             )
         typed[key] = _PARSERS[key](key, str(value))
@@ -458,8 +459,9 @@ def _dataset(
         if item_column is None and items.frame.shape[1] == 1:
             item_column = items.columns()[0]  # one column: the ids, whatever its header says
     raw = read_ratings(
-        table, user=opts.user, item=opts.item, rating=opts.rating, implicit=opts.implicit, rating_range=opts.rating_range,
-        duplicates=opts.duplicates, features=listing, feature_item=item_column, listing=what,
+        table, user=opts.user, item=opts.item, rating=opts.rating, implicit=opts.implicit,
+        rating_range=opts.rating_range, duplicates=opts.duplicates, features=listing, feature_item=item_column,
+        listing=what,
     )  # fmt: skip
     catalogue = raw.catalogue
     inter, n_dup = from_raw_ids(raw.users, raw.items, raw.ratings, name=name, item_universe=catalogue)

@@ -176,7 +176,8 @@ def _declared_users(content: RecordDict, max_users: int) -> int:
 
 
 def checked_array(arrays: ArrayRecord, key: str, ndim: int, dtype_kind: str) -> np.ndarray:
-    """``arrays[key]`` decoded, with ``ndim`` dimensions, dtype kind ``dtype_kind`` and finite floats, or RejectedReply."""
+    """``arrays[key]`` decoded, with ``ndim`` dimensions, dtype kind ``dtype_kind`` and finite floats, or
+    RejectedReply."""
     if key not in arrays:
         raise RejectedReply(f"malformed: missing array {key!r}")
     try:

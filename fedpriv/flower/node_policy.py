@@ -562,7 +562,8 @@ def check_plan(
             if p.sensitivity < sens * (1 - 1e-9):
                 raise refuse(
                     what,
-                    f"part {p.name!r} declares sensitivity {p.sensitivity:g} below the bound {sens:g} of this node's own clipping",
+                    f"part {p.name!r} declares sensitivity {p.sensitivity:g} below the bound {sens:g} "
+                    "of this node's own clipping",
                     PrivacyError,
                     "plan-parts",
                 )
@@ -570,7 +571,8 @@ def check_plan(
         if _on("plan-scale") and not math.isclose(p.scale, rule, rel_tol=1e-9):
             raise refuse(
                 what,
-                f"part {p.name!r} has scale {p.scale:.6g}, the public rule gives {rule:.6g} (a plan made for this node alone?)",
+                f"part {p.name!r} has scale {p.scale:.6g}, the public rule gives {rule:.6g} "
+                "(a plan made for this node alone?)",
                 PrivacyError,
                 "plan-scale",
             )
@@ -583,8 +585,8 @@ def check_plan(
         ):
             raise refuse(
                 what,
-                f"part {p.name!r} carries noise {std / delta2:.3g} x its sensitivity (with {m} contributors, {c} colluding), "
-                f"below this node's floor {policy.min_noise_multiplier:g}",
+                f"part {p.name!r} carries noise {std / delta2:.3g} x its sensitivity "
+                f"(with {m} contributors, {c} colluding), below this node's floor {policy.min_noise_multiplier:g}",
                 PrivacyError,
                 "noise-floor",
             )
@@ -618,8 +620,9 @@ def check_plan(
             if not eps <= policy.max_epsilon * (1 + 1e-3):
                 raise refuse(
                     what,
-                    f"it would bring this node's epsilon to {eps:.4g} > its budget {policy.max_epsilon:g} (delta {policy.delta:g}, "
-                    f"{policy.relation}, {'its ledger ' + str(ledger.path) if ledger.path else 'this run'}); no noise share was drawn",
+                    f"it would bring this node's epsilon to {eps:.4g} > its budget {policy.max_epsilon:g} "
+                    f"(delta {policy.delta:g}, {policy.relation}, "
+                    f"{'its ledger ' + str(ledger.path) if ledger.path else 'this run'}); no noise share was drawn",
                     PrivacyError,
                     "node-budget",
                 )
@@ -642,7 +645,8 @@ def check_recommendation(context, epsilon: float, n_candidates: int) -> None:
         if policy.max_recommendations is not None and done + 1 > policy.max_recommendations and _on("recommend-count"):
             raise refuse(
                 what,
-                f"this node answers at most {policy.max_recommendations} recommendation queries per run (policy-max-recommendations)",
+                f"this node answers at most {policy.max_recommendations} recommendation queries per run "
+                "(policy-max-recommendations)",
                 PrivacyError,
                 "recommend-count",
             )

@@ -202,7 +202,8 @@ def _plan(sec, kind: str):
     plan = plan_from_dict(json.loads(str(sec["plan"])))
     if isinstance(plan, ExactPlan) != (kind in MEASUREMENTS):
         raise PrivacyError(
-            f"secure round {kind!r}: refused a plan {'without' if isinstance(plan, ExactPlan) else 'with'} noise for this kind"
+            f"secure round {kind!r}: refused a plan "
+            f"{'without' if isinstance(plan, ExactPlan) else 'with'} noise for this kind"
         )
     return plan
 

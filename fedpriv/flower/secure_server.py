@@ -279,7 +279,8 @@ class SecureRounds:
         masked = self._unique(name, masked, _words)
         if len(masked) < params.threshold:
             raise PrivacyError(
-                f"secure round {name!r}: {len(masked)} masked replies, fewer than the threshold {params.threshold}; nothing is released"
+                f"secure round {name!r}: {len(masked)} masked replies, fewer than the threshold {params.threshold}; "
+                "nothing is released"
             )
         survivors, dropped = server.unmask_request(list(shares), list(masked))
         plan.check_contributors(len(survivors))

@@ -238,8 +238,8 @@ class SecureDPFedAvg(FedAvg):
         self.summary()
         if self.fraction_evaluate > 0 and not self.evaluate_metrics:
             raise ConfigError(
-                "evaluation on the nodes is a secure sum of named metrics: give evaluate_metrics (what the nodes' evaluate function reports), "
-                "or fraction_evaluate=0",
+                "evaluation on the nodes is a secure sum of named metrics: "
+                "give evaluate_metrics (what the nodes' evaluate function reports), or fraction_evaluate=0",
                 field="evaluate_metrics",
             )
         train_config = ConfigRecord() if train_config is None else train_config

@@ -1,8 +1,8 @@
 """Run a job through Flower's own runtime path: ``flwr run APP --stream``.
 
 ``flwr run`` starts a local SuperLink (simulation mode) that runs the fedpriv ServerApp and one
-ClientApp per simulated node. :func:`flwr_run_plan` (the :class:`fedpriv.run.FlwrRun` engine) prepares everything that command needs, so users
-do not have to:
+ClientApp per simulated node. :func:`flwr_run_plan` (the :class:`fedpriv.run.FlwrRun` engine) prepares
+everything that command needs, so users do not have to:
 
 * a minimal Flower app folder (``pyproject.toml`` only) whose components point at the
   *installed* fedpriv modules, so it works for a pip-installed fedpriv, not only from the repo;
@@ -55,7 +55,8 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes, str
 # lines of Flower's log that mislead a fedpriv user: the federation's size is fedpriv's
 # --nodes, not Flower's default or its simulation-config command
 FLOWER_NOISE = re.compile(
-    r"default simulated SuperNodes changed|To change federation size|flwr federation simulation-config|Manually terminating ClientAppActor"
+    r"default simulated SuperNodes changed|To change federation size|"
+    r"flwr federation simulation-config|Manually terminating ClientAppActor"
 )
 SUPERLINK_SLOW = "Failed to start local SuperLink"  # Flower's message when its SuperLink took over 15 s to start
 ERROR_LINE = re.compile(

@@ -390,7 +390,8 @@ CSS = """
 html { scroll-padding-top: 56px; }
 body { margin: 0; padding: 48px 0 40px; color: #1d1d1d; background: #ffffff;
   font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; }
-#render-status { position: fixed; top: 0; left: 0; right: 0; height: 44px; line-height: 44px; padding: 0 16px; z-index: 10;
+#render-status { position: fixed; top: 0; left: 0; right: 0; height: 44px; line-height: 44px; \
+padding: 0 16px; z-index: 10;
   background: #808080; color: #ffffff; font-weight: bold; font-size: 16px; }
 main { max-width: 1200px; margin: 0 auto; padding: 0 20px; }
 header { border-bottom: 2px solid #dddddd; margin-bottom: 12px; }
@@ -399,12 +400,14 @@ h2 { font-size: 21px; margin: 36px 0 6px; padding-top: 10px; border-top: 3px sol
 h3 { font-size: 17px; margin: 20px 0 6px; }
 h4 { font-size: 15px; margin: 14px 0 4px; }
 .muted { color: #666666; font-size: 13px; }
-.meta { font-size: 13px; color: #333333; background: #f3f5f8; border: 1px solid #dde3ea; padding: 5px 8px; border-radius: 4px; }
+.meta { font-size: 13px; color: #333333; background: #f3f5f8; border: 1px solid #dde3ea; padding: 5px 8px; \
+border-radius: 4px; }
 .meta span + span::before { content: " · "; color: #999999; }
 nav ol { margin: 6px 0 12px; padding-left: 24px; }
 nav li { margin: 2px 0; }
 a { color: #1f5aa6; }
-pre { background: #f6f6f6; border: 1px solid #e2e2e2; padding: 8px 10px; overflow-x: auto; font-size: 12.5px; line-height: 1.35; margin: 6px 0; }
+pre { background: #f6f6f6; border: 1px solid #e2e2e2; padding: 8px 10px; overflow-x: auto; font-size: 12.5px; \
+line-height: 1.35; margin: 6px 0; }
 details { margin: 8px 0; }
 summary { cursor: pointer; font-weight: 600; color: #27466e; }
 .table-wrap { overflow-x: auto; margin: 4px 0 6px; }
@@ -596,7 +599,8 @@ def _section(exp: dict, anchor: str) -> str:
             size = _png_size(p["data"])
             dims = f' width="{size[0]}" height="{size[1]}"' if size else ""
             parts.append(
-                f'<figure><img alt="{_esc(p["caption"])}"{dims} src="{_data_uri(p["data"])}"><figcaption>{_esc(p["caption"])}</figcaption></figure>'
+                f'<figure><img alt="{_esc(p["caption"])}"{dims} src="{_data_uri(p["data"])}">'
+                f"<figcaption>{_esc(p['caption'])}</figcaption></figure>"
             )
     if exp["search"] is not None:
         parts.append(_search_section(exp["search"]))
@@ -635,7 +639,8 @@ def _page(title: str, experiments: list[tuple[str, dict]]) -> str:
 <main>
 <header>
 <h1>{_esc(title)}</h1>
-<p class="muted">Generated {_esc(now)} · {len(experiments)} experiment{"s" if len(experiments) != 1 else ""}{_esc(total)}</p>
+<p class="muted">Generated {_esc(now)} · {len(experiments)} \
+experiment{"s" if len(experiments) != 1 else ""}{_esc(total)}</p>
 <nav><ol>
 {chr(10).join(toc)}
 </ol></nav>

@@ -9,8 +9,8 @@ sampler (0.55 s per alternating step at the ML-20M shape on 16 cores).
 - on a GPU: four torch generators on the device (Philox4x32-10, a counter-based generator),
   each keyed with 64 bits of ``os.urandom``; a word is the XOR of one 64-bit word of each.
   XOR-ing streams invites a meet-in-the-middle search (guess half of the keys, tabulate, match
-  the other half): with four 64-bit keys that search costs 2**128. The generators advance across the ledger's releases, so no
-  counter is reused within a run;
+  the other half): with four 64-bit keys that search costs 2**128. The generators advance across
+  the ledger's releases, so no counter is reused within a run;
 - on torch's CPU device: the words are ``os.urandom``'s (the CPU path's generator, copied).
   torch's CPU generator is a Mersenne twister that keeps only 32 bits of a seed (a test shows
   it), and its output is linear in its state: not a generator for secret noise.

@@ -136,7 +136,8 @@ class DistributedPlan:
         """Refuse to unmask a round with fewer contributors than its noise was sized for."""
         if n < self.min_contributors:
             raise PrivacyError(
-                f"secure round: {n} nodes contributed, fewer than the {self.min_contributors} its noise shares were sized for; nothing is released"
+                f"secure round: {n} nodes contributed, fewer than the {self.min_contributors} "
+                "its noise shares were sized for; nothing is released"
             )
 
     def to_dict(self) -> dict:
@@ -179,7 +180,8 @@ def _validate(plan: DistributedPlan) -> None:
         )
     if not (0 <= plan.colluders < plan.min_contributors):
         raise PrivacyError(
-            f"secure round: noise sized against {plan.colluders} colluding node(s) needs more than {plan.colluders} contributors, "
+            f"secure round: noise sized against {plan.colluders} colluding node(s) "
+            f"needs more than {plan.colluders} contributors, "
             f"got {plan.min_contributors} (lower secure_collusion or secure_dropout, or add nodes)"
         )
     offset = 0
@@ -223,7 +225,8 @@ def plan_round(
     need = max((math.ceil(math.log2(2.0 * plan.range(p) + 1.0)) + 1 for p in planned), default=2)
     if need > MAX_BITS:
         raise PrivacyError(
-            f"secure round: the range of {max_users} users needs {need} bits (> {MAX_BITS}); lower max_users or split the release"
+            f"secure round: the range of {max_users} users needs {need} bits (> {MAX_BITS}); "
+            "lower max_users or split the release"
         )
     plan = DistributedPlan(plan.parts, plan.max_users, plan.n_nodes, m, need, c)
     _validate(plan)
@@ -280,7 +283,8 @@ def decode(plan: DistributedPlan, total: np.ndarray, contributors: int) -> dict[
         v = signed[p.offset : p.offset + p.length].astype(np.float64)
         if v.size and np.max(np.abs(v)) > plan.range(p):
             raise PrivacyError(
-                f"release {p.name!r}: the unmasked sum is outside its range (a wrap-around, or a node sent words beyond its bounds); nothing is released"
+                f"release {p.name!r}: the unmasked sum is outside its range "
+                "(a wrap-around, or a node sent words beyond its bounds); nothing is released"
             )
         out[p.name] = v / p.scale
     return out
@@ -320,7 +324,8 @@ class Prereleased:
             and math.isclose(part.noise_multiplier, noise_multiplier, rel_tol=1e-12)
         ):
             raise PrivacyError(
-                f"release {name!r}: the secure round was planned with sensitivity {part.sensitivity} and z {part.noise_multiplier}, the release asks {sensitivity} and {noise_multiplier}"
+                f"release {name!r}: the secure round was planned with sensitivity {part.sensitivity} "
+                f"and z {part.noise_multiplier}, the release asks {sensitivity} and {noise_multiplier}"
             )
         self.used.add(name)
         return np.asarray(value, dtype=np.float64)

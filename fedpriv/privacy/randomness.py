@@ -111,7 +111,8 @@ def require_keys(shard) -> np.ndarray:
         from ..errors import PrivacyError
 
         raise PrivacyError(
-            "this client step makes per-user random choices, but the shard carries no user keys (build it with fedpriv.privacy.randomness.user_keys)"
+            "this client step makes per-user random choices, but the shard carries no user keys "
+            "(build it with fedpriv.privacy.randomness.user_keys)"
         )
     return keys
 

@@ -197,7 +197,8 @@ def default_threshold(degree: int, colluders: int = 0) -> int:
     if t > degree + 1:
         raise SecAggError(
             f"no threshold of a node's {degree + 1} share holders holds against {colluders} colluding node(s) "
-            f"(2t > {degree + 1 + colluders} needs t > {degree + 1}): use more nodes (a larger degree) or assume fewer colluders",
+            f"(2t > {degree + 1 + colluders} needs t > {degree + 1}): "
+            "use more nodes (a larger degree) or assume fewer colluders",
             field="colluders",
         )
     return t
@@ -490,7 +491,8 @@ class SecAggNode:
             entry = adverts.get(v)
             if not isinstance(entry, tuple) or len(entry) != 2:
                 raise SecAggError(
-                    f"neighbour {v} came with no signed key advertisement; refused (authenticated node) [key-substitution]",
+                    f"neighbour {v} came with no signed key advertisement; "
+                    "refused (authenticated node) [key-substitution]",
                     field="adverts",
                     node=v,
                 )
@@ -590,7 +592,8 @@ class SecAggNode:
             # honest holders, the mask key from another
             raise SecAggError(
                 f"threshold {params.threshold} is too low for the {len(peers) + 1} share holders (this node and its "
-                f"{len(peers)} neighbours) with {colluders} colluding: needs 2t > {len(peers) + 1 + colluders}; refused [shamir-threshold]",
+                f"{len(peers)} neighbours) with {colluders} colluding: needs 2t > {len(peers) + 1 + colluders}; "
+                "refused [shamir-threshold]",
                 field="threshold",
             )
         names, digest, members = {}, b"", None
@@ -686,8 +689,8 @@ class SecAggNode:
             raise SecAggError("two members of the sum carry the same roster name; refused [roster]", field="adverts")
         if defences.active("roster") and distinct < floor:
             raise SecAggError(
-                f"the sum's members carry {distinct} distinct roster names (this node included), fewer than this node's "
-                f"min_contributors {floor}; refused [roster]",
+                f"the sum's members carry {distinct} distinct roster names (this node included), "
+                f"fewer than this node's min_contributors {floor}; refused [roster]",
                 field="adverts",
             )
         return out
@@ -855,8 +858,9 @@ class SecAggNode:
             if unsigned and defences.active("view-consistency"):
                 raise SecAggError(
                     f"survivors {unsigned[:8]}{' ...' if len(unsigned) > 8 else ''} did not sign "
-                    f"the view node {self.node_id} signed (its plan, broadcast and members): the server may have shown them "
-                    "another plan, model or member set; refusing to reveal shares [view-consistency]",
+                    f"the view node {self.node_id} signed (its plan, broadcast and members): "
+                    "the server may have shown them another plan, model or member set; "
+                    "refusing to reveal shares [view-consistency]",
                     field="signatures",
                 )
             return
@@ -934,7 +938,8 @@ class SecAggNode:
         ):
             raise SecAggError(
                 f"{len(alive)} survivors, fewer than this node's min_contributors "
-                f"{state.min_contributors}: the sum would carry less noise than it counts on; refused [min-contributors]",
+                f"{state.min_contributors}: the sum would carry less noise than it counts on; "
+                "refused [min-contributors]",
                 field="survivors",
             )
         flips = sorted(

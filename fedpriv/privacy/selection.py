@@ -1,8 +1,8 @@
 """Private selection with heterogeneous sensitivities (Antonova, Laro, McMillan, Wolf, SaTML 2025).
 
 Pure-numpy samplers, vectorised over rows (one row = one user's score vector over k candidates).
-Formulas: the private-selection specification of the project (Antonova et al. 2025; cited as "spec §n"); where the spec and the
-paper's prose disagree the paper is followed (said so in the docstring concerned).
+Formulas: the private-selection specification of the project (Antonova et al. 2025; cited as "spec §n");
+where the spec and the paper's prose disagree the paper is followed (said so in the docstring concerned).
 
 Every mechanism except ``rnmh`` is pure epsilon-DP for the TOTAL budget ``epsilon`` passed to
 :func:`run`, when ``sensitivities`` bound the change of each candidate's score between neighbouring

@@ -44,7 +44,8 @@ def checked(name: str) -> str:
 
         if not torch.cuda.is_available():
             raise ConfigError(
-                f"device {name!r} was asked for, but torch sees no CUDA device on this machine (torch {torch.__version__}); use device 'cpu'",
+                f"device {name!r} was asked for, but torch sees no CUDA device on this machine "
+                f"(torch {torch.__version__}); use device 'cpu'",
                 field="device",
             )
         index = int(name[5:]) if ":" in name else 0
@@ -54,7 +55,8 @@ def checked(name: str) -> str:
             )
         return name
     raise ConfigError(
-        f"unknown device {name!r}: 'cpu' (default), 'cuda', 'cuda:N' or 'torch:cpu' (the GPU path on the CPU, for tests)",
+        f"unknown device {name!r}: 'cpu' (default), 'cuda', 'cuda:N' or 'torch:cpu' "
+        "(the GPU path on the CPU, for tests)",
         field="device",
     )
 
@@ -94,7 +96,8 @@ def torch_device():
 # ---------------------------------------------------------------------------- kept copies
 #: read-only host arrays whose copy on a device is kept (the last _KEPT_ENTRIES): a shard's index
 #: arrays between steps, and a release the ledger's device noise produced, for the server's solve
-_KEPT_ENTRIES = 512  # a shard keeps about 7, 3 more per chunk of its user solve (5 chunks at the MSD shape with d = 32, 72 with d = 128), a step 6
+_KEPT_ENTRIES = 512  # a shard keeps about 7, 3 more per chunk of its user solve
+#                      (5 chunks at the MSD shape with d = 32, 72 with d = 128), a step 6
 _kept: OrderedDict = OrderedDict()
 
 

@@ -101,8 +101,9 @@ __all__ = [
     "DOCKER_FLWR_VERSION", "GRPC_RERE", "HTTP", "fleet_transport", "flwr_version",
     "CLI_SECONDS", "CONNECTION", "DEFAULT_RUN_DIR", "DOCKER_NODE_LEDGER",
     "DOCKER_PORTS", "DOCKER_RUN_DIR", "FIXED_BY_UP", "LOCAL_HOSTS", "PIDS_FILE", "STATE_FILE",
-    "STOP_SECONDS", "DeployConfig", "add_deploy_arguments", "deploy_command", "compose_services", "compose_yaml", "connection_toml", "docker_config",
-    "flwr_run_command", "list_nodes", "list_runs", "deploy_main", "make_certs", "make_node_keys", "n_partitions", "node_config", "prepare",
-    "register_supernodes", "register_command", "run_deployed_job", "running", "split_job", "stop", "stop_runs", "superlink_command", "supernode_command", "up",
+    "STOP_SECONDS", "DeployConfig", "add_deploy_arguments", "deploy_command", "compose_services", "compose_yaml",
+    "connection_toml", "docker_config", "flwr_run_command", "list_nodes", "list_runs", "deploy_main", "make_certs",
+    "make_node_keys", "n_partitions", "node_config", "prepare", "register_supernodes", "register_command",
+    "run_deployed_job", "running", "split_job", "stop", "stop_runs", "superlink_command", "supernode_command", "up",
     "verify_server_cert", "wait_for_supernodes", "write_connection", "write_node_data", "write_partition", "Partition",
 ]  # fmt: skip

@@ -60,7 +60,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
             "--fleet-port",
             type=int,
             default=default,
-            help="SuperLink Fleet API port on Flower 1.39 (gRPC-rere; from Flower 1.40 the Fleet API is served over HTTP on --control-port)"
+            help="SuperLink Fleet API port on Flower 1.39 "
+            "(gRPC-rere; from Flower 1.40 the Fleet API is served over HTTP on --control-port)"
             + (" (default: a free loopback port)" if local else " (default 9092)"),
         )
         p.add_argument(
@@ -89,13 +90,14 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
             action="append",
             default=[],
             metavar="KEY=VALUE",
-            help="each node's own privacy policy, e.g. aggregation=secure, max-epsilon=2, min-contributors=3, colluders=1 (repeatable; "
-            "docs/how-to/secure-aggregation.md)",
+            help="each node's own privacy policy, e.g. aggregation=secure, max-epsilon=2, min-contributors=3, "
+            "colluders=1 (repeatable; docs/how-to/secure-aggregation.md)",
         )
 
     pa = sub.add_parser(
         "partition",
-        help="the data owner's step: one folder per node with only its users' ratings (+ public metadata), and the server's public folder",
+        help="the data owner's step: one folder per node with only its users' ratings (+ public metadata), "
+        "and the server's public folder",
     )
     pa.add_argument("--data", required=True, help="data spec of the ratings to distribute")
     pa.add_argument(
@@ -104,7 +106,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="csv/parquet option (repeatable), as for `fedpriv run`: rating_range=LO,HI, items=FILE (the catalogue), user=COL, ...",
+        help="csv/parquet option (repeatable), as for `fedpriv run`: rating_range=LO,HI, "
+        "items=FILE (the catalogue), user=COL, ...",
     )
     pa.add_argument(
         "--nodes",
@@ -140,7 +143,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     pr.add_argument(
         "--docker",
         action="store_true",
-        help="the layout of docker/compose.yml (the SuperLink on the host's 127.0.0.1, its HTTP API with the Fleet API on 8000; each SuperNode in a network of its own, relayed through RUN_DIR/relay)",
+        help="the layout of docker/compose.yml (the SuperLink on the host's 127.0.0.1, its HTTP API with the "
+        "Fleet API on 8000; each SuperNode in a network of its own, relayed through RUN_DIR/relay)",
     )
     pr.add_argument(
         "--bind-host",
@@ -171,7 +175,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
         "--aggregation",
         choices=("central", "secure"),
         default="secure",
-        help="secure (default: the server learns only noised sums, the nodes add distributed noise) or central (the ServerApp's aggregator step sees exact sums)",
+        help="secure (default: the server learns only noised sums, the nodes add distributed noise) "
+        "or central (the ServerApp's aggregator step sees exact sums)",
     )
     r.add_argument(
         "--round-timeout",
@@ -396,7 +401,8 @@ def _partition(args) -> int:
     nodes = args.nodes or n_partitions(part)
     if n_partitions(part) > nodes:
         raise ConfigError(
-            f"{n_partitions(part)} partitions of {part.users_per_node} users need at least {n_partitions(part)} nodes, got {nodes}",
+            f"{n_partitions(part)} partitions of {part.users_per_node} users need at least {n_partitions(part)} nodes, "
+            f"got {nodes}",
             field="--nodes",
         )
     out.parent.mkdir(parents=True, exist_ok=True)

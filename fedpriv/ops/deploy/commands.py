@@ -106,7 +106,8 @@ def connection_toml(cfg: DeployConfig) -> str:
     ]
     if cfg.tls:
         lines.append(
-            f"root-certificates = {json.dumps(str(cfg.ca_cert.resolve() if not cfg.ca_cert.is_absolute() else cfg.ca_cert))}"
+            "root-certificates = "
+            f"{json.dumps(str(cfg.ca_cert.resolve() if not cfg.ca_cert.is_absolute() else cfg.ca_cert))}"
         )
     else:
         lines.append("insecure = true")

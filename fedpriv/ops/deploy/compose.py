@@ -55,7 +55,8 @@ def compose_yaml(nodes: int = 3) -> str:
         *_listen_comment(cfg),
         "#   sudo docker/build-images.sh      # base image (debootstrap), wheelhouse, images",
         "#   fedpriv deploy prepare --docker --run-dir docker/run --nodes %d --data SPEC --users-per-node U" % nodes,
-        "#   FEDPRIV_RUN_DIR=./run docker-compose -f docker/compose.yml up -d     (or `docker compose`; project name in docker/.env)",
+        "#   FEDPRIV_RUN_DIR=./run docker-compose -f docker/compose.yml up -d     "
+        "(or `docker compose`; project name in docker/.env)",
         "services:",
         "  superlink:",
         build("Dockerfile.superlink"),
@@ -99,9 +100,11 @@ def compose_yaml(nodes: int = 3) -> str:
             f'      - "{run}/keys/node-{i}:{cfg.node_private_key(i)}:ro"',
             f'      - "{run}/node-data/node-{i}:{cfg.node_data_dir(i)}:ro"',
             f'      - "{run}/relay:{RELAY_DIR}:ro"',
-            f'      - "node-ledger-{i}:{PurePosixPath(DOCKER_NODE_LEDGER).parent}"  # the node\'s ledger: kept across restarts and `down` (not `down -v`)',
+            f'      - "node-ledger-{i}:{PurePosixPath(DOCKER_NODE_LEDGER).parent}"'
+            "  # the node's ledger: kept across restarts and `down` (not `down -v`)",
             f"    environment: {env()}",
-            "    depends_on: {register: {condition: service_completed_successfully}, relay: {condition: service_started}}",
+            "    depends_on: "
+            "{register: {condition: service_completed_successfully}, relay: {condition: service_started}}",
             "    restart: on-failure",
         ]
     lines += ["volumes:", *(f"  node-ledger-{i}: {{}}" for i in range(nodes))]
@@ -110,14 +113,20 @@ def compose_yaml(nodes: int = 3) -> str:
 
 def _listen_comment(cfg) -> list[str]:
     if cfg.transport == GRPC_RERE:
-        where = f"127.0.0.1:{cfg.fleet_port} (Fleet API, gRPC-rere) and 127.0.0.1:{cfg.control_port} (Control and Runtime API)"
+        where = (
+            f"127.0.0.1:{cfg.fleet_port} (Fleet API, gRPC-rere) and 127.0.0.1:{cfg.control_port} "
+            "(Control and Runtime API)"
+        )
     else:
         where = f"127.0.0.1:{cfg.control_port} (its Control, Runtime and Fleet HTTP API)"
     return [
-        f"# Flower {DOCKER_FLWR_VERSION} in the images (docker/build-images.sh: ci/constraints-newest.txt), SuperNodes on the {'gRPC-rere' if cfg.transport == GRPC_RERE else 'HTTP'} Fleet API.",
+        f"# Flower {DOCKER_FLWR_VERSION} in the images (docker/build-images.sh: ci/constraints-newest.txt), "
+        f"SuperNodes on the {'gRPC-rere' if cfg.transport == GRPC_RERE else 'HTTP'} Fleet API.",
         f"# The SuperLink uses the host's network and listens on {where}.",
-        f"# Each SuperNode has a network of its own with no route out (its ClientApps reach it on 127.0.0.1:{cfg.node_port_base}+i there):",
-        "# its connection to the SuperLink goes through the relay's Unix socket RUN_DIR/relay/superlink.sock. See docker/README.md:",
+        "# Each SuperNode has a network of its own with no route out "
+        f"(its ClientApps reach it on 127.0.0.1:{cfg.node_port_base}+i there):",
+        "# its connection to the SuperLink goes through the relay's Unix socket RUN_DIR/relay/superlink.sock. "
+        "See docker/README.md:",
     ]
 
 

@@ -86,7 +86,8 @@ class DeployConfig:
         node_ports = range(self.node_port_base, self.node_port_base + self.nodes)
         if self.fleet_port == self.control_port or self.fleet_port in node_ports or self.control_port in node_ports:
             raise ConfigError(
-                f"fleet {self.fleet_port}, control {self.control_port} and node ports {node_ports.start}..{node_ports.stop - 1} must not overlap",
+                f"fleet {self.fleet_port}, control {self.control_port} and node ports "
+                f"{node_ports.start}..{node_ports.stop - 1} must not overlap",
                 field="--fleet-port",
             )
         if self.fleet_api is not None and self.fleet_api not in TRANSPORTS:

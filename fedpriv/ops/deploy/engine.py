@@ -41,7 +41,8 @@ class Deployment(FlowerOptions):
         n_parts = launcher.flower_partitions(plan, cfg.users_per_node)
         if n_parts > cfg.nodes:
             raise ConfigError(
-                f"{n_parts} partitions of {cfg.users_per_node} users need {n_parts} nodes; the deployment has {cfg.nodes}",
+                f"{n_parts} partitions of {cfg.users_per_node} users need {n_parts} nodes; "
+                f"the deployment has {cfg.nodes}",
                 field="--users-per-node",
             )
         if cfg.run_dir.joinpath(PIDS_FILE).is_file() and not running(cfg):
@@ -85,7 +86,8 @@ class Deployment(FlowerOptions):
         metrics = json.loads(metrics_path.read_text())
         if metrics.get("private") and metrics.get("neighbouring_relation") != REPLACE_ONE:
             raise PrivacyError(
-                f"the ServerApp accounted this deployment's epsilon under {metrics.get('neighbouring_relation', 'add_remove')!r}, not replace-one "
+                "the ServerApp accounted this deployment's epsilon under "
+                f"{metrics.get('neighbouring_relation', 'add_remove')!r}, not replace-one "
                 f"(its enrolled count is public): {metrics_path} does not hold"
             )
         return Outcome(

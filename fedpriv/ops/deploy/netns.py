@@ -100,7 +100,7 @@ def _check() -> int:
         enter_own_network()
         with socket.socket() as s:
             s.bind((LOOPBACK, 0))
-    except BaseException as exc:  # noqa: BLE001: reported to the caller
+    except BaseException as exc:  # noqa: BLE001 - reported to the caller
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -282,8 +282,10 @@ def _forward_spec(text: str) -> tuple[int, str]:
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="netns.py",
-        description="run COMMAND in a network namespace of its own (--forward PORT: 127.0.0.1:PORT there leads to 127.0.0.1:PORT here); "
-        "or, in a container of its own network, with --via-unix PORT=SOCKET (127.0.0.1:PORT leads to the Unix socket SOCKET); "
+        description="run COMMAND in a network namespace of its own "
+        "(--forward PORT: 127.0.0.1:PORT there leads to 127.0.0.1:PORT here); "
+        "or, in a container of its own network, with --via-unix PORT=SOCKET "
+        "(127.0.0.1:PORT leads to the Unix socket SOCKET); "
         "or serve --unix-gateway SOCKET --to PORT (the Unix socket SOCKET leads to 127.0.0.1:PORT)",
     )
     parser.add_argument("--forward", type=int, action="append", default=[], metavar="PORT")

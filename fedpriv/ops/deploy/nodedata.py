@@ -89,7 +89,8 @@ def write_partition(part: Partition, nodes: int, out: Path, node_dir=None) -> No
 
     if n_partitions(part) > nodes:
         raise ConfigError(
-            f"{n_partitions(part)} partitions of {part.users_per_node} users need at least {n_partitions(part)} nodes, got {nodes}",
+            f"{n_partitions(part)} partitions of {part.users_per_node} users need at least {n_partitions(part)} nodes, "
+            f"got {nodes}",
             field="--nodes",
         )
     out = Path(out)

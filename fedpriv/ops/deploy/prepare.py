@@ -44,14 +44,16 @@ def prepare(cfg: DeployConfig, *, job=None) -> DeployConfig:
     live = running(DeployConfig(run_dir=cfg.run_dir, nodes=1))
     if live:
         raise ConfigError(
-            f"a deployment is running in {cfg.run_dir} (PIDs {', '.join(str(e['pid']) for e in live)}): `fedpriv deploy down` first",
+            f"a deployment is running in {cfg.run_dir} (PIDs {', '.join(str(e['pid']) for e in live)}): "
+            "`fedpriv deploy down` first",
             field="--run-dir",
         )
     if cfg.data is not None and job is None:
         job = split_job(cfg.data, cfg.users_per_node)
     if job is not None and n_partitions(job) > cfg.nodes:
         raise ConfigError(
-            f"{n_partitions(job)} partitions of {cfg.users_per_node} users need at least {n_partitions(job)} nodes, got {cfg.nodes}",
+            f"{n_partitions(job)} partitions of {cfg.users_per_node} users need at least {n_partitions(job)} nodes, "
+            f"got {cfg.nodes}",
             field="--nodes",
         )
     created = not cfg.run_dir.exists()

@@ -64,7 +64,8 @@ def clientapp_gate(cfg: DeployConfig) -> Path | None:
     # with 90 processes queued (measured: load average 160, 27 launches in 8 minutes).
     script.write_text(
         "#!/bin/sh\n"
-        f"# fedpriv deploy: at most {n} flwr-clientapp processes at once on this host (see fedpriv/ops/deploy/processes.py)\n"
+        f"# fedpriv deploy: at most {n} flwr-clientapp processes at once on this host "
+        "(see fedpriv/ops/deploy/processes.py)\n"
         f"i=0; while [ $i -lt {n} ]; do\n"
         f'  exec 9>"{gate}/slots/$i"\n'
         f'  if {flock} -n 9; then exec "{real}" "$@"; fi\n'
@@ -89,10 +90,14 @@ def node_netns_prefix(cfg: DeployConfig) -> list[str]:
     namespace it is reachable by every process on the host (tests/test_hostnet.py)."""
     if os.environ.get(NODE_NETNS_ENV, "1").strip() == "0":
         return []
-    unprotected = f"set {NODE_NETNS_ENV}=0 to start the SuperNodes in the host's network anyway, where every process on this host can claim their tasks and read their state"
+    unprotected = (
+        f"set {NODE_NETNS_ENV}=0 to start the SuperNodes in the host's network anyway, "
+        "where every process on this host can claim their tasks and read their state"
+    )
     if cfg.superlink_host not in LOCAL_HOSTS:
         raise ConfigError(
-            f"a SuperNode in a network namespace of its own reaches the SuperLink on the host's loopback only, not {cfg.superlink_host}: {unprotected}",
+            "a SuperNode in a network namespace of its own reaches the SuperLink on the host's loopback only, "
+            f"not {cfg.superlink_host}: {unprotected}",
             field=NODE_NETNS_ENV,
         )
     why = netns.unavailable()
@@ -292,13 +297,15 @@ def up(cfg: DeployConfig, *, wait: float = 180.0, job=None) -> DeployConfig:
         cfg.fleet_api is not None and cfg.fleet_api != fleet_transport()
     ):  # the processes started here are the installed Flower's
         raise ConfigError(
-            f"the installed Flower {'.'.join(map(str, flwr_version()))} speaks {fleet_transport()} to its SuperNodes, not {cfg.fleet_api}",
+            f"the installed Flower {'.'.join(map(str, flwr_version()))} speaks {fleet_transport()} "
+            f"to its SuperNodes, not {cfg.fleet_api}",
             field="fleet_api",
         )
     live = running(DeployConfig(run_dir=cfg.run_dir, nodes=1))
     if live:
         raise ConfigError(
-            f"a deployment is running in {cfg.run_dir} (PIDs {', '.join(str(e['pid']) for e in live)}): `fedpriv deploy down` first",
+            f"a deployment is running in {cfg.run_dir} (PIDs {', '.join(str(e['pid']) for e in live)}): "
+            "`fedpriv deploy down` first",
             field="--run-dir",
         )
     # fresh loopback ports unless given (0 = choose)

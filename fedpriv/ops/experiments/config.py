@@ -311,7 +311,8 @@ def load(
             raise _err(
                 path,
                 "grid.datasets" if not only_datasets else "--datasets",
-                f"unknown data set {d!r} (defined in [datasets]: {', '.join(datasets) or 'none'}; add one with --dataset NAME=SPEC)",
+                f"unknown data set {d!r} (defined in [datasets]: {', '.join(datasets) or 'none'}; "
+                "add one with --dataset NAME=SPEC)",
             )
     for d, p in quick_dataset_params.items():
         if d not in datasets:

@@ -339,7 +339,8 @@ class GridRunner:
         if metric != "auto":
             if metric not in row:
                 raise ConfigError(
-                    f"the runs report no metric {metric!r} (they report: {', '.join(k for k in row if k.startswith(('valid_', 'test_')))})",
+                    f"the runs report no metric {metric!r} "
+                    f"(they report: {', '.join(k for k in row if k.startswith(('valid_', 'test_')))})",
                     field=f"{self.exp.path}: search.metric",
                 )
             return metric, metric_direction(metric)

@@ -375,7 +375,8 @@ def selection_scenarios(exp, out: Path, cache: dict, *, log=print, require_data:
             if math.isclose(e, 1.0) and priv:
                 best = min(priv, key=priv.get)
                 headline.append(
-                    f"{s} (Spearman {row['spearman']:+.2f}), ε = 1: best private {best} (MSE {priv[best]:.4f}); RNM {priv.get('rnm', float('nan')):.4f}"
+                    f"{s} (Spearman {row['spearman']:+.2f}), ε = 1: best private {best} (MSE {priv[best]:.4f}); "
+                    f"RNM {priv.get('rnm', float('nan')):.4f}"
                 )
         name = f"tables/mse_eps{e:g}.csv"
         write_csv(out / name, table, first=("scenario", "spearman"))
@@ -477,7 +478,8 @@ def selection_bandit(exp, out: Path, cache: dict, *, log=print, require_data: bo
     )
     s = doc["summary"]
     headline = [
-        f"best policy {s['best']}; best private {s['best_private']}; best private after the shift {s['best_private_after_shift']}"
+        f"best policy {s['best']}; best private {s['best_private']}; "
+        f"best private after the shift {s['best_private_after_shift']}"
     ]
     return {
         "rows": rows,

@@ -104,7 +104,8 @@ def grid_headline(exp, summary: list[dict]) -> list[str]:
                 continue
             best = (min if direction == "min" else max)(cand, key=lambda r: r[f"{metric}_mean"])
             lines.append(
-                f"{d}, ε = {e:g}: best {best['method']} with {metric} {best[f'{metric}_mean']:.4g} ± {best[f'{metric}_std']:.2g} "
+                f"{d}, ε = {e:g}: best {best['method']} with {metric} "
+                f"{best[f'{metric}_mean']:.4g} ± {best[f'{metric}_std']:.2g} "
                 f"(n = {best['n']})" + (f"; {ref_txt}" if ref_txt else "")
             )
     return lines
@@ -152,7 +153,10 @@ def neighbours_table(exp, runner: GridRunner, out: Path) -> list[dict]:
                 {
                     "file": name,
                     "title": f"Nearest neighbours on {d}",
-                    "caption": f"The {exp.analysis.get('neighbours_shown', 5)} most cosine-similar items under each model (first seed; private models at ε = {eps:g})."
+                    "caption": (
+                        f"The {exp.analysis.get('neighbours_shown', 5)} most cosine-similar items under each model "
+                        f"(first seed; private models at ε = {eps:g})."
+                    )
                     if eps
                     else "",
                 }
@@ -190,7 +194,10 @@ def run_grid(exp, out: Path, cache: dict, *, log=print, require_data: bool = Fal
             {
                 "file": "tables/summary.csv",
                 "title": "Summary",
-                "caption": "Mean ± std over noise seeds of the configuration chosen on validation; epsilon_spent is the largest over the seeds, from each run's ledger.",
+                "caption": (
+                    "Mean ± std over noise seeds of the configuration chosen on validation; "
+                    "epsilon_spent is the largest over the seeds, from each run's ledger."
+                ),
             }
         )
     chosen = {}
@@ -216,7 +223,9 @@ def run_grid(exp, out: Path, cache: dict, *, log=print, require_data: bool = Fal
             {
                 "file": "tables/chosen.csv",
                 "title": "Chosen configurations",
-                "caption": "The configuration each cell chose on its validation metric (every trial is in the search listing).",
+                "caption": (
+                    "The configuration each cell chose on its validation metric (every trial is in the search listing)."
+                ),
             }
         )
     if exp.analysis.get("neighbours"):
@@ -286,7 +295,8 @@ def run_experiment(exp, out: Path, cache: dict, *, require_data: bool = False, l
 
         if exp.engine != "inprocess":
             log(
-                f"  note: {exp.kind} runs in-process (it times or simulates on one machine); --engine {exp.engine} does not apply"
+                f"  note: {exp.kind} runs in-process (it times or simulates on one machine); "
+                f"--engine {exp.engine} does not apply"
             )
         meta["engine"] = "inprocess"
         res = kinds.run_kind(exp, out, cache, log=log, require_data=require_data)

@@ -190,10 +190,10 @@ class HybridCounter:
     ``horizon``: an upper bound H on every stream's length (public). Level l first closes a block
     inside an epoch at position 3 * 2^l - 1, so L = floor(log2((H + 1) / 3)) + 1 levels are
     reachable and each gets eps_l = (epsilon / 2) / L (H = 1: no level, eps_log = epsilon).
-    ``None``: unbounded, eps_l = (epsilon / 2) * 6 / (pi^2 (l + 1)^2). Streams advance independently (``push`` with a mask); the releases of
-    one level at one call are made as one vector release over all streams (entries of streams not
-    closing a block are 0 and discarded), of L1 sensitivity ``sensitivity`` because a user's value
-    lies in one stream only.
+    ``None``: unbounded, eps_l = (epsilon / 2) * 6 / (pi^2 (l + 1)^2). Streams advance independently
+    (``push`` with a mask); the releases of one level at one call are made as one vector release over
+    all streams (entries of streams not closing a block are 0 and discarded), of L1 sensitivity
+    ``sensitivity`` because a user's value lies in one stream only.
     """
 
     MAX_LEVELS = 62
@@ -621,7 +621,8 @@ def run_bandit(
     }
     before, after = env.params(False), env.params(True)
     doc = {
-        "experiment": "two-armed bandit, the arms' means and variances swapped at the shift (Antonova et al. 2025, Sec. IX / App. H); fedpriv.studies.selection.bandit",
+        "experiment": "two-armed bandit, the arms' means and variances swapped at the shift "
+        "(Antonova et al. 2025, Sec. IX / App. H); fedpriv.studies.selection.bandit",
         "config": {
             "horizon": T,
             "shift_at": shift_at,
@@ -667,7 +668,10 @@ def run_bandit(
         "seconds": round(time.perf_counter() - t0, 2),
     }
     out.mkdir(parents=True, exist_ok=True)
-    title = f"Two-armed bandit, arms swap at t={shift_at} ({reps} reps)\neps per action {eps_select:g}, eps means {eps_mean:g}, eps quantile pair {eps_quantile:g}, W={window}"
+    title = (
+        f"Two-armed bandit, arms swap at t={shift_at} ({reps} reps)\n"
+        f"eps per action {eps_select:g}, eps means {eps_mean:g}, eps quantile pair {eps_quantile:g}, W={window}"
+    )
     _plot(results, out / "bandit.png", shift_at, title)
     text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
     atomic.write_text(out / "bandit.json", text)
@@ -775,12 +779,15 @@ def bandit_command(args: argparse.Namespace) -> int:
         return "-" if v is None else f"{v:.3f}"
 
     print(
-        f"{'policy':<13} {'final regret':>16} {'at shift':>9} {'after shift':>12} {'arm 1 after':>11} {'eps/action':>10} {'eps means':>9} {'eps quant':>9}"
+        f"{'policy':<13} {'final regret':>16} {'at shift':>9} {'after shift':>12} {'arm 1 after':>11} "
+        f"{'eps/action':>10} {'eps means':>9} {'eps quant':>9}"
     )
     for r in doc["rows"]:
         print(
-            f"{r['label']:<13} {r['final_regret_mean']:>8.1f} ± {r['final_regret_std']:<5.1f} {r['regret_at_shift_mean']:>9.1f} "
-            f"{r['post_shift_regret_mean']:>12.1f} {r['post_shift_arm1_share']:>11.2f} {fmt(r['epsilon_per_action']):>10} {fmt(r['epsilon_means']):>9} {fmt(r['epsilon_quantiles']):>9}"
+            f"{r['label']:<13} {r['final_regret_mean']:>8.1f} ± {r['final_regret_std']:<5.1f} "
+            f"{r['regret_at_shift_mean']:>9.1f} "
+            f"{r['post_shift_regret_mean']:>12.1f} {r['post_shift_arm1_share']:>11.2f} "
+            f"{fmt(r['epsilon_per_action']):>10} {fmt(r['epsilon_means']):>9} {fmt(r['epsilon_quantiles']):>9}"
         )
     print(f"wrote {Path(args.out) / 'bandit.json'} and {Path(args.out) / 'bandit.png'} ({doc['seconds']:.1f} s)")
     return 0

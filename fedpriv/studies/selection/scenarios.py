@@ -586,7 +586,7 @@ def _plot_relative(cells, names):
     fig, axes = _new_figure(len(chosen), panel=(5.0, 3.8))
     handles = {}
     for ax, e in zip(axes, chosen):
-        labels = list(dict.fromkeys(l for s in names for l in cells[s]))
+        labels = list(dict.fromkeys(lab for s in names for lab in cells[s]))
         for label in labels:
             xs, ys = [], []
             for s in names:
@@ -745,14 +745,14 @@ def _summary(rows: list[dict]) -> str:
     lines = []
     for e in chosen:
         lines.append(f"MSE at epsilon={e:g} (Spearman = mean per-trial correlation of scores and sensitivities)")
-        head = "scenario".ljust(w) + "rho".rjust(6) + "".join(l.rjust(max(len(l), 7) + 1) for l in labels)
+        head = "scenario".ljust(w) + "rho".rjust(6) + "".join(lab.rjust(max(len(lab), 7) + 1) for lab in labels)
         lines.append(head)
         for s in scen:
             rho = next(r["spearman"] for r in rows if r["scenario"] == s)
             line = s.ljust(w) + f"{rho:+.2f}".rjust(6)
-            for l in labels:
-                r = next((idx[k] for k in idx if k[0] == s and k[1] == l and math.isclose(k[2], e)), None)
-                line += ("-" if r is None else f"{r['mse']:.4f}").rjust(max(len(l), 7) + 1)
+            for lab in labels:
+                r = next((idx[k] for k in idx if k[0] == s and k[1] == lab and math.isclose(k[2], e)), None)
+                line += ("-" if r is None else f"{r['mse']:.4f}").rjust(max(len(lab), 7) + 1)
             lines.append(line)
         lines.append("")
     return "\n".join(lines)

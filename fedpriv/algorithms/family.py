@@ -93,7 +93,8 @@ for _spec in (
         implicit_targets=True,
         ranker=_ials_scores,
         typed=typed.IALS,
-        summary="non-private implicit ALS (every rating counts as 1, the unobserved entries pulled to 0 by the gravity term): the top-k reference beside ease",
+        summary="non-private implicit ALS (every rating counts as 1, the unobserved entries pulled to 0 by the gravity "
+                "term): the top-k reference beside ease",
         defaults=IALS_DEFAULTS,
     ),
     registry.AlgorithmSpec(

@@ -113,8 +113,9 @@ JSON_KEYS: dict[str, object] = {}
 for _cls in (DPSGDOptions, SSPOptions, ConvexOptions, EncoderDPSGDOptions):
     for _f in fields(_cls):
         JSON_KEYS.setdefault(_f.name, _f.default)
-_ORDER = ("sgd_lr", "sgd_sampling_rate", "sgd_clip", "sgd_weight_decay", "features", "enc_hidden", "ssp_steps", "ssp_lr",
-          "ssp_batch_items", "ssp_resamples", "enc_weight_decay", "convex_threshold", "newton_steps", "encoder_sgd_lr")  # fmt: skip
+_ORDER = ("sgd_lr", "sgd_sampling_rate", "sgd_clip", "sgd_weight_decay", "features", "enc_hidden", "ssp_steps",
+          "ssp_lr", "ssp_batch_items", "ssp_resamples", "enc_weight_decay", "convex_threshold", "newton_steps",
+          "encoder_sgd_lr")  # fmt: skip
 assert set(_ORDER) == set(JSON_KEYS)
 JSON_KEYS = {k: JSON_KEYS[k] for k in _ORDER}
 FLAT = (DPSGDOptions, SSPOptions, ConvexOptions, EncoderDPSGDOptions)

@@ -5,7 +5,8 @@
     fedpriv.train(AMSSP(features="genre,year,id"), data, epsilon=5)
 
 Each class is named by its algorithm's registration (``AlgorithmSpec(..., typed=AdaDPALS)``; a
-new algorithm may define its own class in its own module, from these pieces). Each holds only what its algorithm reads (its own keys, the shared ones, and the pieces:
+new algorithm may define its own class in its own module, from these pieces). Each holds only
+what its algorithm reads (its own keys, the shared ones, and the pieces:
 :class:`Clipping`, :class:`Budget`, :class:`Regularisation`, :class:`BiasStage`), typed, every
 field ``None`` by default. ``None`` means *not given*: the noise-aware rule
 (:mod:`fedpriv.algorithms.defaults`) or the algorithm's default chooses it, so which keys a user
@@ -64,7 +65,8 @@ class Budget(_Piece):
     gravity: float | None = None
     bias: float | None = None
     KEYS: ClassVar[dict[str, str]] = {
-        "users": "share_users", "mean": "share_mean", "counts": "share_counts", "b": "share_b", "gravity": "share_gravity", "bias": "share_bias",
+        "users": "share_users", "mean": "share_mean", "counts": "share_counts", "b": "share_b",
+        "gravity": "share_gravity", "bias": "share_bias",
     }  # fmt: skip
 
 
@@ -80,7 +82,8 @@ class Regularisation(_Piece):
     psd_floor: float | None = None
     gravity: float | None = None
     KEYS: ClassVar[dict[str, str]] = {
-        "user": "reg_user", "item_private": "reg_item_private", "noise_units": "reg_noise_units", "weighted": "weighted_reg",
+        "user": "reg_user", "item_private": "reg_item_private", "noise_units": "reg_noise_units",
+        "weighted": "weighted_reg",
     }  # fmt: skip
 
 

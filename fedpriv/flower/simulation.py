@@ -70,7 +70,8 @@ def check_ray_address(address: str) -> str:
             pass
     except OSError as e:
         raise FedprivError(
-            f"cannot reach the Ray cluster at {address} ({e}); is `ray start --head` running there, and is the port open?"
+            f"cannot reach the Ray cluster at {address} ({e}); is `ray start --head` running there, and is the port "
+            f"open?"
         ) from None
     return address
 

@@ -23,7 +23,9 @@ class RunOptions:
 
     split: str = "auto"  # 'random' (RMSE), 'heldout' (Recall@k) or 'auto' (by data set)
     split_seed: int = 1234
-    heldout_fraction: float = 0.0  # share of users per held-out group (a public hash of the raw user id decides); 0 = 0.0722 for ML-20M/25M (about 10,000 users), else 0.1
+    # share of users per held-out group (a public hash of the raw user id decides); 0 = 0.0722 for ML-20M/25M (about
+    # 10,000 users), else 0.1
+    heldout_fraction: float = 0.0
     users_per_shard: int = 0  # in-process engine: users per shard (0: by the node layout)
     users_per_node: int = 0  # users held by each node, every engine (0: not given; fedpriv.run.nodes)
     nodes: int = 0  # number of nodes, every engine (0: not given; fedpriv.run.nodes)
@@ -34,7 +36,9 @@ class RunOptions:
     tune_shape: float = 1.0  # truncated negative binomial shape (1 geometric, 0 logarithmic)
     tune_share: float = 0.05  # share of one run's budget for its private validation score
     tune_score_clip: float = 0.0  # per-user validation MSE clip (0: (half the rating range)^2)
-    tune_view: str = "auto"  # what the tuning's epsilon covers: selected (K hidden; in process only), all (every run, K seen), auto (flower: all)
+    # what the tuning's epsilon covers: selected (K hidden; in process only), all (every run, K seen), auto (flower:
+    # all)
+    tune_view: str = "auto"
     recommend: str = ""  # private recommendation after training: a selection mechanism ("" = none)
     rec_epsilon: float = 1.0  # per-user pure epsilon of the reported item
     rec_candidates: int = 100
@@ -136,8 +140,10 @@ def check_privacy_target(epsilon, delta) -> None:
         from ..errors import FedprivWarning
 
         warnings.warn(
-            f"epsilon {eps:g} protects nothing: one user's data may change the odds of any outcome by a factor e^epsilon; "
-            f"compare with a non-private algorithm instead (above epsilon {TRIVIAL_EPSILON:g} the PLD second opinion is not computed)",
+            f"epsilon {eps:g} protects nothing: one user's data may change the odds of any outcome by a factor "
+            f"e^epsilon; "
+            f"compare with a non-private algorithm instead (above epsilon {TRIVIAL_EPSILON:g} the PLD second opinion "
+            f"is not computed)",
             FedprivWarning,
             stacklevel=2,
         )

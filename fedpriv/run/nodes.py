@@ -87,13 +87,15 @@ def node_layout(
         blocks = -(-n_users // u)
         if n < blocks:
             raise ConfigError(
-                f"{n:,} nodes of {u:,} users hold only {n * u:,} of the {n_users:,} training users: give at least {blocks:,} nodes, "
+                f"{n:,} nodes of {u:,} users hold only {n * u:,} of the {n_users:,} training users: give at least "
+                f"{blocks:,} nodes, "
                 f"or --nodes alone to split the users over {n:,} nodes",
                 field=nodes_field,
             )
         if n > blocks:
             _warn(
-                f"{n - blocks:,} of the {n:,} nodes hold no user ({n_users:,} users in blocks of {u:,} fill {blocks:,} nodes)"
+                f"{n - blocks:,} of the {n:,} nodes hold no user ({n_users:,} users in blocks of {u:,} fill {blocks:,} "
+                f"nodes)"
             )
         layout = NodeLayout(n_users, n, u)
     elif n is not None:
@@ -113,7 +115,8 @@ def node_layout(
         layout = NodeLayout(n_users, n_users, 1)
     if layout.nodes == 1 and (n is not None or u is not None):
         _warn(
-            "the federation is one node holding every user: nothing is federated, and secure aggregation needs at least 2 nodes"
+            "the federation is one node holding every user: nothing is federated, and secure aggregation needs at "
+            "least 2 nodes"
         )
     return layout
 

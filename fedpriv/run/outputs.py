@@ -25,7 +25,10 @@ def delta_warning(delta: float, n_users) -> str | None:
     (epsilon, delta)-DP, so delta should stay well below 1/n (docs/explanations/privacy.md, "Choosing δ")."""
     if not n_users or delta is None or delta <= 1.0 / float(n_users):
         return None
-    return f"delta {delta:g} is larger than 1/n = {1.0 / float(n_users):.3g} for n = {int(n_users):,} users: choose delta well below 1/n (e.g. 1e-5 or 1/n^1.1)"
+    return (
+        f"delta {delta:g} is larger than 1/n = {1.0 / float(n_users):.3g} for n = {int(n_users):,} users: "
+        "choose delta well below 1/n (e.g. 1e-5 or 1/n^1.1)"
+    )
 
 
 def _clean(obj):
@@ -46,7 +49,8 @@ def check_results_folder(out_dir: str | os.PathLike, *, overwrite: bool = False)
     out = Path(out_dir)
     if not overwrite and out.is_dir() and any((out / name).exists() for name in ("metrics.json", "ledger.json")):
         raise ConfigError(
-            f"{out} holds an earlier run's results (metrics.json, ledger.json); give --overwrite to replace them, or choose a new folder",
+            f"{out} holds an earlier run's results (metrics.json, ledger.json); give --overwrite to replace them, or "
+            f"choose a new folder",
             field="--out",
         )
 

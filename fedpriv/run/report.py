@@ -206,7 +206,10 @@ class RunReport:
         if isinstance(choice, dict) and not {"rank", "steps"} <= given:
             return f"{self.algorithm} asked; the noise-aware rule chose {choice['model']}"
         if cfg.get("defaults") == "noise-aware" and not {"rank", "steps"} <= given:
-            return f"{shape}, chosen by the noise-aware defaults from epsilon, delta, the catalogue and the released user count"
+            return (
+                f"{shape}, chosen by the noise-aware defaults from epsilon, delta, the catalogue and the released "
+                "user count"
+            )
         return shape
 
     def _privacy_rows(self) -> list[tuple[str, str]]:
@@ -265,7 +268,10 @@ class RunReport:
             if isinstance(refs.get("popular_recall"), float):
                 line += f" (most-popular list: {refs['popular_recall']:.4f}, {refs['popular_ndcg']:.4f})"
             if rank.get("median_train_count") is not None:
-                line += f"; recommended items: median {rank['median_train_count']:.0f} training ratings, {100 * rank['coverage']:.1f}% of the catalogue"
+                line += (
+                    f"; recommended items: median {rank['median_train_count']:.0f} training ratings, "
+                    f"{100 * rank['coverage']:.1f}% of the catalogue"
+                )
             topk_row = (f"top-{rank['k']}", line + f"; relevant = test ratings >= {rank['threshold']:g}")
         return scores, topk_row
 
@@ -284,7 +290,8 @@ class RunReport:
             rows.append(
                 (
                     "",
-                    f"snr: the per-item signal against the noise, released users x sqrt(rho) / sqrt(items), rho the zCDP budget of "
+                    f"snr: the per-item signal against the noise, released users x sqrt(rho) / sqrt(items), rho the "
+                    f"zCDP budget of "
                     f"(epsilon, delta); factors need snr >= {choice.get('factor_snr', 350):g}",
                 )
             )
@@ -319,7 +326,8 @@ class RunReport:
             rows.append(
                 (
                     "rejected",
-                    f"{100 * fraction:.1f}% of the replies asked for were rejected (metrics.json rejected_replies gives each reason)",
+                    f"{100 * fraction:.1f}% of the replies asked for were rejected (metrics.json rejected_replies "
+                    f"gives each reason)",
                 )
             )
         if self.get("delta_warning"):
@@ -328,7 +336,8 @@ class RunReport:
             rows.append(
                 (
                     "rounds",
-                    f"{self.get('rounds')} protocol rounds on {self.get('nodes')} nodes; {self.get('bytes_up'):,} bytes up, {self.get('bytes_down'):,} down "
+                    f"{self.get('rounds')} protocol rounds on {self.get('nodes')} nodes; {self.get('bytes_up'):,} "
+                    f"bytes up, {self.get('bytes_down'):,} down "
                     "(evaluation rounds are measurement, not counted)",
                 )
             )
@@ -336,7 +345,8 @@ class RunReport:
             rows.append(
                 (
                     "nodes",
-                    f"{self.config.get('nodes')} nodes of up to {self.config['users_per_shard']} users each, run in this process",
+                    f"{self.config.get('nodes')} nodes of up to {self.config['users_per_shard']} users each, run in "
+                    f"this process",
                 )
             )
         if self.wall_seconds is not None:

@@ -94,13 +94,17 @@ def _canonical(path: str) -> str | None:
 
 def _target(name: str, anchors: set[str]) -> str | None:
     """The anchor on this page of the object a role names: its full path, where it is defined,
-    or (a relative name: ``train``, ``Model.load``) the one anchor that ends with it."""
+    or (a relative name: ``train``, ``Model.load``) the one anchor that ends with it (the least
+    nested, when methods share the name)."""
     if name in anchors:
         return name
     if name.startswith("fedpriv."):
         canonical = _canonical(name)
         return canonical if canonical in anchors else None
     ends = [a for a in anchors if a.endswith("." + name)]
+    if len(ends) > 1:  # a module-level name before the methods of the same name (train, Engine.train)
+        depth = min(a.count(".") for a in ends)
+        ends = [a for a in ends if a.count(".") == depth]
     return ends[0] if len(ends) == 1 else None
 
 

@@ -3,7 +3,7 @@
     import fedpriv
 
     data = fedpriv.load_data("ml-100k:data/ml-100k")          # or a pandas DataFrame
-    result = fedpriv.train("adadpals", data, epsilon=5.0)              # noise-aware defaults; rank=8, steps=3 to override
+    result = fedpriv.train("adadpals", data, epsilon=5.0)  # noise-aware defaults; rank=8, steps=3 to override
     print(result.epsilon, result.metrics["test_rmse"])                  # dp-accounting, from the ledger
     result.save_model("model/")
     fedpriv.load_model("model/").recommend(items=[1, 50, 181], ratings=[5, 4, 5], k=10)
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .privacy.target import ADD_REMOVE
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -161,7 +162,8 @@ def train(
 
     ``algorithm``: a name, or a typed configuration (``AdaDPALS(rank=8)``,
     :mod:`fedpriv.algorithms.typed`). ``params``: hyperparameters and run options as Python
-    values (``rank=8``, ``steps=3``, ``aggregation="secure"``, ``recommend="mgem"``, ...). ``engine``: ``"inprocess"`` (this
+    values (``rank=8``, ``steps=3``, ``aggregation="secure"``, ``recommend="mgem"``, ...). ``engine``: ``"inprocess"``
+    (this
     process), ``"flower"`` (``flwr run`` on Flower's local simulation federation, as
     ``fedpriv run --engine flower``), or an engine object (:class:`fedpriv.run.InProcess`,
     :class:`~fedpriv.run.FlowerSimulation`, :class:`~fedpriv.ops.launcher.FlwrRun`, ...);
@@ -198,13 +200,17 @@ def plan(
     rating_range: tuple[float, float] = (1.0, 5.0),
     implicit: bool = False,
     tuning: TuningPlan | None = None,
+    relation: str = ADD_REMOVE,
     **params: Any,
 ) -> BudgetPlan:
     """The calibrated budget plan of ``algorithm`` at (epsilon, delta), without training:
     every release with its share, noise multiplier and sensitivity (``fedpriv privacy plan``).
-    ``params``: hyperparameters, as for :func:`train`; ``tuning``: plan private tuning too."""
+    ``params``: hyperparameters, as for :func:`train`; ``tuning``: plan private tuning too;
+    ``relation``: the neighbouring relation of the target (``"replace_one"``: a deployment's,
+    ``fedpriv privacy plan --deployment``)."""
     from .algorithms.als import ALSConfig
     from .algorithms.plans import budget_plan
+    from .privacy.target import check_relation
 
     from .run.job import typed_params
 
@@ -220,4 +226,5 @@ def plan(
             implicit=implicit,
             rating_range=tuple(float(x) for x in rating_range),
             tuning=tuning,
+            relation=check_relation(relation, field="relation"),
         )

@@ -23,10 +23,13 @@ from .errors import ConfigError, DataError, FedprivError
 COMMANDS: dict[str, str] = {
     "run": "train and evaluate one algorithm on one data set",
     "privacy": "privacy tools",
-    "recommend": "top-k unseen items for one user from a saved model: the user's vector is solved locally from their own ratings (no privacy cost)",
+    "recommend": "top-k unseen items for one user from a saved model: the user's vector is solved locally from their "
+                 "own ratings (no privacy cost)",
     "selection": "private selection with heterogeneous sensitivities: synthetic scenarios, bandit under shift",
-    "deploy": "Flower deployment runtime on loopback: SuperLink + SuperNodes (TLS, node authentication, per-node data); up, run, down",
-    "experiment": "run experiment configs (TOML) into a results folder, resumably: tidy CSV, tables, PNG plots, per-run ledgers",
+    "deploy": "Flower deployment runtime on loopback: SuperLink + SuperNodes (TLS, node authentication, per-node "
+              "data); up, run, down",
+    "experiment": "run experiment configs (TOML) into a results folder, resumably: tidy CSV, tables, PNG plots, "
+                  "per-run ledgers",
     "report": "render a results folder of `fedpriv experiment` into one self-contained HTML page",
 }
 
@@ -42,7 +45,9 @@ def _add_run(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--data",
         required=True,
-        help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, jester:PATH, csv:PATH, parquet:PATH (your own ratings; see --data-opt), synthetic-mf:users=N,items=M,ratings=R,seed=S or synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R",
+        help="ml-100k:PATH, ml-1m:PATH, ml-10m:PATH, ml-20m:PATH, ml-latest:PATH, lastfm:PATH, jester:PATH, csv:PATH, "
+             "parquet:PATH (your own ratings; see --data-opt), synthetic-mf:users=N,items=M,ratings=R,seed=S or "
+             "synthetic-personal:users=N,samples=M,d=D,k=K,noise=S,seed=R",
     )
     r.add_argument(
         "--data-opt",
@@ -50,13 +55,18 @@ def _add_run(r: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="csv/parquet option (repeatable): user=COL, item=COL, rating=COL, sep=',', header=1, rating_range=LO,HI (required for explicit ratings), implicit=1, duplicates=error|last, items=FILE (the item catalogue: a header line, then one item id per line; private algorithms need it or features=), features=PATH (item features table; it lists the catalogue too), feature_item=COL, categorical=A;B, numeric=C, multi_sep='|', name=COL, bins=5",
+        help="csv/parquet option (repeatable): user=COL, item=COL, rating=COL, sep=',', header=1, rating_range=LO,HI "
+             "(required for explicit ratings), implicit=1, duplicates=error|last, items=FILE (the item catalogue: a "
+             "header line, then one item id per line; private algorithms need it or features=), features=PATH (item "
+             "features table; it lists the catalogue too), feature_item=COL, categorical=A;B, numeric=C, "
+             "multi_sep='|', name=COL, bins=5",
     )
     r.add_argument(
         "--save-model",
         default=None,
         metavar="DIR",
-        help="write the released model (item embeddings and biases, encoder, mean, config, ledger; no metric, no data path) to DIR (every engine)",
+        help="write the released model (item embeddings and biases, encoder, mean, config, ledger; no metric, no data "
+             "path) to DIR (every engine)",
     )
     r.add_argument(
         "--overwrite",
@@ -77,7 +87,8 @@ def _add_run(r: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="hyperparameter or run option (repeatable); e.g. recommend=mgem rec_epsilon=1 rec_sensitivity=quantile: after training every user reports one item by private selection",
+        help="hyperparameter or run option (repeatable); e.g. recommend=mgem rec_epsilon=1 rec_sensitivity=quantile: "
+             "after training every user reports one item by private selection",
     )
     r.add_argument(
         "--engine",
@@ -89,13 +100,15 @@ def _add_run(r: argparse.ArgumentParser) -> None:
         "--aggregation",
         choices=("central", "secure"),
         default=None,
-        help="who sees exact sums: central (a trusted aggregator step adds the noise; default) or secure (nodes add distributed Skellam noise and mask their words: the server learns only noised sums)",
+        help="who sees exact sums: central (a trusted aggregator step adds the noise; default) or secure (nodes add "
+             "distributed Skellam noise and mask their words: the server learns only noised sums)",
     )
     r.add_argument(
         "--nodes",
         type=int,
         default=None,
-        help="number of nodes the training users are split over, on every engine (alone: ceil(users / N) users per node; default: "
+        help="number of nodes the training users are split over, on every engine (alone: ceil(users / N) users per "
+             "node; default: "
         "inprocess one node in central mode and 20 users per node in secure mode, flower one node per user)",
     )
     r.add_argument(
@@ -107,15 +120,20 @@ def _add_run(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--device",
         default=None,
-        help="where the statistics and solves compute, 'cpu' (default) or 'cuda'/'cuda:N': the in-process engine's clients and server, or the Flower ServerApp (each node: its own `device` node config); the same releases and ledger; the noise is drawn on the device, keyed with 128 bits of OS entropy (a --noise-seed run draws it on the CPU)",
+        help="where the statistics and solves compute, 'cpu' (default) or 'cuda'/'cuda:N': the in-process engine's "
+             "clients and server, or the Flower ServerApp (each node: its own `device` node config); the same releases "
+             "and ledger; the noise is drawn on the device, keyed with 128 bits of OS entropy (a --noise-seed run "
+             "draws it on the CPU)",
     )
     r.add_argument(
         "--noise-seed",
         type=int,
         default=None,
         metavar="N",
-        help="reproducible noise and user sampling from N (tests, debugging). By default every noise value comes from the OS CSPRNG and "
-        "every user's random choices from a secret key; with a noise seed, privacy holds only against those who do not know N "
+        help="reproducible noise and user sampling from N (tests, debugging). By default every noise value comes from "
+             "the OS CSPRNG and "
+        "every user's random choices from a secret key; with a noise seed, privacy holds only against those who do not "
+        "know N "
         "(metrics.json says so; N is written nowhere)",
     )
     r.add_argument(
@@ -139,7 +157,8 @@ def _add_run(r: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="F",
-        help="the share of the replies asked for that may be rejected (malformed, late, node errors) before the run fails "
+        help="the share of the replies asked for that may be rejected (malformed, late, node errors) before the run "
+             "fails "
         "with exit status 3 (default 0.5; its outputs are still written)",
     )
 
@@ -184,7 +203,8 @@ def _add_privacy(pv: argparse.ArgumentParser) -> None:
     pl.add_argument(
         "--deployment",
         action="store_true",
-        help="plan for `fedpriv deploy run`: its enrolled count is public, so the target holds under replace-one (calibrated there, as the deployment does)",
+        help="plan for `fedpriv deploy run`: its enrolled count is public, so the target holds under replace-one "
+             "(calibrated there, as the deployment does)",
     )
     pl.add_argument("--json", action="store_true", help="print JSON instead of markdown tables")
 
@@ -213,7 +233,8 @@ def _add_selection(sel: argparse.ArgumentParser) -> None:
     sc.set_defaults(handler=scenarios.scenarios_command)
     ba = ssub.add_parser(
         "bandit",
-        help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, plot)",
+        help="two-armed bandit with a distribution shift: UCB, Thompson sampling and private selection (bandit.json, "
+             "plot)",
     )
     bandit.add_bandit_arguments(ba)
     ba.set_defaults(handler=bandit.bandit_command)
@@ -413,18 +434,18 @@ def _privacy_plan(args) -> int:
     if args.aggregation is not None:
         overrides["aggregation"] = args.aggregation
     tuning = None if args.tune_mean is None else TuningPlan(args.tune_mean, args.tune_shape, args.tune_share)
-    from .privacy.accounting import ADD_REMOVE, REPLACE_ONE, neighbouring
+    from .privacy.target import ADD_REMOVE, REPLACE_ONE
 
-    with neighbouring(REPLACE_ONE if args.deployment else ADD_REMOVE):
-        plan = api.plan(
-            args.algorithm,
-            epsilon=args.epsilon,
-            delta=args.delta,
-            rating_range=(lo, hi),
-            implicit=args.implicit,
-            tuning=tuning,
-            **overrides,
-        )
+    plan = api.plan(
+        args.algorithm,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        rating_range=(lo, hi),
+        implicit=args.implicit,
+        tuning=tuning,
+        relation=REPLACE_ONE if args.deployment else ADD_REMOVE,
+        **overrides,
+    )
     print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.to_markdown(), end="" if not args.json else "\n")
     return 0
 

@@ -12,8 +12,8 @@ sensitivity, the released user count not at all). Its positive control is the ru
 the old way (add/remove): the same recomputation finds its replace-one epsilon about twice the
 target, which the old code reported as met.
 
-Unmarked tests start no process (in-process runs under ``accounting.neighbouring``, the context
-the deployment's ServerApp runs its job in); the ``deployment`` test runs ``fedpriv deploy up``
+Unmarked tests start no process (in-process runs of a job whose ``relation`` is replace-one, as
+the deployment's ServerApp builds its job); the ``deployment`` test runs ``fedpriv deploy up``
 and ``fedpriv deploy run`` on loopback and recomputes from the ledger.json it wrote.
 """
 
@@ -35,7 +35,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from fedpriv.cli import main
 from fedpriv.errors import ConfigError
 from fedpriv.privacy import accounting
-from fedpriv.run import RunReport, run
+from fedpriv.run import Job, RunReport, run
 
 SYN = "synthetic-mf:users=200,items=80,ratings=4000,seed=1"
 FIXED = {"rank": "3", "steps": "2", "defaults": "fixed"}
@@ -85,11 +85,17 @@ def replace_one_pld(ledger: list[dict], delta: float = DELTA) -> float:
     return float(acc.get_epsilon(delta))
 
 
+def replace_one_run(overrides: dict, noise_seed: int) -> tuple[dict, list[dict]]:
+    """(metrics, ledger records) of an in-process run whose job's relation is replace-one."""
+    job = Job("adadpals", SYN, epsilon=2.0, noise_seed=noise_seed, params=overrides, relation=accounting.REPLACE_ONE)
+    outcome = job.prepare().execute()
+    return outcome.report.to_json(), outcome.ledger
+
+
 @pytest.fixture(scope="module")
 def deployed_run():
     """One central-mode run calibrated and accounted as a deployment is (replace-one)."""
-    with accounting.neighbouring(accounting.REPLACE_ONE):
-        return run("adadpals", SYN, epsilon=2.0, overrides=FIXED, progress=False, noise_seed=5)
+    return replace_one_run(FIXED, noise_seed=5)
 
 
 def test_reported_epsilon_is_the_replace_one_epsilon_recomputed_from_the_ledger(deployed_run):
@@ -121,8 +127,7 @@ def test_positive_control_the_add_remove_calibration_does_not_hold_under_replace
 
 def test_secure_mode_ledger_holds_under_replace_one():
     """Secure aggregation (the default of `fedpriv deploy run`): Skellam records, integer orders."""
-    with accounting.neighbouring(accounting.REPLACE_ONE):
-        metrics, ledger = run("adadpals", SYN, epsilon=2.0, overrides={**FIXED, "aggregation": "secure", "users_per_shard": "40"}, progress=False, noise_seed=6)
+    metrics, ledger = replace_one_run({**FIXED, "aggregation": "secure", "users_per_shard": "40"}, noise_seed=6)
     assert {r["mechanism"] for r in ledger} == {"skellam"} and metrics["neighbouring_relation"] == "replace_one"
     assert replace_one_epsilon(ledger) == pytest.approx(metrics["epsilon_spent"], rel=1e-9)
     assert metrics["epsilon_spent"] <= 2.0 * (1 + 1e-6) and metrics["epsilon_spent"] == pytest.approx(2.0, rel=2e-3)
@@ -176,10 +181,9 @@ def test_replace_one_restatement_and_bad_relation():
     with pytest.raises(ConfigError) as err:
         accounting.check_relation("replace-two")
     assert err.value.field == "neighbouring"
-    with pytest.raises(ConfigError):
-        with accounting.neighbouring("both"):
-            pass
-    assert accounting.current_relation() == accounting.ADD_REMOVE
+    with pytest.raises(ConfigError) as err:
+        Job("adadpals", SYN, epsilon=2.0, relation="both").prepare()
+    assert err.value.field == "relation"
 
 
 def test_noise_aware_rule_reads_the_relation():
@@ -188,8 +192,7 @@ def test_noise_aware_rule_reads_the_relation():
     from fedpriv.algorithms import defaults
 
     s = defaults.snr(5.0, DELTA, 1682, 943)
-    with accounting.neighbouring(accounting.REPLACE_ONE):
-        assert defaults.snr(5.0, DELTA, 1682, 943) == pytest.approx(s / 2)
+    assert defaults.snr(5.0, DELTA, 1682, 943, accounting.REPLACE_ONE) == pytest.approx(s / 2)
 
 
 def test_serverapp_reads_the_relation_from_its_run_config():

@@ -200,7 +200,7 @@ class _TinyPlan:
         syn = make_mf(24, 16, 24 * 10, seed=4)
         self.split = random_split(syn.interactions, seed=1234)
         self.algorithm, self.rating_range, self.implicit, self.public, self.n_users = "adadpals", (1.0, 5.0), False, None, 24
-        self.job = type("J", (), {"epsilon": 4.0, "delta": 1e-5})()
+        self.job = type("J", (), {"epsilon": 4.0, "delta": 1e-5, "relation": "add_remove"})()
         self.dataset = type("D", (), {"item_features": None})()
         self.config = ALSConfig.from_overrides({"rank": "2", "steps": "1"})
 

@@ -36,6 +36,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..privacy.clipping import clip_values
 from ..privacy.ledger import PrivacyLedger, public_gaussian
+from ..privacy.target import ADD_REMOVE
 from ..privacy.weights import adaptive_omega, uniform_user_weights
 from . import options, registry
 from .config import ALSConfig  # noqa: F401 - the family's config, re-exported
@@ -170,7 +171,11 @@ def plan_releases(algorithm: str, cfg: ALSConfig, implicit: bool) -> list[Planne
     return plan
 
 
-def calibrate_plan(algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: float, delta: float) -> dict[str, float]:
+def calibrate_plan(
+    algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: float, delta: float, relation: str = ADD_REMOVE
+) -> dict[str, float]:
+    """The noise multipliers of the plan, calibrated to (epsilon, delta) under the neighbouring
+    ``relation`` (:mod:`fedpriv.privacy.target`)."""
     from ..privacy.accounting import calibrate
 
     plan = plan_releases(algorithm, cfg, implicit)
@@ -192,10 +197,12 @@ def calibrate_plan(algorithm: str, cfg: ALSConfig, implicit: bool, epsilon: floa
             cfg, options=dataclasses.replace(options.of(cfg, options.SSPOptions), ssp_resamples=1)
         )
         once = calibrate(
-            plan_releases(algorithm, once_cfg, implicit), epsilon, delta, integer_orders=secure
+            plan_releases(algorithm, once_cfg, implicit), epsilon, delta, integer_orders=secure, relation=relation
         ).multipliers
-        return calibrate(plan, epsilon, delta, pinned={"users": once["users"]}, integer_orders=secure).multipliers
-    return calibrate(plan, epsilon, delta, integer_orders=secure).multipliers
+        return calibrate(
+            plan, epsilon, delta, pinned={"users": once["users"]}, integer_orders=secure, relation=relation
+        ).multipliers
+    return calibrate(plan, epsilon, delta, integer_orders=secure, relation=relation).multipliers
 
 
 # ---------------------------------------------------------------------------- sensitivities

@@ -10,7 +10,8 @@ the rule can choose is made of unsampled Gaussian releases, whose composed RDP i
 ``alpha * R`` with one R fixed by (epsilon, delta): each choice spends the same RDP curve, so
 choosing after seeing the (noised) count is post-processing followed by a fixed budget.
 
-The rule, fitted on ML-100K, ml-latest-small and the synthetic generators (docs/explanations/noise-aware-defaults.md, "Noise-aware
+The rule, fitted on ML-100K, ml-latest-small and the synthetic generators (docs/explanations/noise-aware-defaults.md,
+"Noise-aware
 defaults"): a factor model only pays for its noise when the per-item signal is large against
 it. The statistic is
 
@@ -19,7 +20,8 @@ it. The statistic is
 with rho the zCDP budget of (epsilon, delta) (epsilon = rho + 2 sqrt(rho log(1/delta))). Below
 ``FACTOR_SNR`` the run is the private bias model alone (rank 0, no steps: the bias stage takes
 the whole budget), with a ridge of 3 noise standard deviations and residuals clipped to +-0.5
-while snr < 5, to +-1 from there, a ridge of 1 from snr 15, and a clip of +-2 from snr 45 (the ``bias`` algorithm follows
+while snr < 5, to +-1 from there, a ridge of 1 from snr 15, and a clip of +-2 from snr 45 (the ``bias`` algorithm
+follows
 the same rule for its own ridge and clip); above it, the bias stage keeps ``share_bias`` of the budget and two factor
 steps fit the residual with a noise-aware ridge, the items the stage saw too little of keeping
 no factors (``factor_floor``); above ``RICH_SNR`` with rank 8 and a lighter ridge.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..privacy.accounting import REPLACE_ONE, calibrate, current_relation
+from ..privacy.accounting import ADD_REMOVE, REPLACE_ONE, calibrate
 from . import als, registry
 
 FACTOR_SNR = 350.0  # below: the bias model alone (see the module docstring)
@@ -80,10 +82,10 @@ def rho_of_epsilon(epsilon: float, delta: float) -> float:
     return (math.sqrt(L + epsilon) - math.sqrt(L)) ** 2
 
 
-def snr(epsilon: float, delta: float, n_items: int, n_users: int) -> float:
-    # under replace-one (a deployment: accounting.neighbouring) every release moves by twice its
+def snr(epsilon: float, delta: float, n_items: int, n_users: int, relation: str = ADD_REMOVE) -> float:
+    # under replace-one (a deployment: its job's relation) every release moves by twice its
     # add/remove sensitivity, so the same (epsilon, delta) buys half the signal per noise std
-    half = 0.5 if current_relation() == REPLACE_ONE else 1.0
+    half = 0.5 if relation == REPLACE_ONE else 1.0
     return half * max(n_users, 1) * math.sqrt(rho_of_epsilon(epsilon, delta)) / math.sqrt(max(n_items, 1))
 
 
@@ -107,22 +109,25 @@ def choose(
     n_users: int,
     given: frozenset = frozenset(),
     noisings: int = 1,
+    relation: str = ADD_REMOVE,
 ) -> dict:
     """The rule's values (typed) for a private run of the ALS family, of ``bias``, of the
     encoder family (AM-SSP, AM-SSP1, AM-DPSGD) or of DP-SGD. Below ``FACTOR_SNR`` every one of
     them is the private bias model (the bias stage alone); above it the ALS family fits factors
     over the stage and the AM-SSP family fits its encoder to the stage's residual. DP-SGD and
     AM-DPSGD (whose steps estimate their own biases, so no stage can precede them) are the bias
-    model at every snr: their own settings lost to it wherever measured. ``given``: keys the user set; an algorithm whose steps cannot
+    model at every snr: their own settings lost to it wherever measured. ``given``: keys the user set; an algorithm
+    whose steps cannot
     follow the stage (DP-SGD, AM-DPSGD) keeps its own settings when rank or steps were given.
     ``noisings``: independent noisings of each step's statistics (AM-SSP1: one per server
     step); factors are fitted only when the snr of one noising reaches ``FACTOR_SNR`` (on the
     300k-rating synthetic set at epsilon 20, AM-SSP1's 200 noisings at snr 421 lost 0.057 to
-    the bias model)."""
+    the bias model). ``relation``: the neighbouring relation the run's epsilon holds under
+    (the ledger's: :func:`apply`)."""
     spec = registry.get(algorithm)
     if spec.rule is not None:  # an algorithm with a rule of its own (topk)
-        return spec.rule.choose(epsilon, delta, n_items, n_users)
-    s = snr(epsilon, delta, n_items, n_users)
+        return spec.rule.choose(epsilon, delta, n_items, n_users, relation=relation)
+    s = snr(epsilon, delta, n_items, n_users, relation)
     ridge, clip = bias_settings(s)
     if (
         spec.bias_model
@@ -140,18 +145,21 @@ def choose(
         ):  # the stage turned off by hand: the bias model through one rank-0 step, if the steps can be it
             return {} if spec.encoder else {"rank": 0, "steps": 1, "reg_noise_units": ridge, "rating_clip": clip}
         return {**BIAS_ONLY, "bias_ridge_units": ridge, "rating_clip": clip}
-    if spec.encoder:  # the encoder fits the residual of the bias stage (10M-rating set, epsilon 5: 0.765 against 0.903 without the stage)
+    # the encoder fits the residual of the bias stage (10M-rating set, epsilon 5: 0.765 against 0.903 without the stage)
+    if spec.encoder:
         return {"bias_stage": True, "bias_prior": True}
     return dict(WITH_FACTORS if s < RICH_SNR else RICH)
 
 
-def noise_aware_config(cfg, algorithm: str, epsilon: float, delta: float, n_items: int, n_users: int):
+def noise_aware_config(
+    cfg, algorithm: str, epsilon: float, delta: float, n_items: int, n_users: int, relation: str = ADD_REMOVE
+):
     """A new config: ``cfg`` with the rule's values for every key the user did not set
     (``cfg.given``), validated. ``cfg`` itself is left as it is."""
     noisings = registry.get(algorithm).noisings(cfg)
     chosen = {
         k: v
-        for k, v in choose(algorithm, epsilon, delta, n_items, n_users, cfg.given, noisings).items()
+        for k, v in choose(algorithm, epsilon, delta, n_items, n_users, cfg.given, noisings, relation).items()
         if k not in cfg.given
     }
     own = registry.get(algorithm).option_keys  # the algorithm's own options (cfg.options)
@@ -163,12 +171,14 @@ def noise_aware_config(cfg, algorithm: str, epsilon: float, delta: float, n_item
     return new
 
 
-def explain(algorithm: str, cfg, epsilon: float, delta: float, n_items: int, n_users: int) -> dict:
+def explain(
+    algorithm: str, cfg, epsilon: float, delta: float, n_items: int, n_users: int, relation: str = ADD_REMOVE
+) -> dict:
     """Why the rule chose what it chose, in public numbers: the snr statistic, the thresholds,
     the model it picked and the keys the user had set (which it left alone)."""
-    s = snr(epsilon, delta, n_items, n_users)
+    s = snr(epsilon, delta, n_items, n_users, relation)
     if registry.get(algorithm).rule is not None:
-        model = registry.get(algorithm).rule.explain(cfg, epsilon, delta, n_items, n_users)
+        model = registry.get(algorithm).rule.explain(cfg, epsilon, delta, n_items, n_users, relation=relation)
     elif registry.get(algorithm).bias_model:
         model = (
             "the bias model (its own algorithm): the rule sets its ridge, its clip and the public-feature prior only"
@@ -220,20 +230,27 @@ def apply(state, ledger) -> None:
     the rest of the plan around the released user count (see the module docstring). Nothing
     happens without a budgeted ledger (a run inside private tuning keeps its config). The
     configs are frozen: the state holds the new one (:func:`noise_aware_config`), the config it
-    held before (the plan's) stays as it was."""
+    held before (the plan's) stays as it was. The
+    relation the budget holds under is the ledger's (its run's)."""
     cfg = state.config
     if not state.private or ledger is None or ledger.budget is None:
         return
     epsilon, delta = ledger.budget
-    new = noise_aware_config(cfg, state.algorithm, epsilon, delta, state.n_items, state.n_users)
-    state.choice = explain(state.algorithm, new, epsilon, delta, state.n_items, state.n_users)
+    relation = ledger.relation
+    new = noise_aware_config(cfg, state.algorithm, epsilon, delta, state.n_items, state.n_users, relation)
+    state.choice = explain(state.algorithm, new, epsilon, delta, state.n_items, state.n_users, relation)
     if new == cfg:  # the rule kept every setting: the plan calibrated before the count stands
         return
     plan = als.plan_releases(state.algorithm, new, state.implicit)
     # secure mode's Skellam records are accounted at integer orders only: calibrate there too
     state.multipliers = dict(
         calibrate(
-            plan, epsilon, delta, pinned={"users": state.multipliers["users"]}, integer_orders=new.aggregation.secure
+            plan,
+            epsilon,
+            delta,
+            pinned={"users": state.multipliers["users"]},
+            integer_orders=new.aggregation.secure,
+            relation=relation,
         ).multipliers
     )
     state.config = new

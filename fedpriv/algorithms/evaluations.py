@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..privacy.target import ADD_REMOVE
 from . import evaluation
 
 
@@ -49,7 +50,11 @@ class Ranking(Evaluation):
 
         train = split.train
         blend = ranking.blend_for(
-            metrics.get("epsilon") if state.private else None, metrics.get("delta"), state.n_items, state.n_users
+            metrics.get("epsilon") if state.private else None,
+            metrics.get("delta"),
+            state.n_items,
+            state.n_users,
+            metrics.get("neighbouring_relation", ADD_REMOVE),  # the run's (fedpriv.run.execute's header)
         )
         rank = ranking.evaluate_ranking(state, train, split.test, blend=blend)
         popular = ranking.popular_reference(train, split.test, k=rank["k"], threshold=rank["threshold"])

@@ -44,6 +44,7 @@ from ..errors import ConfigError
 from .config import PAMConfig  # noqa: F401 - re-exported
 from ..privacy.clipping import clip_rows
 from ..privacy.ledger import PrivacyLedger
+from ..privacy.target import ADD_REMOVE
 from ..privacy.randomness import PURPOSE_GROUP, user_uniform
 from .families import Family, ReplyPart, register_family
 from .kernels import from_upper, upper
@@ -163,9 +164,12 @@ def new_pam_state(
     epsilon: float | None,
     delta: float,
     ledger_seed: int | None = None,
+    *,
+    relation: str = ADD_REMOVE,
 ) -> tuple[PAMState, PrivacyLedger]:
     """Validated state and the run's ledger; ``ledger_seed``: None (noise from the OS CSPRNG)
-    unless the run asked for reproducible noise."""
+    unless the run asked for reproducible noise; ``relation``: the neighbouring relation the
+    target holds under (calibrated under it; the ledger carries it)."""
     if algorithm not in PAM_ALGORITHMS:
         raise ConfigError(f"unknown algorithm {algorithm!r} (known: {', '.join(PAM_ALGORITHMS)})", field="algorithm")
     k = cfg.rank or k
@@ -188,10 +192,16 @@ def new_pam_state(
             state.exp_epsilon = float(epsilon)
         else:
             state.multipliers = calibrate(
-                plan_pam_releases(algorithm, cfg), epsilon, delta, integer_orders=cfg.aggregation.secure
+                plan_pam_releases(algorithm, cfg),
+                epsilon,
+                delta,
+                integer_orders=cfg.aggregation.secure,
+                relation=relation,
             ).multipliers  # Skellam: integer orders
         budget = (epsilon, delta)  # the ledger refuses any release beyond it (pure bound included)
-    return state, PrivacyLedger(seed=ledger_seed, budget=budget, accountant=BestOfAccountant() if budget else None)
+    return state, PrivacyLedger(
+        seed=ledger_seed, budget=budget, accountant=BestOfAccountant() if budget else None, relation=relation
+    )
 
 
 # ---------------------------------------------------------------------------- client side
@@ -533,7 +543,8 @@ class PersonalRounds:
     def check_secure(self, state: PAMState) -> None:
         if state.algorithm not in ("pam", "pam-single-model"):
             raise ConfigError(
-                f"secure aggregation adds distributed Gaussian-like noise to sums; {state.algorithm} has no such release (use aggregation=central)",
+                f"secure aggregation adds distributed Gaussian-like noise to sums; {state.algorithm} has no such "
+                f"release (use aggregation=central)",
                 field="aggregation",
             )
 
@@ -620,7 +631,9 @@ class PersonalFamily(Family):
         return data.user_ids
 
     def new_state(self, algorithm: str, cfg, data, epsilon, delta, ledger_seed, relation: str):
-        return new_pam_state(algorithm, cfg, data.d, data.k, data.samples, epsilon, delta, ledger_seed)
+        return new_pam_state(
+            algorithm, cfg, data.d, data.k, data.samples, epsilon, delta, ledger_seed, relation=relation
+        )
 
     def block(self, data, users: np.ndarray) -> PersonalBlock:
         return PersonalBlock(data.X[users], data.y[users], data.V_star[users], data.U_star, data.noise)

@@ -4,6 +4,7 @@ and their L2 sensitivities, calibrated by :func:`fedpriv.privacy.plan.calibrated
 from __future__ import annotations
 
 from ..privacy.plan import BudgetPlan, TuningPlan, calibrated_plan
+from ..privacy.target import ADD_REMOVE
 from . import als
 
 
@@ -16,14 +17,24 @@ def budget_plan(
     implicit: bool = False,
     rating_range: tuple[float, float] = (1.0, 5.0),
     tuning: TuningPlan | None = None,
+    relation: str = ADD_REMOVE,
 ) -> BudgetPlan:
-    """Calibrate ``algorithm``'s release plan (config ``cfg``) to (epsilon, delta)."""
+    """Calibrate ``algorithm``'s release plan (config ``cfg``) to (epsilon, delta) under the
+    neighbouring ``relation`` (:mod:`fedpriv.privacy.target`)."""
     als.validate_algorithm(algorithm)
     planned = als.plan_releases(algorithm, cfg, implicit)
     sens = {p.name: als.sensitivity(p.name, cfg, rating_range) for p in planned}
     secure = cfg.aggregation.secure  # Skellam noise: calibrated and accounted at integer RDP orders
     plan = calibrated_plan(
-        algorithm, planned, sens, epsilon, delta, rating_range=rating_range, tuning=tuning, integer_orders=secure
+        algorithm,
+        planned,
+        sens,
+        epsilon,
+        delta,
+        rating_range=rating_range,
+        tuning=tuning,
+        integer_orders=secure,
+        relation=relation,
     )
     plan.one_shot = als.PRE_RELEASES
     before = plan.calibration.share_rule

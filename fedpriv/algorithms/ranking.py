@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..privacy.target import ADD_REMOVE
 from ..util.threads import one_thread_each, thread_count
 from . import als
 from .metrics import top_k
@@ -47,14 +48,17 @@ RANK_BLEND = BLEND  # the blend of a non-private model
 RANK_K = 10
 
 
-def blend_for(epsilon: float | None, delta: float | None, n_items: int, n_users: int) -> float:
+def blend_for(
+    epsilon: float | None, delta: float | None, n_items: int, n_users: int, relation: str = ADD_REMOVE
+) -> float:
     """The default blend of a model released at (epsilon, delta) for n_users (the released
-    count) and n_items: public numbers only."""
+    count) and n_items, the epsilon holding under the neighbouring ``relation``: public numbers
+    only."""
     if epsilon is None or delta is None or not n_users:
         return BLEND
     from .defaults import FACTOR_SNR, snr
 
-    return BLEND if BLEND_SNR <= snr(epsilon, delta, n_items, n_users) < FACTOR_SNR else BLEND_EDGE
+    return BLEND if BLEND_SNR <= snr(epsilon, delta, n_items, n_users, relation) < FACTOR_SNR else BLEND_EDGE
 
 
 def relevance_threshold(rating_range: tuple[float, float]) -> float:

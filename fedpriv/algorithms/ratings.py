@@ -41,13 +41,19 @@ class RatingsFamily(Family):
 
         job = plan.job
         return budget_plan(
-            plan.algorithm, plan.config, job.epsilon, job.delta, implicit=plan.implicit, rating_range=plan.rating_range
+            plan.algorithm,
+            plan.config,
+            job.epsilon,
+            job.delta,
+            implicit=plan.implicit,
+            rating_range=plan.rating_range,
+            relation=plan.relation,
         )
 
     def check_budget(self, plan) -> None:
         from . import als
 
-        als.calibrate_plan(plan.algorithm, plan.config, plan.implicit, plan.job.epsilon, plan.job.delta)
+        als.calibrate_plan(plan.algorithm, plan.config, plan.implicit, plan.job.epsilon, plan.job.delta, plan.relation)
 
 
 RATINGS = register_family(RatingsFamily())

@@ -41,6 +41,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..privacy.ledger import PrivacyLedger, Release
+from ..privacy.target import ADD_REMOVE
 from ..privacy.randomness import PURPOSE_RECOMMEND, require_keys, seed_from_keys
 from . import als
 from .shards import UserShard
@@ -308,25 +309,28 @@ def evaluation_sums(
 HIST_RELEASE = "rec_score_hist"
 
 
-def hist_multiplier(cfg: RecommendConfig, *, integer_orders: bool = False) -> float:
-    """z of the histogram release, calibrated to (hist_epsilon, hist_delta). ``integer_orders``:
-    True for secure mode (Skellam noise, accounted at integer RDP orders only), False for central
-    mode (dp-accounting's usual orders)."""
+def hist_multiplier(cfg: RecommendConfig, *, integer_orders: bool = False, relation: str = ADD_REMOVE) -> float:
+    """z of the histogram release, calibrated to (hist_epsilon, hist_delta) under the neighbouring
+    ``relation`` (the recommendation ledger's). ``integer_orders``: True for secure mode (Skellam
+    noise, accounted at integer RDP orders only), False for central mode (dp-accounting's usual
+    orders)."""
     from ..privacy.accounting import PlannedRelease, calibrate
 
     plan = [PlannedRelease(HIST_RELEASE, 1, 1.0)]
-    return calibrate(plan, cfg.hist_epsilon, cfg.hist_delta, integer_orders=integer_orders).multiplier(HIST_RELEASE)
+    cal = calibrate(plan, cfg.hist_epsilon, cfg.hist_delta, integer_orders=integer_orders, relation=relation)
+    return cal.multiplier(HIST_RELEASE)
 
 
 def release_ranges(
-    total: np.ndarray, state: als.PublicState, cfg: RecommendConfig, ledger: PrivacyLedger
+    total: np.ndarray, state: als.PublicState, cfg: RecommendConfig, ledger: PrivacyLedger, relation: str = ADD_REMOVE
 ) -> tuple[np.ndarray, np.ndarray]:
     """The aggregator step of the quantile source: release the summed (k x bins) histogram
     through the ledger (L2 sensitivity sqrt(k)), then read [lo_a, hi_a] off the noised
-    histogram (post-processing)."""
+    histogram (post-processing). ``relation``: the recommendation ledger's (``ledger`` may be
+    the stand-in of a secure round)."""
     k = total.shape[0]
     z = hist_multiplier(
-        cfg, integer_orders=state.config.aggregation.secure
+        cfg, integer_orders=state.config.aggregation.secure, relation=relation
     )  # secure: the decoded Skellam sum's planned z
     noised = ledger.gaussian(HIST_RELEASE, total, sensitivity=math.sqrt(k), noise_multiplier=z)
     return quantile_ranges(noised, hist_edges(state, cfg.bins), cfg.quantiles)

@@ -35,7 +35,8 @@ class AlgorithmSpec:
     ``rating_weights(shard, state)``: the per-rating weights of a shard's users, with
     sum_i w_ij^2 <= beta for every user (computed on the client, from public values and the
     user's own secret randomness). It reads only the shard, the configuration, the released
-    counts and omega: a shard keeps its weights for the run (:func:`fedpriv.algorithms.als.client_rating_weights`). ``keys``: the configuration keys that only some algorithms
+    counts and omega: a shard keeps its weights for the run (:func:`fedpriv.algorithms.als.client_rating_weights`).
+    ``keys``: the configuration keys that only some algorithms
     read and this one does (any other algorithm refuses them). ``step_releases(cfg, share)``:
     the releases of one alternating step, ``share`` being the step's part of the budget.
     ``contribution``: 'stats' (per-item A, b), 'convex' (per-item H, g), 'gradient' (item
@@ -74,8 +75,9 @@ class AlgorithmSpec:
     options: type | None = None
     # its typed configuration class (fedpriv.algorithms.typed): registering names the class
     typed: type | None = None
-    # an algorithm with a noise-aware rule of its own (``choose(epsilon, delta, n_items, n_users)``
-    # -> values, ``explain(cfg, epsilon, delta, n_items, n_users)`` -> text): the rule of
+    # an algorithm with a noise-aware rule of its own (``choose(epsilon, delta, n_items, n_users,
+    # *, relation)`` -> values, ``explain(cfg, epsilon, delta, n_items, n_users, *, relation)`` ->
+    # text; ``relation``: the neighbouring relation of the run): the rule of
     # fedpriv.algorithms.defaults defers to it (topk)
     rule: object | None = None
     # its own ranking score ``(shard, state, candidates) -> (users, candidates)`` for top-k lists
@@ -176,7 +178,8 @@ def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     if spec.typed is not None:
         if spec.typed.name not in ("", spec.name):
             raise ValueError(
-                f"algorithm {spec.name!r}: {spec.typed.__name__} is already the typed configuration of {spec.typed.name!r}"
+                f"algorithm {spec.name!r}: {spec.typed.__name__} is already the typed configuration of "
+                f"{spec.typed.name!r}"
             )
         spec.typed.name = spec.name
     _SPECS[spec.name] = spec

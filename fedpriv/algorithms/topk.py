@@ -46,6 +46,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..privacy.records import PlannedRelease
+from ..privacy.target import ADD_REMOVE
 from . import als, kernels
 from .popular import no_rating_weights
 from .registry import AlgorithmSpec, register, register_release
@@ -351,8 +352,8 @@ def lowrank_steps(cfg) -> int:
 class TopKRule:
     """The noise-aware rule of ``topk`` (see the module docstring)."""
 
-    def choose(self, epsilon: float, delta: float, n_items: int, n_users: int) -> dict:
-        S = self.signal(epsilon, delta, n_users)
+    def choose(self, epsilon: float, delta: float, n_items: int, n_users: int, *, relation: str = ADD_REMOVE) -> dict:
+        S = self.signal(epsilon, delta, n_users, relation)
         if S < SIGNAL_MIN:
             return {
                 "topk_items": 0,
@@ -370,14 +371,16 @@ class TopKRule:
         }
 
     @staticmethod
-    def signal(epsilon: float, delta: float, n_users: int) -> float:
+    def signal(epsilon: float, delta: float, n_users: int, relation: str = ADD_REMOVE) -> float:
         """S = n_users sqrt(rho) (the per-item snr of one item: halved under replace-one)."""
         from .defaults import snr
 
-        return snr(epsilon, delta, 1, n_users)
+        return snr(epsilon, delta, 1, n_users, relation)
 
-    def explain(self, cfg, epsilon: float, delta: float, n_items: int, n_users: int) -> str:
-        S = self.signal(epsilon, delta, n_users)
+    def explain(
+        self, cfg, epsilon: float, delta: float, n_items: int, n_users: int, *, relation: str = ADD_REMOVE
+    ) -> str:
+        S = self.signal(epsilon, delta, n_users, relation)
         m = _options(cfg).topk_items
         if m == 0:
             return (
@@ -394,10 +397,10 @@ class TopKRule:
 class LowRankRule(TopKRule):
     """The rule of ``topk-lowrank``: the same fallback as topk; a head of 4 sqrt(S) items."""
 
-    def choose(self, epsilon: float, delta: float, n_items: int, n_users: int) -> dict:
-        out = super().choose(epsilon, delta, n_items, n_users)
+    def choose(self, epsilon: float, delta: float, n_items: int, n_users: int, *, relation: str = ADD_REMOVE) -> dict:
+        out = super().choose(epsilon, delta, n_items, n_users, relation=relation)
         if out["topk_items"]:
-            S = self.signal(epsilon, delta, n_users)
+            S = self.signal(epsilon, delta, n_users, relation)
             out.update(
                 topk_items=int(
                     min(n_items, LOWRANK_HEAD_MAX, max(2, round(LOWRANK_HEAD_PER_ROOT_SIGNAL * math.sqrt(S))))
@@ -406,11 +409,13 @@ class LowRankRule(TopKRule):
             )
         return out
 
-    def explain(self, cfg, epsilon: float, delta: float, n_items: int, n_users: int) -> str:
-        S = self.signal(epsilon, delta, n_users)
+    def explain(
+        self, cfg, epsilon: float, delta: float, n_items: int, n_users: int, *, relation: str = ADD_REMOVE
+    ) -> str:
+        S = self.signal(epsilon, delta, n_users, relation)
         m = _options(cfg).topk_items
         if m == 0:
-            return super().explain(cfg, epsilon, delta, n_items, n_users)
+            return super().explain(cfg, epsilon, delta, n_items, n_users, relation=relation)
         return (
             f"rank-{cfg.rank} sketch of the released co-occurrence of the {m} head items, {cfg.steps} power steps "
             f"(signal {S:.3g} >= {SIGNAL_MIN:g}; head {LOWRANK_HEAD_PER_ROOT_SIGNAL:g} x sqrt(signal)), "

@@ -20,7 +20,7 @@ from ..data.interactions import Interactions
 from ..util import threads
 from ..errors import ConfigError
 from .loop import Hooks, RatingTransport, make_aggregator, recommend_rounds, train_rounds
-from ..privacy.accounting import BestOfAccountant
+from ..privacy.accounting import ADD_REMOVE, BestOfAccountant
 from ..privacy import distributed
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RunSecrets, user_keys
@@ -54,9 +54,11 @@ def new_state(
     delta: float,
     multipliers: dict[str, float] | None = None,
     secrets: RunSecrets | None = None,
+    relation: str = ADD_REMOVE,
 ) -> tuple[als.PublicState, PrivacyLedger]:
     """Validated public state and a ledger (with the budget for private runs). ``secrets``: the
     run's secret randomness (default: fresh OS randomness; a noise seed makes it reproducible).
+    ``relation``: the neighbouring relation of the job, calibrated under and carried by the ledger.
 
     ``multipliers``: noise multipliers calibrated by the caller for a plan that contains this
     run (one run of private tuning, :mod:`fedpriv.run.tuning`); the run's ledger then carries no
@@ -81,11 +83,14 @@ def new_state(
     elif state.private:
         if epsilon is None:
             raise ConfigError(f"algorithm {algorithm!r} is private: give --epsilon", field="--epsilon")
-        state.multipliers = als.calibrate_plan(algorithm, cfg, implicit, epsilon, delta)
+        state.multipliers = als.calibrate_plan(algorithm, cfg, implicit, epsilon, delta, relation)
         budget = (epsilon, delta)
     secrets = secrets if secrets is not None else RunSecrets()
     return state, PrivacyLedger(
-        seed=secrets.ledger_seed(), budget=budget, accountant=BestOfAccountant() if budget else None
+        seed=secrets.ledger_seed(),
+        budget=budget,
+        accountant=BestOfAccountant() if budget else None,
+        relation=relation,
     )
 
 
@@ -105,16 +110,20 @@ def train_inprocess(
     multipliers: dict[str, float] | None = None,
     secrets: RunSecrets | None = None,
     ledger: PrivacyLedger | None = None,
+    relation: str = ADD_REMOVE,
 ) -> TrainResult:
     """``item_features``: public features of the encoder algorithms; ``on_step(step, state,
     seconds)`` is called after every alternating step (measurement hooks); when it returns True,
     training stops there (the ledger then holds the releases made so far). ``secrets``: the
     run's secret randomness (default: fresh, from the OS); ``ledger``: a ledger to release
-    through instead of the run's own (sensitivity tests replay one run's releases in another)."""
+    through instead of the run's own (sensitivity tests replay one run's releases in another);
+    ``relation``: the job's neighbouring relation (:func:`new_state`)."""
     t0 = time.perf_counter()
     threads.configure()
     secrets = secrets if secrets is not None else RunSecrets()
-    state, own = new_state(algorithm, cfg, train, rating_range, implicit, epsilon, delta, multipliers, secrets)
+    state, own = new_state(
+        algorithm, cfg, train, rating_range, implicit, epsilon, delta, multipliers, secrets, relation
+    )
     ledger = ledger if ledger is not None else own
     transport = ShardTransport(
         make_shards(train, users_per_shard, secrets.client_key()), reproducible=secrets.reproducible
@@ -189,12 +198,13 @@ def recommend_inprocess(
     *,
     users_per_shard: int | None = None,
     secrets: RunSecrets | None = None,
+    relation: str = ADD_REMOVE,
 ):
     """Private recommendation after training (:func:`fedpriv.engine.loop.recommend_rounds`) over the
     same user shards as training: returns (summary, recommendation ledger, reports per global
-    user id). The Flower apps run the very same rounds."""
+    user id). The Flower apps run the very same rounds. ``relation``: the job's (its ledger's)."""
     secrets = secrets if secrets is not None else RunSecrets()
-    ledger = PrivacyLedger(seed=secrets.ledger_seed("recommend"))
+    ledger = PrivacyLedger(seed=secrets.ledger_seed("recommend"), relation=relation)
     shards = make_shards(train, users_per_shard, secrets.client_key())
     held = [shard_users(heldout, s.user_ids) for s in shards] if heldout is not None else [None] * len(shards)
     summary, reports = recommend_rounds(

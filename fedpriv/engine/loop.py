@@ -249,7 +249,9 @@ def recommend_rounds(
     if cfg.sensitivity == "quantile" and state.config.aggregation.secure:
         lo, hi = _secure_ranges(transport, state, candidates, cfg, ledger)
     elif cfg.sensitivity == "quantile":
-        lo, hi = recommend.release_ranges(transport.histogram(state, candidates, cfg), state, cfg, ledger)
+        lo, hi = recommend.release_ranges(
+            transport.histogram(state, candidates, cfg), state, cfg, ledger, ledger.relation
+        )
     else:
         lo, hi = recommend.public_ranges(state, candidates, cfg)
     sums, reports = None, {}
@@ -275,9 +277,8 @@ def _secure_ranges(transport, state: als.PublicState, candidates: np.ndarray, cf
     the ranges are read off the noised sum by the same release function (post-processing)."""
     k = len(candidates)
     n_nodes, max_users = transport.population()
-    parts = [
-        (recommend.HIST_RELEASE, k * cfg.bins, float(np.sqrt(k)), recommend.hist_multiplier(cfg, integer_orders=True))
-    ]
+    z = recommend.hist_multiplier(cfg, integer_orders=True, relation=ledger.relation)
+    parts = [(recommend.HIST_RELEASE, k * cfg.bins, float(np.sqrt(k)), z)]
     values, proxy = distributed.secure_round(
         ledger,
         parts,
@@ -287,4 +288,6 @@ def _secure_ranges(transport, state: als.PublicState, candidates: np.ndarray, cf
         colluders=state.config.aggregation.collusion,
         secure_sum=lambda plan: transport.secure_histogram(plan, state, candidates, cfg),
     )
-    return recommend.release_ranges(values[recommend.HIST_RELEASE].reshape(k, cfg.bins), state, cfg, proxy)
+    return recommend.release_ranges(
+        values[recommend.HIST_RELEASE].reshape(k, cfg.bins), state, cfg, proxy, ledger.relation
+    )

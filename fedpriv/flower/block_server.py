@@ -218,7 +218,7 @@ def run_block_job(grid, job: BlockJob) -> BlockResult:
     if job.progress:
         from .progress import Progress
 
-        progress = Progress(job.delta, lambda: result.ledger, job.epsilon)
+        progress = Progress(job.delta, lambda: result.ledger, job.epsilon, relation=job.relation)
     rounds = Rounds(grid, nodes, result, job.round_timeout, progress=progress)
     rounds.nodes = _serving_nodes(grid, job, rounds, encode_block_state(family, state, data_dir, job.users_per_node))
     result.nodes = len(rounds.nodes)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from ..privacy.target import ADD_REMOVE, REPLACE_ONE
+
 
 def _size(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
@@ -25,10 +27,11 @@ def _kind(name: str) -> str:
 
 
 class Progress:
-    """Reports rounds of one job; ``ledger_of()`` returns the job's current ledger (or None)."""
+    """Reports rounds of one job; ``ledger_of()`` returns the job's current ledger (or None);
+    ``relation``: the neighbouring relation the job's epsilon holds under (the job's)."""
 
-    def __init__(self, delta: float, ledger_of, budget: float | None = None, stream=None):
-        self.delta, self.ledger_of, self.budget = delta, ledger_of, budget
+    def __init__(self, delta: float, ledger_of, budget: float | None = None, stream=None, relation: str = ADD_REMOVE):
+        self.delta, self.ledger_of, self.budget, self.relation = delta, ledger_of, budget, relation
         self.stream = stream if stream is not None else sys.stdout
         self._eps_key: tuple | None = None
         self._eps: float | None = None
@@ -43,7 +46,7 @@ class Progress:
         if key != self._eps_key:  # recomputed only when a release was added
             from ..privacy.accounting import epsilon_bounds
 
-            self._eps, self._eps_key = float(epsilon_bounds(ledger, self.delta)[0]), key
+            self._eps, self._eps_key = float(epsilon_bounds(ledger, self.delta, relation=self.relation)[0]), key
         return self._eps
 
     def _print(self, line: str) -> None:
@@ -65,7 +68,8 @@ class Progress:
         spent = "-" if eps is None else f"{eps:.3f}" + (f" of {self.budget:g}" if self.budget else "")
         self._print(
             f"round {entry['round']:<12} accepted {accepted:>4}/{entry['nodes']:<4} rejected {rejected:<3} "
-            f"up {_size(entry['bytes_up']):>9}  down {_size(entry['bytes_down']):>9}  {entry['seconds']:7.2f} s  epsilon {spent}"
+            f"up {_size(entry['bytes_up']):>9}  down {_size(entry['bytes_down']):>9}  {entry['seconds']:7.2f} s  "
+            f"epsilon {spent}"
         )
 
     def summary(self, round_log: list[dict], rejected: list[dict], extra: dict | None = None, counters=None) -> None:
@@ -92,28 +96,30 @@ class Progress:
         )
         for kind, g in groups.items():
             self._print(
-                f"  {kind:<12} {g['rounds']:>5} {g['replies']:>8} {bad.get(kind, 0):>8} {_size(g['up']):>10} {_size(g['down']):>10} {g['seconds']:>9.2f}"
+                f"  {kind:<12} {g['rounds']:>5} {g['replies']:>8} {bad.get(kind, 0):>8} {_size(g['up']):>10} "
+                f"{_size(g['down']):>10} {g['seconds']:>9.2f}"
             )
         tot = {k: sum(g[k] for g in groups.values()) for k in ("rounds", "replies", "up", "down", "seconds")}
         if counters is not None:
             proto = {"rounds": int(counters.rounds), "up": int(counters.bytes_up), "down": int(counters.bytes_down)}
             self._print(
-                f"  {'protocol':<12} {proto['rounds']:>5} {'':>8} {'':>8} {_size(proto['up']):>10} {_size(proto['down']):>10} {'':>9}"
+                f"  {'protocol':<12} {proto['rounds']:>5} {'':>8} {'':>8} {_size(proto['up']):>10} "
+                f"{_size(proto['down']):>10} {'':>9}"
             )
             if tot["rounds"] > proto["rounds"]:
                 self._print(
-                    f"  {'measurement':<12} {tot['rounds'] - proto['rounds']:>5} {'':>8} {'':>8} {_size(tot['up'] - proto['up']):>10} "
-                    f"{_size(tot['down'] - proto['down']):>10} {'':>9}  (evaluation: not part of the protocol's rounds and bytes)"
+                    f"  {'measurement':<12} {tot['rounds'] - proto['rounds']:>5} {'':>8} {'':>8} "
+                    f"{_size(tot['up'] - proto['up']):>10} "
+                    f"{_size(tot['down'] - proto['down']):>10} {'':>9}  (evaluation: not part of the protocol's rounds "
+                    f"and bytes)"
                 )
         self._print(
-            f"  {'all rounds':<12} {tot['rounds']:>5} {tot['replies']:>8} {len(rejected):>8} {_size(tot['up']):>10} {_size(tot['down']):>10} {tot['seconds']:>9.2f}"
+            f"  {'all rounds':<12} {tot['rounds']:>5} {tot['replies']:>8} {len(rejected):>8} {_size(tot['up']):>10} "
+            f"{_size(tot['down']):>10} {tot['seconds']:>9.2f}"
         )
         eps = self.epsilon()
-        from ..privacy.accounting import REPLACE_ONE, current_relation  # server side only
-
-        neighbours = (
-            ", replace-one neighbours" if current_relation() == REPLACE_ONE else ""
-        )  # a deployment: its enrolled count is public
+        # a deployment: its enrolled count is public
+        neighbours = ", replace-one neighbours" if self.relation == REPLACE_ONE else ""
         tail = [
             f"epsilon spent {eps:.4f} (delta {self.delta:g}{neighbours}; the guarantee, dp-accounting on the ledger)"
             if eps is not None

@@ -13,6 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..algorithms import recommend
 from ..privacy.ledger import PrivacyLedger
+from ..privacy.target import ADD_REMOVE
 from .codec import checked_array, decode_state, to_array
 
 log = logging.getLogger("fedpriv.flower")
@@ -174,13 +175,15 @@ def run_recommend_rounds(
     ledger_seed: int | None,
     has_test: bool,
     secure=None,
+    relation: str = ADD_REMOVE,
 ):
     """The recommendation rounds (:func:`fedpriv.engine.loop.recommend_rounds`) over the nodes of
     ``rounds``: returns (summary, recommendation ledger, {node: reports as candidate item ids}).
-    ``ledger_seed``: None (OS randomness) unless the run asked for reproducible noise."""
+    ``ledger_seed``: None (OS randomness) unless the run asked for reproducible noise;
+    ``relation``: the job's neighbouring relation (the recommendation ledger's)."""
     from ..engine.loop import recommend_rounds
 
-    ledger = PrivacyLedger(seed=ledger_seed)
+    ledger = PrivacyLedger(seed=ledger_seed, relation=relation)
     summary, reports = recommend_rounds(
         _GridRecommendTransport(rounds, base_content, node_users, has_test, secure), state, cfg, ledger
     )

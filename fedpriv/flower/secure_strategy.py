@@ -36,7 +36,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 
 from ..errors import ConfigError
 from ..privacy import distributed
-from ..privacy.accounting import RdpAccountant, calibrate
+from ..privacy.accounting import ADD_REMOVE, RdpAccountant, calibrate, check_relation
 from ..privacy.distributed import ExactPlan, plan_from_dict
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import node_noise_rng
@@ -84,6 +84,8 @@ class SecureDPFedAvg(FedAvg):
     the metrics the nodes' evaluate function reports (with ``num-examples``, FedAvg's
     ``weighted_by_key``); each evaluation round is a secure sum of them, and evaluation
     (``fraction_evaluate`` > 0) needs them: a plaintext evaluation round is never sent.
+    ``relation``: the neighbouring relation the epsilon holds under (``add_remove``, or
+    ``replace_one`` where the number of users is public); a given ``ledger`` must carry it.
     """
 
     def __init__(
@@ -99,9 +101,13 @@ class SecureDPFedAvg(FedAvg):
         ledger: PrivacyLedger | None = None,
         round_timeout: float | None = None,
         evaluate_metrics: tuple[str, ...] | list[str] = (),
+        relation: str = ADD_REMOVE,
         **fedavg_kwargs,
     ):
         super().__init__(**fedavg_kwargs)
+        check_relation(relation, field="relation")
+        if ledger is not None and ledger.relation != relation:
+            raise ConfigError(f"the ledger accounts under {ledger.relation!r}, not {relation!r}", field="relation")
         if isinstance(evaluate_metrics, str) or not all(isinstance(k, str) and k for k in evaluate_metrics):
             raise ConfigError(f"must be a list of metric names, got {evaluate_metrics!r}", field="evaluate_metrics")
         self.evaluate_metrics = tuple(k for k in evaluate_metrics if k != self.weighted_by_key)
@@ -114,7 +120,7 @@ class SecureDPFedAvg(FedAvg):
                 raise ConfigError("calibrating to an epsilon needs num_rounds", field="num_rounds")
             # Skellam noise: its RDP bound (hence this calibration) holds at integer orders only
             noise_multiplier = calibrate(
-                [PlannedRelease(RELEASE, int(num_rounds), 1.0)], epsilon, delta, integer_orders=True
+                [PlannedRelease(RELEASE, int(num_rounds), 1.0)], epsilon, delta, integer_orders=True, relation=relation
             ).multipliers[RELEASE]
         if not (0 <= dropout < 1):
             raise ConfigError(f"must be in [0, 1), got {dropout}", field="dropout")
@@ -131,7 +137,7 @@ class SecureDPFedAvg(FedAvg):
         self.ledger = (
             ledger
             if ledger is not None
-            else PrivacyLedger(budget=budget, accountant=RdpAccountant() if budget else None)
+            else PrivacyLedger(budget=budget, accountant=RdpAccountant() if budget else None, relation=relation)
         )
         self.round_timeout = round_timeout
         self.counters = RoundCounters()
@@ -146,7 +152,7 @@ class SecureDPFedAvg(FedAvg):
 
     def epsilon(self, delta: float | None = None) -> float:
         """Epsilon spent so far, computed by dp-accounting from the ledger."""
-        return RdpAccountant().epsilon(self.ledger.releases, self.delta if delta is None else delta)
+        return RdpAccountant().epsilon(self.ledger, self.delta if delta is None else delta)  # under its relation
 
     def _secure_round(
         self, grid: Grid, server_round: int, arrays: ArrayRecord, config: ConfigRecord, secure: SecureRounds

@@ -26,6 +26,7 @@ from ..engine.inprocess import new_state
 from ..errors import ConfigError, FedprivError, PrivacyError
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RunSecrets
+from ..privacy.target import ADD_REMOVE
 from . import codec
 from .counters import RoundCounters
 from .rounds import Rounds, wait_for_nodes
@@ -77,6 +78,9 @@ class FlowerJob:
     # the launcher's run token (scripts/run.sh): every serving node must report the same
     # FEDPRIV_RUN_TOKEN in its info reply, else the job runs in a federation it did not start
     run_token: str = ""
+    # the neighbouring relation every epsilon holds under (the job's: fedpriv.run.Job.relation;
+    # replace_one for a deployment): calibration, the noise-aware rule and the ledgers use it
+    relation: str = ADD_REMOVE
 
     def serve(self, grid: Grid) -> FlowerResult:
         return serve_ratings(grid, self)
@@ -146,6 +150,8 @@ class _Checkpoint:
             "n_ratings": int(len(job.train)) if job.train is not None else job.public.source,
             "users_per_node": job.users_per_node,
             "rating_range": list(job.rating_range),
+            # another relation is another job (add/remove, the default, keeps the fingerprints it had)
+            **({"relation": job.relation} if job.relation != ADD_REMOVE else {}),
         }
         self.fingerprint = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -155,7 +161,8 @@ class _Checkpoint:
         if not self.path.exists():
             if self.marker.exists():
                 raise PrivacyError(
-                    f"{self.marker}: the job stopped during its first releases; resuming would release them twice. Start a new job."
+                    f"{self.marker}: the job stopped during its first releases; resuming would release them twice. "
+                    f"Start a new job."
                 )
             return None
         with open(self.path, "rb") as f:
@@ -166,7 +173,8 @@ class _Checkpoint:
         if self.marker.exists() and int(self.marker.read_text() or -1) >= saved["step"]:
             raise PrivacyError(
                 f"{self.marker}: the job stopped during the release of step {int(self.marker.read_text()) + 1}; "
-                "releasing it again (new noise, or a seeded ledger's same noise on another sum) would release twice. Start a new job."
+                "releasing it again (new noise, or a seeded ledger's same noise on another sum) would release twice. "
+                "Start a new job."
             )
         return saved
 
@@ -267,8 +275,10 @@ class _Nodes:
         bad = self._serving_where(self.mode_of, lambda mode: mode != "secure")
         if bad:
             raise ConfigError(
-                f"refused to start a secure-aggregation job: {len(bad)} serving node(s) do not run a secure node policy "
-                f"({_listed(bad, _mode_text)}). Such a node would answer a deviating server's plaintext queries. Configure every node with "
+                f"refused to start a secure-aggregation job: {len(bad)} serving node(s) do not run a secure node "
+                f"policy "
+                f"({_listed(bad, _mode_text)}). Such a node would answer a deviating server's plaintext queries. "
+                f"Configure every node with "
                 "policy-aggregation=secure (`fedpriv deploy up` writes it by default), or run with aggregation central",
                 field="policy-aggregation",
             )
@@ -281,8 +291,10 @@ class _Nodes:
         if bad:
             raise ConfigError(
                 f"refused to start a central-aggregation job: {len(bad)} serving node(s) run a secure node policy "
-                f"({_listed(bad, _mode_text)}) and answer no plaintext handler. Run with aggregation secure (`fedpriv deploy run`'s "
-                "default), or give those nodes policy-aggregation=central (`fedpriv deploy up --node-policy aggregation=central`)",
+                f"({_listed(bad, _mode_text)}) and answer no plaintext handler. Run with aggregation secure (`fedpriv "
+                f"deploy run`'s "
+                "default), or give those nodes policy-aggregation=central (`fedpriv deploy up --node-policy "
+                "aggregation=central`)",
                 field="aggregation",
             )
 
@@ -297,9 +309,12 @@ class _Nodes:
         bad = self._serving_where(self.token_of, lambda token: token != self.job.run_token)
         if bad:
             raise ConfigError(
-                f"these nodes were not started by this run's launcher: {len(bad)} of {len(self.serving())} serving node(s) do not report "
-                f"this run's token ({_listed(bad, lambda t: 'no run token' if t is None else 'another run token')}). The run reached a federation it did not start (another SuperLink on the same "
-                "address?); nothing was released. Start it again with scripts/run.sh, which uses free ports and a private FLWR_HOME",
+                f"these nodes were not started by this run's launcher: {len(bad)} of {len(self.serving())} serving "
+                f"node(s) do not report "
+                f"this run's token ({_listed(bad, lambda t: 'no run token' if t is None else 'another run token')}). "
+                f"The run reached a federation it did not start (another SuperLink on the same "
+                "address?); nothing was released. Start it again with scripts/run.sh, which uses free ports and a "
+                "private FLWR_HOME",
                 field="run-token",
             )
 
@@ -345,7 +360,8 @@ class _Nodes:
 
 
 def _listed(bad: list[tuple[int, int, object]], text, most: int = 5) -> str:
-    """``partition p (node n): text(what)`` for the first ``most`` of ``bad`` [(partition, node, what)], and how many more."""
+    """``partition p (node n): text(what)`` for the first ``most`` of ``bad`` [(partition, node, what)], and how
+    many more."""
     listed = ", ".join(f"partition {p} (node {n}): {text(w)}" for p, n, w in sorted(bad, key=lambda b: b[:2])[:most])
     return listed + (f", and {len(bad) - most} more" if len(bad) > most else "")
 
@@ -396,9 +412,9 @@ class _GridTransport(RatingTransport):
 
     def step(self, state: als.PublicState, step: int) -> list:
         dim = protocol.stats_dim(state)
-        decode = lambda nid, rep: codec.decode_contribution(
-            rep.content, state, dim, self.job.users_per_node, self.n_params
-        )  # noqa: E731
+        def decode(nid, rep):
+            return codec.decode_contribution(rep.content, state, dim, self.job.users_per_node, self.n_params)
+
         return [part for _, part in self.rounds.gather("train", self.down(step), f"step{step + 1}", decode)]
 
 
@@ -515,6 +531,7 @@ def serve_ratings(grid: Grid, job: FlowerJob) -> FlowerResult:
         job.delta,
         multipliers=job.multipliers,
         secrets=job.secrets,
+        relation=job.relation,
     )
     result = FlowerResult(state=state, ledger=ledger)
     # reproducible runs only: the nodes read the clients' key (derived from the noise seed) from a file
@@ -545,7 +562,7 @@ def serve_ratings(grid: Grid, job: FlowerJob) -> FlowerResult:
     if job.progress:
         from .progress import Progress
 
-        progress = Progress(job.delta, lambda: result.ledger, job.epsilon)
+        progress = Progress(job.delta, lambda: result.ledger, job.epsilon, relation=job.relation)
     rounds = Rounds(grid, registered, result, job.round_timeout, progress=progress)
     nodes = _Nodes(grid, job, rounds, down)
     nodes.first_info(registered)
@@ -637,6 +654,7 @@ def serve_ratings(grid: Grid, job: FlowerJob) -> FlowerResult:
             job.secrets.ledger_seed("recommend"),
             job.test is not None or job.public is not None,
             secure=transport.secure,
+            relation=job.relation,
         )
         result.recommendation = summary
         result.rec_picks = np.full(n_users, -1, dtype=np.int64)

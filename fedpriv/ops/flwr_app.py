@@ -1,6 +1,7 @@
 """The Flower app of ``flwr run .`` (the components in pyproject.toml): the ServerApp reads the
 job from the run config ([tool.flwr.app.config], overridable with ``flwr run . --run-config``)
-and runs it as a :class:`fedpriv.run.Job` on the grid Flower hands it (:class:`fedpriv.run.FlowerGrid`). The ClientApp component
+and runs it as a :class:`fedpriv.run.Job` on the grid Flower hands it (:class:`fedpriv.run.FlowerGrid`). The ClientApp
+component
 is :mod:`fedpriv.flower.client_app` (the node imports nothing of this module). An operations module: it sits above the
 run layer, which the engine modules never import."""
 
@@ -14,7 +15,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..errors import ConfigError
-from ..privacy.accounting import ADD_REMOVE, check_relation, neighbouring
+from ..privacy.target import ADD_REMOVE, check_relation
 from ..run import FlowerGrid, Job, parse_overrides, write_outputs
 from .launcher import epsilon_of_run_config, read_noise_seed_file
 
@@ -66,6 +67,7 @@ def job_of_run_config(rc) -> tuple[Job, dict]:
         epsilon=epsilon_of_run_config(rc),
         delta=float(rc.get("delta", 1e-5)),
         noise_seed=read_noise_seed_file(seed_file) if seed_file else None,
+        relation=relation_of_run_config(rc),  # replace_one for `fedpriv deploy run`
         params=params,
         data_options=_data_options(str(rc.get("data-options", "") or "")),
     )
@@ -98,10 +100,9 @@ def server_main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     job, engine = job_of_run_config(rc)
     out = Path(str(rc.get("out", "runs/flwr"))).expanduser()
-    relation = relation_of_run_config(rc)
-    # one line per round, then a summary table (mirrored to `flwr run --stream`)
-    with neighbouring(relation):
-        outcome = job.prepare().execute(FlowerGrid(grid=grid, **engine), progress=True)
+    # one line per round, then a summary table (mirrored to `flwr run --stream`); every epsilon
+    # holds under the job's relation (run-config key ``neighbouring``)
+    outcome = job.prepare().execute(FlowerGrid(grid=grid, **engine), progress=True)
     write_outputs(out, outcome.report.to_json(), outcome.ledger)
     log.info("fedpriv: wrote %s and %s", out / "metrics.json", out / "ledger.json")
     save_model = str(rc.get("save-model", "") or "")

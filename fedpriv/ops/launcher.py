@@ -126,7 +126,8 @@ def job_run_config(
     the job's) as the ``key=value,...`` of ``set`` (a value holding ',' or ';' is an error naming
     its key), a tuning grid under ``tune``, and the Flower keys. ``nodes``: the nodes the
     ServerApp reports (every registered node is polled); ``server_device``: where the ServerApp
-    computes (``server-device``; the nodes take theirs from their own configuration)."""
+    computes (``server-device``; the nodes take theirs from their own configuration). The job's
+    neighbouring relation goes as ``neighbouring`` (:func:`fedpriv.ops.flwr_app.relation_of_run_config`)."""
     texts = {str(k): param_text(v) for k, v in (job.params if params is None else params).items()}
     tune = texts.pop("tune", "")  # a tuning grid ("key=v1/v2;key2=...") has a run-config key of its own
     for key, value in texts.items():
@@ -143,6 +144,7 @@ def job_run_config(
         "node-wait": float(node_wait),
         "tune": tune,
         "server-device": server_device or "cpu",
+        "neighbouring": job.relation,
     }
 
 
@@ -231,6 +233,7 @@ tune = ""
 data-options = ""
 save-model = ""
 server-device = "cpu"
+neighbouring = "add_remove"
 """
     )
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -22,6 +20,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from ..errors import ConfigError, PrivacyError
 from .records import PlannedRelease, Release, RepeatAndSelect  # noqa: F401 - PlannedRelease re-exported
+from .target import ADD_REMOVE, RELATIONS, REPLACE_ONE, check_relation  # noqa: F401 - re-exported
 
 # dp-accounting logs (through absl) every fractional order it excludes for lack of convergence;
 # the excluded orders only make epsilon more conservative
@@ -61,46 +60,21 @@ INTEGER_ORDER_MECHANISMS = ("skellam",)
 
 
 # ---------------------------------------------------------------------- neighbouring relation
-#: one user added or removed (the default: runs that publish no exact user count)
-ADD_REMOVE = "add_remove"
-#: one user's data replaced by anybody's, the number of users unchanged: what holds where the
-#: enrolled count is public (a deployment's ``public/meta.json``, its one node per user)
-REPLACE_ONE = "replace_one"
-RELATIONS = (ADD_REMOVE, REPLACE_ONE)
+# the relations are fedpriv.privacy.target's (re-exported): every function here takes the relation
+# as an argument; given none, one that reads records takes a ledger's own (PrivacyLedger.relation)
+# and add/remove for plain records, and calibration takes add/remove
 #: releases that do not move when one user's data is replaced by another's: the released user
 #: count (its replace-one sensitivity is 0, so it costs nothing under that relation)
 REPLACE_INVARIANT = ("users",)
 
-_RELATION: ContextVar[str] = ContextVar("fedpriv_neighbouring_relation", default=ADD_REMOVE)
 
-
-def check_relation(relation: str, field: str = "neighbouring") -> str:
-    if relation not in RELATIONS:
-        raise ConfigError(f"must be one of {', '.join(RELATIONS)}, got {relation!r}", field=field)
-    return relation
-
-
-def current_relation() -> str:
-    """The neighbouring relation that accounting and calibration use when given none:
-    :data:`ADD_REMOVE` unless a caller set another with :func:`neighbouring`."""
-    return _RELATION.get()
-
-
-@contextmanager
-def neighbouring(relation: str):
-    """Account and calibrate under ``relation`` (:data:`ADD_REMOVE` or :data:`REPLACE_ONE`)
-    inside the block: every function of this module given no ``relation`` uses it, and so do the
-    accountants built inside it (a deployment's ServerApp runs its whole job in
-    ``neighbouring(REPLACE_ONE)``)."""
-    token = _RELATION.set(check_relation(relation))
-    try:
-        yield relation
-    finally:
-        _RELATION.reset(token)
-
-
-def _relation(relation: str | None) -> str:
-    return current_relation() if relation is None else check_relation(relation)
+def relation_of(releases, relation: str | None = None) -> str:
+    """The neighbouring relation to account ``releases`` under: ``relation`` when given (checked),
+    else the ledger's own (a :class:`~fedpriv.privacy.ledger.PrivacyLedger` carries the relation
+    of its run), else :data:`ADD_REMOVE`."""
+    if relation is None:
+        relation = getattr(releases, "relation", None) or ADD_REMOVE
+    return check_relation(relation)
 
 
 def replace_one_record(r):
@@ -133,17 +107,18 @@ def replace_one_record(r):
 def records_under(releases, relation: str | None = None) -> list:
     """The records of ``releases`` (a ledger or records) with the sensitivities of ``relation``
     (the ledger records add/remove ones; :func:`replace_one_record` for replace-one)."""
+    relation = relation_of(releases, relation)
     rels = _as_releases(releases)
-    if _relation(relation) == ADD_REMOVE:
+    if relation == ADD_REMOVE:
         return rels
     return [x for x in (replace_one_record(r) for r in rels) if x is not None]
 
 
-def dp_relation(relation: str | None = None) -> dp_accounting.NeighboringRelation:
+def dp_relation(relation: str = ADD_REMOVE) -> dp_accounting.NeighboringRelation:
     """dp-accounting's NeighboringRelation of ``relation``."""
     return (
         dp_accounting.NeighboringRelation.REPLACE_ONE
-        if _relation(relation) == REPLACE_ONE
+        if check_relation(relation) == REPLACE_ONE
         else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
     )
 
@@ -196,8 +171,9 @@ def _epsilon(accountant, releases, delta: float) -> float:
 def epsilon_rdp(releases, delta: float, *, integer_orders: bool = False, relation: str | None = None) -> float:
     """Epsilon of the composed releases (a ledger or a list of Release) at ``delta``, via RDP.
     ``integer_orders``: at integer orders only (as for a ledger with a skellam record, always).
-    ``relation``: the neighbouring relation (default :func:`current_relation`; the records'
-    sensitivities are restated for it by :func:`records_under`)."""
+    ``relation``: the neighbouring relation (default :func:`relation_of` the releases: a ledger's
+    own, else add/remove; the records' sensitivities are restated for it by :func:`records_under`)."""
+    relation = relation_of(releases, relation)
     integer_orders = integer_orders or needs_integer_orders(releases)
     rels = records_under(releases, relation)
     acc = rdp_privacy_accountant.RdpAccountant(
@@ -211,22 +187,24 @@ def pld_supported(releases, relation: str | None = None) -> bool:
     tuning, the exponential mechanism, private selection nor distributed Skellam noise (whose
     bound is an RDP one, at integer orders); under replace-one, not Laplace either (dp-accounting's
     PLD accountant has no Laplace event for that relation)."""
-    allowed = ("gaussian", "laplace") if _relation(relation) == ADD_REMOVE else ("gaussian",)
+    allowed = ("gaussian", "laplace") if relation_of(releases, relation) == ADD_REMOVE else ("gaussian",)
     return not any(isinstance(r, RepeatAndSelect) or r.mechanism not in allowed for r in _as_releases(releases))
 
 
 def epsilon_pld(releases, delta: float, discretization: float = 1e-4, *, relation: str | None = None) -> float:
     """Epsilon via privacy loss distributions (tighter; a second opinion)."""
+    relation = relation_of(releases, relation)
     if not pld_supported(releases, relation):
         raise PrivacyError(
-            "PLD accounting does not support private tuning (repeat_and_select), the exponential mechanism, private selection or Skellam noise "
+            "PLD accounting does not support private tuning (repeat_and_select), the exponential mechanism, private "
+            "selection or Skellam noise "
             "(nor Laplace under replace-one); use RDP"
         )
     acc = pld_privacy_accountant.PLDAccountant(
         value_discretization_interval=discretization, neighboring_relation=dp_relation(relation)
     )
     rels = _as_releases(releases)
-    if _relation(relation) == REPLACE_ONE:
+    if relation == REPLACE_ONE:
         # dp-accounting's two accountants read a Gaussian event differently under REPLACE_ONE:
         # the RDP accountant composes the plain Gaussian's RDP (its multiplier must be relative to
         # the replace-one sensitivity, hence records_under's doubling), while the PLD one
@@ -250,6 +228,7 @@ def epsilon_pld_second_opinion(
     """The PLD second opinion on a ledger whose reported epsilon is ``primary``: None when PLD
     does not cover the ledger (:func:`pld_supported`) or when ``primary`` exceeds
     :data:`PLD_MAX_EPSILON` (bounded time and memory at any epsilon)."""
+    relation = relation_of(releases, relation)
     if (
         primary is None
         or not math.isfinite(primary)
@@ -262,6 +241,7 @@ def epsilon_pld_second_opinion(
 
 def rdp_curve(releases, *, integer_orders: bool = False, relation: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(orders, RDP epsilons) of the composed releases (integer orders and ``relation``: see :func:`epsilon_rdp`)."""
+    relation = relation_of(releases, relation)
     integer_orders = integer_orders or needs_integer_orders(releases)
     rels = records_under(releases, relation)
     acc = rdp_privacy_accountant.RdpAccountant(
@@ -354,8 +334,8 @@ def epsilon_bounds(releases, delta: float, *, relation: str | None = None) -> tu
     dp-accounting's privacy loss distributions of its records (when every release is pure,
     this is the pure bound: pure epsilon-DP implies (epsilon, delta)-DP). The one rule for every
     reported or budgeted epsilon. ``relation``: the neighbouring relation (default
-    :func:`current_relation`)."""
-    relation = _relation(relation)
+    :func:`relation_of` the releases: a ledger's own, else add/remove)."""
+    relation = relation_of(releases, relation)
     rdp = epsilon_rdp(releases, delta, relation=relation)
     pure = epsilon_pure(releases, relation=relation)
     if pure is not None:
@@ -366,11 +346,12 @@ def epsilon_bounds(releases, delta: float, *, relation: str | None = None) -> tu
 
 # ---------------------------------------------------------------------- accountants
 class _Accountant:
-    """An accountant keeps the neighbouring relation current when it was made (a ledger's budget
-    check then uses it in whatever thread or context it runs)."""
+    """An accountant accounts under its ``relation``; None (the default): the relation of the
+    ledger that takes it (:class:`~fedpriv.privacy.ledger.PrivacyLedger` binds it to its own), or,
+    unbound, of what it is given (:func:`relation_of`: a ledger's own, add/remove for records)."""
 
     def __init__(self, relation: str | None = None):
-        self.relation = _relation(relation)
+        self.relation = None if relation is None else check_relation(relation)
 
 
 class RdpAccountant(_Accountant):
@@ -504,7 +485,7 @@ def calibrate(
     pinned: dict[str, float] | None = None,
     *,
     integer_orders: bool = False,
-    relation: str | None = None,
+    relation: str = ADD_REMOVE,
 ) -> Calibration:
     """Find the noise multipliers so that the composed plan spends ``epsilon`` at ``delta``.
 
@@ -521,12 +502,12 @@ def calibrate(
     needs: its releases carry Skellam noise, accounted at integer orders, whose RDP is at most
     the Gaussian's of the same multiplier at every order (:mod:`fedpriv.privacy.distributed`).
     ``relation``: the neighbouring relation the target holds under (default
-    :func:`current_relation`); the multipliers stay relative to the add/remove sensitivities the
+    :data:`ADD_REMOVE`); the multipliers stay relative to the add/remove sensitivities the
     ledger records. Under replace-one every release costs what :func:`replace_one_record` says
     (twice the sensitivity, no amplification by sampling, the user count free), so sampled
     releases are planned unsampled (no fair rule).
     """
-    relation = _relation(relation)
+    relation = check_relation(relation)
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ConfigError(f"must be a finite positive number, got {epsilon}", field="epsilon")
     if not (0 < delta < 1):
@@ -667,6 +648,7 @@ def epsilon_vs_colluders(records, delta: float, colluders: int = 1, *, relation:
     guarantee counted fewer colluders is recomputed with only ``shares - colluders`` shares of
     noise (Gaussian records, drawn by a trusted aggregator, are unchanged). Infinite when a
     release had no more than ``colluders`` shares."""
+    relation = relation_of(records, relation)
     out = []
     for r in getattr(records, "releases", records):
         if isinstance(r, Release) and r.mechanism == "skellam" and (r.colluders or 0) < colluders:
@@ -784,16 +766,18 @@ def _epsilon_of_delta(delta_at, delta: float, hi: float, rtol: float = 1e-7) -> 
     return hi
 
 
-def epsilon_all_runs(releases, delta: float, *, integer_orders: bool = False, exact: bool = True) -> float:
+def epsilon_all_runs(
+    releases, delta: float, *, integer_orders: bool = False, exact: bool = True, relation: str | None = None
+) -> float:
     """Epsilon at ``delta`` of a ledger with one repeat_and_compose record: what holds against
     whoever sees every run and K (a node, on the Flower engines). The smallest epsilon with
     :func:`delta_all_runs` <= delta, every delta_k from dp-accounting's ``compute_delta``.
     (``exact=False``: without the final check by dp-accounting's own function, for searches.)
-    Add/remove only: a tuning seen by the nodes is not accounted under replace-one."""
-    if current_relation() != ADD_REMOVE:
-        raise PrivacyError(
-            f"tuning whose runs the nodes see is accounted under {ADD_REMOVE!r} only, not {current_relation()!r}"
-        )
+    Add/remove only (``relation``: :func:`relation_of` the releases): a tuning seen by the nodes
+    is not accounted under replace-one."""
+    relation = relation_of(releases, relation)
+    if relation != ADD_REMOVE:
+        raise PrivacyError(f"tuning whose runs the nodes see is accounted under {ADD_REMOVE!r} only, not {relation!r}")
     orders, run, rest, (shape, mean) = all_runs_rdp(releases, integer_orders=integer_orders)
     ks, pk, tail = runs_law(shape, mean, RUNS_TAIL_FRACTION * delta)
     if tail >= delta:
@@ -815,19 +799,21 @@ def epsilon_all_runs(releases, delta: float, *, integer_orders: bool = False, ex
     return eps
 
 
-def epsilon_spent(releases, delta: float) -> float:
+def epsilon_spent(releases, delta: float, *, relation: str | None = None) -> float:
     """The one epsilon a run reports: :func:`epsilon_all_runs` for a ledger whose tuning runs were
-    all seen (repeat_and_compose), else :func:`epsilon_bounds`."""
+    all seen (repeat_and_compose), else :func:`epsilon_bounds` (``relation``: :func:`relation_of`
+    the releases)."""
+    relation = relation_of(releases, relation)
     if any(getattr(r, "mechanism", None) == "repeat_and_compose" for r in _as_releases(releases)):
-        return epsilon_all_runs(releases, delta)
-    return epsilon_bounds(releases, delta)[0]
+        return epsilon_all_runs(releases, delta, relation=relation)
+    return epsilon_bounds(releases, delta, relation=relation)[0]
 
 
-class AllRunsAccountant:
+class AllRunsAccountant(_Accountant):
     """The accountant of a tuning ledger whose runs are all seen (:func:`epsilon_spent`)."""
 
     def epsilon(self, records, delta: float) -> float:
-        return epsilon_spent(records, delta)
+        return epsilon_spent(records, delta, relation=self.relation)
 
 
 def calibrate_all_runs(
@@ -839,10 +825,12 @@ def calibrate_all_runs(
     rtol: float = 1e-4,
     *,
     integer_orders: bool = False,
+    relation: str = ADD_REMOVE,
 ) -> Calibration:
     """Noise multipliers (the share rule z_k = s / sqrt(share_k)) such that every run of the plan,
     K ~ D_{shape, gamma(mean)} runs all seen, spends ``epsilon`` at ``delta``
-    (:func:`epsilon_all_runs`); within ``rtol`` below it. Bisection on the scale s."""
+    (:func:`epsilon_all_runs`: add/remove only, ``relation`` another is refused); within ``rtol``
+    below it. Bisection on the scale s."""
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ConfigError(f"must be a finite positive number, got {epsilon}", field="epsilon")
     if not (0 < delta < 1):
@@ -859,6 +847,7 @@ def calibrate_all_runs(
             delta,
             integer_orders=integer_orders,
             exact=exact,
+            relation=relation,
         )
 
     lo, hi, e_hi = _bisect_scale(eps, epsilon, 0.5, 1.0, 2.0, rtol)

@@ -16,6 +16,7 @@ A ledger may carry a budget: a release that would take the accounted epsilon pas
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -30,6 +31,7 @@ from ..util.threads import map_chunks
 from . import selection as mech
 from .records import Release, RepeatAndSelect, records_from_list
 from .sampling import lattice_gaussian
+from .target import ADD_REMOVE, check_relation
 from .symmetric import from_upper, upper
 
 
@@ -105,6 +107,11 @@ class PrivacyLedger:
     of the records past it is refused before anything is drawn. The accountant is an object
     with ``epsilon(records, delta)`` (:mod:`fedpriv.privacy.accounting`: RDP, PLD, pure,
     best-of), given by the caller: the ledger imports no accounting.
+    ``relation``: the neighbouring relation of the run (:mod:`fedpriv.privacy.target`;
+    ``replace_one`` for a deployment). The records keep their add/remove sensitivities; the
+    relation travels with the ledger, so that every epsilon read from it (its budget check, the
+    run's ``metrics.json``, the noise-aware rule) holds under it. An accountant made without a
+    relation is bound to the ledger's; one made with another relation is refused.
     """
 
     seed: int | None = field(default=None, repr=False)
@@ -112,16 +119,39 @@ class PrivacyLedger:
     budget: tuple[float, float] | None = None
     releases: list[Release | RepeatAndSelect] = field(default_factory=list)
     accountant: object = field(default=None, repr=False)
+    relation: str = ADD_REMOVE
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.accountant is None:
             raise PrivacyError(
                 "a ledger with a budget needs an accountant (fedpriv.privacy.accounting.BestOfAccountant(), ...)"
             )
+        check_relation(self.relation, field="relation")
+        self._bind_accountant()
         if self.secure or self.seed is None:
             self.secure, self.seed, self._rng = True, None, None
         else:
             self._rng = np.random.Generator(np.random.PCG64(self.seed))
+
+    def _bind_accountant(self) -> None:
+        """The accountant accounts under the ledger's relation: one made without a relation (None)
+        is bound to it (a copy: the caller's object is left as it is); an accountant of another
+        relation is refused, and so is one that states none for a ledger that is not add/remove."""
+        acc = self.accountant
+        if acc is None:
+            return
+        if not hasattr(acc, "relation"):
+            if self.relation != ADD_REMOVE:
+                raise PrivacyError(
+                    f"a {self.relation} ledger needs an accountant that accounts under it (a `relation` attribute)"
+                )
+            return
+        if acc.relation is None:
+            acc = copy.copy(acc)
+            acc.relation = self.relation
+            self.accountant = acc
+        elif acc.relation != self.relation:
+            raise PrivacyError(f"the ledger accounts under {self.relation!r}, its accountant under {acc.relation!r}")
 
     def __getstate__(self) -> dict:
         """A copy or pickle of the ledger leaves its device generators behind: it keys its own on
@@ -165,15 +195,20 @@ class PrivacyLedger:
         self.releases[:] = after
 
     def state_dict(self) -> dict:
-        """The records and the generator's state (a checkpoint of this ledger)."""
+        """The records, the relation and the generator's state (a checkpoint of this ledger)."""
         return {
             "records": self.to_list(),
             "budget": self.budget,
+            "relation": self.relation,
             "rng": None if self._rng is None else self._rng.bit_generator.state,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict` (a reproducible ledger continues its stream)."""
+        """Restore :meth:`state_dict` (a reproducible ledger continues its stream; the state of a
+        ledger under another relation is refused)."""
+        relation = state.get("relation", ADD_REMOVE)
+        if relation != self.relation:
+            raise PrivacyError(f"a ledger state under {relation!r} cannot be loaded into a {self.relation!r} ledger")
         self.releases[:] = records_from_list(state["records"])
         self.budget = tuple(state["budget"]) if state.get("budget") is not None else None
         if state.get("rng") is not None:
@@ -355,7 +390,8 @@ class PrivacyLedger:
         users under another name. The non-private reference ``rnmh`` is refused."""
         if mechanism not in mech.PRIVATE:
             raise PrivacyError(
-                f"release {name!r}: {mechanism!r} is not a private selection mechanism (private: {', '.join(mech.PRIVATE)})"
+                f"release {name!r}: {mechanism!r} is not a private selection mechanism (private: "
+                f"{', '.join(mech.PRIVATE)})"
             )
         _positive(name, "epsilon", epsilon)
         q = np.asarray(scores, dtype=np.float64)
@@ -412,7 +448,8 @@ class PrivacyLedger:
         for i, led in enumerate(runs[1:], start=1):
             if accounted(led) != first:
                 raise PrivacyError(
-                    f"release {name!r}: run {i} made other releases than run 0; tuning needs one plan for every candidate"
+                    f"release {name!r}: run {i} made other releases than run 0; tuning needs one plan for every "
+                    f"candidate"
                 )
         if any(isinstance(r, RepeatAndSelect) for r in runs[0].releases):
             raise PrivacyError(f"release {name!r}: nested tuning is not supported")
@@ -432,15 +469,18 @@ class PrivacyLedger:
 
         if not runs:
             raise PrivacyError(f"release {name!r}: tuning needs at least one run")
-        accounted = lambda led: sorted(
-            (r.name, r.mechanism, round(r.noise_multiplier, 12), r.sampling_rate, r.accounted_count)
-            for r in led.releases
-        )  # noqa: E731
+        def accounted(led):
+            return sorted(
+                (r.name, r.mechanism, round(r.noise_multiplier, 12), r.sampling_rate, r.accounted_count)
+                for r in led.releases
+            )
+
         first = accounted(runs[0])
         for i, led in enumerate(runs[1:], start=1):
             if accounted(led) != first:
                 raise PrivacyError(
-                    f"release {name!r}: run {i} made other releases than run 0; tuning needs one plan for every candidate"
+                    f"release {name!r}: run {i} made other releases than run 0; tuning needs one plan for every "
+                    f"candidate"
                 )
         if any(not isinstance(r, Release) for r in runs[0].releases):
             raise PrivacyError(f"release {name!r}: nested tuning is not supported")

@@ -163,29 +163,41 @@ class BudgetPlan:
             "",
             f"Neighbouring relation: {RELATION_TEXT[self.relation]}.",
             "",
-            "| release | count | budget fraction | sampling rate | L2 sensitivity | noise multiplier | noise std | epsilon alone (RDP) |",
+            "| release | count | budget fraction | sampling rate | L2 sensitivity | noise multiplier | noise std | "
+            "epsilon alone (RDP) |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for r in self.rows():
             lines.append(
-                f"| {r['release']} | {r['count']} | {r['budget_fraction']:.4f} | {fmt(r['sampling_rate'])} | {fmt(r['sensitivity'])} | "
+                f"| {r['release']} | {r['count']} | {r['budget_fraction']:.4f} | {fmt(r['sampling_rate'])} | "
+                f"{fmt(r['sensitivity'])} | "
                 f"{fmt(r['noise_multiplier'])} | {fmt(r['noise_std'])} | {fmt(r['epsilon_alone'])} |"
             )
+        pld = (
+            fmt(s["epsilon_pld"])
+            if s["epsilon_pld"] is not None
+            else _no_pld(self.records(), s["epsilon_rdp"], self.relation)
+        )
         lines += [
             "",
             "| accountant | value |",
             "|---|---|",
-            f"| epsilon (RDP, dp-accounting{', integer orders' if self.integer_orders else ''}) | {fmt(s['epsilon_rdp'])} |",
-            f"| epsilon (PLD, dp-accounting) | {fmt(s['epsilon_pld']) if s['epsilon_pld'] is not None else _no_pld(self.records(), s['epsilon_rdp'], self.relation)} |",
-            f"| zCDP rho | {fmt(s['rho_zcdp']) if s['rho_zcdp'] is not None else 'not defined (sampled releases or tuning)'} |",
+            f"| epsilon (RDP, dp-accounting{', integer orders' if self.integer_orders else ''}) | "
+            f"{fmt(s['epsilon_rdp'])} |",
+            f"| epsilon (PLD, dp-accounting) | {pld} |",
+            f"| zCDP rho | "
+            f"{fmt(s['rho_zcdp']) if s['rho_zcdp'] is not None else 'not defined (sampled releases or tuning)'} |",
         ]
         if s["epsilon_one_shot"] is not None:
             lines.append(
-                f"| epsilon of the one-shot releases alone ({', '.join(r for r in self.one_shot if r in {p.name for p in self.planned})}) | {fmt(s['epsilon_one_shot'])} ({s['epsilon_one_shot'] / self.epsilon:.1%} of the target) |"
+                f"| epsilon of the one-shot releases alone "
+                f"({', '.join(r for r in self.one_shot if r in {p.name for p in self.planned})}) | "
+                f"{fmt(s['epsilon_one_shot'])} ({s['epsilon_one_shot'] / self.epsilon:.1%} of the target) |"
             )
         if self.tuning is not None:
             lines.append(
-                f"| tuning | random stopping, E[K] = {self.tuning.mean:g}, shape {self.tuning.shape:g}; rho of one run {fmt(s['rho_zcdp_one_run'])} |"
+                f"| tuning | random stopping, E[K] = {self.tuning.mean:g}, shape {self.tuning.shape:g}; rho of one run "
+                f"{fmt(s['rho_zcdp_one_run'])} |"
             )
         for n in self.notes:
             lines.append(f"\n{n}")
@@ -202,14 +214,13 @@ def calibrated_plan(
     rating_range: tuple[float, float] = (1.0, 5.0),
     tuning: TuningPlan | None = None,
     integer_orders: bool = False,
-    relation: str | None = None,
+    relation: str = ADD_REMOVE,
 ) -> BudgetPlan:
     """Calibrate a release plan (the algorithm's releases and their L2 sensitivities, from the
     algorithm layer: :func:`fedpriv.algorithms.plans.budget_plan`) to (epsilon, delta);
     ``integer_orders``: at integer RDP orders only (secure mode, see :func:`calibrate`);
-    ``relation``: the neighbouring relation of the target (default: the current one,
-    :func:`fedpriv.privacy.accounting.current_relation`; ``fedpriv privacy plan --deployment``
-    plans under replace-one, as ``fedpriv deploy run`` calibrates)."""
+    ``relation``: the neighbouring relation of the target (default add/remove; ``fedpriv privacy
+    plan --deployment`` plans under replace-one, as ``fedpriv deploy run`` calibrates)."""
     if not planned:
         raise ConfigError(f"algorithm {algorithm!r} is not private: it has no releases to plan", field="algorithm")
     sens = dict(sensitivities)
@@ -229,16 +240,20 @@ def calibrated_plan(
     if cal.relation == REPLACE_ONE:
         free = [p.name for p in planned if p.name in REPLACE_INVARIANT]
         notes.append(
-            "Replace-one (a deployment: public/meta.json publishes the exact number of enrolled users, so adding or removing a user is "
-            "not hidden; one user's data replaced by anybody's is): every release moves by at most twice its add/remove "
-            "sensitivity (the sensitivities above are the add/remove ones the ledger records), Poisson-sampled releases are "
+            "Replace-one (a deployment: public/meta.json publishes the exact number of enrolled users, so adding or "
+            "removing a user is "
+            "not hidden; one user's data replaced by anybody's is): every release moves by at most twice its "
+            "add/remove "
+            "sensitivity (the sensitivities above are the add/remove ones the ledger records), Poisson-sampled "
+            "releases are "
             "accounted unsampled (dp-accounting's RDP accountant has no sampled event under replace-one)"
             + (f", and the released user count ({', '.join(free)}) costs nothing (it cannot move)" if free else "")
             + ". The epsilon above holds under replace-one, as `fedpriv deploy run` reports it."
         )
     if tuning is not None:
         notes.append(
-            "PLD accounting does not cover repeat-and-select: epsilon is from RDP (Papernot and Steinke 2022, Theorem 2, in dp-accounting)."
+            "PLD accounting does not cover repeat-and-select: epsilon is from RDP (Papernot and Steinke 2022, Theorem "
+            "2, in dp-accounting)."
         )
     return BudgetPlan(algorithm, epsilon, delta, planned, sens, cal, tuning, notes)
 
@@ -249,7 +264,7 @@ RELATION_TEXT = {
 }
 
 
-def _no_pld(records, epsilon_rdp: float, relation: str | None = None) -> str:
+def _no_pld(records, epsilon_rdp: float, relation: str = ADD_REMOVE) -> str:
     """Why a plan's table shows no PLD epsilon."""
     if not pld_supported(records, relation):
         return "not supported for this plan"
@@ -273,7 +288,9 @@ class AllRunsBudgetPlan(BudgetPlan):
             "algorithm": self.algorithm,
             "epsilon_target": self.epsilon,
             "delta": self.delta,
-            "epsilon_rdp": epsilon_all_runs(recs, self.delta, integer_orders=self.integer_orders),
+            "epsilon_rdp": epsilon_all_runs(
+                recs, self.delta, integer_orders=self.integer_orders, relation=self.relation
+            ),
             "epsilon_pld": None,
             "rho_zcdp": None,
             "rho_zcdp_one_run": None
@@ -299,11 +316,18 @@ def all_runs_plan(plan: BudgetPlan) -> AllRunsBudgetPlan:
     if plan.tuning is None:
         raise ConfigError("an all-runs plan is a tuned plan: give tuning", field="tune")
     cal = calibrate_all_runs(
-        plan.planned, plan.epsilon, plan.delta, plan.tuning.mean, plan.tuning.shape, integer_orders=plan.integer_orders
+        plan.planned,
+        plan.epsilon,
+        plan.delta,
+        plan.tuning.mean,
+        plan.tuning.shape,
+        integer_orders=plan.integer_orders,
+        relation=plan.relation,
     )
     notes = [
         "Tuning seen by the nodes: every run and K are seen, so epsilon is that of the k-fold composition of one run, "
-        "its delta averaged over the public law of K (dp-accounting's RDP per k; the tail past a public cut added to delta)."
+        "its delta averaged over the public law of K (dp-accounting's RDP per k; the tail past a public cut added to "
+        "delta)."
     ]
     return AllRunsBudgetPlan(
         plan.algorithm,
@@ -331,10 +355,17 @@ def all_runs_plan_of(plan: BudgetPlan, tuning: TuningPlan, rating_range: tuple[f
     )
     sens = {**plan.sensitivities, SCORE_RELEASE: score_sensitivity(tuning.clip(rating_range))}
     cal = calibrate_all_runs(
-        planned, plan.epsilon, plan.delta, tuning.mean, tuning.shape, integer_orders=plan.integer_orders
+        planned,
+        plan.epsilon,
+        plan.delta,
+        tuning.mean,
+        tuning.shape,
+        integer_orders=plan.integer_orders,
+        relation=plan.relation,
     )
     notes = [
         "Tuning seen by the nodes: every run and K are seen, so epsilon is that of the k-fold composition of one run, "
-        "its delta averaged over the public law of K (dp-accounting's RDP per k; the tail past a public cut added to delta)."
+        "its delta averaged over the public law of K (dp-accounting's RDP per k; the tail past a public cut added to "
+        "delta)."
     ]
     return AllRunsBudgetPlan(plan.algorithm, plan.epsilon, plan.delta, planned, sens, cal, tuning, notes, plan.one_shot)

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 
 from ..algorithms import als
 from ..algorithms.metrics import run_header
-from ..privacy.accounting import ADD_REMOVE, current_relation, epsilon_bounds, epsilon_pld_second_opinion, epsilon_spent
+from ..errors import PrivacyError
+from ..privacy.accounting import ADD_REMOVE, epsilon_bounds, epsilon_pld_second_opinion, epsilon_spent
 from ..privacy.randomness import RunSecrets
 from .base import Trained, check_options, engine_options
 from .inputs import noise_statement
@@ -63,6 +64,8 @@ def _header(plan, engine, cfg, secrets: RunSecrets, data: dict) -> dict:
         **noise_statement(secrets),
         # who saw exact sums: the ServerApp's aggregator step (central) or nobody (secure)
         "aggregation": cfg.aggregation.mode,
+        # a deployment (its enrolled count is public): the relation every epsilon here holds under
+        **({"neighbouring_relation": job.relation} if plan.private and job.relation != ADD_REMOVE else {}),
     }
 
 
@@ -113,33 +116,32 @@ def _recommendation_phase(metrics: dict, trained: Trained, plan, delta: float) -
     """The recommendation phase's own ledger, composed with training for the run's epsilon:
     (the releases to account, private)."""
     rec_cfg, ledger, rec_ledger = plan.recommend, trained.ledger, trained.rec_ledger
+    assert rec_ledger is not None, "a recommendation phase has its own ledger"
     metrics["recommendation"].update(
         {
             "mechanism": rec_cfg.mechanism,
             "sensitivity_source": rec_cfg.sensitivity,
             "epsilon_select": rec_cfg.epsilon,
-            "epsilon": epsilon_bounds(rec_ledger, delta)[0],
+            "epsilon": epsilon_bounds(rec_ledger, delta, relation=plan.job.relation)[0],
             "params": rec_cfg.params,
             # the score histogram (quantile source) is a secure sum in secure mode
             "aggregation": trained.state.config.aggregation.mode,
         }
     )
-    metrics["epsilon_training"] = epsilon_bounds(ledger, delta)[0] if plan.private else None
+    metrics["epsilon_training"] = epsilon_bounds(ledger, delta, relation=plan.job.relation)[0] if plan.private else None
     return ([*ledger.releases, *rec_ledger.releases] if plan.private else rec_ledger), True
 
 
-def _epsilons(metrics: dict, ledger, delta: float, private: bool, second_opinion: bool) -> None:
+def _epsilons(metrics: dict, ledger, delta: float, private: bool, second_opinion: bool, relation: str) -> None:
     if private:
         metrics["epsilon_spent"] = epsilon_spent(
-            ledger, delta
+            ledger, delta, relation=relation
         )  # a tuning seen by the nodes: every run, over the law of K
         metrics["epsilon_spent_pld"] = (
-            epsilon_pld_second_opinion(ledger, delta, metrics["epsilon_spent"]) if second_opinion else None
+            epsilon_pld_second_opinion(ledger, delta, metrics["epsilon_spent"], relation=relation)
+            if second_opinion
+            else None
         )
-        if (
-            current_relation() != ADD_REMOVE
-        ):  # a deployment (its enrolled count is public): the relation every epsilon here holds under
-            metrics["neighbouring_relation"] = current_relation()
     else:
         metrics["epsilon_spent"] = None
         metrics["epsilon_spent_pld"] = None
@@ -152,10 +154,11 @@ def finish(
     config in ``metrics``; returns (metrics, ledger records)."""
     state, job = trained.state, plan.job
     records, ledger, private = trained.ledger.to_list(), trained.ledger, plan.private
+    _same_relation(ledger, plan)
     if trained.rec_ledger is not None:
         ledger, private = _recommendation_phase(metrics, trained, plan, job.delta)
         records = records + trained.rec_ledger.to_list()
-    _epsilons(metrics, ledger, job.delta, private, second_opinion)
+    _epsilons(metrics, ledger, job.delta, private, second_opinion, job.relation)
     metrics["noise_multipliers"] = dict(state.multipliers)
     metrics["released_mean"] = state.mean
     metrics["released_n_users"] = (
@@ -183,6 +186,14 @@ def finish(
     return _clean(metrics), records
 
 
+def _same_relation(ledger, plan) -> None:
+    """A private run's engine calibrates under the job's relation: its ledger carries it (else the
+    reported epsilon would hold under one relation for a run calibrated under another)."""
+    relation = getattr(ledger, "relation", ADD_REMOVE)
+    if plan.private and relation != plan.job.relation:
+        raise PrivacyError(f"the run's ledger accounts under {relation!r}, the job under {plan.job.relation!r}")
+
+
 def run_blocks(plan, engine, secrets: RunSecrets, *, progress: bool = False, second_opinion: bool = True) -> Finished:
     """A block family's run (:class:`~fedpriv.algorithms.families.Family`: DP model
     personalization, ...): (metrics, ledger records, released state), the CLI contract."""
@@ -193,6 +204,7 @@ def run_blocks(plan, engine, secrets: RunSecrets, *, progress: bool = False, sec
     opts = _run_options(plan, engine)
     trained = engine.train(plan, opts, secrets, progress=progress)
     state, ledger, private = trained.state, trained.ledger, plan.private
+    _same_relation(ledger, plan)
     measured = dict(trained.measured)
     plan.evaluation.measure(state, data, measured, on_nodes=trained.on_nodes)
     metrics = {
@@ -201,8 +213,8 @@ def run_blocks(plan, engine, secrets: RunSecrets, *, progress: bool = False, sec
         **family.report_keys(data, state),
         **measured,
         "references": family.references(data),
-        **_personal_epsilons(ledger, job.delta, private),
-        "rho_zcdp": zcdp_rho(ledger) if private else None,
+        **_personal_epsilons(ledger, job.delta, private, job.relation),
+        "rho_zcdp": zcdp_rho(ledger, relation=job.relation) if private else None,
         "noise_multipliers": dict(state.multipliers),
         "aggregation": cfg.aggregation.mode,
         **trained.counters,
@@ -223,18 +235,16 @@ def run_blocks(plan, engine, secrets: RunSecrets, *, progress: bool = False, sec
     return Finished(_clean(metrics), ledger.to_list(), state, None)
 
 
-def _personal_epsilons(ledger, delta: float, private: bool) -> dict:
+def _personal_epsilons(ledger, delta: float, private: bool, relation: str) -> dict:
     """epsilon_spent by the rule of :func:`~fedpriv.privacy.accounting.epsilon_bounds` (the pure
     epsilon counts when every release is pure DP, as for pam-exp), with the RDP and PLD values."""
     if not private:
         return {"epsilon_spent": None, "epsilon_spent_pld": None}
-    spent, rdp, pure = epsilon_bounds(ledger, delta)
-    out = {"epsilon_spent": spent, "epsilon_spent_rdp": rdp}
-    out["epsilon_spent_pld"] = epsilon_pld_second_opinion(ledger, delta, spent)
+    spent, rdp, pure = epsilon_bounds(ledger, delta, relation=relation)
+    out: dict[str, object] = {"epsilon_spent": spent, "epsilon_spent_rdp": rdp}
+    out["epsilon_spent_pld"] = epsilon_pld_second_opinion(ledger, delta, spent, relation=relation)
     if pure is not None:
         out["epsilon_pure"] = pure
-    if (
-        current_relation() != ADD_REMOVE
-    ):  # a deployment (its enrolled count is public): every epsilon here holds under it
-        out["neighbouring_relation"] = current_relation()
+    if relation != ADD_REMOVE:  # a deployment (its enrolled count is public): every epsilon here holds under it
+        out["neighbouring_relation"] = relation
     return out

@@ -67,6 +67,7 @@ def flower_job(plan, cfg, opts, work_dir, secrets, **extra):
         node_wait_seconds=opts.node_wait,
         secrets=secrets,
         public=plan.public,
+        relation=plan.job.relation,
         **extra,
     )
 
@@ -132,7 +133,8 @@ class FlowerOptions(Engine):
     node_wait: float | None = None
     work_dir: str | os.PathLike | None = None  # keeps the server's checkpoint (rerun to resume)
     device: str | None = (
-        None  # where the server computes its solves and fits: "cpu" (default), "cuda", "cuda:N" (the nodes: their own config)
+        # where the server computes its solves and fits: "cpu" (default), "cuda", "cuda:N" (the nodes: their own config)
+        None
     )
     name: ClassVar[str] = "flower"
     sets: ClassVar[tuple[str, ...]] = ("users_per_node", "nodes", "round_timeout", "node_wait")

@@ -80,6 +80,7 @@ class InProcess(Engine):
             item_features=plan.dataset.item_features,
             progress=progress,
             secrets=secrets,
+            relation=plan.job.relation,
         )
         trained = Trained(result.state, result.ledger, result.timings)
         if plan.recommend is not None:
@@ -90,6 +91,7 @@ class InProcess(Engine):
                 plan.recommend,
                 users_per_shard=opts.users_per_shard or None,
                 secrets=secrets,
+                relation=plan.job.relation,
             )
         return trained
 

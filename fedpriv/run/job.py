@@ -29,7 +29,7 @@ from ..algorithms.evaluations import evaluation_for
 from ..data.spec import HELDOUT_KINDS, load_spec, require_declared_catalogue
 from ..data.splits import heldout_users_split, random_split
 from ..errors import ConfigError
-from ..privacy.accounting import ADD_REMOVE
+from ..privacy.target import ADD_REMOVE, Privacy, check_relation
 from .inputs import RunOptions, check_privacy_target, resolve_data
 
 if TYPE_CHECKING:
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from ..data.spec import DataSpec
     from ..data.splits import HeldoutSplit, RatingSplit
     from ..privacy.plan import BudgetPlan
-    from ..privacy.randomness import RunSecrets
     from .engines import Engine
     from .execute import Finished
     from .model import Model, PersonalModel
@@ -61,6 +60,9 @@ class Job:
     DataFrame's columns and catalogue. ``params``: hyperparameters of the algorithm and run
     options (split, tuning, recommendation), typed. ``noise_seed``: reproducible noise (privacy
     then holds only against those who know not the seed); by default the noise is secret.
+    ``relation``: the neighbouring relation every epsilon holds under (``"add_remove"``, or
+    ``"replace_one"`` where the user count is public, as in a deployment): calibration, the
+    noise-aware rule and ``metrics.json`` read it from the job, on every engine.
     ``dataset``: the loaded data of a spec (skips loading it again)."""
 
     algorithm: str  # a name, or a typed configuration (fedpriv.algorithms.typed): its name is kept
@@ -68,6 +70,7 @@ class Job:
     epsilon: float | None = None
     delta: float = 1e-5
     noise_seed: int | None = None
+    relation: str = ADD_REMOVE
     params: Mapping[str, Any] = field(default_factory=dict)
     data_options: Mapping[str, Any] = field(default_factory=dict)
     dataset: Any = field(default=None, repr=False)
@@ -79,6 +82,11 @@ class Job:
             object.__setattr__(self, "algorithm", algorithm)
         object.__setattr__(self, "params", MappingProxyType(params))
         object.__setattr__(self, "data_options", MappingProxyType(dict(self.data_options or {})))
+
+    @property
+    def privacy(self) -> Privacy:
+        """The privacy target: (epsilon, delta), the relation and the noise seed."""
+        return Privacy(self.epsilon, self.delta, self.relation, self.noise_seed)
 
     def prepare(self) -> Plan:
         """Validate, load, split: the frozen :class:`Plan` of the job's kind (raises
@@ -119,7 +127,7 @@ class Plan:
     @property
     def relation(self) -> str:
         """The neighbouring relation every epsilon of the run holds under."""
-        return getattr(self.job, "relation", ADD_REMOVE)
+        return self.job.relation
 
     @property
     def n_users(self) -> int:
@@ -224,6 +232,7 @@ def prepare_plan(job):
         check_privacy_target(job.epsilon, job.delta)
     if job.noise_seed is not None and (isinstance(job.noise_seed, bool) or not isinstance(job.noise_seed, int)):
         raise ConfigError(f"must be an integer, got {job.noise_seed!r}", field="--noise-seed")
+    check_relation(job.relation, field="relation")
     spec, ds = resolve_data(job.data, job.data_options)
     if job.dataset is not None:
         ds = job.dataset
@@ -270,7 +279,8 @@ def _server_plan(job, family, spec, public, private: bool, opts: RunOptions, cfg
     given = PROTOCOLS.get(opts.split)  # None: auto
     if PROTOCOLS.get(public.protocol) is not RANDOM or given not in (None, RANDOM):
         raise ConfigError(
-            f"a partitioned deployment evaluates on the nodes with the random split; got {opts.split if given is not None else public.protocol!r}",
+            f"a partitioned deployment evaluates on the nodes with the random split; got "
+            f"{opts.split if given is not None else public.protocol!r}",
             field="split",
         )
     if opts.tune:
@@ -344,7 +354,8 @@ def typed_params(config: Any, params: dict) -> tuple[str, dict]:
 
     if not isinstance(config, AlgorithmConfig):
         raise ConfigError(
-            f"expected an algorithm name or a typed configuration (fedpriv.algorithms.typed), got {type(config).__name__}",
+            f"expected an algorithm name or a typed configuration (fedpriv.algorithms.typed), got "
+            f"{type(config).__name__}",
             field="algorithm",
         )
     try:

@@ -29,15 +29,17 @@ from ..algorithms import als, registry
 from ..algorithms.plans import budget_plan
 from ..engine.inprocess import tuning_candidate
 from ..errors import ConfigError
-from ..privacy.accounting import AllRunsAccountant, BestOfAccountant
+from ..privacy.accounting import ADD_REMOVE, AllRunsAccountant, BestOfAccountant
 from ..privacy.ledger import PrivacyLedger, public_draws
 from ..privacy.plan import SCORE_RELEASE, BudgetPlan, TuningPlan, all_runs_plan_of, score_sensitivity
 from ..privacy.randomness import RunSecrets
 
 #: what a tuning's accounting covers (``tune`` ``view``), as ``metrics.json`` states it
 VIEWS = {
-    "selected": "the selected run only, K hidden (repeat_and_select): every run stays inside the one process that selects",
-    "all": "every run and K, as a Flower node sees them (repeat_and_compose: each k-fold composition, averaged over the public law of K)",
+    "selected": "the selected run only, K hidden (repeat_and_select): every run stays inside the one process that "
+                "selects",
+    "all": "every run and K, as a Flower node sees them (repeat_and_compose: each k-fold composition, averaged over "
+           "the public law of K)",
 }
 
 
@@ -50,7 +52,8 @@ def view_of(option: str, others_see_every_run: bool) -> str:
     if others_see_every_run:
         if option == "selected":
             raise ConfigError(
-                "on the Flower engines every node sees every run of the tuning: its epsilon must cover them all (tune_view=all)",
+                "on the Flower engines every node sees every run of the tuning: its epsilon must cover them all "
+                "(tune_view=all)",
                 field="tune_view",
             )
         return "all"
@@ -130,6 +133,7 @@ def tune(
     secrets: RunSecrets | None = None,
     train_candidate: CandidateRunner | None = None,
     view: str = "selected",
+    relation: str = ADD_REMOVE,
 ) -> tuple[object, PrivacyLedger, dict, BudgetPlan]:
     """Run private tuning; returns (train result of the selected run, the tuning ledger, a
     report of the selected run only, the budget plan). ``train_candidate``: one run on another
@@ -138,16 +142,19 @@ def tune(
     ``repeat_and_select`` record; only where nobody but this process sees the other runs, i.e.
     in process), or ``"all"``, every run and K seen (one ``repeat_and_compose`` record, the view
     of a Flower node; calibrated by :func:`fedpriv.privacy.plan.all_runs_plan`). A
-    ``train_candidate`` whose runs other parties see needs ``"all"``."""
+    ``train_candidate`` whose runs other parties see needs ``"all"``. ``relation``: the job's
+    neighbouring relation (calibrated under; the tuning ledger carries it)."""
     if view not in VIEWS:
         raise ConfigError(f"must be one of {', '.join(VIEWS)}, got {view!r}", field="tune_view")
     if train_candidate is None:
         train_candidate = tuning_candidate(algorithm, split, rating_range, epsilon, delta, item_features)
-    configs, plan = _calibrated(algorithm, base_overrides, grid, tuning, rating_range, epsilon, delta, view)
+    configs, plan = _calibrated(algorithm, base_overrides, grid, tuning, rating_range, epsilon, delta, view, relation)
     clip = tuning.clip(rating_range)
     secrets = secrets if secrets is not None else RunSecrets()
     accountant = AllRunsAccountant() if view == "all" else BestOfAccountant()
-    parent = PrivacyLedger(seed=secrets.ledger_seed("tuning"), budget=(epsilon, delta), accountant=accountant)
+    parent = PrivacyLedger(
+        seed=secrets.ledger_seed("tuning"), budget=(epsilon, delta), accountant=accountant, relation=relation
+    )
     k_runs = parent.repetitions("tuning_runs", shape=tuning.shape, mean=tuning.mean)
     # the candidate of each run is drawn from secret randomness: a public sequence of candidates
     # would tell how many runs it took to reach the selected one (a bound on K)
@@ -182,6 +189,7 @@ def _calibrated(
     epsilon: float,
     delta: float,
     view: str,
+    relation: str = ADD_REMOVE,
 ):
     """(the grid's candidate configurations, the one budget plan that covers every run)."""
     spec = registry.get(algorithm)
@@ -195,9 +203,13 @@ def _calibrated(
     check_same_plan(algorithm, configs, False, grid)
     if view == "all":  # every run is seen: calibrated so that their composition over the law of K spends epsilon
         return configs, all_runs_plan_of(
-            budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range), tuning, rating_range
+            budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, relation=relation),
+            tuning,
+            rating_range,
         )
-    return configs, budget_plan(algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning)
+    return configs, budget_plan(
+        algorithm, configs[0], epsilon, delta, rating_range=rating_range, tuning=tuning, relation=relation
+    )
 
 
 def _selected_report(grid: dict, n_candidates: int, tuning: TuningPlan, clip: float, best: tuple) -> dict:
@@ -247,6 +259,7 @@ class Tuned:
                 secrets=secrets,
                 train_candidate=candidates.run,
                 view=view,
+                relation=plan.job.relation,
             )
         finally:
             candidates.cleanup()

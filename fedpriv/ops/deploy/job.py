@@ -72,27 +72,24 @@ def run_deployed_job(
         )
     else:  # the ServerApp starts from the partition's public metadata only: it never opens a ratings file
         data = f"public:{cfg.run_dir / 'public'}"
+    from ...privacy.target import REPLACE_ONE
     from ...run import Job
     from .engine import Deployment
 
-    from ...privacy.accounting import REPLACE_ONE, neighbouring
-
-    with neighbouring(
-        REPLACE_ONE
-    ):  # the enrolled count is public: every epsilon holds for replace-one (the ServerApp's too)
-        plan = Job(
-            algorithm, data, epsilon=epsilon, delta=delta, params=overrides
-        ).prepare()  # every check of `fedpriv run`, no training
-        engine = Deployment(
-            cfg=cfg,
-            out=out,
-            quiet=quiet,
-            timeout=timeout,
-            round_timeout=float(round_timeout),
-            node_wait=float(node_wait),
-            work_dir=work_dir,
-        )
-        outcome = plan.execute(engine)
+    # the enrolled count is public: every epsilon holds for replace-one (the ServerApp's too)
+    plan = Job(
+        algorithm, data, epsilon=epsilon, delta=delta, params=overrides, relation=REPLACE_ONE
+    ).prepare()  # every check of `fedpriv run`, no training
+    engine = Deployment(
+        cfg=cfg,
+        out=out,
+        quiet=quiet,
+        timeout=timeout,
+        round_timeout=float(round_timeout),
+        node_wait=float(node_wait),
+        work_dir=work_dir,
+    )
+    outcome = plan.execute(engine)
     metrics = outcome.report.to_json()
     metrics["deploy_wall_seconds"] = time.perf_counter() - t0
     return metrics

@@ -17,14 +17,13 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from ..algorithms.families import EVAL_KIND, Family, ReplyPart
 from ..engine.loop import Hooks, make_aggregator, step_seconds, train_rounds
-from ..errors import ConfigError
 from ..privacy.accounting import ADD_REMOVE
 from ..privacy.ledger import PrivacyLedger
 from ..privacy.randomness import RunSecrets
 from . import codec
 from .counters import RoundCounters
 from .node_secrets import write_raw_ids
-from .rounds import Rounds, wait_for_nodes
+from .rounds import Rounds, job_rounds, wait_for_nodes
 
 log = logging.getLogger("fedpriv.flower")
 
@@ -208,18 +207,7 @@ def run_block_job(grid, job: BlockJob) -> BlockResult:
         from .node_secrets import write_key_file
 
         key_file = write_key_file(job.work_dir, job.secrets.client_key())
-    nodes = wait_for_nodes(grid, n_parts, job.node_wait_seconds)
-    if len(nodes) < n_parts:
-        raise ConfigError(
-            f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(nodes)} registered",
-            field="users-per-node",
-        )
-    progress = None
-    if job.progress:
-        from .progress import Progress
-
-        progress = Progress(job.delta, lambda: result.ledger, job.epsilon, relation=job.relation)
-    rounds = Rounds(grid, nodes, result, job.round_timeout, progress=progress)
+    rounds = job_rounds(grid, job, result, wait_for_nodes(grid, n_parts, job.node_wait_seconds), n_parts)
     rounds.nodes = _serving_nodes(grid, job, rounds, encode_block_state(family, state, data_dir, job.users_per_node))
     result.nodes = len(rounds.nodes)
 
@@ -235,6 +223,7 @@ def run_block_job(grid, job: BlockJob) -> BlockResult:
         tot = transport.collect(EVAL_KIND, "evaluate", [ReplyPart("values", 2, float("inf"))], bounded=False)
     result.rounds, result.bytes_up, result.bytes_down = before
     result.evaluation = family.evaluate_sums(tot["values"], data, state)
+    progress = rounds.progress
     if progress is not None:
         shown = {_label(key): value for key, value in result.evaluation.items() if value is not None}
         progress.summary(result.round_log, result.rejected, shown, counters=result)

@@ -134,6 +134,25 @@ class Rounds:
         self.result.rejected.append({"round": name, "node": int(node), "reason": reason})
 
 
+def job_rounds(grid: Grid, job, result: RoundCounters, registered: list[int], n_parts: int) -> Rounds:
+    """The rounds of ``job`` (a rating or a block family's job) over the nodes that registered:
+    a ConfigError naming users-per-node when fewer than its ``n_parts`` partitions registered;
+    one progress line per round when the job asks for them."""
+    if len(registered) < n_parts:
+        from ..errors import ConfigError
+
+        raise ConfigError(
+            f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(registered)} registered",
+            field="users-per-node",
+        )
+    progress = None
+    if job.progress:
+        from .progress import Progress
+
+        progress = Progress(job.delta, lambda: result.ledger, job.epsilon, relation=job.relation)
+    return Rounds(grid, registered, result, job.round_timeout, progress=progress)
+
+
 def wait_for_nodes(grid: Grid, n: int, seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
     while True:

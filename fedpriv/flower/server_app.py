@@ -29,7 +29,7 @@ from ..privacy.randomness import RunSecrets
 from ..privacy.target import ADD_REMOVE
 from . import codec
 from .counters import RoundCounters
-from .rounds import Rounds, wait_for_nodes
+from .rounds import Rounds, job_rounds, wait_for_nodes
 from .secure_server import SecureRounds
 from ..engine.loop import Hooks, RatingTransport, make_aggregator, train_rounds
 from .node_secrets import write_key_file
@@ -553,17 +553,7 @@ def serve_ratings(grid: Grid, job: FlowerJob) -> FlowerResult:
         )
     n_parts = -(-n_users // job.users_per_node)
     registered = registered if job.users_from_nodes else wait_for_nodes(grid, n_parts, job.node_wait_seconds)
-    if len(registered) < n_parts:
-        raise ConfigError(
-            f"{n_parts} partitions of {job.users_per_node} users need {n_parts} nodes; {len(registered)} registered",
-            field="users-per-node",
-        )
-    progress = None
-    if job.progress:
-        from .progress import Progress
-
-        progress = Progress(job.delta, lambda: result.ledger, job.epsilon, relation=job.relation)
-    rounds = Rounds(grid, registered, result, job.round_timeout, progress=progress)
+    rounds = job_rounds(grid, job, result, registered, n_parts)
     nodes = _Nodes(grid, job, rounds, down)
     nodes.first_info(registered)
     nodes.require_token()  # before any release: the serving nodes are this run's own
@@ -660,6 +650,7 @@ def serve_ratings(grid: Grid, job: FlowerJob) -> FlowerResult:
         result.rec_picks = np.full(n_users, -1, dtype=np.int64)
         for nid, items in reports.items():
             result.rec_picks[users_of[nid]] = items
+    progress = rounds.progress
     if progress is not None:
         shown = (
             {"valid RMSE": result.valid_rmse, "test RMSE": result.test_rmse}

@@ -66,7 +66,8 @@ class Family:
     own and leaves them unimplemented): ``load``, ``n_users``, ``user_ids``, ``new_state``,
     ``block``, ``client_round``, ``reply_parts``, ``user_groups``, ``eval_sums``,
     ``evaluate_sums``, ``write_node_data``, ``load_block``, ``encode_state``, ``decode_state``,
-    ``round_label``, ``report_keys`` and ``model``."""
+    ``round_label``, ``report_keys`` and ``references``. The model a run releases is the run
+    layer's (:func:`fedpriv.run.model.released_model`)."""
 
     name: ClassVar[str] = ""
     #: the generic block engines drive this family (False: the family brings its own engines)
@@ -187,10 +188,6 @@ class Family:
     def references(self, data) -> dict:
         """The trivial references of the family's task (``metrics.json`` ``references``)."""
         return {}
-
-    def model(self, state, records: list[dict], metrics: dict):
-        """The released model a user keeps (None when nothing shared was released)."""
-        return None
 
 
 #: the kind of a block family's evaluation round (an aggregate measurement: exact sums, no noise)

@@ -587,9 +587,6 @@ class PersonalBlock:
     noise: float
 
 
-_FILES = ("pam_X.npy", "pam_y.npy", "pam_V_star.npy", "pam_U_star.npy", "pam_meta.json")
-
-
 class PersonalFamily(Family):
     """DP model personalization as a block family: each node holds a block of users' samples,
     on synthetic tasks the ServerApp generates (``synthetic-personal``)."""
